@@ -1,0 +1,111 @@
+// Parameter structs of the ops declared in op_list.h. Plain data, documented once here, so that op
+// signatures stay short (outputs, saved, inputs, then one of these).
+//
+// Shape letters (docs/architecture.md): N rows (= S*B flattened), S sequence, B batch, H hidden,
+// F ffn hidden, NH attention heads, NG query groups (KV heads), HD head dim, V vocab (Vl: this
+// rank's vocab shard).
+#pragma once
+
+#include <cstdint>
+
+#include "megatron/core/tensor/tensor.h"
+
+namespace mg::ops {
+
+// C = alpha * op(A) @ op(B) + beta * C. op(X) = X^T when trans_x. Rank-2 [M,K]x[K,N] -> [M,N], or
+// rank-3 with a shared leading batch dim. A and B share a dtype (f64, f32, bf16, f16); C has that
+// dtype or f32. Accumulation in f32 (f64 for f64). beta = 1 accumulates (parameter gradients).
+struct GemmArgs {
+  bool trans_a = false;
+  bool trans_b = false;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
+// LayerNorm / RMSNorm. zero_centered_gamma: the weight is stored as (gamma - 1) and applied as
+// (1 + w) (Megatron's apply_layernorm_1p / Gemma-style RMSNorm).
+struct NormArgs {
+  float eps = 1e-5f;
+  bool zero_centered_gamma = false;
+};
+
+enum class GeluApprox : uint8_t {
+  none,  // exact: x * Phi(x) with erf (Megatron's unfused default, torch gelu)
+  tanh,  // tanh approximation (GPT-2 / HF gelu_new, Megatron's fused bias-gelu)
+};
+
+// Counter-based dropout: element i of the op keeps its value iff philox_uniform(seed, offset + i)
+// >= p, and is scaled by 1/(1-p). Backward regenerates the same mask from (seed, offset); nothing
+// is stored. p = 0 is the identity. See megatron/core/random/philox.h for the exact stream.
+struct DropoutArgs {
+  float p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+// Scaled dot-product attention on Megatron's sbhd layout:
+//   q [S, B, NH, HD], k and v [S, B, NG, HD] with NH % NG == 0 (GQA: head h reads group h/(NH/NG)).
+// Masks: causal (j <= i); with doc_ids ([B, S] i32) token i attends j only if their ids are equal;
+// with cu_seqlens ([D+1] i32, shared by every batch row, cu_seqlens[D] == S) the same for the
+// documents [cu[d], cu[d+1]). A token with a negative doc id is padding: it attends to nothing,
+// its output is 0 and its lse is -inf (never NaN). Softmax in f32 (f64 for f64 inputs) with -inf
+// masking, unlike Megatron's -10000 fill. Optional attention dropout on the probabilities.
+struct AttentionArgs {
+  bool causal = true;
+  float softmax_scale = 0.0f;  // 0 -> 1/sqrt(HD)
+  Tensor doc_ids;              // optional [B, S] i32
+  Tensor cu_seqlens;           // optional [D+1] i32
+  DropoutArgs dropout;         // on the attention probabilities, indexed by ((b*NH + h)*S + i)*S + j
+};
+
+// Rotary embeddings, Megatron's non-interleaved (rotate_half) form by default. The first
+// rot = HD * rotary_percent features (even) rotate, the rest pass through. inv_freq[i] =
+// base^(-2i/rot); angle = pos * inv_freq[i] for feature pairs (i, i + rot/2) (interleaved: (2i, 2i+1)).
+// Positions: position_ids ([S] or [B, S], i32/i64) or else s + position_offset.
+struct RopeArgs {
+  float base = 10000.0f;
+  float rotary_percent = 1.0f;
+  bool interleaved = false;
+  Tensor position_ids;  // optional
+  int64_t position_offset = 0;
+};
+
+// One parameter for the multi-tensor AdamW step. param, exp_avg, exp_avg_sq are f32 (f64 allowed,
+// all alike); grad is f32/bf16/f16 (or f64); model_param, when defined, receives the updated value
+// converted to its dtype (bf16 model weights from f32 master weights).
+struct AdamParam {
+  Tensor param;
+  Tensor grad;
+  Tensor exp_avg;
+  Tensor exp_avg_sq;
+  Tensor model_param;
+};
+
+// Adam / AdamW as apex FusedAdam (Megatron's optimizer): step counts from 1.
+//   g' = g * grad_scale (+ wd * p when !decoupled)
+//   m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2
+//   mh = m / (1 - b1^step); vh = v / (1 - b2^step)   (when bias_correction)
+//   p -= lr * (mh / (sqrt(vh) + eps) + (decoupled ? wd * p : 0))
+struct AdamArgs {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;
+  bool bias_correction = true;
+  bool decoupled_weight_decay = true;  // AdamW
+  float grad_scale = 1.0f;             // multiplies the grad first (1/loss_scale for fp16)
+};
+
+// Weight initialisation from the counter-based generator: element i of the FULL tensor draws from
+// counter (offset + i), so a shard initialised with offset + its global start equals the slice of
+// the full tensor (TP-invariant init).
+struct InitArgs {
+  double mean = 0.0;  // normal: mean; uniform: low
+  double std = 1.0;   // normal: standard deviation; uniform: high
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+}  // namespace mg::ops

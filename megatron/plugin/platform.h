@@ -1,0 +1,109 @@
+// The platform interface: what a device family (CPU, CUDA, or a plugin's MUSA/TXDA) must provide
+// beyond its op kernels. Split ggml-style into small pieces: Allocator, Stream, Event, Platform.
+//
+// Invariants: a Platform object is created once per process and lives until exit (tensors hold a
+// pointer to its allocator). Ops run on the platform's current stream for the device; the CPU
+// platform's streams are synchronous. Availability is asked, never assumed: a CUDA build on a
+// machine without a GPU has a CUDA platform that says why it is unavailable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "megatron/core/tensor/device.h"
+#include "megatron/core/tensor/dtype.h"
+
+namespace mg::plugin {
+
+struct Availability {
+  bool available = false;
+  std::string reason;  // why not (or a short description of what was found, when available)
+};
+
+struct MemoryStats {
+  std::size_t allocated_bytes = 0;       // live bytes handed out now
+  std::size_t peak_allocated_bytes = 0;  // max of allocated_bytes since start / reset_peak
+  std::size_t reserved_bytes = 0;        // bytes held from the system (>= allocated with caching)
+  std::size_t num_allocs = 0;            // allocate() calls
+  std::size_t num_frees = 0;             // deallocate() calls
+};
+
+// Thread-safe. Returned memory is aligned to at least 256 bytes (vector loads, TMA, cuBLASLt).
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void deallocate(void* ptr, std::size_t bytes) = 0;
+  virtual MemoryStats stats() const = 0;
+  virtual void reset_peak() = 0;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual Device device() const = 0;
+  virtual void synchronize() = 0;
+  virtual void* native_handle() = 0;  // cudaStream_t for CUDA, nullptr for the CPU
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual void record(Stream& s) = 0;
+  virtual void wait(Stream& s) = 0;  // make s wait for this event (no host block)
+  virtual void synchronize() = 0;    // block the host until the event completes
+  virtual bool query() = 0;          // completed?
+  // Milliseconds between start (recorded earlier) and this event; both must have completed.
+  virtual double elapsed_ms(const Event& start) const = 0;
+};
+
+struct Capabilities {
+  std::string device_name;
+  std::size_t total_memory_bytes = 0;
+  int compute_major = 0, compute_minor = 0;  // CUDA compute capability; 0 elsewhere
+  bool bf16 = false;                         // native bf16 compute worth using
+  bool f16 = false;
+  bool fp8 = false;  // hardware fp8 GEMM (Hopper and later)
+  int num_compute_units = 0;  // SMs or cores
+};
+
+enum class CopyKind { host_to_device, device_to_host, device_to_device, host_to_host };
+
+class Platform {
+ public:
+  virtual ~Platform() = default;
+
+  virtual std::string_view name() const = 0;  // "cpu", "cuda", "musa", ...
+  virtual DeviceType device_type() const = 0;
+  virtual Availability availability() const = 0;
+  virtual int device_count() const = 0;
+  virtual Capabilities capabilities(int device) const = 0;
+
+  virtual Allocator& allocator(int device) = 0;
+  MemoryStats memory_stats(int device) { return allocator(device).stats(); }
+
+  virtual std::unique_ptr<Stream> create_stream(int device) = 0;
+  virtual std::unique_ptr<Event> create_event(int device, bool enable_timing = false) = 0;
+  // The stream ops use on this thread; set_current_stream(nullptr) restores the default.
+  virtual Stream& current_stream(int device) = 0;
+  virtual void set_current_stream(int device, Stream* s) = 0;
+  virtual void synchronize(int device) = 0;
+
+  // Seeds the platform's default generator (Philox key) on every device.
+  virtual void manual_seed(uint64_t seed) = 0;
+  virtual uint64_t seed() const = 0;
+
+  // Raw memory movement between this platform's devices and the host, on the current stream;
+  // returns when the copy is complete (synchronous). dst_device/src_device pick the devices.
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device,
+                    std::size_t bytes) = 0;
+  virtual void memset_zero(void* dst, int device, std::size_t bytes) = 0;
+  // Element-wise dtype conversion of n elements, both buffers on `device` (see dtype.h).
+  virtual void convert(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n,
+                       int device) = 0;
+};
+
+}  // namespace mg::plugin

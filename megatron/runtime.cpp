@@ -1,0 +1,61 @@
+// mg::init(): built-in platform registration, plugin loading and platform selection, once.
+#include "megatron/runtime.h"
+
+#include <mutex>
+
+#include "megatron/build_info.h"
+#include "megatron/core/ops/generic.h"
+#include "megatron/platforms/cpu/cpu_platform.h"
+#if MG_WITH_CUDA
+#include "megatron/platforms/cuda/cuda_platform.h"
+#endif
+
+namespace mg {
+
+void register_builtin(plugin::Registry& registry) {
+  ops::register_generic(registry);
+  platforms::cpu::register_cpu(registry);
+#if MG_WITH_CUDA
+  platforms::cuda::register_cuda(registry);
+#endif
+}
+
+Runtime& init(const RuntimeOptions& options) {
+  static std::mutex mu;
+  static Runtime rt;
+  static bool done = false;
+  std::lock_guard lock(mu);
+  if (done) {
+    MG_CHECK(options.platform.empty() || options.platform == rt.platform->name(),
+             "mg::init: platform '" << options.platform << "' requested after the runtime chose '"
+                                    << rt.platform->name() << "'");
+    return rt;
+  }
+  auto& reg = plugin::global_registry();
+  register_builtin(reg);
+  if (options.load_env_plugins) reg.load_plugins_from_env();
+  for (const auto& p : options.plugins) reg.load_plugin(p);
+  rt.registry = &reg;
+  rt.platform = &reg.select_platform(options.platform);
+  rt.ops = &reg.ops(rt.platform->name());
+  rt.device = Device{rt.platform->device_type(), 0};
+  done = true;
+  return rt;
+}
+
+BuildInfo build_info() {
+  BuildInfo b;
+  b.version = MG_VERSION;
+  b.git_commit = MG_GIT_COMMIT;
+  b.build_type = MG_BUILD_TYPE;
+  b.compiler = MG_CXX_COMPILER;
+  b.blas = MG_BLAS_VERSION;
+  b.with_mpi = MG_WITH_MPI;
+  b.mpi = MG_WITH_MPI ? std::string("MPI ") + MG_MPI_VERSION : "not found";
+  b.with_cuda = MG_WITH_CUDA;
+  b.cuda = MG_WITH_CUDA ? std::string("nvcc ") + MG_CUDA_COMPILER_VERSION : "not built";
+  b.cuda_archs = MG_CUDA_ARCHITECTURES;
+  return b;
+}
+
+}  // namespace mg

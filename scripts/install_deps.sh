@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Megatron-CPP builds against, and only those that are missing.
+# Idempotent; runs as root or through sudo; says what it installs. The CUDA toolkit is not installed
+# here: when it is present (nvcc on PATH or /usr/local/cuda) the CUDA platform is built too.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ ccache pkg-config
+  libopenblas-dev     # CPU GEMM (cblas_sgemm/dgemm/sbgemm)
+  libomp-dev          # not required by g++ (libgomp) but harmless for clang builds
+  libopenmpi-dev openmpi-bin  # MPI process groups (distributed issues)
+  libgtest-dev libgmock-dev   # unit tests
+  libbenchmark-dev            # benchmarks/
+  nlohmann-json3-dev          # JSON (configs, checkpoint metadata, tokenizer.json)
+  libcli11-dev                # command-line flags
+  libpcre2-dev                # tokenizer pre-tokenization regexes
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install_deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install_deps: done"

@@ -1,0 +1,70 @@
+// Shared helpers for the unit tests: runtime set-up, the platforms an op conformance test runs on,
+// random inputs (never zeros), dtype tolerances, comparisons and finite-difference gradients.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/tensor/tensor.h"
+#include "megatron/plugin/registry.h"
+#include "megatron/runtime.h"
+
+namespace mg::test {
+
+// mg::init() once (honours MG_PLATFORM); every built-in platform is registered either way.
+void ensure_runtime();
+
+// Platforms an op conformance test is instantiated for: "cpu", plus "cuda" when the build has it.
+// A test on an unavailable platform must GTEST_SKIP() with unavailable_reason().
+std::vector<std::string> op_test_platforms();
+std::optional<std::string> unavailable_reason(const std::string& platform);
+Device device_for(const std::string& platform);
+const ops::OpTable& ops_on(const std::string& platform);
+
+// Skips the current test (with the reason printed) when `platform` is not usable here.
+#define MG_SKIP_IF_UNAVAILABLE(platform)                                        \
+  do {                                                                          \
+    if (auto mg_reason_ = ::mg::test::unavailable_reason(platform))             \
+      GTEST_SKIP() << "platform '" << (platform) << "' unavailable: " << *mg_reason_; \
+  } while (0)
+
+// n values uniform in [lo, hi] with a random sign, deterministic from seed; |v| >= lo > 0.
+std::vector<double> random_values(std::size_t n, uint64_t seed, double lo = 0.1, double hi = 1.0);
+
+// A tensor of dtype on device holding `values` rounded to dtype, and those rounded values (what a
+// reference must be computed from).
+struct TestTensor {
+  Tensor t;
+  std::vector<double> rounded;
+};
+TestTensor make_tensor(const std::vector<double>& values, const Shape& shape, DType dtype,
+                       Device device);
+std::vector<double> to_doubles(const Tensor& t);
+
+// The float dtypes every kernel supports.
+inline const std::vector<DType> kKernelDTypes = {DType::f64, DType::f32, DType::bf16, DType::f16};
+
+struct Tol {
+  double atol;
+  double rtol;
+};
+// Tolerance for results stored in dtype (f64 math for f64, f32 math otherwise).
+Tol tolerance(DType dtype);
+
+// |a - e| <= atol + rtol * |e| for every element; the message names the first failures.
+::testing::AssertionResult all_close(const std::vector<double>& actual,
+                                     const std::vector<double>& expected, Tol tol);
+
+// Central differences of f at x, step h (use f64 kernels).
+std::vector<double> numerical_gradient(const std::function<double(const std::vector<double>&)>& f,
+                                       std::vector<double> x, double h = 1e-6);
+
+// Name suffix for parameterised tests: "cpu_f32".
+std::string param_name(const std::string& platform, DType dtype);
+
+}  // namespace mg::test
