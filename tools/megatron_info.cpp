@@ -17,7 +17,8 @@ namespace {
 void print_op_table(mg::plugin::Registry& reg, std::string_view platform) {
   std::cout << "\nOp table for platform '" << platform << "':\n";
   std::cout << "  " << std::left << std::setw(22) << "slot" << std::setw(10) << "kind"
-            << std::setw(22) << "backward" << "implementation\n";
+            << std::setw(22) << "backward"
+            << "implementation\n";
   int missing = 0;
   for (const auto& r : reg.resolutions(platform)) {
     std::cout << "  " << std::left << std::setw(22) << r.slot << std::setw(10)
@@ -42,7 +43,8 @@ int main(int argc, char** argv) {
   CLI::App app{"megatron_info: build, platforms, plugins and the resolved op table"};
   mg::RuntimeOptions opts;
   bool all_platforms = false;
-  app.add_option("--platform", opts.platform, "cuda|musa|txda|cpu (default: MG_PLATFORM, else auto)");
+  app.add_option("--platform", opts.platform,
+                 "cuda|musa|txda|cpu (default: MG_PLATFORM, else auto)");
   app.add_option("--plugin", opts.plugins, "plugin shared library to load (after MG_PLUGINS)");
   app.add_flag("--all-platforms", all_platforms, "print the op table of every registered platform");
   CLI11_PARSE(app, argc, argv);

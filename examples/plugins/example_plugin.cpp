@@ -32,11 +32,16 @@ void squared_relu_fwd(mg::Tensor& y, const mg::Tensor& x) {
   MG_CHECK(x.dtype() == y.dtype() && x.numel() == y.numel(),
            "squared_relu_fwd: y " << y.str() << " does not match x " << x.str());
   switch (x.dtype()) {
-    case mg::DType::f64: return squared_relu<double>(y, x);
-    case mg::DType::f32: return squared_relu<float>(y, x);
-    case mg::DType::bf16: return squared_relu<mg::bf16_t>(y, x);
-    case mg::DType::f16: return squared_relu<mg::f16_t>(y, x);
-    default: MG_THROW("squared_relu_fwd: unsupported dtype " << mg::dtype_name(x.dtype()));
+    case mg::DType::f64:
+      return squared_relu<double>(y, x);
+    case mg::DType::f32:
+      return squared_relu<float>(y, x);
+    case mg::DType::bf16:
+      return squared_relu<mg::bf16_t>(y, x);
+    case mg::DType::f16:
+      return squared_relu<mg::f16_t>(y, x);
+    default:
+      MG_THROW("squared_relu_fwd: unsupported dtype " << mg::dtype_name(x.dtype()));
   }
 }
 
@@ -54,5 +59,7 @@ extern "C" {
 __attribute__((visibility("default"))) const MgPluginDescriptor* mg_plugin_descriptor() {
   return &kDescriptor;
 }
-__attribute__((visibility("default"))) int64_t mg_example_plugin_calls() { return g_calls.load(); }
+__attribute__((visibility("default"))) int64_t mg_example_plugin_calls() {
+  return g_calls.load();
+}
 }

@@ -66,7 +66,7 @@ struct Capabilities {
   int compute_major = 0, compute_minor = 0;  // CUDA compute capability; 0 elsewhere
   bool bf16 = false;                         // native bf16 compute worth using
   bool f16 = false;
-  bool fp8 = false;  // hardware fp8 GEMM (Hopper and later)
+  bool fp8 = false;           // hardware fp8 GEMM (Hopper and later)
   int num_compute_units = 0;  // SMs or cores
 };
 

@@ -71,15 +71,16 @@ Platform* Registry::find_platform(std::string_view name) const {
 
 Platform& Registry::platform(DeviceType type) const {
   Platform* p = find_platform(device_type_name(type));
-  if (!p && type == DeviceType::cpu) MG_THROW("the CPU platform is not registered: call mg::init()");
-  MG_CHECK(p != nullptr, "no platform is registered for device type '"
-                             << device_type_name(type) << "'; registered: "
-                             << [&] {
-                                  std::string s;
-                                  for (const auto& st : platform_statuses())
-                                    if (st.registered) s += (s.empty() ? "" : ", ") + st.name;
-                                  return s.empty() ? std::string("none") : s;
-                                }());
+  if (!p && type == DeviceType::cpu)
+    MG_THROW("the CPU platform is not registered: call mg::init()");
+  MG_CHECK(
+      p != nullptr, "no platform is registered for device type '"
+                        << device_type_name(type) << "'; registered: " << [&] {
+                             std::string s;
+                             for (const auto& st : platform_statuses())
+                               if (st.registered) s += (s.empty() ? "" : ", ") + st.name;
+                             return s.empty() ? std::string("none") : s;
+                           }());
   return *p;
 }
 
@@ -113,9 +114,8 @@ Platform& Registry::select_platform(std::string_view requested) const {
   auto table = [&] {
     std::ostringstream os;
     for (const auto& st : statuses)
-      os << "\n  " << st.name << ": "
-         << (st.availability.available ? "available" : "unavailable") << " ("
-         << st.availability.reason << ")";
+      os << "\n  " << st.name << ": " << (st.availability.available ? "available" : "unavailable")
+         << " (" << st.availability.reason << ")";
     return os.str();
   };
   if (name.empty()) {
@@ -191,8 +191,10 @@ std::vector<Resolution> Registry::resolutions(std::string_view platform) const {
     Resolution r{ops::kSlots[s].name, ops::kSlots[s].kind, ops::kSlots[s].backward, {}, {}};
     auto ranked_list = ranked(s, platform);
     for (std::size_t i = 0; i < ranked_list.size(); ++i) {
-      if (i == 0) r.provider = ranked_list[i]->provider;
-      else r.shadowed.push_back(ranked_list[i]->provider);
+      if (i == 0)
+        r.provider = ranked_list[i]->provider;
+      else
+        r.shadowed.push_back(ranked_list[i]->provider);
     }
     out.push_back(std::move(r));
   }
@@ -218,17 +220,19 @@ void Registry::load_plugin(const std::string& path) {
     dlclose(handle);
     MG_THROW("plugin '" << path << "': " << MG_PLUGIN_ENTRY_SYMBOL << "() returned null");
   }
-  if (d->api_version != MG_PLUGIN_API_VERSION) {
-    const auto v = d->api_version;
+  // Copy what the messages need before dlclose() unmaps the descriptor.
+  const uint32_t version = d->api_version;
+  const uint64_t hash = d->op_table_hash;
+  if (version != MG_PLUGIN_API_VERSION) {
     dlclose(handle);
-    MG_THROW("plugin '" << path << "' was built for plugin API version " << v
+    MG_THROW("plugin '" << path << "' was built for plugin API version " << version
                         << ", this build provides version " << MG_PLUGIN_API_VERSION
                         << ": rebuild the plugin against these headers");
   }
-  if (d->op_table_hash != ops::kOpTableAbiHash) {
+  if (hash != ops::kOpTableAbiHash) {
     dlclose(handle);
     MG_THROW("plugin '" << path << "' was built against a different op table (hash 0x" << std::hex
-                        << d->op_table_hash << ", this build 0x" << ops::kOpTableAbiHash
+                        << hash << ", this build 0x" << ops::kOpTableAbiHash
                         << "): rebuild the plugin against these headers");
   }
   MG_CHECK(d->register_fn != nullptr, "plugin '" << path << "' has no register function");

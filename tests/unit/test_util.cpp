@@ -6,7 +6,9 @@
 
 namespace mg::test {
 
-void ensure_runtime() { mg::init(); }
+void ensure_runtime() {
+  mg::init();
+}
 
 std::vector<std::string> op_test_platforms() {
   ensure_runtime();
@@ -57,15 +59,22 @@ TestTensor make_tensor(const std::vector<double>& values, const Shape& shape, DT
   return out;
 }
 
-std::vector<double> to_doubles(const Tensor& t) { return t.to_vector<double>(); }
+std::vector<double> to_doubles(const Tensor& t) {
+  return t.to_vector<double>();
+}
 
 Tol tolerance(DType dtype) {
   switch (dtype) {
-    case DType::f64: return {1e-12, 1e-10};
-    case DType::f32: return {1e-5, 1e-4};
-    case DType::bf16: return {1e-2, 1.6e-2};
-    case DType::f16: return {2e-3, 4e-3};
-    default: return {0.0, 0.0};
+    case DType::f64:
+      return {1e-12, 1e-10};
+    case DType::f32:
+      return {1e-5, 1e-4};
+    case DType::bf16:
+      return {1e-2, 1.6e-2};
+    case DType::f16:
+      return {2e-3, 4e-3};
+    default:
+      return {0.0, 0.0};
   }
 }
 
@@ -88,10 +97,9 @@ Tol tolerance(DType dtype) {
     }
   }
   if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << actual.size()
-                                       << " elements differ (atol " << tol.atol << ", rtol "
-                                       << tol.rtol << ", worst |diff| " << worst << ")"
-                                       << os.str();
+  return ::testing::AssertionFailure()
+         << bad << " of " << actual.size() << " elements differ (atol " << tol.atol << ", rtol "
+         << tol.rtol << ", worst |diff| " << worst << ")" << os.str();
 }
 
 std::vector<double> numerical_gradient(const std::function<double(const std::vector<double>&)>& f,

@@ -27,9 +27,9 @@ Device device_for(const std::string& platform);
 const ops::OpTable& ops_on(const std::string& platform);
 
 // Skips the current test (with the reason printed) when `platform` is not usable here.
-#define MG_SKIP_IF_UNAVAILABLE(platform)                                        \
-  do {                                                                          \
-    if (auto mg_reason_ = ::mg::test::unavailable_reason(platform))             \
+#define MG_SKIP_IF_UNAVAILABLE(platform)                                              \
+  do {                                                                                \
+    if (auto mg_reason_ = ::mg::test::unavailable_reason(platform))                   \
       GTEST_SKIP() << "platform '" << (platform) << "' unavailable: " << *mg_reason_; \
   } while (0)
 

@@ -58,8 +58,8 @@ double generic_clip_grad_norm(std::span<Tensor> grads, double max_norm) {
 
 void register_generic(plugin::Registry& r) {
   using plugin::Priority;
-  r.register_op<OpId::grad_norm>(plugin::kGenericPlatform, &generic_grad_norm,
-                                 "generic:l2_norm_sq", Priority::generic);
+  r.register_op<OpId::grad_norm>(plugin::kGenericPlatform, &generic_grad_norm, "generic:l2_norm_sq",
+                                 Priority::generic);
   r.register_op<OpId::clip_grad_norm>(plugin::kGenericPlatform, &generic_clip_grad_norm,
                                       "generic:grad_norm+multi_tensor_scale", Priority::generic);
 }

@@ -55,13 +55,13 @@ struct AttentionArgs {
   float softmax_scale = 0.0f;  // 0 -> 1/sqrt(HD)
   Tensor doc_ids;              // optional [B, S] i32
   Tensor cu_seqlens;           // optional [D+1] i32
-  DropoutArgs dropout;         // on the attention probabilities, indexed by ((b*NH + h)*S + i)*S + j
+  DropoutArgs dropout;  // on the attention probabilities, indexed by ((b*NH + h)*S + i)*S + j
 };
 
 // Rotary embeddings, Megatron's non-interleaved (rotate_half) form by default. The first
 // rot = HD * rotary_percent features (even) rotate, the rest pass through. inv_freq[i] =
-// base^(-2i/rot); angle = pos * inv_freq[i] for feature pairs (i, i + rot/2) (interleaved: (2i, 2i+1)).
-// Positions: position_ids ([S] or [B, S], i32/i64) or else s + position_offset.
+// base^(-2i/rot); angle = pos * inv_freq[i] for feature pairs (i, i + rot/2) (interleaved: (2i,
+// 2i+1)). Positions: position_ids ([S] or [B, S], i32/i64) or else s + position_offset.
 struct RopeArgs {
   float base = 10000.0f;
   float rotary_percent = 1.0f;

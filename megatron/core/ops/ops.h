@@ -34,15 +34,15 @@ inline constexpr int kNumOps = 0
 template <OpId id>
 struct OpTraits;
 
-#define MG_X(slot, kind_, bwd, sig)                                         \
-  template <>                                                               \
-  struct OpTraits<OpId::slot> {                                             \
-    using Sig = sig;                                                        \
-    using Fn = std::add_pointer_t<sig>;                                     \
-    static constexpr std::string_view name = #slot;                         \
-    static constexpr SlotKind kind = SlotKind::kind_;                       \
-    static constexpr std::string_view backward = bwd;                       \
-    static constexpr std::string_view signature = #sig;                     \
+#define MG_X(slot, kind_, bwd, sig)                     \
+  template <>                                           \
+  struct OpTraits<OpId::slot> {                         \
+    using Sig = sig;                                    \
+    using Fn = std::add_pointer_t<sig>;                 \
+    static constexpr std::string_view name = #slot;     \
+    static constexpr SlotKind kind = SlotKind::kind_;   \
+    static constexpr std::string_view backward = bwd;   \
+    static constexpr std::string_view signature = #sig; \
   };
 MG_OP_LIST(MG_X)
 #undef MG_X
@@ -85,6 +85,8 @@ constexpr uint64_t compute_abi_hash() {
 }
 inline constexpr uint64_t kOpTableAbiHash = compute_abi_hash();
 
-constexpr std::string_view slot_kind_name(SlotKind k) { return k == SlotKind::op ? "op" : "function"; }
+constexpr std::string_view slot_kind_name(SlotKind k) {
+  return k == SlotKind::op ? "op" : "function";
+}
 
 }  // namespace mg::ops

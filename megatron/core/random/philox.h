@@ -75,6 +75,8 @@ MG_HOST_DEVICE double normal(uint64_t seed, uint64_t e) {
   return radius * ((e & 1) ? sin(theta) : cos(theta));
 }
 
-MG_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t e, float p) { return uniform(seed, e) >= p; }
+MG_HOST_DEVICE bool dropout_keep(uint64_t seed, uint64_t e, float p) {
+  return uniform(seed, e) >= p;
+}
 
 }  // namespace mg::random

@@ -4,10 +4,14 @@ namespace mg {
 
 std::string_view device_type_name(DeviceType t) {
   switch (t) {
-    case DeviceType::cpu: return "cpu";
-    case DeviceType::cuda: return "cuda";
-    case DeviceType::musa: return "musa";
-    case DeviceType::txda: return "txda";
+    case DeviceType::cpu:
+      return "cpu";
+    case DeviceType::cuda:
+      return "cuda";
+    case DeviceType::musa:
+      return "musa";
+    case DeviceType::txda:
+      return "txda";
   }
   return "invalid";
 }

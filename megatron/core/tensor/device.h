@@ -25,6 +25,8 @@ struct Device {
   std::string str() const;  // "cpu", "cuda:0"
 };
 
-inline std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
+inline std::ostream& operator<<(std::ostream& os, const Device& d) {
+  return os << d.str();
+}
 
 }  // namespace mg

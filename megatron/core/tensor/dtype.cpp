@@ -16,30 +16,48 @@ namespace mg {
 
 std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f64: return 8;
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f16: return 2;
-    case DType::fp8_e4m3: return 1;
-    case DType::fp8_e5m2: return 1;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f64:
+      return 8;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f16:
+      return 2;
+    case DType::fp8_e4m3:
+      return 1;
+    case DType::fp8_e5m2:
+      return 1;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   MG_THROW("invalid dtype " << static_cast<int>(t));
 }
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::fp8_e4m3: return "fp8_e4m3";
-    case DType::fp8_e5m2: return "fp8_e5m2";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f64:
+      return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::fp8_e4m3:
+      return "fp8_e4m3";
+    case DType::fp8_e5m2:
+      return "fp8_e5m2";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "invalid";
 }
@@ -50,15 +68,32 @@ std::optional<DType> parse_dtype(std::string_view n) {
     DType type;
   };
   static constexpr Alias kAliases[] = {
-      {"f64", DType::f64},        {"float64", DType::f64},   {"fp64", DType::f64},
-      {"double", DType::f64},     {"f32", DType::f32},       {"float32", DType::f32},
-      {"fp32", DType::f32},       {"float", DType::f32},     {"bf16", DType::bf16},
-      {"bfloat16", DType::bf16},  {"f16", DType::f16},       {"fp16", DType::f16},
-      {"float16", DType::f16},    {"half", DType::f16},      {"fp8_e4m3", DType::fp8_e4m3},
-      {"e4m3", DType::fp8_e4m3},  {"float8_e4m3fn", DType::fp8_e4m3},
-      {"fp8_e5m2", DType::fp8_e5m2}, {"e5m2", DType::fp8_e5m2}, {"float8_e5m2", DType::fp8_e5m2},
-      {"i32", DType::i32},        {"int32", DType::i32},     {"i64", DType::i64},
-      {"int64", DType::i64},      {"u8", DType::u8},         {"uint8", DType::u8},
+      {"f64", DType::f64},
+      {"float64", DType::f64},
+      {"fp64", DType::f64},
+      {"double", DType::f64},
+      {"f32", DType::f32},
+      {"float32", DType::f32},
+      {"fp32", DType::f32},
+      {"float", DType::f32},
+      {"bf16", DType::bf16},
+      {"bfloat16", DType::bf16},
+      {"f16", DType::f16},
+      {"fp16", DType::f16},
+      {"float16", DType::f16},
+      {"half", DType::f16},
+      {"fp8_e4m3", DType::fp8_e4m3},
+      {"e4m3", DType::fp8_e4m3},
+      {"float8_e4m3fn", DType::fp8_e4m3},
+      {"fp8_e5m2", DType::fp8_e5m2},
+      {"e5m2", DType::fp8_e5m2},
+      {"float8_e5m2", DType::fp8_e5m2},
+      {"i32", DType::i32},
+      {"int32", DType::i32},
+      {"i64", DType::i64},
+      {"int64", DType::i64},
+      {"u8", DType::u8},
+      {"uint8", DType::u8},
   };
   for (const auto& a : kAliases)
     if (a.name == n) return a.type;
@@ -81,37 +116,42 @@ uint32_t f32_bits(float f) {
 struct MiniFloat {
   int ebits;
   int mbits;
-  bool ieee;  // true: the top exponent is Inf/NaN. false (e4m3fn): only S.1111.111 is NaN.
+  bool ieee;          // true: the top exponent is Inf/NaN. false (e4m3fn): only S.1111.111 is NaN.
   uint32_t nan_bits;  // the canonical NaN, without sign
 };
 constexpr MiniFloat kF16{5, 10, true, 0x7e00};
 constexpr MiniFloat kE5M2{5, 2, true, 0x7f};
 constexpr MiniFloat kE4M3{4, 3, false, 0x7f};
 
-constexpr int bias(const MiniFloat& m) { return (1 << (m.ebits - 1)) - 1; }
+constexpr int bias(const MiniFloat& m) {
+  return (1 << (m.ebits - 1)) - 1;
+}
 // Largest finite encoding, without sign.
 constexpr uint32_t max_finite_bits(const MiniFloat& m) {
   const uint32_t top = (1u << m.ebits) - 1;
   return m.ieee ? (((top - 1) << m.mbits) | ((1u << m.mbits) - 1))
                 : ((top << m.mbits) | ((1u << m.mbits) - 2));
 }
-constexpr uint32_t inf_bits(const MiniFloat& m) { return ((1u << m.ebits) - 1) << m.mbits; }
+constexpr uint32_t inf_bits(const MiniFloat& m) {
+  return ((1u << m.ebits) - 1) << m.mbits;
+}
 
 uint32_t encode(float f, const MiniFloat& m, bool saturate) {
   const uint32_t u = f32_bits(f);
   const uint32_t sign = (u >> 31) << (m.ebits + m.mbits);
   const uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return sign | m.nan_bits;
-  const uint32_t overflow =
-      saturate ? max_finite_bits(m) : (m.ieee ? inf_bits(m) : m.nan_bits);
+  const uint32_t overflow = saturate ? max_finite_bits(m) : (m.ieee ? inf_bits(m) : m.nan_bits);
   if (a == 0x7f800000u) return sign | overflow;
   if (a == 0) return sign;
 
   // a = M * 2^(E - 23) with M < 2^24 (implicit bit included for normals).
   int e = static_cast<int>(a >> 23);
   uint32_t mant = a & 0x7fffffu;
-  if (e == 0) e = 1;
-  else mant |= 0x800000u;
+  if (e == 0)
+    e = 1;
+  else
+    mant |= 0x800000u;
   const int exp = e - 127;  // unbiased exponent of the f32 value's quantum scale
   const int emin = 1 - bias(m);
   // Quantum of the target at this magnitude: 2^(max(exp, emin) - mbits). Shift M down to it.
@@ -147,7 +187,8 @@ float decode(uint32_t b, const MiniFloat& m) {
   const uint32_t mant = a & ((1u << m.mbits) - 1);
   float v;
   if (m.ieee && efield == (1u << m.ebits) - 1) {
-    v = mant == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+    v = mant == 0 ? std::numeric_limits<float>::infinity()
+                  : std::numeric_limits<float>::quiet_NaN();
   } else if (!m.ieee && a == m.nan_bits) {
     v = std::numeric_limits<float>::quiet_NaN();
   } else if (efield == 0) {
@@ -161,26 +202,37 @@ float decode(uint32_t b, const MiniFloat& m) {
 
 }  // namespace
 
-uint16_t f32_to_bf16_bits(float f) { return f32_to_bf16_inline(f); }
-float bf16_bits_to_f32(uint16_t b) { return bf16_to_f32_inline(b); }
-uint16_t f32_to_f16_bits(float f) { return static_cast<uint16_t>(encode(f, kF16, false)); }
-float f16_bits_to_f32(uint16_t h) { return decode(h, kF16); }
+uint16_t f32_to_bf16_bits(float f) {
+  return f32_to_bf16_inline(f);
+}
+float bf16_bits_to_f32(uint16_t b) {
+  return bf16_to_f32_inline(b);
+}
+uint16_t f32_to_f16_bits(float f) {
+  return static_cast<uint16_t>(encode(f, kF16, false));
+}
+float f16_bits_to_f32(uint16_t h) {
+  return decode(h, kF16);
+}
 uint8_t f32_to_fp8_e4m3_bits(float f, bool saturate) {
   return static_cast<uint8_t>(encode(f, kE4M3, saturate));
 }
-float fp8_e4m3_bits_to_f32(uint8_t b) { return decode(b, kE4M3); }
+float fp8_e4m3_bits_to_f32(uint8_t b) {
+  return decode(b, kE4M3);
+}
 uint8_t f32_to_fp8_e5m2_bits(float f, bool saturate) {
   return static_cast<uint8_t>(encode(f, kE5M2, saturate));
 }
-float fp8_e5m2_bits_to_f32(uint8_t b) { return decode(b, kE5M2); }
+float fp8_e5m2_bits_to_f32(uint8_t b) {
+  return decode(b, kE5M2);
+}
 
 namespace {
 
 template <typename T>
 double load_as_double(const void* p, std::size_t i) {
   const T v = static_cast<const T*>(p)[i];
-  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float> ||
-                std::is_integral_v<T>) {
+  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float> || std::is_integral_v<T>) {
     return static_cast<double>(v);
   } else {
     return static_cast<double>(to_f32(v));
@@ -204,15 +256,24 @@ void store_from_double(void* p, std::size_t i, double v) {
 template <typename F>
 void visit_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::f64: return f(double{});
-    case DType::f32: return f(float{});
-    case DType::bf16: return f(bf16_t{});
-    case DType::f16: return f(f16_t{});
-    case DType::fp8_e4m3: return f(fp8_e4m3_t{});
-    case DType::fp8_e5m2: return f(fp8_e5m2_t{});
-    case DType::i32: return f(int32_t{});
-    case DType::i64: return f(int64_t{});
-    case DType::u8: return f(uint8_t{});
+    case DType::f64:
+      return f(double{});
+    case DType::f32:
+      return f(float{});
+    case DType::bf16:
+      return f(bf16_t{});
+    case DType::f16:
+      return f(f16_t{});
+    case DType::fp8_e4m3:
+      return f(fp8_e4m3_t{});
+    case DType::fp8_e5m2:
+      return f(fp8_e5m2_t{});
+    case DType::i32:
+      return f(int32_t{});
+    case DType::i64:
+      return f(int64_t{});
+    case DType::u8:
+      return f(uint8_t{});
   }
   MG_THROW("invalid dtype " << static_cast<int>(t));
 }

@@ -29,7 +29,8 @@ std::string_view dtype_name(DType t);
 std::optional<DType> parse_dtype(std::string_view name);
 bool is_floating(DType t);
 
-// ---- bit-level conversions ------------------------------------------------------------------------
+// ---- bit-level conversions
+// ------------------------------------------------------------------------
 uint16_t f32_to_bf16_bits(float f);
 float bf16_bits_to_f32(uint16_t b);
 uint16_t f32_to_f16_bits(float f);
@@ -42,8 +43,9 @@ float fp8_e5m2_bits_to_f32(uint8_t b);
 inline constexpr float kFp8E4M3Max = 448.0f;
 inline constexpr float kFp8E5M2Max = 57344.0f;
 
-// ---- storage types --------------------------------------------------------------------------------
-// Plain 16/8-bit containers; arithmetic happens in f32 (to_f32 / from_f32 below).
+// ---- storage types
+// -------------------------------------------------------------------------------- Plain 16/8-bit
+// containers; arithmetic happens in f32 (to_f32 / from_f32 below).
 struct bf16_t {
   uint16_t bits;
   static constexpr bf16_t from_bits(uint16_t b) { return bf16_t{b}; }
@@ -63,15 +65,42 @@ struct fp8_e5m2_t {
 
 template <typename T>
 struct dtype_of;
-template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<bf16_t> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<f16_t> { static constexpr DType value = DType::f16; };
-template <> struct dtype_of<fp8_e4m3_t> { static constexpr DType value = DType::fp8_e4m3; };
-template <> struct dtype_of<fp8_e5m2_t> { static constexpr DType value = DType::fp8_e5m2; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<bf16_t> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<f16_t> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct dtype_of<fp8_e4m3_t> {
+  static constexpr DType value = DType::fp8_e4m3;
+};
+template <>
+struct dtype_of<fp8_e5m2_t> {
+  static constexpr DType value = DType::fp8_e5m2;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
 template <typename T>
 inline constexpr DType dtype_v = dtype_of<T>::value;
 
@@ -91,21 +120,51 @@ inline uint16_t f32_to_bf16_inline(float f) {
 }
 
 // Widening load and narrowing store used by every kernel: compute type is f32 (or f64 for f64).
-inline float to_f32(float x) { return x; }
-inline double to_f32(double x) { return x; }  // f64 kernels keep f64 (name kept for templates)
-inline float to_f32(bf16_t x) { return bf16_to_f32_inline(x.bits); }
-inline float to_f32(f16_t x) { return f16_bits_to_f32(x.bits); }
-inline float to_f32(fp8_e4m3_t x) { return fp8_e4m3_bits_to_f32(x.bits); }
-inline float to_f32(fp8_e5m2_t x) { return fp8_e5m2_bits_to_f32(x.bits); }
+inline float to_f32(float x) {
+  return x;
+}
+inline double to_f32(double x) {
+  return x;
+}  // f64 kernels keep f64 (name kept for templates)
+inline float to_f32(bf16_t x) {
+  return bf16_to_f32_inline(x.bits);
+}
+inline float to_f32(f16_t x) {
+  return f16_bits_to_f32(x.bits);
+}
+inline float to_f32(fp8_e4m3_t x) {
+  return fp8_e4m3_bits_to_f32(x.bits);
+}
+inline float to_f32(fp8_e5m2_t x) {
+  return fp8_e5m2_bits_to_f32(x.bits);
+}
 
 template <typename T>
 inline T from_f32(float x);
-template <> inline float from_f32<float>(float x) { return x; }
-template <> inline double from_f32<double>(float x) { return x; }
-template <> inline bf16_t from_f32<bf16_t>(float x) { return bf16_t{f32_to_bf16_inline(x)}; }
-template <> inline f16_t from_f32<f16_t>(float x) { return f16_t{f32_to_f16_bits(x)}; }
-template <> inline fp8_e4m3_t from_f32<fp8_e4m3_t>(float x) { return fp8_e4m3_t{f32_to_fp8_e4m3_bits(x)}; }
-template <> inline fp8_e5m2_t from_f32<fp8_e5m2_t>(float x) { return fp8_e5m2_t{f32_to_fp8_e5m2_bits(x)}; }
+template <>
+inline float from_f32<float>(float x) {
+  return x;
+}
+template <>
+inline double from_f32<double>(float x) {
+  return x;
+}
+template <>
+inline bf16_t from_f32<bf16_t>(float x) {
+  return bf16_t{f32_to_bf16_inline(x)};
+}
+template <>
+inline f16_t from_f32<f16_t>(float x) {
+  return f16_t{f32_to_f16_bits(x)};
+}
+template <>
+inline fp8_e4m3_t from_f32<fp8_e4m3_t>(float x) {
+  return fp8_e4m3_t{f32_to_fp8_e4m3_bits(x)};
+}
+template <>
+inline fp8_e5m2_t from_f32<fp8_e5m2_t>(float x) {
+  return fp8_e5m2_t{f32_to_fp8_e5m2_bits(x)};
+}
 
 // The compute type of a storage type: double for f64, float for everything else.
 template <typename T>
@@ -114,8 +173,10 @@ using compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 // Store a compute-type value into storage type T (f64 stays f64).
 template <typename T>
 inline T store(compute_t<T> x) {
-  if constexpr (std::is_same_v<T, double>) return x;
-  else return from_f32<T>(x);
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return from_f32<T>(x);
 }
 
 // Bulk conversion between any two dtypes on the host (used by Tensor::to and the CPU platform).

@@ -27,15 +27,20 @@ int64_t shape_numel(const Shape& s) {
 }
 
 namespace {
-plugin::Platform& platform_of(Device d) { return plugin::global_registry().platform(d.type); }
+plugin::Platform& platform_of(Device d) {
+  return plugin::global_registry().platform(d.type);
+}
 }  // namespace
 
 Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-  allocator_ = device.is_host() ? &plugin::host_allocator() : &platform_of(device).allocator(device.index);
+  allocator_ =
+      device.is_host() ? &plugin::host_allocator() : &platform_of(device).allocator(device.index);
   data_ = allocator_->allocate(nbytes);
 }
 
-Storage::~Storage() { allocator_->deallocate(data_, nbytes_); }
+Storage::~Storage() {
+  allocator_->deallocate(data_, nbytes_);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   Tensor t;
@@ -84,9 +89,9 @@ Tensor Tensor::view(const Shape& shape) const {
              "view: cannot infer -1 in " << shape_str(shape) << " from " << numel_ << " elements");
     s[infer] = numel_ / known;
   }
-  MG_CHECK(shape_numel(s) == numel_, "view: shape " << shape_str(shape) << " has "
-                                                    << shape_numel(s) << " elements, tensor "
-                                                    << shape_str(shape_) << " has " << numel_);
+  MG_CHECK(shape_numel(s) == numel_, "view: shape " << shape_str(shape) << " has " << shape_numel(s)
+                                                    << " elements, tensor " << shape_str(shape_)
+                                                    << " has " << numel_);
   Tensor t = *this;
   t.shape_ = std::move(s);
   return t;
@@ -133,8 +138,8 @@ Tensor Tensor::clone() const {
 
 void Tensor::copy_(const Tensor& src) {
   MG_CHECK(defined() && src.defined(), "copy_ with an undefined tensor");
-  MG_CHECK(src.numel_ == numel_, "copy_: source " << src.str() << " into " << str()
-                                                  << ": element counts differ");
+  MG_CHECK(src.numel_ == numel_,
+           "copy_: source " << src.str() << " into " << str() << ": element counts differ");
   if (numel_ == 0) return;
   if (src.dtype_ == dtype_) {
     if (device_.is_host() && src.device_.is_host()) {
@@ -148,8 +153,11 @@ void Tensor::copy_(const Tensor& src) {
     return;
   }
   if (src.device_ == device_) {  // convert in place on the device
-    if (device_.is_host()) convert_host(raw_data(), dtype_, src.raw_data(), src.dtype_, numel_);
-    else platform_of(device_).convert(raw_data(), dtype_, src.raw_data(), src.dtype_, numel_, device_.index);
+    if (device_.is_host())
+      convert_host(raw_data(), dtype_, src.raw_data(), src.dtype_, numel_);
+    else
+      platform_of(device_).convert(raw_data(), dtype_, src.raw_data(), src.dtype_, numel_,
+                                   device_.index);
     return;
   }
   // Different dtype and device: convert where the source lives, then move.
@@ -159,17 +167,22 @@ void Tensor::copy_(const Tensor& src) {
 
 void Tensor::zero_() {
   if (numel_ == 0) return;
-  if (device_.is_host()) std::memset(raw_data(), 0, nbytes());
-  else platform_of(device_).memset_zero(raw_data(), device_.index, nbytes());
+  if (device_.is_host())
+    std::memset(raw_data(), 0, nbytes());
+  else
+    platform_of(device_).memset_zero(raw_data(), device_.index, nbytes());
 }
 
 std::string Tensor::str() const {
   if (!defined()) return "Tensor(undefined)";
   std::ostringstream os;
-  os << "Tensor(" << dtype_name(dtype_) << ", " << shape_str(shape_) << ", " << device_.str() << ")";
+  os << "Tensor(" << dtype_name(dtype_) << ", " << shape_str(shape_) << ", " << device_.str()
+     << ")";
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+  return os << t.str();
+}
 
 }  // namespace mg

@@ -113,7 +113,8 @@ class Tensor {
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 
-// ---- template implementations ---------------------------------------------------------------------
+// ---- template implementations
+// ---------------------------------------------------------------------
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, DType dtype) {
   MG_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),

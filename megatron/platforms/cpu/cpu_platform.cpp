@@ -94,8 +94,9 @@ class CpuPlatform final : public plugin::Platform {
   uint64_t seed() const override { return seed_; }
   void copy(void* dst, Device dst_device, const void* src, Device src_device,
             std::size_t bytes) override {
-    MG_CHECK(dst_device.is_host() && src_device.is_host(),
-             "the CPU platform copies host memory only, got " << src_device << " -> " << dst_device);
+    MG_CHECK(
+        dst_device.is_host() && src_device.is_host(),
+        "the CPU platform copies host memory only, got " << src_device << " -> " << dst_device);
     std::memmove(dst, src, bytes);
   }
   void memset_zero(void* dst, int device, std::size_t bytes) override {

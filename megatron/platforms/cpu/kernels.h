@@ -8,15 +8,15 @@ class Registry;
 }
 
 namespace mg::platforms::cpu {
-void register_gemm_kernels(plugin::Registry& r);        // gemm, bias_add, bias_grad, axpy, fill
-void register_embedding_kernels(plugin::Registry& r);   // embedding_fwd/bwd
-void register_norm_kernels(plugin::Registry& r);        // layernorm, rmsnorm
-void register_activation_kernels(plugin::Registry& r);  // gelu, swiglu, squared_relu
-void register_dropout_kernels(plugin::Registry& r);     // dropout, bias_dropout_add
-void register_softmax_kernels(plugin::Registry& r);     // softmax
-void register_attention_kernels(plugin::Registry& r);   // attention_fwd/bwd
-void register_rope_kernels(plugin::Registry& r);        // rope_fwd/bwd
+void register_gemm_kernels(plugin::Registry& r);           // gemm, bias_add, bias_grad, axpy, fill
+void register_embedding_kernels(plugin::Registry& r);      // embedding_fwd/bwd
+void register_norm_kernels(plugin::Registry& r);           // layernorm, rmsnorm
+void register_activation_kernels(plugin::Registry& r);     // gelu, swiglu, squared_relu
+void register_dropout_kernels(plugin::Registry& r);        // dropout, bias_dropout_add
+void register_softmax_kernels(plugin::Registry& r);        // softmax
+void register_attention_kernels(plugin::Registry& r);      // attention_fwd/bwd
+void register_rope_kernels(plugin::Registry& r);           // rope_fwd/bwd
 void register_cross_entropy_kernels(plugin::Registry& r);  // cross_entropy_*, ce_*
-void register_optimizer_kernels(plugin::Registry& r);   // adamw_step, l2_norm_sq, multi_tensor_scale
-void register_init_kernels(plugin::Registry& r);        // init_normal, init_uniform
+void register_optimizer_kernels(plugin::Registry& r);  // adamw_step, l2_norm_sq, multi_tensor_scale
+void register_init_kernels(plugin::Registry& r);       // init_normal, init_uniform
 }  // namespace mg::platforms::cpu
