@@ -229,27 +229,59 @@ float fp8_e5m2_bits_to_f32(uint8_t b) {
 
 namespace {
 
+// The value of a float storage element, exactly, in f64.
 template <typename T>
-double load_as_double(const void* p, std::size_t i) {
-  const T v = static_cast<const T*>(p)[i];
-  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float> || std::is_integral_v<T>) {
-    return static_cast<double>(v);
-  } else {
+double float_value(T v) {
+  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>)
+    return v;
+  else
     return static_cast<double>(to_f32(v));
+}
+
+// Float -> integer: truncation toward zero, NaN -> 0. Out of range, C++ leaves the cast undefined;
+// we define it as x86-64's cvttsd2si does (what PyTorch's CPU casts produce there, and what the
+// CUDA platform reproduces): INT_MIN for i32/i64, and u8 takes the low 8 bits of the i32 result
+// (so -1.0 -> 255 and 300.0 -> 44, as torch.tensor([300.]).to(torch.uint8)).
+template <typename D>
+D float_to_int(double v) {
+  if (std::isnan(v)) return D(0);
+  if constexpr (std::is_same_v<D, int64_t>) {
+    if (v >= -9223372036854775808.0 && v < 9223372036854775808.0) return static_cast<int64_t>(v);
+    return std::numeric_limits<int64_t>::min();
+  } else {
+    int32_t i = std::numeric_limits<int32_t>::min();
+    if (v > -2147483649.0 && v < 2147483648.0) i = static_cast<int32_t>(v);
+    if constexpr (std::is_same_v<D, int32_t>)
+      return i;
+    else
+      return static_cast<D>(static_cast<uint32_t>(i) & 0xffu);
   }
 }
 
-template <typename T>
-void store_from_double(void* p, std::size_t i, double v) {
-  T* out = static_cast<T*>(p);
-  if constexpr (std::is_same_v<T, double>) {
-    out[i] = v;
-  } else if constexpr (std::is_same_v<T, float>) {
-    out[i] = static_cast<float>(v);
-  } else if constexpr (std::is_integral_v<T>) {
-    out[i] = std::isnan(v) ? T(0) : static_cast<T>(v);
+// One element from storage type S to storage type D, with PyTorch's rounding paths:
+//   int -> int     modular (C++20 static_cast, as torch's integer .to())
+//   int -> float   one rounding to f32 (f64: to f64), then to the narrow format
+//   float -> int   float_to_int above
+//   float -> float exact to f64; to anything narrower through f32 (c10 converts f64 via float)
+template <typename D, typename S>
+D convert_one(S s) {
+  if constexpr (std::is_integral_v<S> && std::is_integral_v<D>) {
+    return static_cast<D>(s);
+  } else if constexpr (std::is_integral_v<S>) {
+    if constexpr (std::is_same_v<D, double>)
+      return static_cast<double>(s);
+    else if constexpr (std::is_same_v<D, float>)
+      return static_cast<float>(s);
+    else
+      return from_f32<D>(static_cast<float>(s));
+  } else if constexpr (std::is_integral_v<D>) {
+    return float_to_int<D>(float_value(s));
+  } else if constexpr (std::is_same_v<D, double>) {
+    return float_value(s);
+  } else if constexpr (std::is_same_v<D, float>) {
+    return static_cast<float>(float_value(s));
   } else {
-    out[i] = from_f32<T>(static_cast<float>(v));
+    return from_f32<D>(static_cast<float>(float_value(s)));
   }
 }
 
@@ -281,6 +313,7 @@ void visit_dtype(DType t, F&& f) {
 }  // namespace
 
 void convert_host(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n) {
+  if (n == 0) return;
   if (dst_type == src_type) {
     std::memcpy(dst, src, n * dtype_size(dst_type));
     return;
@@ -296,16 +329,10 @@ void convert_host(void* dst, DType dst_type, const void* src, DType src_type, st
     using S = decltype(s);
     visit_dtype(dst_type, [&](auto d) {
       using D = decltype(d);
+      const S* in = static_cast<const S*>(src);
+      D* out = static_cast<D*>(dst);
 #pragma omp parallel for if (n > (1 << 16))
-      for (std::size_t i = 0; i < n; ++i) {
-        // Float -> narrow float goes through f32 (PyTorch's path from f64 too).
-        if constexpr (!std::is_integral_v<S> && !std::is_integral_v<D> &&
-                      !std::is_same_v<D, double>) {
-          store_from_double<D>(dst, i, static_cast<float>(load_as_double<S>(src, i)));
-        } else {
-          store_from_double<D>(dst, i, load_as_double<S>(src, i));
-        }
-      }
+      for (std::size_t i = 0; i < n; ++i) out[i] = convert_one<D>(in[i]);
     });
   });
 }

@@ -180,7 +180,10 @@ inline T store(compute_t<T> x) {
 }
 
 // Bulk conversion between any two dtypes on the host (used by Tensor::to and the CPU platform).
-// Float -> integer truncates toward zero (NaN -> 0), integer -> float rounds as the cast above.
+// Float -> integer truncates toward zero (NaN -> 0); out of range it gives x86-64's (PyTorch CPU's)
+// result, defined here rather than left undefined: INT_MIN for i32/i64, and u8 is the low 8 bits of
+// the i32 result (-1.0 -> 255). Integer -> integer wraps (C++20 static_cast, as torch's .to()).
+// Integer -> float rounds once to f32 (once to f64 for f64), then as the casts above.
 void convert_host(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n);
 
 }  // namespace mg

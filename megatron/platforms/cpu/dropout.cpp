@@ -1,7 +1,218 @@
-// PLACEHOLDER: replaced by the kernel family's implementation.
+// CPU dropout family: dropout_fwd/bwd and the fused bias_dropout_add_fwd/bwd of Megatron's
+// transformer layer (y = residual + dropout(x + bias)).
+//
+// Gradient rule: parameter gradients accumulate (dbias +=), activation gradients are written
+// (dx =). Masks are never stored: element i of an op keeps its value iff
+// mg::random::dropout_keep(seed, offset + i, p) (philox.h), so backward regenerates exactly the
+// forward's mask from (seed, offset), and a shard run with offset + its global start reproduces
+// the slice of the full run. Kept values are scaled by 1/(1-p); p == 0 is the identity.
+// Storage f32/bf16/f16 with f32 math, f64 with f64 math; x, bias, residual and y share a dtype,
+// dbias may be any kernel float dtype (an f32 main-grad buffer for bf16 weights).
+// Not here: attention-probability dropout (attention.cpp uses the same stream).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "megatron/core/random/philox.h"
+#include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cpu {
-void register_dropout_kernels(plugin::Registry&) {}
+
+namespace {
+
+// Elements per OpenMP work item. A multiple of 4, so chunks start on Philox block boundaries
+// when the offset is aligned (not required for correctness: every chunk walks its own counters).
+constexpr int64_t kChunk = 1 << 14;
+
+// philox.h's uniform() on one lane of an already computed block (same expression, same bits).
+inline float lane_uniform(uint32_t u) {
+  return static_cast<float>(u >> 8) * (1.0f / 16777216.0f);
+}
+
+// Calls f(i, keep) for i in [begin, end), keep = dropout_keep(seed, offset + i, p). One Philox
+// block serves four consecutive counters, so it is computed once per four elements.
+template <typename F>
+inline void for_each_keep(const ops::DropoutArgs& a, int64_t begin, int64_t end, F&& f) {
+  int64_t i = begin;
+  while (i < end) {
+    const uint64_t e = a.offset + static_cast<uint64_t>(i);
+    const random::Philox4x32 r = random::philox_block(a.seed, e >> 2);
+    for (uint64_t lane = e & 3u; lane < 4 && i < end; ++lane, ++i)
+      f(i, lane_uniform(r.v[lane]) >= a.p);
+  }
+}
+
+void check_p(const char* op, const ops::DropoutArgs& a) {
+  MG_CHECK(a.p >= 0.0f && a.p < 1.0f,
+           op << ": dropout probability p must be in [0, 1), got " << a.p);
+}
+
+// 1/(1-p) in the compute type C.
+template <typename C>
+C keep_scale(float p) {
+  return C(1) / (C(1) - static_cast<C>(p));
+}
+
+// ---- dropout
+// -------------------------------------------------------------------------------------
+
+// y = mask * x / (1 - p); also the backward (dx = mask * dy / (1 - p)): the op is linear in x.
+void dropout_apply(const char* op, Tensor& out, const Tensor& in, const ops::DropoutArgs& args) {
+  check_p(op, args);
+  check_float_host(op, "output", out);
+  check_float_host(op, "input", in);
+  check_same_dtype(op, "output", out, "input", in);
+  MG_CHECK(out.shape() == in.shape(), op << ": output " << shape_str(out.shape())
+                                         << " does not match input " << shape_str(in.shape()));
+  const int64_t n = in.numel();
+  if (n == 0) return;
+  dispatch_float(in.dtype(), op, [&]<typename T>(std::type_identity<T>) {
+    using C = compute_t<T>;
+    const T* x = in.data<T>();
+    T* y = out.data<T>();
+    if (args.p == 0.0f) {  // identity (in place when out aliases in)
+      if (y != x) std::copy(x, x + n, y);
+      return;
+    }
+    const C scale = keep_scale<C>(args.p);
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+    for (int64_t c = 0; c < chunks; ++c) {
+      for_each_keep(args, c * kChunk, std::min(n, (c + 1) * kChunk), [&](int64_t i, bool keep) {
+        y[i] = keep ? store<T>(to_f32(x[i]) * scale) : store<T>(C(0));
+      });
+    }
+  });
+}
+
+// y [*] = dropout(x [*])
+void dropout_fwd(Tensor& y, const Tensor& x, const ops::DropoutArgs& args) {
+  dropout_apply("dropout_fwd", y, x, args);
+}
+
+// dx [*] = mask * dy [*] / (1 - p)
+void dropout_bwd(Tensor& dx, const Tensor& dy, const ops::DropoutArgs& args) {
+  dropout_apply("dropout_bwd", dx, dy, args);
+}
+
+// ---- bias + dropout + residual
+// -------------------------------------------------------------------
+
+// y [N, F] = residual [N, F] + dropout(x [N, F] + bias [F]); bias optional (undefined).
+void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const Tensor& residual,
+                          const ops::DropoutArgs& args) {
+  constexpr const char* op = "bias_dropout_add_fwd";
+  check_p(op, args);
+  check_float_host(op, "x", x);
+  check_float_host(op, "y", y);
+  check_float_host(op, "residual", residual);
+  check_same_dtype(op, "y", y, "x", x);
+  check_same_dtype(op, "residual", residual, "x", x);
+  MG_CHECK(x.dim() >= 1, op << ": x must have at least one dimension, got " << x.str());
+  MG_CHECK(y.shape() == x.shape(),
+           op << ": y " << shape_str(y.shape()) << " does not match x " << shape_str(x.shape()));
+  MG_CHECK(residual.shape() == x.shape(), op << ": residual " << shape_str(residual.shape())
+                                             << " does not match x " << shape_str(x.shape()));
+  const int64_t f = x.size(-1);
+  if (bias.defined()) {
+    check_float_host(op, "bias", bias);
+    check_same_dtype(op, "bias", bias, "x", x);
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == f,
+             op << ": bias " << shape_str(bias.shape()) << " does not match x's last dim " << f);
+  }
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_float(x.dtype(), op, [&]<typename T>(std::type_identity<T>) {
+    using C = compute_t<T>;
+    const T* xp = x.data<T>();
+    const T* rp = residual.data<T>();
+    const T* bp = bias.defined() ? bias.data<T>() : nullptr;
+    T* yp = y.data<T>();
+    const bool identity = args.p == 0.0f;
+    const C scale = identity ? C(1) : keep_scale<C>(args.p);
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+    // Element-wise at the same index, so y may alias x or residual.
+    auto one = [&](int64_t i, bool keep) {
+      C v = C(0);
+      if (keep) {
+        v = to_f32(xp[i]);
+        if (bp) v += to_f32(bp[i % f]);
+        v *= scale;
+      }
+      yp[i] = store<T>(static_cast<C>(to_f32(rp[i])) + v);
+    };
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t b = c * kChunk, e = std::min(n, (c + 1) * kChunk);
+      if (identity) {
+        for (int64_t i = b; i < e; ++i) one(i, true);
+      } else {
+        for_each_keep(args, b, e, one);
+      }
+    }
+  });
+}
+
+// dx [N, F] = mask * dy [N, F] / (1 - p); dbias [F] += sum_n dx (optional). d(residual) = dy.
+void bias_dropout_add_bwd(Tensor& dx, Tensor& dbias, const Tensor& dy,
+                          const ops::DropoutArgs& args) {
+  constexpr const char* op = "bias_dropout_add_bwd";
+  check_p(op, args);
+  check_float_host(op, "dx", dx);
+  check_float_host(op, "dy", dy);
+  check_same_dtype(op, "dx", dx, "dy", dy);
+  MG_CHECK(dy.dim() >= 1, op << ": dy must have at least one dimension, got " << dy.str());
+  MG_CHECK(dx.shape() == dy.shape(), op << ": dx " << shape_str(dx.shape()) << " does not match dy "
+                                        << shape_str(dy.shape()));
+  const int64_t f = dy.size(-1);
+  if (dbias.defined()) {
+    check_float_host(op, "dbias", dbias);
+    MG_CHECK(dbias.dim() == 1 && dbias.size(0) == f,
+             op << ": dbias " << shape_str(dbias.shape()) << " does not match dy's last dim " << f);
+  }
+  if (!dbias.defined()) {
+    dropout_apply(op, dx, dy, args);
+    return;
+  }
+  const int64_t n = dy.numel();
+  if (n == 0) return;
+  const int64_t rows = n / f;
+  std::vector<double> sum;
+  dispatch_float(dy.dtype(), op, [&]<typename T>(std::type_identity<T>) {
+    using C = compute_t<T>;
+    const T* g = dy.data<T>();
+    T* out = dx.data<T>();
+    const bool identity = args.p == 0.0f;
+    const C scale = identity ? C(1) : keep_scale<C>(args.p);
+    // dx and the bias partial sums in one pass; chunk boundaries depend on rows only, so dbias is
+    // bit-identical for any thread count.
+    chunked_row_reduce<double>(rows, f, sum, [&](int64_t r0, int64_t r1, double* partial) {
+      auto one = [&](int64_t i, bool keep) {
+        const C v = keep ? static_cast<C>(to_f32(g[i])) * scale : C(0);
+        out[i] = store<T>(v);
+        partial[i % f] += static_cast<double>(v);
+      };
+      if (identity) {
+        for (int64_t i = r0 * f; i < r1 * f; ++i) one(i, true);
+      } else {
+        for_each_keep(args, r0 * f, r1 * f, one);
+      }
+    });
+  });
+  accumulate_into(dbias, sum, op);
+}
+
+}  // namespace
+
+void register_dropout_kernels(plugin::Registry& r) {
+  using ops::OpId;
+  r.register_op<OpId::dropout_fwd>("cpu", &dropout_fwd, "cpu:omp");
+  r.register_op<OpId::dropout_bwd>("cpu", &dropout_bwd, "cpu:omp");
+  r.register_op<OpId::bias_dropout_add_fwd>("cpu", &bias_dropout_add_fwd, "cpu:omp");
+  r.register_op<OpId::bias_dropout_add_bwd>("cpu", &bias_dropout_add_bwd, "cpu:omp");
+}
+
 }  // namespace mg::platforms::cpu

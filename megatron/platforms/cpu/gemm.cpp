@@ -1,7 +1,319 @@
-// PLACEHOLDER: replaced by the kernel family's implementation.
+// CPU linear algebra: gemm (OpenBLAS), bias_add, bias_grad, axpy, fill.
+//
+// Gradient rule: parameter gradients accumulate (+=: bias_grad, and gemm with beta = 1 for weight
+// gradients); activation gradients are written (=: gemm with beta = 0).
+//
+// gemm: C = alpha * op(A) @ op(B) + beta * C, row-major, rank 2 or rank 3 (shared leading batch
+// dim, one BLAS call per batch entry). f64 runs dgemm, f32 sgemm. bf16 and f16 inputs are widened
+// to f32 temporaries and run sgemm: Debian's OpenBLAS 0.3.21 declares cblas_sbgemm in its header
+// but is built without BUILD_BFLOAT16, so the symbol is absent, and on AVX2-only hosts its kernel
+// would be generic code anyway; the widening is O(MK + KN) against O(MNK) flops. A C of another
+// dtype than the compute type goes through a compute-type temporary (loaded from C only when
+// beta != 0). beta = 0 never reads C: BLAS defines it so, OpenBLAS zeroes C before accumulating,
+// and the temporaries start at zero; gemm_test checks it with a NaN-filled C.
+// Threading: OpenBLAS is set single-threaded and each product is split over the OpenMP threads
+// (row or column blocks of C, or whole batch entries), so the process has one thread pool.
+// Not here: strided/transposed views (tensors are contiguous), broadcasting a rank-2 B against a
+// rank-3 A (callers view [S, B, H] as [S*B, H]), integer or fp8 GEMM.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cpu {
-void register_gemm_kernels(plugin::Registry&) {}
+
+namespace {
+
+using ops::GemmArgs;
+
+struct GemmDims {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+};
+
+GemmDims check_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const GemmArgs& args) {
+  check_float_host("gemm", "A", a);
+  check_float_host("gemm", "B", b);
+  check_float_host("gemm", "C", c);
+  check_same_dtype("gemm", "B", b, "A", a);
+  MG_CHECK(c.dtype() == a.dtype() || c.dtype() == DType::f32,
+           "gemm: C has dtype " << dtype_name(c.dtype()) << ", expected A's dtype "
+                                << dtype_name(a.dtype()) << " or f32");
+  MG_CHECK((a.dim() == 2 || a.dim() == 3) && b.dim() == a.dim() && c.dim() == a.dim(),
+           "gemm: A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << " and C "
+                      << shape_str(c.shape())
+                      << " must all be rank 2, or all rank 3 with a shared batch dim");
+  GemmDims d;
+  if (a.dim() == 3) {
+    d.batch = a.size(0);
+    MG_CHECK(b.size(0) == d.batch && c.size(0) == d.batch,
+             "gemm: batch dims differ: A " << shape_str(a.shape()) << ", B " << shape_str(b.shape())
+                                           << ", C " << shape_str(c.shape()));
+  }
+  d.m = args.trans_a ? a.size(-1) : a.size(-2);
+  d.k = args.trans_a ? a.size(-2) : a.size(-1);
+  const int64_t kb = args.trans_b ? b.size(-1) : b.size(-2);
+  d.n = args.trans_b ? b.size(-2) : b.size(-1);
+  MG_CHECK(d.k == kb, "gemm: inner dims differ: op(A) is ["
+                          << d.m << ", " << d.k << "] (A " << shape_str(a.shape())
+                          << (args.trans_a ? ", trans_a" : "") << ") but op(B) is [" << kb << ", "
+                          << d.n << "] (B " << shape_str(b.shape())
+                          << (args.trans_b ? ", trans_b" : "") << ")");
+  MG_CHECK(c.size(-2) == d.m && c.size(-1) == d.n,
+           "gemm: C " << shape_str(c.shape()) << " does not match op(A) @ op(B) = [" << d.m << ", "
+                      << d.n << "] (A " << shape_str(a.shape()) << ", B " << shape_str(b.shape())
+                      << ")");
+  MG_CHECK(!overlaps(c, a) && !overlaps(c, b),
+           "gemm: C " << c.str() << " overlaps an input; BLAS needs a separate output");
+  constexpr int64_t kMax = std::numeric_limits<blasint>::max();
+  MG_CHECK(d.m <= kMax && d.n <= kMax && d.k <= kMax,
+           "gemm: dims [" << d.m << ", " << d.n << ", " << d.k << "] exceed the BLAS integer range "
+                          << kMax);
+  return d;
+}
+
+void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
+               double alpha, const double* a, int64_t lda, const double* b, int64_t ldb,
+               double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// Below this many multiply-adds one BLAS call on one thread is cheaper than forking.
+constexpr int64_t kMinSplitWork = int64_t{1} << 20;
+
+// One product C [M, N] split over the OpenMP threads along M (row blocks of C and of op(A)) or,
+// when N is larger, along N (column blocks of C and of op(B)); each block is a single-threaded
+// BLAS call with the full K (the K reduction is never split, so no partial sums to combine).
+template <typename Acc>
+void gemm_split(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, Acc alpha,
+                const Acc* a, int64_t lda, const Acc* b, int64_t ldb, Acc beta, Acc* c,
+                int64_t ldc) {
+  constexpr int64_t kMinBlock = 16;  // rows or columns per block: keeps BLAS tiles efficient
+  const bool split_m = m >= n;
+  const int64_t extent = split_m ? m : n;
+  const int64_t parts = std::min<int64_t>(omp_get_max_threads(), extent / kMinBlock);
+  if (parts <= 1 || m * n * k < kMinSplitWork) {
+    blas_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  const int nt = static_cast<int>(parts);
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t lo = extent * p / parts, len = extent * (p + 1) / parts - lo;
+    if (split_m) {
+      // rows [lo, lo + len) of op(A): rows of A, or columns of A^T's storage
+      const Acc* ap = ta == CblasTrans ? a + lo : a + lo * lda;
+      blas_gemm(ta, tb, len, n, k, alpha, ap, lda, b, ldb, beta, c + lo * ldc, ldc);
+    } else {
+      // columns [lo, lo + len) of op(B): columns of B, or rows of B^T's storage
+      const Acc* bp = tb == CblasTrans ? b + lo * ldb : b + lo;
+      blas_gemm(ta, tb, m, len, k, alpha, a, lda, bp, ldb, beta, c + lo, ldc);
+    }
+  }
+}
+
+// Widening/narrowing copies for the temporaries, threaded for large tensors.
+template <typename D, typename S>
+void convert_copy(D* dst, const S* src, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
+  for (int64_t i = 0; i < n; ++i) dst[i] = store_from<D>(load<compute_t<S>>(src[i]));
+}
+
+// A and B already in the compute type Acc; C of storage type TC (Acc itself or another dtype).
+template <typename Acc, typename TC>
+void gemm_compute(Tensor& c, const Acc* a, const Acc* b, const GemmDims& d, const GemmArgs& args) {
+  const int64_t c_numel = d.batch * d.m * d.n;
+  if (c_numel == 0) return;
+  TC* c_store = c.data<TC>();
+  Acc* cp = nullptr;
+  std::vector<Acc> c_tmp;
+  if constexpr (std::is_same_v<TC, Acc>) {
+    cp = c_store;
+  } else {
+    c_tmp.assign(static_cast<std::size_t>(c_numel), Acc(0));  // zeros: beta = 0 reads nothing
+    if (args.beta != 0.0f) convert_copy(c_tmp.data(), c_store, c_numel);
+    cp = c_tmp.data();
+  }
+  const Acc alpha = args.alpha, beta = args.beta;
+  if (d.k == 0) {
+    // op(A) @ op(B) is all zeros; C = beta * C, with beta = 0 discarding old C (NaN included).
+    for (int64_t i = 0; i < c_numel; ++i) cp[i] = beta == Acc(0) ? Acc(0) : beta * cp[i];
+  } else {
+    const auto ta = args.trans_a ? CblasTrans : CblasNoTrans;
+    const auto tb = args.trans_b ? CblasTrans : CblasNoTrans;
+    // Row-major leading dims: A is [M, K] (or [K, M] when transposed), B [K, N] (or [N, K]).
+    const int64_t lda = args.trans_a ? d.m : d.k;
+    const int64_t ldb = args.trans_b ? d.k : d.n;
+    const int64_t ldc = d.n;
+    const int threads = omp_get_max_threads();
+    if (d.batch >= threads && threads > 1 && d.m * d.n * d.k >= kMinSplitWork / 4) {
+      // Enough independent products: one per thread at a time.
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < d.batch; ++i)
+        blas_gemm(ta, tb, d.m, d.n, d.k, alpha, a + i * d.m * d.k, lda, b + i * d.k * d.n, ldb,
+                  beta, cp + i * d.m * d.n, ldc);
+    } else {
+      for (int64_t i = 0; i < d.batch; ++i)
+        gemm_split(ta, tb, d.m, d.n, d.k, alpha, a + i * d.m * d.k, lda, b + i * d.k * d.n, ldb,
+                   beta, cp + i * d.m * d.n, ldc);
+    }
+  }
+  if constexpr (!std::is_same_v<TC, Acc>) convert_copy(c_store, cp, c_numel);
+}
+
+template <typename Acc>
+void gemm_with_c(Tensor& c, const Acc* a, const Acc* b, const GemmDims& d, const GemmArgs& args) {
+  dispatch_float(c.dtype(), "gemm", [&]<typename TC>(std::type_identity<TC>) {
+    gemm_compute<Acc, TC>(c, a, b, d, args);
+  });
+}
+
+void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmArgs& args) {
+  const GemmDims d = check_gemm(c, a, b, args);
+  dispatch_float(a.dtype(), "gemm", [&]<typename T>(std::type_identity<T>) {
+    if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
+      gemm_with_c<T>(c, a.data<T>(), b.data<T>(), d, args);
+    } else {
+      // bf16 / f16: widen once, then sgemm (see the file comment for why not sbgemm).
+      std::vector<float> a32(static_cast<std::size_t>(a.numel()));
+      std::vector<float> b32(static_cast<std::size_t>(b.numel()));
+      convert_copy(a32.data(), a.data<T>(), a.numel());
+      convert_copy(b32.data(), b.data<T>(), b.numel());
+      gemm_with_c<float>(c, a32.data(), b32.data(), d, args);
+    }
+  });
+}
+
+// y [N, F] += bias [F]
+void bias_add(Tensor& y, const Tensor& bias) {
+  check_float_host("bias_add", "y", y);
+  check_float_host("bias_add", "bias", bias);
+  MG_CHECK(bias.dim() == 1 && y.dim() >= 1 && y.size(-1) == bias.numel(),
+           "bias_add: bias " << shape_str(bias.shape()) << " does not match y "
+                             << shape_str(y.shape()) << "'s last dim (expected bias [F])");
+  const int64_t f = bias.numel();
+  if (f == 0 || y.numel() == 0) return;
+  const int64_t rows = y.numel() / f;
+  dispatch_float(y.dtype(), "bias_add", [&]<typename T>(std::type_identity<T>) {
+    using Acc = compute_t<T>;
+    const std::vector<Acc> bv = to_acc_vector<Acc>(bias, "bias_add");
+    T* p = y.data<T>();
+#pragma omp parallel for schedule(static) if (y.numel() >= kParallelMinElements)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* row = p + r * f;
+      for (int64_t j = 0; j < f; ++j) row[j] = store<T>(to_f32(row[j]) + bv[j]);
+    }
+  });
+}
+
+// dbias [F] += sum_n dy [N, F]
+void bias_grad(Tensor& dbias, const Tensor& dy) {
+  check_float_host("bias_grad", "dbias", dbias);
+  check_float_host("bias_grad", "dy", dy);
+  MG_CHECK(dbias.dim() == 1 && dy.dim() >= 1 && dy.size(-1) == dbias.numel(),
+           "bias_grad: dbias " << shape_str(dbias.shape()) << " does not match dy "
+                               << shape_str(dy.shape()) << "'s last dim (expected dbias [F])");
+  const int64_t f = dbias.numel();
+  if (f == 0) return;
+  const int64_t rows = dy.numel() / f;
+  dispatch_float(dy.dtype(), "bias_grad", [&]<typename T>(std::type_identity<T>) {
+    auto run = [&]<typename Acc>(std::type_identity<Acc>) {
+      const T* p = dy.data<T>();
+      std::vector<Acc> sum;
+      chunked_row_reduce<Acc>(rows, f, sum, [&](int64_t r0, int64_t r1, Acc* part) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t j = 0; j < f; ++j) part[j] += load<Acc>(p[r * f + j]);
+      });
+      accumulate_into(dbias, sum, "bias_grad");
+    };
+    // An f64 dbias keeps f64 sums even for f32 dy.
+    if (dbias.dtype() == DType::f64)
+      run(std::type_identity<double>{});
+    else
+      run(std::type_identity<compute_t<T>>{});
+  });
+}
+
+// y += alpha * x; x and y may differ in float dtype (an f32 grad buffer, a bf16 grad).
+void axpy(Tensor& y, const Tensor& x, float alpha) {
+  check_float_host("axpy", "y", y);
+  check_float_host("axpy", "x", x);
+  check_same_numel("axpy", "x", x, "y", y);
+  const int64_t n = y.numel();
+  dispatch_float(y.dtype(), "axpy", [&]<typename TY>(std::type_identity<TY>) {
+    dispatch_float(x.dtype(), "axpy", [&]<typename TX>(std::type_identity<TX>) {
+      using Acc = acc_t<TX, TY>;
+      TY* yp = y.data<TY>();
+      const TX* xp = x.data<TX>();
+      const Acc a = alpha;
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
+      for (int64_t i = 0; i < n; ++i)
+        yp[i] = store_from<TY>(load<Acc>(yp[i]) + a * load<Acc>(xp[i]));
+    });
+  });
+}
+
+// x = value for every element; any dtype (integers and fp8 included), converted as Tensor::to.
+void fill(Tensor& x, double value) {
+  check_host("fill", "x", x);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const std::size_t es = dtype_size(x.dtype());
+  unsigned char elem[8] = {};
+  convert_host(elem, x.dtype(), &value, DType::f64, 1);
+  auto fill_as = [&]<typename U>(std::type_identity<U>) {
+    U v;
+    std::memcpy(&v, elem, sizeof(U));
+    U* p = static_cast<U*>(x.raw_data());
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
+    for (int64_t i = 0; i < n; ++i) p[i] = v;
+  };
+  switch (es) {
+    case 1:
+      std::memset(x.raw_data(), elem[0], static_cast<std::size_t>(n));
+      break;
+    case 2:
+      fill_as(std::type_identity<uint16_t>{});
+      break;
+    case 4:
+      fill_as(std::type_identity<uint32_t>{});
+      break;
+    case 8:
+      fill_as(std::type_identity<uint64_t>{});
+      break;
+    default:
+      MG_THROW("fill: unsupported element size " << es << " of " << dtype_name(x.dtype()));
+  }
+}
+
+}  // namespace
+
+void register_gemm_kernels(plugin::Registry& r) {
+  // One thread pool per process: OpenBLAS's pthread workers and libgomp's would spin against each
+  // other after every switch between a BLAS call and an OpenMP kernel (measured 50x slower on 2
+  // cores), so OpenBLAS runs single-threaded and gemm_split threads it with OpenMP.
+  openblas_set_num_threads(1);
+  r.register_op<ops::OpId::gemm>("cpu", &gemm, "cpu:openblas");
+  r.register_op<ops::OpId::bias_add>("cpu", &bias_add, "cpu:omp");
+  r.register_op<ops::OpId::bias_grad>("cpu", &bias_grad, "cpu:omp");
+  r.register_op<ops::OpId::axpy>("cpu", &axpy, "cpu:omp");
+  r.register_op<ops::OpId::fill>("cpu", &fill, "cpu:omp");
+}
+
 }  // namespace mg::platforms::cpu

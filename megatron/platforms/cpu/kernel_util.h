@@ -39,8 +39,7 @@ inline void check_host(const char* op, const char* name, const Tensor& t) {
 // Defined, on the host, with a kernel float dtype.
 inline void check_float_host(const char* op, const char* name, const Tensor& t) {
   check_host(op, name, t);
-  MG_CHECK(is_kernel_float(t.dtype()), op << ": " << name << " has dtype "
-                                          << dtype_name(t.dtype())
+  MG_CHECK(is_kernel_float(t.dtype()), op << ": " << name << " has dtype " << dtype_name(t.dtype())
                                           << ", expected one of f64, f32, bf16, f16");
 }
 
@@ -71,19 +70,24 @@ inline bool overlaps(const Tensor& a, const Tensor& b) {
 template <typename F>
 decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::f64: return f(std::type_identity<double>{});
-    case DType::f32: return f(std::type_identity<float>{});
-    case DType::bf16: return f(std::type_identity<bf16_t>{});
-    case DType::f16: return f(std::type_identity<f16_t>{});
-    default: break;
+    case DType::f64:
+      return f(std::type_identity<double>{});
+    case DType::f32:
+      return f(std::type_identity<float>{});
+    case DType::bf16:
+      return f(std::type_identity<bf16_t>{});
+    case DType::f16:
+      return f(std::type_identity<f16_t>{});
+    default:
+      break;
   }
   MG_THROW(op << ": unsupported dtype " << dtype_name(t) << " (expected f64, f32, bf16, f16)");
 }
 
 // The accumulation type of a pair of storage types: double if either is f64, float otherwise.
 template <typename A, typename B>
-using acc_t = std::conditional_t<std::is_same_v<A, double> || std::is_same_v<B, double>, double,
-                                 float>;
+using acc_t =
+    std::conditional_t<std::is_same_v<A, double> || std::is_same_v<B, double>, double, float>;
 
 // Widening load to any accumulation type (to_f32 keeps double for double).
 template <typename Acc, typename T>
@@ -95,8 +99,10 @@ inline Acc load(T x) {
 // library's conversions do).
 template <typename T, typename Acc>
 inline T store_from(Acc x) {
-  if constexpr (std::is_same_v<T, double>) return static_cast<double>(x);
-  else return from_f32<T>(static_cast<float>(x));
+  if constexpr (std::is_same_v<T, double>)
+    return static_cast<double>(x);
+  else
+    return from_f32<T>(static_cast<float>(x));
 }
 
 // Copies a small host tensor (a [H] parameter) into a vector of Acc.

@@ -6,6 +6,7 @@
 // shape; every row is stabilised by its maximum, and a row whose entries are all -inf (fully
 // masked) gives y = 0 instead of NaN. y may alias x and dx may alias dy (each row is read before
 // it is written). Not done here: masks, dropout, the fused attention path (attention.cpp).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -24,10 +25,18 @@ namespace {
 template <typename F>
 void dispatch_float(DType dt, const char* op, F&& f) {
   switch (dt) {
-    case DType::f64: f(double{}); break;
-    case DType::f32: f(float{}); break;
-    case DType::bf16: f(bf16_t{}); break;
-    case DType::f16: f(f16_t{}); break;
+    case DType::f64:
+      f(double{});
+      break;
+    case DType::f32:
+      f(float{});
+      break;
+    case DType::bf16:
+      f(bf16_t{});
+      break;
+    case DType::f16:
+      f(f16_t{});
+      break;
     default:
       MG_THROW(op << ": unsupported dtype " << dtype_name(dt) << " (expected f64, f32, bf16, f16)");
   }

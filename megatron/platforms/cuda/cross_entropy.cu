@@ -1,0 +1,297 @@
+// CUDA cross entropy on logits [N, Vl]: the serial op, and the pieces of Megatron's vocab-parallel
+// cross entropy (local max -> all-reduce max -> local stats with the global max -> all-reduce sum
+// -> combine), with the one backward both use.
+//
+// Gradient rule: no parameters; dlogits is an activation gradient and is written (=).
+// Invariants: one thread block per row for the row statistics; math in f32 for f32/bf16/f16
+// logits (f64 for f64); the per-row statistics (loss, max, sum_exp, target_logit, dloss) are [N]
+// f32 (f64 for f64 logits). Leading logits dims flatten into N; targets (i32/i64) and statistics
+// may have any shape with N elements. The serial op checks 0 <= target < V as the CPU does, which
+// costs a copy of the targets to the host (one stream synchronisation); the shard ops take this
+// shard's columns [vocab_start, vocab_start + Vl) and give target_logit 0 (and no one-hot term)
+// for targets outside them. dlogits may alias logits exactly (element-wise backward).
+// Not here: ignore_index, label smoothing, z-loss, the all-reduces (the caller's group), a
+// device-side target check (the speed issue).
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/platforms/cuda/cuda_common.h"
+#include "megatron/platforms/cuda/cuda_kernels.h"
+#include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/plugin/registry.h"
+
+namespace mg::platforms::cuda {
+
+namespace {
+
+// Row max of one row of V logits (block-wide, every thread gets it).
+template <typename C>
+__device__ C row_max(const void* x, DType t, int64_t base, int64_t v) {
+  C m = neg_inf<C>();
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+    const C e = load<C>(x, t, base + j);
+    m = e > m ? e : m;
+  }
+  return block_max(m);
+}
+
+template <typename C>
+__device__ C row_sum_exp(const void* x, DType t, int64_t base, int64_t v, C m) {
+  C s = 0;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) s += exp_c(load<C>(x, t, base + j) - m);
+  return block_sum(s);
+}
+
+// loss, max, sum_exp [N] <- logits [N, V], targets [N] (validated on the host)
+template <typename C>
+__global__ void ce_fwd_kernel(void* loss, void* max, void* sum_exp, DType st, const void* x,
+                              DType t, const void* targets, DType tt, int64_t n, int64_t v) {
+  const int64_t r = block_row();
+  if (r >= n) return;
+  const int64_t base = r * v;
+  const C m = row_max<C>(x, t, base, v);
+  const C s = row_sum_exp<C>(x, t, base, v, m);
+  if (threadIdx.x == 0) {
+    store<C>(max, st, r, m);
+    store<C>(sum_exp, st, r, s);
+    const int64_t target = load_index(targets, tt, r);
+    store<C>(loss, st, r, log_c(s) + m - load<C>(x, t, base + target));
+  }
+}
+
+template <typename C>
+__global__ void ce_local_max_kernel(void* max, DType st, const void* x, DType t, int64_t n,
+                                    int64_t v) {
+  const int64_t r = block_row();
+  if (r >= n) return;
+  const C m = row_max<C>(x, t, r * v, v);
+  if (threadIdx.x == 0) store<C>(max, st, r, m);
+}
+
+template <typename C>
+__global__ void ce_local_stats_kernel(void* sum_exp, void* target_logit, DType st, const void* x,
+                                      DType t, const void* max, const void* targets, DType tt,
+                                      int64_t vocab_start, int64_t n, int64_t v) {
+  const int64_t r = block_row();
+  if (r >= n) return;
+  const int64_t base = r * v;
+  const C s = row_sum_exp<C>(x, t, base, v, load<C>(max, st, r));
+  if (threadIdx.x == 0) {
+    store<C>(sum_exp, st, r, s);
+    const int64_t local = load_index(targets, tt, r) - vocab_start;
+    store<C>(target_logit, st, r, local >= 0 && local < v ? load<C>(x, t, base + local) : C(0));
+  }
+}
+
+template <typename C>
+__global__ void ce_combine_kernel(void* loss, const void* max, const void* sum_exp,
+                                  const void* target_logit, DType st, int64_t n) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride())
+    store<C>(loss, st, i,
+             log_c(load<C>(sum_exp, st, i)) + load<C>(max, st, i) - load<C>(target_logit, st, i));
+}
+
+// dlogits [N, V] = dloss * (softmax - onehot(target - vocab_start)); may alias logits.
+template <typename C>
+__global__ void ce_bwd_kernel(void* dx, const void* x, DType t, const void* dloss, const void* max,
+                              const void* sum_exp, DType st, const void* targets, DType tt,
+                              int64_t vocab_start, int64_t n, int64_t v) {
+  const int64_t total = n * v;
+  for (int64_t i = grid_start(); i < total; i += grid_stride()) {
+    const int64_t r = i / v, j = i - r * v;
+    const C g = load<C>(dloss, st, r);
+    const C inv = C(1) / load<C>(sum_exp, st, r);
+    const C p = exp_c(load<C>(x, t, i) - load<C>(max, st, r)) * inv;
+    const int64_t local = load_index(targets, tt, r) - vocab_start;
+    store<C>(dx, t, i, g * (j == local ? p - C(1) : p));
+  }
+}
+
+DType stat_dtype(DType logits) {
+  return logits == DType::f64 ? DType::f64 : DType::f32;
+}
+
+struct Rows {
+  int64_t n, v;
+};
+
+// logits [N, Vl] (leading dims flattened).
+Rows check_logits(const char* op, const Tensor& logits) {
+  check_float_cuda(op, "logits", logits);
+  MG_CHECK(logits.dim() >= 1, op << ": logits must be [N, V], got a scalar");
+  const int64_t v = logits.size(-1);
+  MG_CHECK(v > 0, op << ": logits " << shape_str(logits.shape()) << " has an empty vocab dim");
+  return {logits.numel() / v, v};
+}
+
+// A per-row statistic [N] of the dtype that goes with the logits.
+void check_stat(const char* op, const char* name, const Tensor& t, const Tensor& logits,
+                const Rows& r) {
+  check_cuda(op, name, t);
+  check_same_device(op, name, t, "logits", logits);
+  const DType want = stat_dtype(logits.dtype());
+  MG_CHECK(t.dtype() == want, op << ": " << name << " has dtype " << dtype_name(t.dtype())
+                                 << ", expected " << dtype_name(want) << " for logits of dtype "
+                                 << dtype_name(logits.dtype()));
+  MG_CHECK(t.numel() == r.n, op << ": " << name << " " << shape_str(t.shape()) << " has "
+                                << t.numel() << " elements, expected N = " << r.n << " (logits "
+                                << shape_str(logits.shape()) << ")");
+}
+
+void check_targets(const char* op, const Tensor& targets, const Tensor& logits, const Rows& r) {
+  check_index_cuda(op, "targets", targets, "logits", logits);
+  MG_CHECK(targets.numel() == r.n, op << ": targets " << shape_str(targets.shape()) << " has "
+                                      << targets.numel() << " elements, expected N = " << r.n
+                                      << " (logits " << shape_str(logits.shape()) << ")");
+}
+
+// Every target in [0, V) (the serial op's contract), checked on a host copy.
+void check_target_range(const char* op, const Tensor& targets, const Rows& r, int dev) {
+  const auto n = static_cast<std::size_t>(r.n);
+  std::vector<int64_t> t(n);
+  if (targets.dtype() == DType::i64) {
+    copy_to_host(t.data(), targets.raw_data(), n * 8, dev);
+  } else {
+    std::vector<int32_t> t32(n);
+    copy_to_host(t32.data(), targets.raw_data(), n * 4, dev);
+    for (std::size_t i = 0; i < n; ++i) t[i] = t32[i];
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    MG_CHECK(t[i] >= 0 && t[i] < r.v,
+             op << ": target " << t[i] << " of row " << i << " is outside [0, V = " << r.v << ")");
+}
+
+void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor& logits,
+                       const Tensor& targets) {
+  const char* op = "cross_entropy_fwd";
+  const Rows r = check_logits(op, logits);
+  check_targets(op, targets, logits, r);
+  check_stat(op, "loss", loss, logits, r);
+  check_stat(op, "max", max, logits, r);
+  check_stat(op, "sum_exp", sum_exp, logits, r);
+  if (r.n == 0) return;
+  const int dev = logits.device().index;
+  DeviceGuard guard(dev);
+  check_target_range(op, targets, r, dev);
+  with_compute(logits.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    ce_fwd_kernel<C><<<grid_rows(r.n), kThreads, 0, current_stream(dev)>>>(
+        loss.raw_data(), max.raw_data(), sum_exp.raw_data(), loss.dtype(), logits.raw_data(),
+        logits.dtype(), targets.raw_data(), targets.dtype(), r.n, r.v);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void ce_local_max(Tensor& max, const Tensor& logits) {
+  const char* op = "ce_local_max";
+  const Rows r = check_logits(op, logits);
+  check_stat(op, "max", max, logits, r);
+  if (r.n == 0) return;
+  const int dev = logits.device().index;
+  DeviceGuard guard(dev);
+  with_compute(logits.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    ce_local_max_kernel<C><<<grid_rows(r.n), kThreads, 0, current_stream(dev)>>>(
+        max.raw_data(), max.dtype(), logits.raw_data(), logits.dtype(), r.n, r.v);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void ce_local_stats(Tensor& sum_exp, Tensor& target_logit, const Tensor& logits, const Tensor& max,
+                    const Tensor& targets, int64_t vocab_start) {
+  const char* op = "ce_local_stats";
+  const Rows r = check_logits(op, logits);
+  check_targets(op, targets, logits, r);
+  check_stat(op, "sum_exp", sum_exp, logits, r);
+  check_stat(op, "target_logit", target_logit, logits, r);
+  check_stat(op, "max", max, logits, r);
+  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
+  if (r.n == 0) return;
+  const int dev = logits.device().index;
+  DeviceGuard guard(dev);
+  with_compute(logits.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    ce_local_stats_kernel<C><<<grid_rows(r.n), kThreads, 0, current_stream(dev)>>>(
+        sum_exp.raw_data(), target_logit.raw_data(), sum_exp.dtype(), logits.raw_data(),
+        logits.dtype(), max.raw_data(), targets.raw_data(), targets.dtype(), vocab_start, r.n, r.v);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void ce_combine(Tensor& loss, const Tensor& max, const Tensor& sum_exp,
+                const Tensor& target_logit) {
+  const char* op = "ce_combine";
+  check_cuda(op, "loss", loss);
+  MG_CHECK(loss.dtype() == DType::f32 || loss.dtype() == DType::f64,
+           op << ": loss has dtype " << dtype_name(loss.dtype()) << ", expected f32 or f64");
+  const std::pair<const char*, const Tensor*> ins[] = {
+      {"max", &max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}};
+  for (const auto& [name, t] : ins) {
+    check_cuda(op, name, *t);
+    check_same_device(op, name, *t, "loss", loss);
+    MG_CHECK(t->dtype() == loss.dtype(), op << ": " << name << " has dtype "
+                                            << dtype_name(t->dtype()) << " but loss has "
+                                            << dtype_name(loss.dtype()));
+    MG_CHECK(t->numel() == loss.numel(),
+             op << ": " << name << " " << shape_str(t->shape()) << " does not have loss's "
+                << loss.numel() << " elements (loss " << shape_str(loss.shape()) << ")");
+  }
+  const int64_t n = loss.numel();
+  if (n == 0) return;
+  const int dev = loss.device().index;
+  DeviceGuard guard(dev);
+  with_compute(loss.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    ce_combine_kernel<C><<<grid_for(n), kThreads, 0, current_stream(dev)>>>(
+        loss.raw_data(), max.raw_data(), sum_exp.raw_data(), target_logit.raw_data(), loss.dtype(),
+        n);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logits,
+                       const Tensor& max, const Tensor& sum_exp, const Tensor& targets,
+                       int64_t vocab_start) {
+  const char* op = "cross_entropy_bwd";
+  const Rows r = check_logits(op, logits);
+  check_cuda(op, "dlogits", dlogits);
+  check_same_device(op, "dlogits", dlogits, "logits", logits);
+  MG_CHECK(dlogits.dtype() == logits.dtype() && dlogits.shape() == logits.shape(),
+           op << ": dlogits (" << dtype_name(dlogits.dtype()) << ", " << shape_str(dlogits.shape())
+              << ") does not match logits (" << dtype_name(logits.dtype()) << ", "
+              << shape_str(logits.shape()) << ")");
+  MG_CHECK(
+      !dlogits.shares_storage_with(logits) || dlogits.offset_bytes() == logits.offset_bytes(),
+      op << ": dlogits overlaps logits at a different offset; alias them exactly or not at all");
+  check_targets(op, targets, logits, r);
+  check_stat(op, "dloss", dloss, logits, r);
+  check_stat(op, "max", max, logits, r);
+  check_stat(op, "sum_exp", sum_exp, logits, r);
+  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
+  if (r.n == 0) return;
+  const int dev = logits.device().index;
+  DeviceGuard guard(dev);
+  with_compute(logits.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    ce_bwd_kernel<C><<<grid_for(r.n * r.v), kThreads, 0, current_stream(dev)>>>(
+        dlogits.raw_data(), logits.raw_data(), logits.dtype(), dloss.raw_data(), max.raw_data(),
+        sum_exp.raw_data(), max.dtype(), targets.raw_data(), targets.dtype(), vocab_start, r.n,
+        r.v);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void register_cross_entropy_kernels(plugin::Registry& r) {
+  using ops::OpId;
+  r.register_op<OpId::cross_entropy_fwd>(kPlatformName, &cross_entropy_fwd, "cuda:kernel");
+  r.register_op<OpId::ce_local_max>(kPlatformName, &ce_local_max, "cuda:kernel");
+  r.register_op<OpId::ce_local_stats>(kPlatformName, &ce_local_stats, "cuda:kernel");
+  r.register_op<OpId::ce_combine>(kPlatformName, &ce_combine, "cuda:kernel");
+  r.register_op<OpId::cross_entropy_bwd>(kPlatformName, &cross_entropy_bwd, "cuda:kernel");
+}
+
+}  // namespace mg::platforms::cuda

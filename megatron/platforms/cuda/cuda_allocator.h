@@ -1,0 +1,62 @@
+// The caching device allocator of the CUDA platform (one per device, process lifetime).
+//
+// Blocks come from cudaMalloc (256-byte aligned) in size classes (512 B steps up to 1 MiB, 1 MiB
+// steps above) and return to a free list on deallocate. Reuse is stream-safe: deallocate records
+// an event on the freeing thread's current stream, and allocate makes the allocating thread's
+// current stream wait for that event before handing the block out again. So a tensor may die
+// while kernels on its stream still read it. Memory used on a stream other than the current one
+// at free time needs the caller's synchronisation (as PyTorch's record_stream).
+// When cudaMalloc fails the cache is released (after the blocks' events complete) and the
+// allocation retried once; a second failure throws with the statistics.
+// Stats: allocated_bytes counts requested bytes; reserved_bytes counts every block held from
+// cudaMalloc, live or cached. deallocate never throws (it runs in destructors, also at process
+// teardown when the CUDA runtime may already be gone; then the block is dropped).
+// Not here: block splitting, expandable segments, per-stream pools (the speed issue).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "megatron/plugin/platform.h"
+
+namespace mg::platforms::cuda {
+
+class CudaAllocator final : public plugin::Allocator {
+ public:
+  explicit CudaAllocator(int device) : device_(device) {}
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* ptr, std::size_t bytes) override;
+  plugin::MemoryStats stats() const override;
+  void reset_peak() override;
+  // Returns every cached block to the driver (after its pending work completes).
+  void release_cached();
+
+  // Size class of a request (exposed for tests of the policy).
+  static std::size_t block_size(std::size_t bytes);
+
+ private:
+  struct Cached {
+    void* ptr;
+    cudaEvent_t freed;  // recorded on the freeing stream; null when none could be recorded
+  };
+  struct Live {
+    std::size_t block;
+    std::size_t requested;
+  };
+  void release_cached_locked();
+  cudaEvent_t take_event_locked();
+
+  int device_;
+  mutable std::mutex mu_;
+  std::multimap<std::size_t, Cached> cache_;  // block size -> cached blocks
+  std::unordered_map<void*, Live> live_;
+  std::vector<cudaEvent_t> event_pool_;
+  plugin::MemoryStats stats_;
+};
+
+}  // namespace mg::platforms::cuda

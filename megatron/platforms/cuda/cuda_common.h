@@ -1,0 +1,182 @@
+// Host-side helpers shared by the CUDA kernel files: the thread's current stream, a device guard,
+// stream-ordered scratch buffers, argument checks with uniform messages, and compute-type dispatch.
+//
+// Invariants: every op wrapper runs with the tensor's device current (DeviceGuard) and launches
+// on current_stream(device); checks throw mg::Error naming the op, the argument and the value.
+// Not here: device code (device_util.cuh), the Platform object (cuda_platform.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "megatron/core/common/error.h"
+#include "megatron/core/tensor/tensor.h"
+#include "megatron/platforms/cuda/cuda_check.h"
+#include "megatron/plugin/platform.h"
+
+namespace mg::platforms::cuda {
+
+inline constexpr const char* kPlatformName = "cuda";
+
+// ---- provided by cuda_platform.cu ---------------------------------------------------------------
+// The stream ops launch on for `device` on this thread (the platform's default stream unless
+// set_current_stream() chose another).
+cudaStream_t current_stream(int device);
+// The caching device allocator of `device` (the one Platform::allocator returns).
+plugin::Allocator& device_allocator(int device);
+// Properties read once per device.
+const cudaDeviceProp& device_properties(int device);
+
+// Makes `device` current for the scope and restores the previous device afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+  bool changed_ = false;
+};
+
+// A temporary device buffer from the caching allocator. Freeing is stream-ordered (the allocator
+// records an event on the current stream), so it may go out of scope while kernels using it run.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(int device, std::size_t bytes)
+      : device_(device), bytes_(bytes), ptr_(device_allocator(device).allocate(bytes)) {}
+  ~Scratch() {
+    if (ptr_) device_allocator(device_).deallocate(ptr_, bytes_);
+  }
+  Scratch(Scratch&& o) noexcept
+      : device_(o.device_), bytes_(o.bytes_), ptr_(std::exchange(o.ptr_, nullptr)) {}
+  Scratch& operator=(Scratch&& o) noexcept {
+    std::swap(device_, o.device_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(ptr_, o.ptr_);
+    return *this;
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  int device_ = 0;
+  std::size_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+// Synchronous copies between the host and `device` on the current stream (small metadata only:
+// ids for the embedding backward, cu_seqlens).
+void copy_to_host(void* dst, const void* src, std::size_t bytes, int device);
+void copy_to_device(void* dst, const void* src, std::size_t bytes, int device);
+
+// ---- launch geometry
+// -----------------------------------------------------------------------------
+inline constexpr int kThreads = 256;  // threads per block of the element-wise and row kernels
+
+// Blocks for a grid-stride loop over n elements (at least 1, capped: the loop covers the rest).
+inline unsigned int grid_for(int64_t n, int threads = kThreads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  constexpr int64_t kMaxBlocks = int64_t{1} << 20;
+  return static_cast<unsigned int>(blocks < 1 ? 1 : (blocks > kMaxBlocks ? kMaxBlocks : blocks));
+}
+
+// Grid of `rows` blocks (one block per row), as a 2-D grid when rows exceed the x limit.
+inline dim3 grid_rows(int64_t rows) {
+  constexpr int64_t kMaxX = 65535;
+  if (rows <= kMaxX) return dim3(static_cast<unsigned int>(rows < 1 ? 1 : rows));
+  return dim3(static_cast<unsigned int>(kMaxX),
+              static_cast<unsigned int>((rows + kMaxX - 1) / kMaxX));
+}
+
+// ---- argument checks ----------------------------------------------------------------------------
+inline bool is_kernel_float(DType t) {
+  return t == DType::f64 || t == DType::f32 || t == DType::bf16 || t == DType::f16;
+}
+
+// Defined and on a CUDA device.
+inline void check_cuda(const char* op, const char* name, const Tensor& t) {
+  MG_CHECK(t.defined(), op << ": " << name << " is undefined");
+  MG_CHECK(t.device().type == DeviceType::cuda,
+           op << ": " << name << " " << t.str() << " is not on a CUDA device");
+}
+
+// Defined, on a CUDA device, with a kernel float dtype (f64, f32, bf16, f16).
+inline void check_float_cuda(const char* op, const char* name, const Tensor& t) {
+  check_cuda(op, name, t);
+  MG_CHECK(is_kernel_float(t.dtype()), op << ": " << name << " has dtype " << dtype_name(t.dtype())
+                                          << ", expected one of f64, f32, bf16, f16");
+}
+
+inline void check_same_device(const char* op, const char* name, const Tensor& t,
+                              const char* ref_name, const Tensor& ref) {
+  MG_CHECK(t.device() == ref.device(), op << ": " << name << " is on " << t.device() << " but "
+                                          << ref_name << " is on " << ref.device());
+}
+
+inline void check_same_dtype(const char* op, const char* name, const Tensor& t,
+                             const char* ref_name, const Tensor& ref) {
+  MG_CHECK(t.dtype() == ref.dtype(), op << ": " << name << " has dtype " << dtype_name(t.dtype())
+                                        << " but " << ref_name << " has "
+                                        << dtype_name(ref.dtype()));
+}
+
+inline void check_same_shape(const char* op, const char* name, const Tensor& t,
+                             const char* ref_name, const Tensor& ref) {
+  MG_CHECK(t.shape() == ref.shape(), op << ": " << name << " " << shape_str(t.shape())
+                                        << " does not match " << ref_name << " "
+                                        << shape_str(ref.shape()));
+}
+
+inline void check_same_numel(const char* op, const char* name, const Tensor& t,
+                             const char* ref_name, const Tensor& ref) {
+  MG_CHECK(t.numel() == ref.numel(), op << ": " << name << " " << shape_str(t.shape()) << " has "
+                                        << t.numel() << " elements but " << ref_name << " "
+                                        << shape_str(ref.shape()) << " has " << ref.numel());
+}
+
+// A float tensor like `ref`: on ref's device, with ref's dtype and shape.
+inline void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                       const Tensor& ref) {
+  check_cuda(op, name, t);
+  check_same_device(op, name, t, ref_name, ref);
+  check_same_dtype(op, name, t, ref_name, ref);
+  check_same_shape(op, name, t, ref_name, ref);
+}
+
+// An i32/i64 index tensor on ref's device.
+inline void check_index_cuda(const char* op, const char* name, const Tensor& t,
+                             const char* ref_name, const Tensor& ref) {
+  check_cuda(op, name, t);
+  check_same_device(op, name, t, ref_name, ref);
+  MG_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64,
+           op << ": " << name << " has dtype " << dtype_name(t.dtype()) << ", expected i32 or i64");
+}
+
+// True when the byte ranges of a and b intersect (same storage only).
+inline bool overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || !a.shares_storage_with(b)) return false;
+  const std::size_t a0 = a.offset_bytes(), a1 = a0 + a.nbytes();
+  const std::size_t b0 = b.offset_bytes(), b1 = b0 + b.nbytes();
+  return a0 < b1 && b0 < a1 && a.nbytes() > 0 && b.nbytes() > 0;
+}
+
+// Calls f(C{}) with the compute type of dtype t: double for f64, float otherwise.
+template <typename F>
+decltype(auto) with_compute(DType t, F&& f) {
+  if (t == DType::f64) return f(double{});
+  return f(float{});
+}
+
+}  // namespace mg::platforms::cuda

@@ -1,0 +1,124 @@
+// Device-side helpers of the CUDA kernels: runtime-dtype element access (dtype_math.h), grid-stride
+// indexing, and deterministic block reductions.
+//
+// Invariants: reductions combine warp partials in a fixed order, so a kernel's result does not
+// depend on scheduling; blockDim.x is a multiple of 32 and at most 1024. Every kernel reads its
+// tensors through dmath::load<C> / dmath::store<C>, so one instantiation per compute type (float
+// or double) serves every storage dtype. Not here: host code, tensor-core paths (speed issue).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "megatron/platforms/cuda/dtype_math.h"
+
+namespace mg::platforms::cuda {
+
+using dmath::load;
+using dmath::load_index;
+using dmath::store;
+
+// Row index of a one-block-per-row kernel launched with grid_rows().
+__device__ __forceinline__ int64_t block_row() {
+  return static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+}
+
+__device__ __forceinline__ int64_t grid_start() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  // NaN-propagating is not needed here: inputs are finite or -inf in every caller.
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a > b ? a : b;
+  }
+};
+
+// Reduces v over the block; every thread gets the result. Safe to call repeatedly in one kernel.
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op) {
+  __shared__ T partial[32];
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int nwarps = static_cast<int>((blockDim.x + 31u) >> 5);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();  // a previous call may still be reading `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  T r = partial[0];
+  for (int w = 1; w < nwarps; ++w) r = op(r, partial[w]);
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ T block_sum(T v) {
+  return block_reduce(v, SumOp{});
+}
+template <typename T>
+__device__ __forceinline__ T block_max(T v) {
+  return block_reduce(v, MaxOp{});
+}
+
+// Math in the compute type: the float versions for float (accurate, not the __expf intrinsics;
+// the build has no fast-math), the double versions for double.
+__device__ __forceinline__ float exp_c(float x) {
+  return expf(x);
+}
+__device__ __forceinline__ double exp_c(double x) {
+  return exp(x);
+}
+__device__ __forceinline__ float log_c(float x) {
+  return logf(x);
+}
+__device__ __forceinline__ double log_c(double x) {
+  return log(x);
+}
+__device__ __forceinline__ float tanh_c(float x) {
+  return tanhf(x);
+}
+__device__ __forceinline__ double tanh_c(double x) {
+  return tanh(x);
+}
+__device__ __forceinline__ float erf_c(float x) {
+  return erff(x);
+}
+__device__ __forceinline__ double erf_c(double x) {
+  return erf(x);
+}
+__device__ __forceinline__ float sqrt_c(float x) {
+  return sqrtf(x);
+}
+__device__ __forceinline__ double sqrt_c(double x) {
+  return sqrt(x);
+}
+__device__ __forceinline__ float rsqrt_c(float x) {
+  return 1.0f / sqrtf(x);
+}
+__device__ __forceinline__ double rsqrt_c(double x) {
+  return 1.0 / sqrt(x);
+}
+__device__ __forceinline__ bool isfinite_c(float x) {
+  return isfinite(x);
+}
+__device__ __forceinline__ bool isfinite_c(double x) {
+  return isfinite(x);
+}
+
+template <typename C>
+__device__ __forceinline__ C neg_inf() {
+  return -static_cast<C>(INFINITY);
+}
+
+}  // namespace mg::platforms::cuda

@@ -1,0 +1,185 @@
+// CUDA dropout family: dropout_fwd/bwd and the fused bias_dropout_add_fwd/bwd of Megatron's
+// transformer layer (y = residual + dropout(x + bias)).
+//
+// Gradient rule: parameter gradients accumulate (dbias +=), activation gradients are written
+// (dx =). Masks are never stored: element i keeps its value iff
+// mg::random::dropout_keep(seed, offset + i, p) (philox.h, the same __host__ __device__ code the
+// CPU runs, so masks are bit-identical across platforms), and kept values are scaled by 1/(1-p);
+// p == 0 is the identity, p must be in [0, 1). x, bias, residual and y share a dtype; dbias may
+// be any kernel float dtype (f64 sums in a fixed order, reduce.cuh). Outputs may alias their
+// same-shaped inputs (each element is read, then written by the same thread).
+// Not here: attention-probability dropout (attention.cu uses the same stream); one Philox block
+// per element is computed (4x the needed work; the speed issue).
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/random/philox.h"
+#include "megatron/platforms/cuda/cuda_common.h"
+#include "megatron/platforms/cuda/cuda_kernels.h"
+#include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/platforms/cuda/reduce.cuh"
+#include "megatron/plugin/registry.h"
+
+namespace mg::platforms::cuda {
+
+namespace {
+
+struct Mask {
+  uint64_t seed, offset;
+  float p;
+  bool identity;
+  __device__ __forceinline__ bool keep(int64_t i) const {
+    return identity || random::dropout_keep(seed, offset + static_cast<uint64_t>(i), p);
+  }
+};
+
+Mask make_mask(const ops::DropoutArgs& a) {
+  return Mask{a.seed, a.offset, a.p, a.p == 0.0f};
+}
+
+template <typename C>
+C keep_scale(float p) {
+  return C(1) / (C(1) - static_cast<C>(p));
+}
+
+// out [*] = mask * in [*] * scale
+template <typename C>
+__global__ void dropout_kernel(void* out, const void* in, DType t, Mask m, C scale, int64_t n) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride())
+    store<C>(out, t, i, m.keep(i) ? load<C>(in, t, i) * scale : C(0));
+}
+
+// y [N, F] = residual + mask * (x + bias[f]) * scale
+template <typename C>
+__global__ void bias_dropout_add_kernel(void* y, const void* x, const void* bias,
+                                        const void* residual, DType t, Mask m, C scale, int64_t n,
+                                        int64_t f) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    C v = C(0);
+    if (m.keep(i)) {
+      v = load<C>(x, t, i);
+      if (bias) v += load<C>(bias, t, i % f);
+      v *= scale;
+    }
+    store<C>(y, t, i, load<C>(residual, t, i) + v);
+  }
+}
+
+// The dbias term: mask * dy[r, f] * scale in C, widened.
+template <typename C>
+struct MaskedGrad {
+  const void* dy;
+  DType t;
+  Mask m;
+  C scale;
+  int64_t width;
+  __device__ double operator()(int64_t r, int64_t f) const {
+    const int64_t i = r * width + f;
+    return m.keep(i) ? static_cast<double>(load<C>(dy, t, i) * scale) : 0.0;
+  }
+};
+
+void check_p(const char* op, const ops::DropoutArgs& a) {
+  MG_CHECK(a.p >= 0.0f && a.p < 1.0f,
+           op << ": dropout probability p must be in [0, 1), got " << a.p);
+}
+
+void launch_dropout(Tensor& out, const Tensor& in, const ops::DropoutArgs& args) {
+  const int64_t n = in.numel();
+  if (n == 0) return;
+  const int dev = in.device().index;
+  DeviceGuard guard(dev);
+  with_compute(in.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    dropout_kernel<C><<<grid_for(n), kThreads, 0, current_stream(dev)>>>(
+        out.raw_data(), in.raw_data(), in.dtype(), make_mask(args), keep_scale<C>(args.p), n);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void dropout_apply(const char* op, Tensor& out, const Tensor& in, const ops::DropoutArgs& args) {
+  check_p(op, args);
+  check_float_cuda(op, "input", in);
+  check_like(op, "output", out, "input", in);
+  launch_dropout(out, in, args);
+}
+
+// y [*] = dropout(x [*])
+void dropout_fwd(Tensor& y, const Tensor& x, const ops::DropoutArgs& args) {
+  dropout_apply("dropout_fwd", y, x, args);
+}
+
+// dx [*] = mask * dy [*] / (1 - p)
+void dropout_bwd(Tensor& dx, const Tensor& dy, const ops::DropoutArgs& args) {
+  dropout_apply("dropout_bwd", dx, dy, args);
+}
+
+// y [N, F] = residual [N, F] + dropout(x [N, F] + bias [F]); bias optional (undefined).
+void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const Tensor& residual,
+                          const ops::DropoutArgs& args) {
+  constexpr const char* op = "bias_dropout_add_fwd";
+  check_p(op, args);
+  check_float_cuda(op, "x", x);
+  check_like(op, "y", y, "x", x);
+  check_like(op, "residual", residual, "x", x);
+  MG_CHECK(x.dim() >= 1, op << ": x must have at least one dimension, got " << x.str());
+  const int64_t f = x.size(-1);
+  if (bias.defined()) {
+    check_float_cuda(op, "bias", bias);
+    check_same_device(op, "bias", bias, "x", x);
+    check_same_dtype(op, "bias", bias, "x", x);
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == f,
+             op << ": bias " << shape_str(bias.shape()) << " does not match x's last dim " << f);
+  }
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const int dev = x.device().index;
+  DeviceGuard guard(dev);
+  with_compute(x.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    bias_dropout_add_kernel<C><<<grid_for(n), kThreads, 0, current_stream(dev)>>>(
+        y.raw_data(), x.raw_data(), bias.defined() ? bias.raw_data() : nullptr, residual.raw_data(),
+        x.dtype(), make_mask(args), keep_scale<C>(args.p), n, f);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// dx [N, F] = mask * dy [N, F] / (1 - p); dbias [F] += sum_n dx (optional). d(residual) = dy.
+void bias_dropout_add_bwd(Tensor& dx, Tensor& dbias, const Tensor& dy,
+                          const ops::DropoutArgs& args) {
+  constexpr const char* op = "bias_dropout_add_bwd";
+  check_p(op, args);
+  check_float_cuda(op, "dy", dy);
+  check_like(op, "dx", dx, "dy", dy);
+  MG_CHECK(dy.dim() >= 1, op << ": dy must have at least one dimension, got " << dy.str());
+  const int64_t f = dy.size(-1);
+  if (dbias.defined()) {
+    check_float_cuda(op, "dbias", dbias);
+    check_same_device(op, "dbias", dbias, "dy", dy);
+    MG_CHECK(dbias.dim() == 1 && dbias.size(0) == f,
+             op << ": dbias " << shape_str(dbias.shape()) << " does not match dy's last dim " << f);
+    if (dy.numel() > 0 && f > 0) {
+      // Before dx: dx may alias dy.
+      const int dev = dy.device().index;
+      DeviceGuard guard(dev);
+      with_compute(dy.dtype(), [&](auto tag) {
+        using C = decltype(tag);
+        column_sum_accumulate(
+            dbias.raw_data(), dbias.dtype(), dy.numel() / f, f,
+            MaskedGrad<C>{dy.raw_data(), dy.dtype(), make_mask(args), keep_scale<C>(args.p), f},
+            dev);
+      });
+    }
+  }
+  launch_dropout(dx, dy, args);
+}
+
+}  // namespace
+
+void register_dropout_kernels(plugin::Registry& r) {
+  using ops::OpId;
+  r.register_op<OpId::dropout_fwd>(kPlatformName, &dropout_fwd, "cuda:kernel");
+  r.register_op<OpId::dropout_bwd>(kPlatformName, &dropout_bwd, "cuda:kernel");
+  r.register_op<OpId::bias_dropout_add_fwd>(kPlatformName, &bias_dropout_add_fwd, "cuda:kernel");
+  r.register_op<OpId::bias_dropout_add_bwd>(kPlatformName, &bias_dropout_add_bwd, "cuda:kernel");
+}
+
+}  // namespace mg::platforms::cuda

@@ -1,0 +1,156 @@
+// CUDA element-wise linear-algebra helpers: bias_add, bias_grad, axpy, fill.
+//
+// Gradient rule: parameter gradients accumulate (+=: bias_grad); activation gradients are written
+// (=). axpy is the accumulation primitive itself (y += alpha * x).
+// Semantics as the CPU kernels (megatron/platforms/cpu/gemm.cpp): y and bias, x and y, may differ
+// in float dtype; math in f32, or f64 when an operand is f64; bias_grad sums in f64 in a fixed
+// order (reduce.cuh). fill converts the value exactly as Tensor::to does and accepts any dtype.
+// Not here: vectorised loads, fusion with GEMM epilogues (the speed issue).
+#include <cstring>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/platforms/cuda/cuda_common.h"
+#include "megatron/platforms/cuda/cuda_kernels.h"
+#include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/platforms/cuda/reduce.cuh"
+#include "megatron/plugin/registry.h"
+
+namespace mg::platforms::cuda {
+
+namespace {
+
+// y [N, F] += bias [F]
+template <typename C>
+__global__ void bias_add_kernel(void* y, DType ty, const void* bias, DType tb, int64_t n,
+                                int64_t f) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride())
+    store<C>(y, ty, i, load<C>(y, ty, i) + load<C>(bias, tb, i % f));
+}
+
+template <typename C>
+__global__ void axpy_kernel(void* y, DType ty, const void* x, DType tx, C alpha, int64_t n) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride())
+    store<C>(y, ty, i, load<C>(y, ty, i) + alpha * load<C>(x, tx, i));
+}
+
+template <typename U>
+__global__ void fill_kernel(U* x, U value, int64_t n) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) x[i] = value;
+}
+
+// dy[r, f] as a double, the column-sum term of bias_grad.
+struct LoadTerm {
+  const void* p;
+  DType t;
+  int64_t width;
+  __device__ double operator()(int64_t r, int64_t f) const {
+    return load<double>(p, t, r * width + f);
+  }
+};
+
+// y [N, F] += bias [F]
+void bias_add(Tensor& y, const Tensor& bias) {
+  constexpr const char* op = "bias_add";
+  check_float_cuda(op, "y", y);
+  check_float_cuda(op, "bias", bias);
+  check_same_device(op, "bias", bias, "y", y);
+  MG_CHECK(bias.dim() == 1 && y.dim() >= 1 && y.size(-1) == bias.numel(),
+           op << ": bias " << shape_str(bias.shape()) << " does not match y "
+              << shape_str(y.shape()) << "'s last dim (expected bias [F])");
+  const int64_t f = bias.numel(), n = y.numel();
+  if (f == 0 || n == 0) return;
+  const int dev = y.device().index;
+  DeviceGuard guard(dev);
+  with_compute(y.dtype(), [&](auto c) {
+    using C = decltype(c);
+    bias_add_kernel<C><<<grid_for(n), kThreads, 0, current_stream(dev)>>>(
+        y.raw_data(), y.dtype(), bias.raw_data(), bias.dtype(), n, f);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// dbias [F] += sum_n dy [N, F]
+void bias_grad(Tensor& dbias, const Tensor& dy) {
+  constexpr const char* op = "bias_grad";
+  check_float_cuda(op, "dbias", dbias);
+  check_float_cuda(op, "dy", dy);
+  check_same_device(op, "dy", dy, "dbias", dbias);
+  MG_CHECK(dbias.dim() == 1 && dy.dim() >= 1 && dy.size(-1) == dbias.numel(),
+           op << ": dbias " << shape_str(dbias.shape()) << " does not match dy "
+              << shape_str(dy.shape()) << "'s last dim (expected dbias [F])");
+  const int64_t f = dbias.numel();
+  if (f == 0) return;
+  const int64_t rows = dy.numel() / f;
+  const int dev = dy.device().index;
+  DeviceGuard guard(dev);
+  column_sum_accumulate(dbias.raw_data(), dbias.dtype(), rows, f,
+                        LoadTerm{dy.raw_data(), dy.dtype(), f}, dev);
+}
+
+// y [*] += alpha * x [*]; x and y may differ in float dtype (an f32 grad buffer, a bf16 grad).
+void axpy(Tensor& y, const Tensor& x, float alpha) {
+  constexpr const char* op = "axpy";
+  check_float_cuda(op, "y", y);
+  check_float_cuda(op, "x", x);
+  check_same_device(op, "x", x, "y", y);
+  check_same_numel(op, "x", x, "y", y);
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  const int dev = y.device().index;
+  DeviceGuard guard(dev);
+  const bool f64 = y.dtype() == DType::f64 || x.dtype() == DType::f64;
+  with_compute(f64 ? DType::f64 : DType::f32, [&](auto c) {
+    using C = decltype(c);
+    axpy_kernel<C><<<grid_for(n), kThreads, 0, current_stream(dev)>>>(
+        y.raw_data(), y.dtype(), x.raw_data(), x.dtype(), static_cast<C>(alpha), n);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// x [*] = value; any dtype (integers and fp8 included), converted as Tensor::to converts.
+void fill(Tensor& x, double value) {
+  constexpr const char* op = "fill";
+  check_cuda(op, "x", x);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  unsigned char elem[8] = {};
+  convert_host(elem, x.dtype(), &value, DType::f64, 1);
+  const int dev = x.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  auto launch = [&](auto tag) {
+    using U = decltype(tag);
+    U v;
+    std::memcpy(&v, elem, sizeof(U));
+    fill_kernel<U><<<grid_for(n), kThreads, 0, s>>>(static_cast<U*>(x.raw_data()), v, n);
+  };
+  switch (dtype_size(x.dtype())) {
+    case 1:
+      MG_CUDA_CHECK(cudaMemsetAsync(x.raw_data(), elem[0], static_cast<std::size_t>(n), s));
+      return;
+    case 2:
+      launch(uint16_t{});
+      break;
+    case 4:
+      launch(uint32_t{});
+      break;
+    case 8:
+      launch(uint64_t{});
+      break;
+    default:
+      MG_THROW(op << ": unsupported element size of " << dtype_name(x.dtype()));
+  }
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void register_elementwise_kernels(plugin::Registry& r) {
+  using ops::OpId;
+  r.register_op<OpId::bias_add>(kPlatformName, &bias_add, "cuda:kernel");
+  r.register_op<OpId::bias_grad>(kPlatformName, &bias_grad, "cuda:kernel");
+  r.register_op<OpId::axpy>(kPlatformName, &axpy, "cuda:kernel");
+  r.register_op<OpId::fill>(kPlatformName, &fill, "cuda:kernel");
+}
+
+}  // namespace mg::platforms::cuda

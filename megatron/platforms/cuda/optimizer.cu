@@ -1,0 +1,246 @@
+// CUDA optimizer and multi-tensor utilities: the AdamW step (apex FusedAdam semantics, see AdamArgs
+// in op_args.h), the sum of squares behind the gradient norm, and in-place scaling with an
+// overflow flag (apex multi_tensor_l2norm / multi_tensor_scale).
+//
+// Invariants: adamw_step math is f32 for f32 master params, f64 for f64, with the bias
+// corrections computed in f64 on the host and rounded to the math type (as apex and the CPU do).
+// l2_norm_sq accumulates in f64: every tensor's grid (a function of its size only) writes block
+// partials, and one block adds them in a fixed order, so the result is deterministic.
+// multi_tensor_scale checks finiteness after rounding to the storage type and never clears
+// found_nonfinite (the caller zeroes it, as apex's amp does).
+// Gradient rule: none here (no backward); the optimizer updates param/exp_avg/exp_avg_sq in place.
+// Not here: one launch for all tensors (multi_tensor_apply chunk lists: the speed issue), the
+// distributed optimizer's sharding.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/platforms/cuda/cuda_common.h"
+#include "megatron/platforms/cuda/cuda_kernels.h"
+#include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/plugin/registry.h"
+
+namespace mg::platforms::cuda {
+
+namespace {
+
+// ---- adamw_step
+// -----------------------------------------------------------------------------------
+
+template <typename C>
+struct AdamCoeffs {
+  C lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
+  bool decoupled;
+};
+
+// p, m, v [n] (dtype pt) updated in place from g [n] (dtype gt); model [n] (dtype mt) optional.
+template <typename C>
+__global__ void adam_kernel(void* p, void* m, void* v, DType pt, const void* g, DType gt,
+                            void* model, DType mt, AdamCoeffs<C> k, int64_t n) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    const C pi = load<C>(p, pt, i);
+    C gi = load<C>(g, gt, i) * k.grad_scale;
+    if (!k.decoupled) gi += k.wd * pi;  // L2 mode: decay folded into the gradient
+    const C mi = k.beta1 * load<C>(m, pt, i) + (C(1) - k.beta1) * gi;
+    const C vi = k.beta2 * load<C>(v, pt, i) + (C(1) - k.beta2) * gi * gi;
+    const C denom = sqrt_c(vi / k.bc2) + k.eps;
+    C update = (mi / k.bc1) / denom;
+    if (k.decoupled) update += k.wd * pi;  // AdamW: decay on the weight itself
+    const C pn = pi - k.lr * update;
+    store<C>(p, pt, i, pn);
+    store<C>(m, pt, i, mi);
+    store<C>(v, pt, i, vi);
+    if (model) store<C>(model, mt, i, pn);
+  }
+}
+
+void check_adam_param(const ops::AdamParam& a, std::size_t i, Device dev) {
+  constexpr const char* op = "adamw_step";
+  const std::string at = "params[" + std::to_string(i) + "]";
+  auto check = [&](const Tensor& t, const char* name) {
+    MG_CHECK(t.defined(), op << ": " << at << "." << name << " is undefined");
+    MG_CHECK(t.device() == dev,
+             op << ": " << at << "." << name << " " << t.str() << " is not on " << dev);
+    MG_CHECK(is_kernel_float(t.dtype()), op << ": " << at << "." << name << " has dtype "
+                                            << dtype_name(t.dtype())
+                                            << ", expected one of f64, f32, bf16, f16");
+    MG_CHECK(t.shape() == a.param.shape(), op << ": " << at << "." << name << " "
+                                              << shape_str(t.shape()) << " does not match param "
+                                              << shape_str(a.param.shape()));
+  };
+  check(a.param, "param");
+  MG_CHECK(a.param.dtype() == DType::f32 || a.param.dtype() == DType::f64,
+           op << ": " << at << ".param has dtype " << dtype_name(a.param.dtype())
+              << "; master params must be f32 or f64");
+  check(a.grad, "grad");
+  check(a.exp_avg, "exp_avg");
+  check(a.exp_avg_sq, "exp_avg_sq");
+  for (const auto* s : {&a.exp_avg, &a.exp_avg_sq})
+    MG_CHECK(s->dtype() == a.param.dtype(),
+             op << ": " << at << (s == &a.exp_avg ? ".exp_avg" : ".exp_avg_sq") << " has dtype "
+                << dtype_name(s->dtype()) << " but param has " << dtype_name(a.param.dtype()));
+  if (a.model_param.defined()) check(a.model_param, "model_param");
+}
+
+void adamw_step(std::span<const ops::AdamParam> params, const ops::AdamArgs& args) {
+  constexpr const char* op = "adamw_step";
+  MG_CHECK(args.step >= 1, op << ": step counts from 1, got " << args.step);
+  MG_CHECK(args.lr >= 0.0f, op << ": lr must be >= 0, got " << args.lr);
+  MG_CHECK(args.beta1 >= 0.0f && args.beta1 < 1.0f,
+           op << ": beta1 must be in [0, 1), got " << args.beta1);
+  MG_CHECK(args.beta2 >= 0.0f && args.beta2 < 1.0f,
+           op << ": beta2 must be in [0, 1), got " << args.beta2);
+  MG_CHECK(args.eps >= 0.0f, op << ": eps must be >= 0, got " << args.eps);
+  MG_CHECK(args.weight_decay >= 0.0f,
+           op << ": weight_decay must be >= 0, got " << args.weight_decay);
+  MG_CHECK(std::isfinite(args.grad_scale),
+           op << ": grad_scale must be finite, got " << args.grad_scale);
+  if (params.empty()) return;
+  MG_CHECK(params[0].param.defined() && params[0].param.device().type == DeviceType::cuda,
+           op << ": params[0].param " << params[0].param.str() << " is not on a CUDA device");
+  const Device dev = params[0].param.device();
+  for (std::size_t i = 0; i < params.size(); ++i) check_adam_param(params[i], i, dev);
+
+  const double bc1 =
+      args.bias_correction ? 1.0 - std::pow(double(args.beta1), double(args.step)) : 1.0;
+  const double bc2 =
+      args.bias_correction ? 1.0 - std::pow(double(args.beta2), double(args.step)) : 1.0;
+  DeviceGuard guard(dev.index);
+  cudaStream_t s = current_stream(dev.index);
+  for (const auto& a : params) {
+    const int64_t n = a.param.numel();
+    if (n == 0) continue;
+    with_compute(a.param.dtype(), [&](auto tag) {
+      using C = decltype(tag);
+      const AdamCoeffs<C> k{C(args.lr),  C(args.beta1),        C(args.beta2),
+                            C(args.eps), C(args.weight_decay), C(bc1),
+                            C(bc2),      C(args.grad_scale),   args.decoupled_weight_decay};
+      const bool has_model = a.model_param.defined();
+      adam_kernel<C><<<grid_for(n), kThreads, 0, s>>>(
+          a.param.raw_data(), a.exp_avg.raw_data(), a.exp_avg_sq.raw_data(), a.param.dtype(),
+          a.grad.raw_data(), a.grad.dtype(), has_model ? a.model_param.raw_data() : nullptr,
+          has_model ? a.model_param.dtype() : DType::f32, k, n);
+    });
+    MG_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// ---- l2_norm_sq
+// -----------------------------------------------------------------------------------
+
+constexpr int64_t kMaxPartialBlocks = 1024;
+
+unsigned int l2_blocks(int64_t n) {
+  const int64_t b = (n + 4 * kThreads - 1) / (4 * kThreads);
+  return static_cast<unsigned int>(b < 1 ? 1 : (b > kMaxPartialBlocks ? kMaxPartialBlocks : b));
+}
+
+// partial[blockIdx.x] = sum over this block's grid-stride elements of x^2, in f64.
+__global__ void sum_sq_partial_kernel(double* partial, const void* x, DType t, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    const double v = load<double>(x, t, i);
+    s += v * v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// out[0] = sum of partial[0, count), in a fixed order (one block).
+__global__ void sum_partials_kernel(void* out, DType t, const double* partial, int64_t count) {
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) store<double>(out, t, 0, s);
+}
+
+// out [1] f32/f64 = sum over all xs of sum(x^2), accumulated in f64.
+void l2_norm_sq(Tensor& out, std::span<const Tensor> xs) {
+  constexpr const char* op = "l2_norm_sq";
+  check_cuda(op, "out", out);
+  MG_CHECK(out.numel() == 1 && (out.dtype() == DType::f32 || out.dtype() == DType::f64),
+           op << ": out must be a single f32 or f64 element, got " << out.str());
+  int64_t count = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const std::string name = "xs[" + std::to_string(i) + "]";
+    check_float_cuda(op, name.c_str(), xs[i]);
+    check_same_device(op, name.c_str(), xs[i], "out", out);
+    if (xs[i].numel() > 0) count += l2_blocks(xs[i].numel());
+  }
+  const int dev = out.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  Scratch partial(dev, static_cast<std::size_t>(count < 1 ? 1 : count) * sizeof(double));
+  int64_t at = 0;
+  for (const Tensor& x : xs) {
+    const int64_t n = x.numel();
+    if (n == 0) continue;
+    const unsigned int blocks = l2_blocks(n);
+    sum_sq_partial_kernel<<<blocks, kThreads, 0, s>>>(partial.as<double>() + at, x.raw_data(),
+                                                      x.dtype(), n);
+    MG_CUDA_CHECK_LAUNCH();
+    at += blocks;
+  }
+  sum_partials_kernel<<<1, kThreads, 0, s>>>(out.raw_data(), out.dtype(), partial.as<double>(),
+                                             count);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// ---- multi_tensor_scale
+// ---------------------------------------------------------------------------
+
+// x [n] *= factor; *found = 1 when a stored result is not finite.
+template <typename C>
+__global__ void scale_kernel(void* x, DType t, C factor, float* found, int64_t n) {
+  bool bad = false;
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    store<C>(x, t, i, load<C>(x, t, i) * factor);
+    // Checked after rounding to the storage type: a finite product may overflow f16/bf16.
+    bad |= !isfinite_c(load<C>(x, t, i));
+  }
+  if (bad && found) *found = 1.0f;  // benign race: every writer stores the same value
+}
+
+// xs[i] [*] *= factor in place; found_nonfinite [1] f32 (optional) := 1 if any result is inf/nan.
+void multi_tensor_scale(std::span<Tensor> xs, double factor, Tensor& found_nonfinite) {
+  constexpr const char* op = "multi_tensor_scale";
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const std::string name = "xs[" + std::to_string(i) + "]";
+    check_float_cuda(op, name.c_str(), xs[i]);
+    if (i > 0) check_same_device(op, name.c_str(), xs[i], "xs[0]", xs[0]);
+  }
+  if (found_nonfinite.defined()) {
+    check_cuda(op, "found_nonfinite", found_nonfinite);
+    MG_CHECK(found_nonfinite.numel() == 1 && found_nonfinite.dtype() == DType::f32,
+             op << ": found_nonfinite must be a single f32 element, got " << found_nonfinite.str());
+    if (!xs.empty()) check_same_device(op, "found_nonfinite", found_nonfinite, "xs[0]", xs[0]);
+  }
+  if (xs.empty()) return;
+  const int dev = xs[0].device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  float* found =
+      found_nonfinite.defined() ? static_cast<float*>(found_nonfinite.raw_data()) : nullptr;
+  for (Tensor& x : xs) {
+    const int64_t n = x.numel();
+    if (n == 0) continue;
+    with_compute(x.dtype(), [&](auto tag) {
+      using C = decltype(tag);
+      scale_kernel<C><<<grid_for(n), kThreads, 0, s>>>(x.raw_data(), x.dtype(),
+                                                       static_cast<C>(factor), found, n);
+    });
+    MG_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+void register_optimizer_kernels(plugin::Registry& r) {
+  using ops::OpId;
+  r.register_op<OpId::adamw_step>(kPlatformName, &adamw_step, "cuda:kernel");
+  r.register_op<OpId::l2_norm_sq>(kPlatformName, &l2_norm_sq, "cuda:kernel");
+  r.register_op<OpId::multi_tensor_scale>(kPlatformName, &multi_tensor_scale, "cuda:kernel");
+}
+
+}  // namespace mg::platforms::cuda

@@ -1,0 +1,281 @@
+// CUDA-specific checks of the CUDA kernels, beyond the conformance tests in tests/unit/ops (which
+// run on every platform against naive references): the CUDA results against the CPU platform's on
+// shapes that exercise the GPU code paths (misaligned views for cuBLASLt, several key tiles in
+// attention, rows wider than a block, more rows than a 1-D grid holds, many embedding groups), the
+// counter-based streams bit for bit against the CPU (dropout masks, uniform init), deterministic
+// reductions, aliasing, and ops on a non-default current stream. Every test skips without a GPU.
+#include <cmath>
+#include <vector>
+
+#include "megatron/core/random/philox.h"
+#include "tests/unit/test_util.h"
+
+namespace mg {
+namespace {
+
+using test::make_tensor;
+using test::random_values;
+using test::to_doubles;
+
+const Device kGpu = Device::cuda(0);
+
+const ops::OpTable& cpu_ops() {
+  return test::ops_on("cpu");
+}
+const ops::OpTable& gpu_ops() {
+  return test::ops_on("cuda");
+}
+
+// The same values on the host and on the GPU (rounded to dtype once).
+struct Pair {
+  Tensor cpu, gpu;
+  std::vector<double> rounded;
+};
+Pair pair_of(const std::vector<double>& v, const Shape& shape, DType dtype) {
+  auto h = make_tensor(v, shape, dtype, Device::cpu());
+  return {h.t, h.t.to(kGpu), h.rounded};
+}
+Pair random_pair(const Shape& shape, DType dtype, uint64_t seed) {
+  return pair_of(random_values(static_cast<std::size_t>(shape_numel(shape)), seed), shape, dtype);
+}
+Pair empty_pair(const Shape& shape, DType dtype) {
+  return {Tensor::empty(shape, dtype), Tensor::empty(shape, dtype, kGpu), {}};
+}
+
+// A looser tolerance for results of long reductions in narrow dtypes (CPU and GPU sum in
+// different orders; each is within the dtype's tolerance of the exact value).
+test::Tol twice(DType t) {
+  const auto tol = test::tolerance(t);
+  return {2 * tol.atol, 2 * tol.rtol};
+}
+
+class CudaOps : public ::testing::TestWithParam<DType> {
+ protected:
+  DType dtype() const { return GetParam(); }
+};
+
+TEST_P(CudaOps, GemmOnMisalignedViewsMatchesCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  // Views starting one element into their storage: 2-, 4- or 8-byte aligned pointers, which
+  // cuBLASLt must be told about (MIN_ALIGNMENT preferences).
+  const int64_t m = 37, k = 29, n = 19;
+  auto a_full = random_pair({m * k + 1}, dtype(), 1);
+  auto b_full = random_pair({k * n + 1}, dtype(), 2);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const Shape as = ta ? Shape{k, m} : Shape{m, k};
+      const Shape bs = tb ? Shape{n, k} : Shape{k, n};
+      Tensor ac = a_full.cpu.slice(1, m * k).view(as), ag = a_full.gpu.slice(1, m * k).view(as);
+      Tensor bc = b_full.cpu.slice(1, k * n).view(bs), bg = b_full.gpu.slice(1, k * n).view(bs);
+      for (DType c_dtype : {dtype(), DType::f32}) {
+        auto c = random_pair({m * n + 1}, c_dtype, 3);
+        Tensor cc = c.cpu.slice(1, m * n).view({m, n}), cg = c.gpu.slice(1, m * n).view({m, n});
+        const ops::GemmArgs args{ta, tb, 0.75f, 0.5f};
+        cpu_ops().gemm(cc, ac, bc, args);
+        gpu_ops().gemm(cg, ag, bg, args);
+        EXPECT_TRUE(test::all_close(to_doubles(cg), to_doubles(cc), twice(c_dtype)))
+            << "trans_a " << ta << " trans_b " << tb << " C " << dtype_name(c_dtype);
+      }
+    }
+}
+
+TEST_P(CudaOps, BatchedGemmAccumulatesLikeCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  auto a = random_pair({3, 67, 129}, dtype(), 4);
+  auto b = random_pair({3, 129, 35}, dtype(), 5);
+  auto c = random_pair({3, 67, 35}, DType::f32, 6);
+  const ops::GemmArgs args{false, false, 1.0f, 1.0f};
+  cpu_ops().gemm(c.cpu, a.cpu, b.cpu, args);
+  gpu_ops().gemm(c.gpu, a.gpu, b.gpu, args);
+  EXPECT_TRUE(test::all_close(to_doubles(c.gpu), to_doubles(c.cpu), twice(DType::f32)));
+}
+
+TEST_P(CudaOps, DropoutMaskIsBitwiseTheCpuMask) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  auto x = random_pair({1001}, dtype(), 7);
+  auto y = empty_pair({1001}, dtype());
+  const ops::DropoutArgs args{0.3f, 0xfeedbeefcafe1234ull, 6};  // offset not a multiple of 4
+  cpu_ops().dropout_fwd(y.cpu, x.cpu, args);
+  gpu_ops().dropout_fwd(y.gpu, x.gpu, args);
+  const auto yc = to_doubles(y.cpu), yg = to_doubles(y.gpu);
+  for (std::size_t i = 0; i < yc.size(); ++i) {
+    EXPECT_EQ(yg[i] != 0.0, random::dropout_keep(args.seed, args.offset + i, args.p)) << i;
+    EXPECT_EQ(yg[i] != 0.0, yc[i] != 0.0) << i;
+  }
+  EXPECT_EQ(yg, yc);  // x * (1 / (1 - p)) rounded once on both platforms
+}
+
+TEST_P(CudaOps, UniformInitIsBitwiseTheCpuStream) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  for (uint64_t offset : {0ull, 3ull, (1ull << 33) + 1}) {
+    const ops::InitArgs args{-0.5, 0.25, 77, offset};
+    auto x = empty_pair({13, 31}, dtype());
+    cpu_ops().init_uniform(x.cpu, args);
+    gpu_ops().init_uniform(x.gpu, args);
+    EXPECT_EQ(to_doubles(x.gpu), to_doubles(x.cpu)) << "offset " << offset;
+    // normal() also runs the device's log/sin/cos: equal up to the last f64 ulp.
+    cpu_ops().init_normal(x.cpu, ops::InitArgs{0.1, 0.02, 77, offset});
+    gpu_ops().init_normal(x.gpu, ops::InitArgs{0.1, 0.02, 77, offset});
+    EXPECT_TRUE(test::all_close(to_doubles(x.gpu), to_doubles(x.cpu), {0.0, 1e-6}));
+  }
+}
+
+TEST_P(CudaOps, AttentionOverSeveralKeyTilesMatchesCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  // S = 300 spans three 128-key tiles; GQA; dropout; a document mask with padding.
+  const int64_t s = 300, b = 2, nh = 4, ng = 2, hd = 40;
+  std::vector<int32_t> docs(b * s);
+  for (int64_t i = 0; i < b * s; ++i)
+    docs[i] = (i % s) < 17 ? -1 : static_cast<int32_t>((i % s) / 97);
+  for (bool causal : {true, false}) {
+    for (bool masked : {false, true}) {
+      auto q = random_pair({s, b, nh, hd}, dtype(), 8);
+      auto k = random_pair({s, b, ng, hd}, dtype(), 9);
+      auto v = random_pair({s, b, ng, hd}, dtype(), 10);
+      auto dout = random_pair({s, b, nh, hd}, dtype(), 11);
+      const DType lse_t = dtype() == DType::f64 ? DType::f64 : DType::f32;
+      ops::AttentionArgs ac, ag;
+      ac.causal = ag.causal = causal;
+      ac.dropout = ag.dropout = {0.1f, 5, 1};
+      if (masked) {
+        ac.doc_ids = Tensor::from_vector(docs, {b, s}, DType::i32);
+        ag.doc_ids = ac.doc_ids.to(kGpu);
+      }
+      auto out = empty_pair({s, b, nh, hd}, dtype());
+      auto lse = empty_pair({b, nh, s}, lse_t);
+      cpu_ops().attention_fwd(out.cpu, lse.cpu, q.cpu, k.cpu, v.cpu, ac);
+      gpu_ops().attention_fwd(out.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, ag);
+      auto dq = empty_pair({s, b, nh, hd}, dtype());
+      auto dk = empty_pair({s, b, ng, hd}, dtype());
+      auto dv = empty_pair({s, b, ng, hd}, dtype());
+      cpu_ops().attention_bwd(dq.cpu, dk.cpu, dv.cpu, dout.cpu, q.cpu, k.cpu, v.cpu, out.cpu,
+                              lse.cpu, ac);
+      gpu_ops().attention_bwd(dq.gpu, dk.gpu, dv.gpu, dout.gpu, q.gpu, k.gpu, v.gpu, out.gpu,
+                              lse.gpu, ag);
+      const std::string what =
+          std::string("causal ") + (causal ? "1" : "0") + " masked " + (masked ? "1" : "0");
+      EXPECT_TRUE(test::all_close(to_doubles(out.gpu), to_doubles(out.cpu), twice(dtype())))
+          << "out " << what;
+      EXPECT_TRUE(test::all_close(to_doubles(lse.gpu), to_doubles(lse.cpu), twice(lse_t)))
+          << "lse " << what;
+      for (auto* g : {&dq, &dk, &dv})
+        EXPECT_TRUE(test::all_close(to_doubles(g->gpu), to_doubles(g->cpu), twice(dtype())))
+            << "grads " << what;
+    }
+  }
+}
+
+TEST_P(CudaOps, RowOpsOnWideRowsAndManyRowsMatchCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  // 3001 features: more than a block's threads; 70001 rows: more than a 1-D grid's 65535 blocks.
+  for (Shape shape : {Shape{5, 3001}, Shape{70001, 3}}) {
+    const int64_t h = shape[1], rows = shape[0];
+    auto x = random_pair(shape, dtype(), 12);
+    auto dy = random_pair(shape, dtype(), 13);
+    auto gamma = random_pair({h}, dtype(), 14);
+    auto beta = random_pair({h}, dtype(), 15);
+    const DType st = dtype() == DType::f64 ? DType::f64 : DType::f32;
+    auto y = empty_pair(shape, dtype());
+    auto mean = empty_pair({rows}, st), rstd = empty_pair({rows}, st);
+    const ops::NormArgs args{1e-5f, true};
+    cpu_ops().layernorm_fwd(y.cpu, mean.cpu, rstd.cpu, x.cpu, gamma.cpu, beta.cpu, args);
+    gpu_ops().layernorm_fwd(y.gpu, mean.gpu, rstd.gpu, x.gpu, gamma.gpu, beta.gpu, args);
+    EXPECT_TRUE(test::all_close(to_doubles(y.gpu), to_doubles(y.cpu), twice(dtype())));
+    auto dx = empty_pair(shape, dtype());
+    auto dgamma = pair_of(std::vector<double>(h, 0.5), {h}, DType::f32);
+    auto dbeta = pair_of(std::vector<double>(h, -0.5), {h}, DType::f32);
+    cpu_ops().layernorm_bwd(dx.cpu, dgamma.cpu, dbeta.cpu, dy.cpu, x.cpu, mean.cpu, rstd.cpu,
+                            gamma.cpu, args);
+    gpu_ops().layernorm_bwd(dx.gpu, dgamma.gpu, dbeta.gpu, dy.gpu, x.gpu, mean.gpu, rstd.gpu,
+                            gamma.gpu, args);
+    EXPECT_TRUE(test::all_close(to_doubles(dx.gpu), to_doubles(dx.cpu), twice(dtype())));
+    const test::Tol sum_tol{1e-3 * std::sqrt(double(rows)), 1e-3};
+    EXPECT_TRUE(test::all_close(to_doubles(dgamma.gpu), to_doubles(dgamma.cpu), sum_tol));
+    EXPECT_TRUE(test::all_close(to_doubles(dbeta.gpu), to_doubles(dbeta.cpu), sum_tol));
+    auto sy = empty_pair(shape, dtype());
+    cpu_ops().softmax_fwd(sy.cpu, x.cpu, 1.7f);
+    gpu_ops().softmax_fwd(sy.gpu, x.gpu, 1.7f);
+    EXPECT_TRUE(test::all_close(to_doubles(sy.gpu), to_doubles(sy.cpu), twice(dtype())));
+  }
+}
+
+TEST_P(CudaOps, CrossEntropyBackwardInPlaceMatchesCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const int64_t n = 37, v = 1000;
+  auto logits = random_pair({n, v}, dtype(), 16);
+  std::vector<int64_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = (i * 379) % v;
+  Tensor tc = Tensor::from_vector(t, {n}, DType::i64), tg = tc.to(kGpu);
+  const DType st = dtype() == DType::f64 ? DType::f64 : DType::f32;
+  auto loss = empty_pair({n}, st), mx = empty_pair({n}, st), se = empty_pair({n}, st);
+  cpu_ops().cross_entropy_fwd(loss.cpu, mx.cpu, se.cpu, logits.cpu, tc);
+  gpu_ops().cross_entropy_fwd(loss.gpu, mx.gpu, se.gpu, logits.gpu, tg);
+  EXPECT_TRUE(test::all_close(to_doubles(loss.gpu), to_doubles(loss.cpu), twice(st)));
+  auto dl = random_pair({n}, st, 17);
+  cpu_ops().cross_entropy_bwd(logits.cpu, dl.cpu, logits.cpu, mx.cpu, se.cpu, tc, 0);
+  gpu_ops().cross_entropy_bwd(logits.gpu, dl.gpu, logits.gpu, mx.gpu, se.gpu, tg, 0);
+  EXPECT_TRUE(test::all_close(to_doubles(logits.gpu), to_doubles(logits.cpu), twice(dtype())));
+}
+
+TEST_P(CudaOps, EmbeddingBackwardWithManyRowsMatchesCpuAndIsDeterministic) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const int64_t n = 20011, h = 33, vocab = 5003, start = 1000;
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = (i * 7919) % 7001;
+  Tensor ic = Tensor::from_vector(ids, {n}, DType::i64), ig = ic.to(kGpu);
+  auto dout = random_pair({n, h}, dtype(), 18);
+  auto dw = pair_of(random_values(vocab * h, 19), {vocab, h}, DType::f32);
+  Tensor dw2 = dw.gpu.clone();
+  cpu_ops().embedding_bwd(dw.cpu, dout.cpu, ic, start);
+  gpu_ops().embedding_bwd(dw.gpu, dout.gpu, ig, start);
+  gpu_ops().embedding_bwd(dw2, dout.gpu, ig, start);
+  EXPECT_EQ(to_doubles(dw.gpu), to_doubles(dw2));
+  EXPECT_TRUE(test::all_close(to_doubles(dw.gpu), to_doubles(dw.cpu), twice(DType::f32)));
+  auto w = random_pair({vocab, h}, dtype(), 20);
+  auto out = empty_pair({n, h}, dtype());
+  cpu_ops().embedding_fwd(out.cpu, ic, w.cpu, start);
+  gpu_ops().embedding_fwd(out.gpu, ig, w.gpu, start);
+  EXPECT_EQ(to_doubles(out.gpu), to_doubles(out.cpu));
+}
+
+TEST_P(CudaOps, ReductionsAreDeterministicAndMatchCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  auto big = random_pair({1 << 20}, dtype(), 21);
+  auto small = random_pair({13}, DType::bf16, 22);
+  Tensor oc = Tensor::empty({1}, DType::f64), og = Tensor::empty({1}, DType::f64, kGpu);
+  Tensor og2 = Tensor::empty({1}, DType::f64, kGpu);
+  cpu_ops().l2_norm_sq(oc, std::vector<Tensor>{big.cpu, small.cpu});
+  gpu_ops().l2_norm_sq(og, std::vector<Tensor>{big.gpu, small.gpu});
+  gpu_ops().l2_norm_sq(og2, std::vector<Tensor>{big.gpu, small.gpu});
+  EXPECT_EQ(to_doubles(og), to_doubles(og2));
+  EXPECT_TRUE(test::all_close(to_doubles(og), to_doubles(oc), {0.0, 1e-12}));
+  auto dy = random_pair({4099, 7}, dtype(), 23);
+  auto db = pair_of(std::vector<double>(7, 1.0), {7}, DType::f32);
+  Tensor db2 = db.gpu.clone();
+  cpu_ops().bias_grad(db.cpu, dy.cpu);
+  gpu_ops().bias_grad(db.gpu, dy.gpu);
+  gpu_ops().bias_grad(db2, dy.gpu);
+  EXPECT_EQ(to_doubles(db.gpu), to_doubles(db2));
+  EXPECT_TRUE(test::all_close(to_doubles(db.gpu), to_doubles(db.cpu), {1e-4, 1e-5}));
+}
+
+TEST_P(CudaOps, OpsFollowTheCurrentStream) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  auto& p = *plugin::global_registry().find_platform("cuda");
+  auto stream = p.create_stream(0);
+  auto x = random_pair({257, 129}, dtype(), 24);
+  auto y = empty_pair({257, 129}, dtype());
+  cpu_ops().gelu_fwd(y.cpu, x.cpu, ops::GeluApprox::tanh);
+  p.synchronize(0);
+  p.set_current_stream(0, stream.get());
+  gpu_ops().gelu_fwd(y.gpu, x.gpu, ops::GeluApprox::tanh);
+  const auto got = to_doubles(y.gpu);  // the copy runs on the same current stream: ordered
+  p.set_current_stream(0, nullptr);
+  EXPECT_TRUE(test::all_close(got, to_doubles(y.cpu), test::tolerance(dtype())));
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaOps, ::testing::ValuesIn(test::kKernelDTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace mg
