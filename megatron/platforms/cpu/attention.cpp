@@ -29,6 +29,7 @@
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/random/philox.h"
 #include "megatron/core/tensor/tensor.h"
+#include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
 
@@ -38,56 +39,18 @@ namespace {
 
 using ops::AttentionArgs;
 
-template <typename F>
-void dispatch_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::f64:
-      f(double{});
-      break;
-    case DType::f32:
-      f(float{});
-      break;
-    case DType::bf16:
-      f(bf16_t{});
-      break;
-    case DType::f16:
-      f(f16_t{});
-      break;
-    default:
-      MG_THROW(op << ": unsupported dtype " << dtype_name(dt) << " (expected f64, f32, bf16, f16)");
-  }
-}
-
 struct Dims {
   int64_t s, b, nh, ng, hd;
 };
 
-void check_host(const char* op, const char* name, const Tensor& t) {
-  MG_CHECK(t.defined(), op << ": " << name << " is undefined");
-  MG_CHECK(t.is_host(), op << ": " << name << " is on " << t.device() << ", expected cpu");
-}
-
-void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name,
-                const Tensor& ref) {
-  check_host(op, name, t);
-  MG_CHECK(t.dtype() == ref.dtype(), op << ": " << name << " has dtype " << dtype_name(t.dtype())
-                                        << " but " << ref_name << " has "
-                                        << dtype_name(ref.dtype()));
-  MG_CHECK(t.shape() == ref.shape(), op << ": " << name << " " << shape_str(t.shape())
-                                        << " does not match " << ref_name << " "
-                                        << shape_str(ref.shape()));
-}
-
 // q [S, B, NH, HD], k and v [S, B, NG, HD].
 Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-  check_host(op, "q", q);
+  check_float_host(op, "q", q);
   check_host(op, "k", k);
   MG_CHECK(q.dim() == 4, op << ": q must be [S, B, NH, HD], got " << shape_str(q.shape()));
   MG_CHECK(k.dim() == 4, op << ": k must be [S, B, NG, HD], got " << shape_str(k.shape()));
-  check_like(op, "k", k, "k", k);
   check_like(op, "v", v, "k", k);
-  MG_CHECK(k.dtype() == q.dtype(), op << ": k has dtype " << dtype_name(k.dtype()) << " but q has "
-                                      << dtype_name(q.dtype()));
+  check_same_dtype(op, "k", k, "q", q);
   const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
   MG_CHECK(k.size(0) == d.s && k.size(1) == d.b && k.size(3) == d.hd,
            op << ": k " << shape_str(k.shape()) << " does not match q " << shape_str(q.shape())
@@ -98,11 +61,7 @@ Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
 }
 
 void check_lse(const char* op, const Tensor& lse, const Tensor& q, const Dims& d) {
-  check_host(op, "lse", lse);
-  const DType want = q.dtype() == DType::f64 ? DType::f64 : DType::f32;
-  MG_CHECK(lse.dtype() == want, op << ": lse has dtype " << dtype_name(lse.dtype()) << ", expected "
-                                   << dtype_name(want) << " for q of dtype "
-                                   << dtype_name(q.dtype()));
+  check_stat_host(op, "lse", lse, "q", q);
   MG_CHECK(lse.shape() == (Shape{d.b, d.nh, d.s}),
            op << ": lse " << shape_str(lse.shape())
               << " is not [B, NH, S] = " << shape_str(Shape{d.b, d.nh, d.s}));
@@ -190,18 +149,29 @@ inline bool allowed(const DocMask& m, int64_t b, int64_t i, int64_t j, int64_t s
   return !m.active() || m.ids[b * s + j] == m.ids[b * s + i];
 }
 
-// z[j] for j in [lo, hi): 1/(1-p) where the attention-dropout mask keeps P[b,h,i,j], else 0.
+// The factor applied to the scores: softmax_scale, or 1/sqrt(HD) when it is 0.
+template <typename C>
+C score_scale(const AttentionArgs& a, const Dims& d) {
+  return a.softmax_scale != 0.0f ? static_cast<C>(a.softmax_scale)
+                                 : C(1) / std::sqrt(static_cast<C>(d.hd));
+}
+
+// z[j] for j in r: 1/(1-p) where the attention-dropout mask keeps P[b,h,i,j], else 0. The forward
+// and the backward both call this, so they see the same mask.
 // Elements come four to a Philox block (philox.h), so one block serves four consecutive keys.
 template <typename C>
-void dropout_factors(C* z, uint64_t seed, uint64_t row_base, int64_t lo, int64_t hi, float p) {
+void dropout_factors(C* z, const ops::DropoutArgs& dr, const Dims& d, int64_t b, int64_t h,
+                     int64_t i, const RowRange& r) {
+  const float p = dr.p;
   const C keep_scale = C(1) / (C(1) - static_cast<C>(p));
+  const uint64_t row_base = dr.offset + static_cast<uint64_t>(((b * d.nh + h) * d.s + i) * d.s);
   uint64_t cached = ~uint64_t{0};
   random::Philox4x32 blk{};
-  for (int64_t j = lo; j < hi; ++j) {
+  for (int64_t j = r.lo; j < r.hi; ++j) {
     const uint64_t e = row_base + static_cast<uint64_t>(j);
     if ((e >> 2) != cached) {
       cached = e >> 2;
-      blk = random::philox_block(seed, cached);
+      blk = random::philox_block(dr.seed, cached);
     }
     // Same value as random::uniform(seed, e); tests check against random::dropout_keep.
     const float u = static_cast<float>(blk.v[e & 3] >> 8) * (1.0f / 16777216.0f);
@@ -216,9 +186,9 @@ void load_head(C* dst, const T* x, const Dims& d, int64_t heads, int64_t b, int6
   for (int64_t s = 0; s < d.s; ++s) {
     const T* row = x + ((s * d.b + b) * heads + h) * d.hd;
     if (transpose)
-      for (int64_t e = 0; e < d.hd; ++e) dst[e * d.s + s] = static_cast<C>(to_f32(row[e]));
+      for (int64_t e = 0; e < d.hd; ++e) dst[e * d.s + s] = load<C>(row[e]);
     else
-      for (int64_t e = 0; e < d.hd; ++e) dst[s * d.hd + e] = static_cast<C>(to_f32(row[e]));
+      for (int64_t e = 0; e < d.hd; ++e) dst[s * d.hd + e] = load<C>(row[e]);
   }
 }
 
@@ -245,8 +215,7 @@ void attention_fwd_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor&
   const T* vp = v.data<T>();
   T* op = out.data<T>();
   C* lp = lse.data<C>();
-  const C scale = a.softmax_scale != 0.0f ? static_cast<C>(a.softmax_scale)
-                                          : C(1) / std::sqrt(static_cast<C>(d.hd));
+  const C scale = score_scale<C>(a, d);
   const int64_t per_group = d.nh / d.ng;
   const bool dropout = a.dropout.p > 0.0f;
 #pragma omp parallel
@@ -281,11 +250,7 @@ void attention_fwd_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor&
           }
           *lse_i = mx + std::log(sum);
           const C inv = C(1) / sum;
-          if (dropout)
-            dropout_factors(
-                z.data(), a.dropout.seed,
-                a.dropout.offset + static_cast<uint64_t>(((b * d.nh + h) * d.s + i) * d.s), r.lo,
-                r.hi, a.dropout.p);
+          if (dropout) dropout_factors(z.data(), a.dropout, d, b, h, i, r);
           std::fill(o.begin(), o.end(), C(0));
           for (int64_t j = r.lo; j < r.hi; ++j) {
             const C pj = sc[j] * inv * (dropout ? z[j] : C(1));
@@ -316,8 +281,7 @@ void attention_bwd_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   T* dqp = dq.data<T>();
   T* dkp = dk.data<T>();
   T* dvp = dv.data<T>();
-  const C scale = a.softmax_scale != 0.0f ? static_cast<C>(a.softmax_scale)
-                                          : C(1) / std::sqrt(static_cast<C>(d.hd));
+  const C scale = score_scale<C>(a, d);
   const int64_t per_group = d.nh / d.ng;
   const bool dropout = a.dropout.p > 0.0f;
   const int64_t head_elems = d.s * d.hd;
@@ -351,14 +315,10 @@ void attention_bwd_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
           const C* doi = doh.data() + i * d.hd;
           const T* orow = op + ((i * d.b + b) * d.nh + h) * d.hd;
           C di = 0;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
-          for (int64_t e = 0; e < d.hd; ++e) di += doi[e] * static_cast<C>(to_f32(orow[e]));
+          for (int64_t e = 0; e < d.hd; ++e) di += doi[e] * load<C>(orow[e]);
           row_scores(sc.data(), qi, kt.data(), d.s, d.hd, r.lo, r.hi);
           row_scores(dp.data(), doi, vt.data(), d.s, d.hd, r.lo, r.hi);
-          if (dropout)
-            dropout_factors(
-                z.data(), a.dropout.seed,
-                a.dropout.offset + static_cast<uint64_t>(((b * d.nh + h) * d.s + i) * d.s), r.lo,
-                r.hi, a.dropout.p);
+          if (dropout) dropout_factors(z.data(), a.dropout, d, b, h, i, r);
           std::fill(dqi.begin(), dqi.end(), C(0));
           for (int64_t j = r.lo; j < r.hi; ++j) {
             if (!allowed(m, b, i, j, d.s)) continue;
@@ -420,8 +380,8 @@ void attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, c
   check_scalars(op, args);
   const DocMask m = build_doc_mask(op, args, d);
   if (q.numel() == 0) return;
-  dispatch_float(q.dtype(), op, [&](auto tag) {
-    attention_fwd_impl<decltype(tag)>(out, lse, q, k, v, args, d, m);
+  dispatch_float(q.dtype(), op, [&]<typename T>(std::type_identity<T>) {
+    attention_fwd_impl<T>(out, lse, q, k, v, args, d, m);
   });
 }
 
@@ -439,8 +399,8 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
   check_scalars(op, args);
   const DocMask m = build_doc_mask(op, args, d);
   if (q.numel() == 0) return;
-  dispatch_float(q.dtype(), op, [&](auto tag) {
-    attention_bwd_impl<decltype(tag)>(dq, dk, dv, dout, q, k, v, out, lse, args, d, m);
+  dispatch_float(q.dtype(), op, [&]<typename T>(std::type_identity<T>) {
+    attention_bwd_impl<T>(dq, dk, dv, dout, q, k, v, out, lse, args, d, m);
   });
 }
 

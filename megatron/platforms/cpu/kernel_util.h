@@ -3,7 +3,8 @@
 // column reduction over rows.
 //
 // Invariants: every check throws mg::Error naming the op, the argument and the offending value;
-// dispatch covers exactly the kernel float dtypes (f64, f32, bf16, f16) and throws on the rest.
+// dispatch_float covers exactly the kernel float dtypes (f64, f32, bf16, f16), dispatch_index
+// exactly i32 and i64, and both throw on the rest.
 // Not here: anything op-specific, and anything touching non-host memory.
 #pragma once
 
@@ -57,6 +58,50 @@ inline void check_same_numel(const char* op, const char* name, const Tensor& t,
                                         << shape_str(ref.shape()) << " has " << ref.numel());
 }
 
+inline void check_same_shape(const char* op, const char* name, const Tensor& t,
+                             const char* ref_name, const Tensor& ref) {
+  MG_CHECK(t.shape() == ref.shape(), op << ": " << name << " " << shape_str(t.shape())
+                                        << " does not match " << ref_name << " "
+                                        << shape_str(ref.shape()));
+}
+
+// A tensor like `ref` (an output or gradient of it): defined, on the host, with ref's dtype and
+// shape. Check ref itself first (check_float_host) so its dtype is known to be a kernel float.
+inline void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                       const Tensor& ref) {
+  check_host(op, name, t);
+  check_same_dtype(op, name, t, ref_name, ref);
+  check_same_shape(op, name, t, ref_name, ref);
+}
+
+inline bool is_index(DType t) {
+  return t == DType::i32 || t == DType::i64;
+}
+
+// Defined, on the host, with an index dtype (i32 or i64): targets, ids, positions.
+inline void check_index_host(const char* op, const char* name, const Tensor& t) {
+  check_host(op, name, t);
+  MG_CHECK(is_index(t.dtype()),
+           op << ": " << name << " has dtype " << dtype_name(t.dtype()) << ", expected i32 or i64");
+}
+
+// The dtype of compute_t for storage dtype t: f64 for f64, f32 for the rest. Per-row statistics
+// (lse, loss, max, mean, rstd) are stored in it.
+inline DType compute_dtype(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+
+// A statistic of `ref`: defined, on the host, with dtype compute_dtype(ref's dtype). Its shape is
+// the caller's to check.
+inline void check_stat_host(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                            const Tensor& ref) {
+  check_host(op, name, t);
+  const DType want = compute_dtype(ref.dtype());
+  MG_CHECK(t.dtype() == want, op << ": " << name << " has dtype " << dtype_name(t.dtype())
+                                 << ", expected " << dtype_name(want) << " for " << ref_name
+                                 << " of dtype " << dtype_name(ref.dtype()));
+}
+
 // True when the byte ranges of a and b intersect (same storage only).
 inline bool overlaps(const Tensor& a, const Tensor& b) {
   if (!a.defined() || !b.defined() || !a.shares_storage_with(b)) return false;
@@ -82,6 +127,21 @@ decltype(auto) dispatch_float(DType t, const char* op, F&& f) {
       break;
   }
   MG_THROW(op << ": unsupported dtype " << dtype_name(t) << " (expected f64, f32, bf16, f16)");
+}
+
+// Calls f(std::type_identity<I>{}) with I the storage type of index dtype t (int32_t, int64_t).
+// Use with a template lambda: [&]<typename I>(std::type_identity<I>) { ... }.
+template <typename F>
+decltype(auto) dispatch_index(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::i32:
+      return f(std::type_identity<int32_t>{});
+    case DType::i64:
+      return f(std::type_identity<int64_t>{});
+    default:
+      break;
+  }
+  MG_THROW(op << ": unsupported index dtype " << dtype_name(t) << " (expected i32, i64)");
 }
 
 // The accumulation type of a pair of storage types: double if either is f64, float otherwise.

@@ -16,6 +16,7 @@
 #include "megatron/core/common/error.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
+#include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
 
@@ -24,26 +25,6 @@ namespace mg::platforms::cpu {
 namespace {
 
 using ops::RopeArgs;
-
-template <typename F>
-void dispatch_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::f64:
-      f(double{});
-      break;
-    case DType::f32:
-      f(float{});
-      break;
-    case DType::bf16:
-      f(bf16_t{});
-      break;
-    case DType::f16:
-      f(f16_t{});
-      break;
-    default:
-      MG_THROW(op << ": unsupported dtype " << dtype_name(dt) << " (expected f64, f32, bf16, f16)");
-  }
-}
 
 // What rope needs to know about the input and its arguments, validated once.
 struct RopePlan {
@@ -54,16 +35,10 @@ struct RopePlan {
 
 RopePlan plan_rope(const char* op, const char* out_name, const Tensor& out, const char* in_name,
                    const Tensor& in, const RopeArgs& a) {
-  MG_CHECK(in.defined() && in.is_host(), op << ": " << in_name << " must be a cpu tensor");
-  MG_CHECK(out.defined() && out.is_host(), op << ": " << out_name << " must be a cpu tensor");
+  check_float_host(op, in_name, in);
   MG_CHECK(in.dim() == 4,
            op << ": " << in_name << " must be [S, B, NH, HD], got " << shape_str(in.shape()));
-  MG_CHECK(out.shape() == in.shape(), op << ": " << out_name << " " << shape_str(out.shape())
-                                         << " does not match " << in_name << " "
-                                         << shape_str(in.shape()));
-  MG_CHECK(out.dtype() == in.dtype(), op << ": " << out_name << " has dtype "
-                                         << dtype_name(out.dtype()) << " but " << in_name << " has "
-                                         << dtype_name(in.dtype()));
+  check_like(op, out_name, out, in_name, in);
   RopePlan p{in.size(0), in.size(1), in.size(2), in.size(3), 0, false, {}};
   MG_CHECK(a.rotary_percent > 0.0f && a.rotary_percent <= 1.0f,
            op << ": rotary_percent " << a.rotary_percent << " is outside (0, 1]");
@@ -75,23 +50,17 @@ RopePlan plan_rope(const char* op, const char* out_name, const Tensor& out, cons
                                            << " must be even and > 0");
   if (a.position_ids.defined()) {
     const Tensor& ids = a.position_ids;
-    MG_CHECK(ids.is_host(), op << ": position_ids is on " << ids.device() << ", expected cpu");
-    MG_CHECK(
-        ids.dtype() == DType::i32 || ids.dtype() == DType::i64,
-        op << ": position_ids has dtype " << dtype_name(ids.dtype()) << ", expected i32 or i64");
+    check_index_host(op, "position_ids", ids);
     const bool flat = ids.shape() == Shape{p.s};
     p.per_batch_positions = ids.shape() == (Shape{p.b, p.s});
     MG_CHECK(flat || p.per_batch_positions, op << ": position_ids " << shape_str(ids.shape())
                                                << " is neither [S] = " << shape_str(Shape{p.s})
                                                << " nor [B, S] = " << shape_str(Shape{p.b, p.s}));
     p.pos.resize(static_cast<std::size_t>(ids.numel()));
-    if (ids.dtype() == DType::i32) {
-      const int32_t* v = ids.data<int32_t>();
+    dispatch_index(ids.dtype(), op, [&]<typename I>(std::type_identity<I>) {
+      const I* v = ids.data<I>();
       for (int64_t i = 0; i < ids.numel(); ++i) p.pos[i] = v[i];
-    } else {
-      const int64_t* v = ids.data<int64_t>();
-      for (int64_t i = 0; i < ids.numel(); ++i) p.pos[i] = v[i];
-    }
+    });
   } else {
     p.pos.resize(static_cast<std::size_t>(p.s));
     for (int64_t s = 0; s < p.s; ++s) p.pos[s] = s + a.position_offset;
@@ -136,8 +105,8 @@ void rope_apply(Tensor& y, const Tensor& x, const RopePlan& p, const RopeArgs& a
         for (int64_t i = 0; i < half; ++i) {
           const int64_t i1 = a.interleaved ? 2 * i : i;
           const int64_t i2 = a.interleaved ? 2 * i + 1 : i + half;
-          const C x1 = static_cast<C>(to_f32(xh[i1]));
-          const C x2 = static_cast<C>(to_f32(xh[i2]));
+          const C x1 = load<C>(xh[i1]);
+          const C x2 = load<C>(xh[i2]);
           yh[i1] = store<T>(x1 * c[i] - x2 * sv[i]);
           yh[i2] = store<T>(x2 * c[i] + x1 * sv[i]);
         }
@@ -152,14 +121,14 @@ void rope_fwd(Tensor& y, const Tensor& x, const RopeArgs& args) {
   const RopePlan p = plan_rope("rope_fwd", "y", y, "x", x, args);
   if (x.numel() == 0) return;
   dispatch_float(x.dtype(), "rope_fwd",
-                 [&](auto tag) { rope_apply<decltype(tag)>(y, x, p, args, +1); });
+                 [&]<typename T>(std::type_identity<T>) { rope_apply<T>(y, x, p, args, +1); });
 }
 
 void rope_bwd(Tensor& dx, const Tensor& dy, const RopeArgs& args) {
   const RopePlan p = plan_rope("rope_bwd", "dx", dx, "dy", dy, args);
   if (dy.numel() == 0) return;
   dispatch_float(dy.dtype(), "rope_bwd",
-                 [&](auto tag) { rope_apply<decltype(tag)>(dx, dy, p, args, -1); });
+                 [&]<typename T>(std::type_identity<T>) { rope_apply<T>(dx, dy, p, args, -1); });
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "megatron/core/common/error.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
+#include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
 
@@ -21,37 +22,10 @@ namespace mg::platforms::cpu {
 
 namespace {
 
-// Calls f(T{}) with T the storage type of a floating dtype the kernels support.
-template <typename F>
-void dispatch_float(DType dt, const char* op, F&& f) {
-  switch (dt) {
-    case DType::f64:
-      f(double{});
-      break;
-    case DType::f32:
-      f(float{});
-      break;
-    case DType::bf16:
-      f(bf16_t{});
-      break;
-    case DType::f16:
-      f(f16_t{});
-      break;
-    default:
-      MG_THROW(op << ": unsupported dtype " << dtype_name(dt) << " (expected f64, f32, bf16, f16)");
-  }
-}
-
-void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name,
-                const Tensor& ref) {
-  MG_CHECK(t.defined(), op << ": " << name << " is undefined");
-  MG_CHECK(t.is_host(), op << ": " << name << " is on " << t.device() << ", expected cpu");
-  MG_CHECK(t.dtype() == ref.dtype(), op << ": " << name << " has dtype " << dtype_name(t.dtype())
-                                        << " but " << ref_name << " has "
-                                        << dtype_name(ref.dtype()));
-  MG_CHECK(t.shape() == ref.shape(), op << ": " << name << " " << shape_str(t.shape())
-                                        << " does not match " << ref_name << " "
-                                        << shape_str(ref.shape()));
+// x or y [N, F] (any leading shape, rank >= 1), a kernel float on the host.
+void check_rows(const char* op, const char* name, const Tensor& t) {
+  check_float_host(op, name, t);
+  MG_CHECK(t.dim() >= 1, op << ": " << name << " must have rank >= 1, got a scalar");
 }
 
 // y [N, F] = softmax(scale * x [N, F]) over F.
@@ -72,7 +46,7 @@ void softmax_fwd_impl(Tensor& y, const Tensor& x, float scale) {
       T* yr = yp + r * f;
       C m = -std::numeric_limits<C>::infinity();
       for (int64_t j = 0; j < f; ++j) {
-        e[j] = s * static_cast<C>(to_f32(xr[j]));
+        e[j] = s * load<C>(xr[j]);
         m = std::max(m, e[j]);
       }
       if (m == -std::numeric_limits<C>::infinity()) {  // fully masked row: no probability mass
@@ -106,32 +80,31 @@ void softmax_bwd_impl(Tensor& dx, const Tensor& dy, const Tensor& y, float scale
     const T* yr = yp + r * f;
     T* dxr = dxp + r * f;
     C dot = 0;
-    for (int64_t j = 0; j < f; ++j)
-      dot += static_cast<C>(to_f32(dyr[j])) * static_cast<C>(to_f32(yr[j]));
+    for (int64_t j = 0; j < f; ++j) dot += load<C>(dyr[j]) * load<C>(yr[j]);
     for (int64_t j = 0; j < f; ++j) {
-      const C yj = static_cast<C>(to_f32(yr[j]));
-      dxr[j] = store<T>(s * yj * (static_cast<C>(to_f32(dyr[j])) - dot));
+      const C yj = load<C>(yr[j]);
+      dxr[j] = store<T>(s * yj * (load<C>(dyr[j]) - dot));
     }
   }
 }
 
 void softmax_fwd(Tensor& y, const Tensor& x, float scale) {
-  MG_CHECK(x.defined() && x.dim() >= 1, "softmax_fwd: x must be a defined tensor of rank >= 1");
-  check_like("softmax_fwd", "x", x, "x", x);
-  check_like("softmax_fwd", "y", y, "x", x);
-  MG_CHECK(std::isfinite(scale), "softmax_fwd: scale " << scale << " is not finite");
-  dispatch_float(x.dtype(), "softmax_fwd",
-                 [&](auto tag) { softmax_fwd_impl<decltype(tag)>(y, x, scale); });
+  const char* op = "softmax_fwd";
+  check_rows(op, "x", x);
+  check_like(op, "y", y, "x", x);
+  MG_CHECK(std::isfinite(scale), op << ": scale " << scale << " is not finite");
+  dispatch_float(x.dtype(), op,
+                 [&]<typename T>(std::type_identity<T>) { softmax_fwd_impl<T>(y, x, scale); });
 }
 
 void softmax_bwd(Tensor& dx, const Tensor& dy, const Tensor& y, float scale) {
-  MG_CHECK(y.defined() && y.dim() >= 1, "softmax_bwd: y must be a defined tensor of rank >= 1");
-  check_like("softmax_bwd", "y", y, "y", y);
-  check_like("softmax_bwd", "dy", dy, "y", y);
-  check_like("softmax_bwd", "dx", dx, "y", y);
-  MG_CHECK(std::isfinite(scale), "softmax_bwd: scale " << scale << " is not finite");
-  dispatch_float(y.dtype(), "softmax_bwd",
-                 [&](auto tag) { softmax_bwd_impl<decltype(tag)>(dx, dy, y, scale); });
+  const char* op = "softmax_bwd";
+  check_rows(op, "y", y);
+  check_like(op, "dy", dy, "y", y);
+  check_like(op, "dx", dx, "y", y);
+  MG_CHECK(std::isfinite(scale), op << ": scale " << scale << " is not finite");
+  dispatch_float(y.dtype(), op,
+                 [&]<typename T>(std::type_identity<T>) { softmax_bwd_impl<T>(dx, dy, y, scale); });
 }
 
 }  // namespace

@@ -93,7 +93,7 @@ __device__ __forceinline__ C dot_row(const C* x, const void* y, DType t, int64_t
 template <typename C>
 __global__ void attn_fwd_kernel(void* out, void* lse, const void* q, const void* k, const void* v,
                                 AttnParams a, C scale, C keep_scale) {
-  extern __shared__ unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   C* sq = reinterpret_cast<C*>(smem_raw);
   C* acc = sq + a.d.hd;
   C* tile = acc + a.d.hd;
@@ -155,7 +155,7 @@ template <typename C>
 __global__ void attn_bwd_dq_kernel(void* dq, C* dbuf, const void* dout, const void* q,
                                    const void* k, const void* v, const void* out, const void* lse,
                                    AttnParams a, C scale, C keep_scale) {
-  extern __shared__ unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   C* sq = reinterpret_cast<C*>(smem_raw);
   C* sdo = sq + a.d.hd;
   C* acc = sdo + a.d.hd;
@@ -211,7 +211,7 @@ template <typename C>
 __global__ void attn_bwd_dkv_kernel(void* dk, void* dv, const C* dbuf, const void* dout,
                                     const void* q, const void* k, const void* v, const void* lse,
                                     AttnParams a, C scale, C keep_scale) {
-  extern __shared__ unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   C* sk = reinterpret_cast<C*>(smem_raw);
   C* sv = sk + a.d.hd;
   C* acc_k = sv + a.d.hd;
@@ -284,8 +284,7 @@ __global__ void attn_bwd_dkv_kernel(void* dk, void* dv, const C* dbuf, const voi
   }
 }
 
-// ---- host side
-// ------------------------------------------------------------------------------------
+// ---- host side ------------------------------------------------------------------------------
 
 void check_like_attn(const char* op, const char* name, const Tensor& t, const char* ref_name,
                      const Tensor& ref) {

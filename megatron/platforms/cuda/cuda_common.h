@@ -3,7 +3,7 @@
 //
 // Invariants: every op wrapper runs with the tensor's device current (DeviceGuard) and launches
 // on current_stream(device); checks throw mg::Error naming the op, the argument and the value.
-// Not here: device code (device_util.cuh), the Platform object (cuda_platform.cu).
+// Not here: device code (device_util.cuh), the Platform object (cuda_platform.cpp).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,7 +21,7 @@ namespace mg::platforms::cuda {
 
 inline constexpr const char* kPlatformName = "cuda";
 
-// ---- provided by cuda_platform.cu ---------------------------------------------------------------
+// ---- provided by cuda_platform.cpp --------------------------------------------------------------
 // The stream ops launch on for `device` on this thread (the platform's default stream unless
 // set_current_stream() chose another).
 cudaStream_t current_stream(int device);
@@ -81,8 +81,7 @@ class Scratch {
 void copy_to_host(void* dst, const void* src, std::size_t bytes, int device);
 void copy_to_device(void* dst, const void* src, std::size_t bytes, int device);
 
-// ---- launch geometry
-// -----------------------------------------------------------------------------
+// ---- launch geometry ------------------------------------------------------------------------
 inline constexpr int kThreads = 256;  // threads per block of the element-wise and row kernels
 
 // Blocks for a grid-stride loop over n elements (at least 1, capped: the loop covers the rest).

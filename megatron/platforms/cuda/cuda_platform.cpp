@@ -346,8 +346,7 @@ class CudaPlatform final : public plugin::Platform {
 
 }  // namespace
 
-// ---- cuda_common.h
-// ---------------------------------------------------------------------------------
+// ---- cuda_common.h --------------------------------------------------------------------------
 
 cudaStream_t current_stream(int device) {
   Devices& d = Devices::get();
@@ -392,8 +391,7 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes, int device) {
   MG_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
-// ---- cuda_platform.h
-// -------------------------------------------------------------------------------
+// ---- cuda_platform.h ------------------------------------------------------------------------
 
 void register_cuda(plugin::Registry& r) {
   r.register_platform(std::make_unique<CudaPlatform>());

@@ -25,8 +25,7 @@ namespace mg::platforms::cuda {
 
 namespace {
 
-// ---- adamw_step
-// -----------------------------------------------------------------------------------
+// ---- adamw_step -----------------------------------------------------------------------------
 
 template <typename C>
 struct AdamCoeffs {
@@ -126,8 +125,7 @@ void adamw_step(std::span<const ops::AdamParam> params, const ops::AdamArgs& arg
   }
 }
 
-// ---- l2_norm_sq
-// -----------------------------------------------------------------------------------
+// ---- l2_norm_sq -----------------------------------------------------------------------------
 
 constexpr int64_t kMaxPartialBlocks = 1024;
 
@@ -187,8 +185,7 @@ void l2_norm_sq(Tensor& out, std::span<const Tensor> xs) {
   MG_CUDA_CHECK_LAUNCH();
 }
 
-// ---- multi_tensor_scale
-// ---------------------------------------------------------------------------
+// ---- multi_tensor_scale ---------------------------------------------------------------------
 
 // x [n] *= factor; *found = 1 when a stored result is not finite.
 template <typename C>
