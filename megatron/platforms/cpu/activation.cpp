@@ -60,14 +60,6 @@ inline A sigmoid(A x) {
   return A(1) / (A(1) + std::exp(-x));
 }
 
-void check_unary(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                 const Tensor& in) {
-  check_float_host(op, in_name, in);
-  check_float_host(op, out_name, out);
-  check_same_dtype(op, out_name, out, in_name, in);
-  check_same_numel(op, out_name, out, in_name, in);
-}
-
 // Applies f(x) -> y element-wise in the compute type of x's dtype.
 template <typename F>
 void map_unary(const char* op, Tensor& y, const Tensor& x, F&& f) {
@@ -95,20 +87,20 @@ void map_grad(const char* op, Tensor& dx, const Tensor& dy, const Tensor& x, F&&
 
 // y = gelu(x)
 void gelu_fwd(Tensor& y, const Tensor& x, GeluApprox approx) {
-  check_unary("gelu_fwd", "y", y, "x", x);
+  ops::validate_unary(kOnHost, "gelu_fwd", "y", y, "x", x);
   map_unary("gelu_fwd", y, x, [approx](auto v) { return gelu(v, approx); });
 }
 
 // dx = dy * gelu'(x)
 void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, GeluApprox approx) {
-  check_unary("gelu_bwd", "dx", dx, "x", x);
-  check_unary("gelu_bwd", "dy", dy, "x", x);
+  ops::validate_unary(kOnHost, "gelu_bwd", "dx", dx, "x", x);
+  ops::validate_unary(kOnHost, "gelu_bwd", "dy", dy, "x", x);
   map_grad("gelu_bwd", dx, dy, x, [approx](auto v) { return gelu_grad(v, approx); });
 }
 
 // y = max(x, 0)^2
 void squared_relu_fwd(Tensor& y, const Tensor& x) {
-  check_unary("squared_relu_fwd", "y", y, "x", x);
+  ops::validate_unary(kOnHost, "squared_relu_fwd", "y", y, "x", x);
   map_unary("squared_relu_fwd", y, x, [](auto v) {
     const decltype(v) r = v > 0 ? v : decltype(v)(0);
     return r * r;
@@ -117,32 +109,16 @@ void squared_relu_fwd(Tensor& y, const Tensor& x) {
 
 // dx = dy * 2 max(x, 0)
 void squared_relu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x) {
-  check_unary("squared_relu_bwd", "dx", dx, "x", x);
-  check_unary("squared_relu_bwd", "dy", dy, "x", x);
+  ops::validate_unary(kOnHost, "squared_relu_bwd", "dx", dx, "x", x);
+  ops::validate_unary(kOnHost, "squared_relu_bwd", "dy", dy, "x", x);
   map_grad("squared_relu_bwd", dx, dy, x,
            [](auto v) { return v > 0 ? decltype(v)(2) * v : decltype(v)(0); });
-}
-
-// x [N, 2F] -> F; checks that `half` [N, F] is x with its last dim halved.
-int64_t check_swiglu(const char* op, const char* half_name, const Tensor& half, const Tensor& x) {
-  check_float_host(op, "x", x);
-  check_float_host(op, half_name, half);
-  check_same_dtype(op, half_name, half, "x", x);
-  MG_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0,
-           op << ": x " << shape_str(x.shape()) << " needs an even last dim [.., 2F] (gate | up)");
-  const int64_t f = x.size(-1) / 2;
-  Shape expect = x.shape();
-  expect.back() = f;
-  MG_CHECK(half.shape() == expect, op << ": " << half_name << " " << shape_str(half.shape())
-                                      << " does not match x " << shape_str(x.shape())
-                                      << " with its last dim halved " << shape_str(expect));
-  return f;
 }
 
 // y [N, F] = silu(x[:, :F]) * x[:, F:]
 void swiglu_fwd(Tensor& y, const Tensor& x) {
   const char* op = "swiglu_fwd";
-  const int64_t f = check_swiglu(op, "y", y, x);
+  const int64_t f = ops::validate_swiglu(kOnHost, op, "y", y, x);
   if (f == 0) return;
   const int64_t rows = x.numel() / (2 * f);
   dispatch_float(x.dtype(), op, [&]<typename T>(std::type_identity<T>) {
@@ -165,12 +141,7 @@ void swiglu_fwd(Tensor& y, const Tensor& x) {
 // dx [N, 2F] = [dy * up * silu'(gate) | dy * silu(gate)]
 void swiglu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x) {
   const char* op = "swiglu_bwd";
-  const int64_t f = check_swiglu(op, "dy", dy, x);
-  check_float_host(op, "dx", dx);
-  check_same_dtype(op, "dx", dx, "x", x);
-  MG_CHECK(dx.shape() == x.shape(),
-           op << ": dx " << shape_str(dx.shape()) << " does not match x " << shape_str(x.shape()));
-  MG_CHECK(!overlaps(dx, dy), op << ": dx must not overlap dy (their layouts differ)");
+  const int64_t f = ops::validate_swiglu_bwd(kOnHost, dx, dy, x);
   if (f == 0) return;
   const int64_t rows = x.numel() / (2 * f);
   dispatch_float(x.dtype(), op, [&]<typename T>(std::type_identity<T>) {

@@ -38,34 +38,7 @@ namespace mg::platforms::cpu {
 namespace {
 
 using ops::AttentionArgs;
-
-struct Dims {
-  int64_t s, b, nh, ng, hd;
-};
-
-// q [S, B, NH, HD], k and v [S, B, NG, HD].
-Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-  check_float_host(op, "q", q);
-  check_host(op, "k", k);
-  MG_CHECK(q.dim() == 4, op << ": q must be [S, B, NH, HD], got " << shape_str(q.shape()));
-  MG_CHECK(k.dim() == 4, op << ": k must be [S, B, NG, HD], got " << shape_str(k.shape()));
-  check_like(op, "v", v, "k", k);
-  check_same_dtype(op, "k", k, "q", q);
-  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
-  MG_CHECK(k.size(0) == d.s && k.size(1) == d.b && k.size(3) == d.hd,
-           op << ": k " << shape_str(k.shape()) << " does not match q " << shape_str(q.shape())
-              << " in S, B or HD");
-  MG_CHECK(d.ng > 0 && d.nh % d.ng == 0,
-           op << ": NH = " << d.nh << " heads is not a multiple of NG = " << d.ng << " groups");
-  return d;
-}
-
-void check_lse(const char* op, const Tensor& lse, const Tensor& q, const Dims& d) {
-  check_stat_host(op, "lse", lse, "q", q);
-  MG_CHECK(lse.shape() == (Shape{d.b, d.nh, d.s}),
-           op << ": lse " << shape_str(lse.shape())
-              << " is not [B, NH, S] = " << shape_str(Shape{d.b, d.nh, d.s}));
-}
+using Dims = ops::AttentionDims;
 
 // Document of every token ([B*S], empty when there is no document mask) and, per token, the key
 // range [lo, hi) that holds every token of its document, so rows scan only that range.
@@ -75,37 +48,22 @@ struct DocMask {
   bool active() const { return !ids.empty(); }
 };
 
+// The mask tensors are validated (ops::validate_attention_*); the cu_seqlens values here.
 DocMask build_doc_mask(const char* op, const AttentionArgs& a, const Dims& d) {
   DocMask m;
   const bool has_doc = a.doc_ids.defined(), has_cu = a.cu_seqlens.defined();
-  MG_CHECK(!(has_doc && has_cu), op << ": give doc_ids or cu_seqlens, not both");
   if (!has_doc && !has_cu) return m;
   const int64_t n = d.b * d.s;
   if (n == 0) return m;
   m.ids.resize(static_cast<std::size_t>(n));
   if (has_doc) {
-    check_host(op, "doc_ids", a.doc_ids);
-    MG_CHECK(a.doc_ids.dtype() == DType::i32,
-             op << ": doc_ids has dtype " << dtype_name(a.doc_ids.dtype()) << ", expected i32");
-    MG_CHECK(a.doc_ids.shape() == (Shape{d.b, d.s}),
-             op << ": doc_ids " << shape_str(a.doc_ids.shape())
-                << " is not [B, S] = " << shape_str(Shape{d.b, d.s}));
     const int32_t* p = a.doc_ids.data<int32_t>();
     std::copy(p, p + n, m.ids.begin());
   } else {
     const Tensor& cu = a.cu_seqlens;
-    check_host(op, "cu_seqlens", cu);
-    MG_CHECK(cu.dtype() == DType::i32,
-             op << ": cu_seqlens has dtype " << dtype_name(cu.dtype()) << ", expected i32");
-    MG_CHECK(cu.dim() == 1 && cu.numel() >= 2,
-             op << ": cu_seqlens must be [D+1] with D >= 1, got " << shape_str(cu.shape()));
     const int32_t* c = cu.data<int32_t>();
     const int64_t nd = cu.numel() - 1;
-    MG_CHECK(c[0] == 0, op << ": cu_seqlens must start at 0, starts at " << c[0]);
-    MG_CHECK(c[nd] == d.s, op << ": cu_seqlens must end at S = " << d.s << ", ends at " << c[nd]);
-    for (int64_t i = 0; i < nd; ++i)
-      MG_CHECK(c[i] <= c[i + 1], op << ": cu_seqlens is not monotone: cu_seqlens[" << i << "] = "
-                                    << c[i] << " > cu_seqlens[" << i + 1 << "] = " << c[i + 1]);
+    ops::validate_cu_seqlens(op, {c, static_cast<std::size_t>(cu.numel())}, d.s);
     for (int64_t doc = 0; doc < nd; ++doc)
       for (int64_t s = c[doc]; s < c[doc + 1]; ++s)
         for (int64_t b = 0; b < d.b; ++b) m.ids[b * d.s + s] = static_cast<int32_t>(doc);
@@ -364,20 +322,10 @@ void attention_bwd_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   }
 }
 
-void check_scalars(const char* op, const AttentionArgs& a) {
-  MG_CHECK(a.dropout.p >= 0.0f && a.dropout.p < 1.0f,
-           op << ": attention dropout p = " << a.dropout.p << " is outside [0, 1)");
-  MG_CHECK(std::isfinite(a.softmax_scale),
-           op << ": softmax_scale " << a.softmax_scale << " is not finite");
-}
-
 void attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                    const AttentionArgs& args) {
   const char* op = "attention_fwd";
-  const Dims d = check_qkv(op, q, k, v);
-  check_like(op, "out", out, "q", q);
-  check_lse(op, lse, q, d);
-  check_scalars(op, args);
+  const Dims d = ops::validate_attention_fwd(kOnHost, out, lse, q, k, v, args);
   const DocMask m = build_doc_mask(op, args, d);
   if (q.numel() == 0) return;
   dispatch_float(q.dtype(), op, [&]<typename T>(std::type_identity<T>) {
@@ -389,14 +337,7 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
                    const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const AttentionArgs& args) {
   const char* op = "attention_bwd";
-  const Dims d = check_qkv(op, q, k, v);
-  check_like(op, "dq", dq, "q", q);
-  check_like(op, "dout", dout, "q", q);
-  check_like(op, "out", out, "q", q);
-  check_like(op, "dk", dk, "k", k);
-  check_like(op, "dv", dv, "v", v);
-  check_lse(op, lse, q, d);
-  check_scalars(op, args);
+  const Dims d = ops::validate_attention_bwd(kOnHost, dq, dk, dv, dout, q, k, v, out, lse, args);
   const DocMask m = build_doc_mask(op, args, d);
   if (q.numel() == 0) return;
   dispatch_float(q.dtype(), op, [&]<typename T>(std::type_identity<T>) {

@@ -27,34 +27,7 @@ namespace mg::platforms::cpu {
 
 namespace {
 
-struct Rows {
-  int64_t n, v;
-};
-
-// logits [N, Vl] (leading dims flattened).
-Rows check_logits(const char* op, const Tensor& logits) {
-  check_float_host(op, "logits", logits);
-  MG_CHECK(logits.dim() >= 1, op << ": logits must be [N, V], got a scalar");
-  const int64_t v = logits.size(-1);
-  MG_CHECK(v > 0, op << ": logits " << shape_str(logits.shape()) << " has an empty vocab dim");
-  return {logits.numel() / v, v};
-}
-
-// A per-row statistic [N] of the dtype that goes with the logits.
-void check_stat(const char* op, const char* name, const Tensor& t, const Tensor& logits,
-                const Rows& r) {
-  check_stat_host(op, name, t, "logits", logits);
-  MG_CHECK(t.numel() == r.n, op << ": " << name << " " << shape_str(t.shape()) << " has "
-                                << t.numel() << " elements, expected N = " << r.n << " (logits "
-                                << shape_str(logits.shape()) << ")");
-}
-
-void check_targets(const char* op, const Tensor& targets, const Tensor& logits, const Rows& r) {
-  check_index_host(op, "targets", targets);
-  MG_CHECK(targets.numel() == r.n, op << ": targets " << shape_str(targets.shape()) << " has "
-                                      << targets.numel() << " elements, expected N = " << r.n
-                                      << " (logits " << shape_str(logits.shape()) << ")");
-}
+using Rows = ops::CeRows;
 
 // Calls f(std::type_identity<T>{}, std::type_identity<I>{}) with T the storage type of the logits
 // and I that of the targets.
@@ -172,11 +145,7 @@ void ce_bwd_impl(Tensor& dlogits, const Tensor& dloss, const Tensor& logits, con
 void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor& logits,
                        const Tensor& targets) {
   const char* op = "cross_entropy_fwd";
-  const Rows r = check_logits(op, logits);
-  check_targets(op, targets, logits, r);
-  check_stat(op, "loss", loss, logits, r);
-  check_stat(op, "max", max, logits, r);
-  check_stat(op, "sum_exp", sum_exp, logits, r);
+  const Rows r = ops::validate_cross_entropy_fwd(kOnHost, loss, max, sum_exp, logits, targets);
   dispatch_logits_targets(
       logits, targets, op,
       [&]<typename T, typename I>(std::type_identity<T>, std::type_identity<I>) {
@@ -186,8 +155,7 @@ void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor&
 
 void ce_local_max(Tensor& max, const Tensor& logits) {
   const char* op = "ce_local_max";
-  const Rows r = check_logits(op, logits);
-  check_stat(op, "max", max, logits, r);
+  const Rows r = ops::validate_ce_local_max(kOnHost, max, logits);
   dispatch_float(logits.dtype(), op,
                  [&]<typename T>(std::type_identity<T>) { ce_local_max_impl<T>(max, logits, r); });
 }
@@ -195,12 +163,8 @@ void ce_local_max(Tensor& max, const Tensor& logits) {
 void ce_local_stats(Tensor& sum_exp, Tensor& target_logit, const Tensor& logits, const Tensor& max,
                     const Tensor& targets, int64_t vocab_start) {
   const char* op = "ce_local_stats";
-  const Rows r = check_logits(op, logits);
-  check_targets(op, targets, logits, r);
-  check_stat(op, "sum_exp", sum_exp, logits, r);
-  check_stat(op, "target_logit", target_logit, logits, r);
-  check_stat(op, "max", max, logits, r);
-  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
+  const Rows r = ops::validate_ce_local_stats(kOnHost, sum_exp, target_logit, logits, max, targets,
+                                              vocab_start);
   dispatch_logits_targets(
       logits, targets, op,
       [&]<typename T, typename I>(std::type_identity<T>, std::type_identity<I>) {
@@ -210,17 +174,7 @@ void ce_local_stats(Tensor& sum_exp, Tensor& target_logit, const Tensor& logits,
 
 void ce_combine(Tensor& loss, const Tensor& max, const Tensor& sum_exp,
                 const Tensor& target_logit) {
-  const char* op = "ce_combine";
-  check_host(op, "loss", loss);
-  MG_CHECK(loss.dtype() == DType::f32 || loss.dtype() == DType::f64,
-           op << ": loss has dtype " << dtype_name(loss.dtype()) << ", expected f32 or f64");
-  const std::pair<const char*, const Tensor*> ins[] = {
-      {"max", &max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}};
-  for (const auto& [name, t] : ins) {
-    check_host(op, name, *t);
-    check_same_dtype(op, name, *t, "loss", loss);
-    check_same_numel(op, name, *t, "loss", loss);
-  }
+  ops::validate_ce_combine(kOnHost, loss, max, sum_exp, target_logit);
   if (loss.dtype() == DType::f64)
     ce_combine_impl<double>(loss, max, sum_exp, target_logit, loss.numel());
   else
@@ -231,16 +185,11 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
                        const Tensor& max, const Tensor& sum_exp, const Tensor& targets,
                        int64_t vocab_start) {
   const char* op = "cross_entropy_bwd";
-  const Rows r = check_logits(op, logits);
-  check_like(op, "dlogits", dlogits, "logits", logits);
+  const Rows r = ops::validate_cross_entropy_bwd(kOnHost, dlogits, dloss, logits, max, sum_exp,
+                                                 targets, vocab_start);
   MG_CHECK(
       !overlaps(dlogits, logits) || dlogits.offset_bytes() == logits.offset_bytes(),
       op << ": dlogits overlaps logits at a different offset; alias them exactly or not at all");
-  check_targets(op, targets, logits, r);
-  check_stat(op, "dloss", dloss, logits, r);
-  check_stat(op, "max", max, logits, r);
-  check_stat(op, "sum_exp", sum_exp, logits, r);
-  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
   dispatch_logits_targets(
       logits, targets, op,
       [&]<typename T, typename I>(std::type_identity<T>, std::type_identity<I>) {

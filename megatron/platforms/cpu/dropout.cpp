@@ -45,11 +45,6 @@ inline void for_each_keep(const ops::DropoutArgs& a, int64_t begin, int64_t end,
   }
 }
 
-void check_p(const char* op, const ops::DropoutArgs& a) {
-  MG_CHECK(a.p >= 0.0f && a.p < 1.0f,
-           op << ": dropout probability p must be in [0, 1), got " << a.p);
-}
-
 // 1/(1-p) in the compute type C.
 template <typename C>
 C keep_scale(float p) {
@@ -61,12 +56,7 @@ C keep_scale(float p) {
 
 // y = mask * x / (1 - p); also the backward (dx = mask * dy / (1 - p)): the op is linear in x.
 void dropout_apply(const char* op, Tensor& out, const Tensor& in, const ops::DropoutArgs& args) {
-  check_p(op, args);
-  check_float_host(op, "output", out);
-  check_float_host(op, "input", in);
-  check_same_dtype(op, "output", out, "input", in);
-  MG_CHECK(out.shape() == in.shape(), op << ": output " << shape_str(out.shape())
-                                         << " does not match input " << shape_str(in.shape()));
+  ops::validate_dropout(kOnHost, op, out, in, args);
   const int64_t n = in.numel();
   if (n == 0) return;
   dispatch_float(in.dtype(), op, [&]<typename T>(std::type_identity<T>) {
@@ -105,24 +95,7 @@ void dropout_bwd(Tensor& dx, const Tensor& dy, const ops::DropoutArgs& args) {
 void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const Tensor& residual,
                           const ops::DropoutArgs& args) {
   constexpr const char* op = "bias_dropout_add_fwd";
-  check_p(op, args);
-  check_float_host(op, "x", x);
-  check_float_host(op, "y", y);
-  check_float_host(op, "residual", residual);
-  check_same_dtype(op, "y", y, "x", x);
-  check_same_dtype(op, "residual", residual, "x", x);
-  MG_CHECK(x.dim() >= 1, op << ": x must have at least one dimension, got " << x.str());
-  MG_CHECK(y.shape() == x.shape(),
-           op << ": y " << shape_str(y.shape()) << " does not match x " << shape_str(x.shape()));
-  MG_CHECK(residual.shape() == x.shape(), op << ": residual " << shape_str(residual.shape())
-                                             << " does not match x " << shape_str(x.shape()));
-  const int64_t f = x.size(-1);
-  if (bias.defined()) {
-    check_float_host(op, "bias", bias);
-    check_same_dtype(op, "bias", bias, "x", x);
-    MG_CHECK(bias.dim() == 1 && bias.size(0) == f,
-             op << ": bias " << shape_str(bias.shape()) << " does not match x's last dim " << f);
-  }
+  const int64_t f = ops::validate_bias_dropout_add_fwd(kOnHost, y, x, bias, residual, args);
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_float(x.dtype(), op, [&]<typename T>(std::type_identity<T>) {
@@ -160,19 +133,7 @@ void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const 
 void bias_dropout_add_bwd(Tensor& dx, Tensor& dbias, const Tensor& dy,
                           const ops::DropoutArgs& args) {
   constexpr const char* op = "bias_dropout_add_bwd";
-  check_p(op, args);
-  check_float_host(op, "dx", dx);
-  check_float_host(op, "dy", dy);
-  check_same_dtype(op, "dx", dx, "dy", dy);
-  MG_CHECK(dy.dim() >= 1, op << ": dy must have at least one dimension, got " << dy.str());
-  MG_CHECK(dx.shape() == dy.shape(), op << ": dx " << shape_str(dx.shape()) << " does not match dy "
-                                        << shape_str(dy.shape()));
-  const int64_t f = dy.size(-1);
-  if (dbias.defined()) {
-    check_float_host(op, "dbias", dbias);
-    MG_CHECK(dbias.dim() == 1 && dbias.size(0) == f,
-             op << ": dbias " << shape_str(dbias.shape()) << " does not match dy's last dim " << f);
-  }
+  const int64_t f = ops::validate_bias_dropout_add_bwd(kOnHost, dx, dbias, dy, args);
   if (!dbias.defined()) {
     dropout_apply(op, dx, dy, args);
     return;

@@ -25,47 +25,22 @@ namespace mg::platforms::cpu {
 
 namespace {
 
-// ids of any shape with N elements, i32 or i64, all >= 0. Returns them widened to i64.
+// ids (validated: i32 or i64) widened to i64 on the host, all checked >= 0.
 std::vector<int64_t> load_ids(const char* op, const Tensor& ids) {
-  check_host(op, "ids", ids);
-  MG_CHECK(ids.dtype() == DType::i32 || ids.dtype() == DType::i64,
-           op << ": ids have dtype " << dtype_name(ids.dtype()) << ", expected i32 or i64");
   std::vector<int64_t> out(static_cast<std::size_t>(ids.numel()));
-  if (ids.dtype() == DType::i64) {
-    const int64_t* p = ids.data<int64_t>();
+  dispatch_index(ids.dtype(), op, [&]<typename I>(std::type_identity<I>) {
+    const I* p = ids.data<I>();
     std::copy(p, p + ids.numel(), out.begin());
-  } else {
-    const int32_t* p = ids.data<int32_t>();
-    std::copy(p, p + ids.numel(), out.begin());
-  }
-  for (std::size_t i = 0; i < out.size(); ++i)
-    MG_CHECK(out[i] >= 0, op << ": ids " << shape_str(ids.shape()) << " holds a negative id "
-                             << out[i] << " at flat index " << i);
+  });
+  ops::validate_ids_nonnegative(op, ids, out);
   return out;
-}
-
-// weight [Vl, H]; `rows` (out or dout) [N, H] (any leading shape) with N = ids.numel().
-void check_embedding(const char* op, const char* rows_name, const Tensor& rows,
-                     const char* weight_name, const Tensor& weight, const Tensor& ids,
-                     int64_t vocab_start) {
-  check_float_host(op, weight_name, weight);
-  check_float_host(op, rows_name, rows);
-  MG_CHECK(weight.dim() == 2, op << ": " << weight_name << " " << shape_str(weight.shape())
-                                 << " must be rank 2 [Vl, H]");
-  const int64_t h = weight.size(1);
-  MG_CHECK(rows.dim() >= 1 && rows.size(-1) == h && rows.numel() == ids.numel() * h,
-           op << ": " << rows_name << " " << shape_str(rows.shape()) << " does not match ids "
-              << shape_str(ids.shape()) << " x H = " << h << " (" << weight_name << " "
-              << shape_str(weight.shape()) << ")");
-  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
 }
 
 // out [N, H] = weight [Vl, H] rows (0 outside the shard)
 void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& weight, int64_t vocab_start) {
+  const ops::EmbeddingDims d = ops::validate_embedding_fwd(kOnHost, out, ids, weight, vocab_start);
+  const int64_t n = d.n, v = d.v, h = d.h;
   const std::vector<int64_t> id = load_ids("embedding_fwd", ids);
-  check_embedding("embedding_fwd", "out", out, "weight", weight, ids, vocab_start);
-  check_same_dtype("embedding_fwd", "out", out, "weight", weight);
-  const int64_t n = ids.numel(), v = weight.size(0), h = weight.size(1);
   const std::size_t row_bytes = static_cast<std::size_t>(h) * dtype_size(weight.dtype());
   const auto* w = static_cast<const unsigned char*>(weight.raw_data());
   auto* o = static_cast<unsigned char*>(out.raw_data());
@@ -82,9 +57,10 @@ void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& weight, int64_t
 
 // dweight [Vl, H] += scatter of dout [N, H] rows by ids
 void embedding_bwd(Tensor& dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_start) {
+  const ops::EmbeddingDims d =
+      ops::validate_embedding_bwd(kOnHost, dweight, dout, ids, vocab_start);
+  const int64_t n = d.n, v = d.v, h = d.h;
   const std::vector<int64_t> id = load_ids("embedding_bwd", ids);
-  check_embedding("embedding_bwd", "dout", dout, "dweight", dweight, ids, vocab_start);
-  const int64_t n = ids.numel(), v = dweight.size(0), h = dweight.size(1);
   if (h == 0) return;
 
   // (local row, token) pairs inside the shard, sorted: groups of equal rows, tokens ascending.

@@ -33,43 +33,11 @@ namespace mg::platforms::cpu {
 namespace {
 
 using ops::GemmArgs;
+using ops::GemmDims;
 
-struct GemmDims {
-  int64_t batch = 1, m = 0, n = 0, k = 0;
-};
-
+// The contract (ops::validate_gemm), then what BLAS needs: a separate output and int dims.
 GemmDims check_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const GemmArgs& args) {
-  check_float_host("gemm", "A", a);
-  check_float_host("gemm", "B", b);
-  check_float_host("gemm", "C", c);
-  check_same_dtype("gemm", "B", b, "A", a);
-  MG_CHECK(c.dtype() == a.dtype() || c.dtype() == DType::f32,
-           "gemm: C has dtype " << dtype_name(c.dtype()) << ", expected A's dtype "
-                                << dtype_name(a.dtype()) << " or f32");
-  MG_CHECK((a.dim() == 2 || a.dim() == 3) && b.dim() == a.dim() && c.dim() == a.dim(),
-           "gemm: A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << " and C "
-                      << shape_str(c.shape())
-                      << " must all be rank 2, or all rank 3 with a shared batch dim");
-  GemmDims d;
-  if (a.dim() == 3) {
-    d.batch = a.size(0);
-    MG_CHECK(b.size(0) == d.batch && c.size(0) == d.batch,
-             "gemm: batch dims differ: A " << shape_str(a.shape()) << ", B " << shape_str(b.shape())
-                                           << ", C " << shape_str(c.shape()));
-  }
-  d.m = args.trans_a ? a.size(-1) : a.size(-2);
-  d.k = args.trans_a ? a.size(-2) : a.size(-1);
-  const int64_t kb = args.trans_b ? b.size(-1) : b.size(-2);
-  d.n = args.trans_b ? b.size(-2) : b.size(-1);
-  MG_CHECK(d.k == kb, "gemm: inner dims differ: op(A) is ["
-                          << d.m << ", " << d.k << "] (A " << shape_str(a.shape())
-                          << (args.trans_a ? ", trans_a" : "") << ") but op(B) is [" << kb << ", "
-                          << d.n << "] (B " << shape_str(b.shape())
-                          << (args.trans_b ? ", trans_b" : "") << ")");
-  MG_CHECK(c.size(-2) == d.m && c.size(-1) == d.n,
-           "gemm: C " << shape_str(c.shape()) << " does not match op(A) @ op(B) = [" << d.m << ", "
-                      << d.n << "] (A " << shape_str(a.shape()) << ", B " << shape_str(b.shape())
-                      << ")");
+  const GemmDims d = ops::validate_gemm(kOnHost, c, a, b, args);
   MG_CHECK(!overlaps(c, a) && !overlaps(c, b),
            "gemm: C " << c.str() << " overlaps an input; BLAS needs a separate output");
   constexpr int64_t kMax = std::numeric_limits<blasint>::max();
@@ -202,12 +170,7 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmArgs& args) {
 
 // y [N, F] += bias [F]
 void bias_add(Tensor& y, const Tensor& bias) {
-  check_float_host("bias_add", "y", y);
-  check_float_host("bias_add", "bias", bias);
-  MG_CHECK(bias.dim() == 1 && y.dim() >= 1 && y.size(-1) == bias.numel(),
-           "bias_add: bias " << shape_str(bias.shape()) << " does not match y "
-                             << shape_str(y.shape()) << "'s last dim (expected bias [F])");
-  const int64_t f = bias.numel();
+  const int64_t f = ops::validate_bias_add(kOnHost, y, bias);
   if (f == 0 || y.numel() == 0) return;
   const int64_t rows = y.numel() / f;
   dispatch_float(y.dtype(), "bias_add", [&]<typename T>(std::type_identity<T>) {
@@ -224,12 +187,7 @@ void bias_add(Tensor& y, const Tensor& bias) {
 
 // dbias [F] += sum_n dy [N, F]
 void bias_grad(Tensor& dbias, const Tensor& dy) {
-  check_float_host("bias_grad", "dbias", dbias);
-  check_float_host("bias_grad", "dy", dy);
-  MG_CHECK(dbias.dim() == 1 && dy.dim() >= 1 && dy.size(-1) == dbias.numel(),
-           "bias_grad: dbias " << shape_str(dbias.shape()) << " does not match dy "
-                               << shape_str(dy.shape()) << "'s last dim (expected dbias [F])");
-  const int64_t f = dbias.numel();
+  const int64_t f = ops::validate_bias_grad(kOnHost, dbias, dy);
   if (f == 0) return;
   const int64_t rows = dy.numel() / f;
   dispatch_float(dy.dtype(), "bias_grad", [&]<typename T>(std::type_identity<T>) {
@@ -252,9 +210,7 @@ void bias_grad(Tensor& dbias, const Tensor& dy) {
 
 // y += alpha * x; x and y may differ in float dtype (an f32 grad buffer, a bf16 grad).
 void axpy(Tensor& y, const Tensor& x, float alpha) {
-  check_float_host("axpy", "y", y);
-  check_float_host("axpy", "x", x);
-  check_same_numel("axpy", "x", x, "y", y);
+  ops::validate_axpy(kOnHost, y, x);
   const int64_t n = y.numel();
   dispatch_float(y.dtype(), "axpy", [&]<typename TY>(std::type_identity<TY>) {
     dispatch_float(x.dtype(), "axpy", [&]<typename TX>(std::type_identity<TX>) {

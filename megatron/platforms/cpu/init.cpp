@@ -52,19 +52,10 @@ void fill_with(const char* op, Tensor& x, ValueOf&& value_of) {
   });
 }
 
-void check_x(const char* op, const Tensor& x) {
-  check_host(op, "x", x);
-  MG_CHECK(is_floating(x.dtype()),
-           op << ": x has dtype " << dtype_name(x.dtype()) << ", expected a float dtype");
-}
-
 // x [*] = mean + std * N(0, 1)
 void init_normal(Tensor& x, const ops::InitArgs& args) {
   constexpr const char* op = "init_normal";
-  check_x(op, x);
-  MG_CHECK(
-      std::isfinite(args.mean) && std::isfinite(args.std) && args.std >= 0.0,
-      op << ": needs a finite mean and std >= 0, got mean " << args.mean << " std " << args.std);
+  ops::validate_init_normal(kOnHost, x, args);
   fill_with(op, x, [&](int64_t b, int64_t e, auto&& put) {
     for (int64_t i = b; i < e; ++i)
       put(i, args.mean + args.std * random::normal(args.seed, args.offset + uint64_t(i)));
@@ -74,10 +65,8 @@ void init_normal(Tensor& x, const ops::InitArgs& args) {
 // x [*] = low + (high - low) * U[0, 1)
 void init_uniform(Tensor& x, const ops::InitArgs& args) {
   constexpr const char* op = "init_uniform";
-  check_x(op, x);
+  ops::validate_init_uniform(kOnHost, x, args);
   const double low = args.mean, high = args.std;
-  MG_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high,
-           op << ": needs finite bounds with low <= high, got low " << low << " high " << high);
   fill_with(op, x, [&](int64_t b, int64_t e, auto&& put) {
     // One Philox block serves four consecutive counters; same bits as random::uniform().
     int64_t i = b;

@@ -1,6 +1,6 @@
-// Small helpers shared by the CPU kernel files: argument checks with uniform messages, dtype
-// dispatch to a typed lambda, the accumulation type of a mixed pair, and a deterministic
-// column reduction over rows.
+// Small helpers shared by the CPU kernel files: the host placement check, dtype dispatch to a
+// typed lambda, the accumulation type of a mixed pair, and a deterministic column reduction over
+// rows. The ops' argument contracts are checked by megatron/core/ops/validate.h.
 //
 // Invariants: every check throws mg::Error naming the op, the argument and the offending value;
 // dispatch_float covers exactly the kernel float dtypes (f64, f32, bf16, f16), dispatch_index
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/ops/validate.h"
 #include "megatron/core/tensor/tensor.h"
 
 namespace mg::platforms::cpu {
@@ -23,92 +24,23 @@ namespace mg::platforms::cpu {
 // Below this many elements an element-wise loop stays on one thread (fork/join costs more).
 inline constexpr int64_t kParallelMinElements = 1 << 15;
 
-inline bool is_kernel_float(DType t) {
-  return t == DType::f64 || t == DType::f32 || t == DType::bf16 || t == DType::f16;
-}
-
-inline void check_defined(const char* op, const char* name, const Tensor& t) {
-  MG_CHECK(t.defined(), op << ": " << name << " is undefined");
-}
+// The op contracts are checked by megatron/core/ops/validate.h; only placement is checked here.
+using ops::overlaps;
 
 inline void check_host(const char* op, const char* name, const Tensor& t) {
-  check_defined(op, name, t);
+  ops::check_defined(op, name, t);
   MG_CHECK(t.is_host(), op << ": " << name << " " << t.str() << " is not on the host (the cpu "
                            << "platform runs host tensors only)");
 }
 
-// Defined, on the host, with a kernel float dtype.
-inline void check_float_host(const char* op, const char* name, const Tensor& t) {
-  check_host(op, name, t);
-  MG_CHECK(is_kernel_float(t.dtype()), op << ": " << name << " has dtype " << dtype_name(t.dtype())
-                                          << ", expected one of f64, f32, bf16, f16");
-}
-
-inline void check_same_dtype(const char* op, const char* name, const Tensor& t,
-                             const char* ref_name, const Tensor& ref) {
-  MG_CHECK(t.dtype() == ref.dtype(), op << ": " << name << " has dtype " << dtype_name(t.dtype())
-                                        << " but " << ref_name << " has "
-                                        << dtype_name(ref.dtype()));
-}
-
-inline void check_same_numel(const char* op, const char* name, const Tensor& t,
-                             const char* ref_name, const Tensor& ref) {
-  MG_CHECK(t.numel() == ref.numel(), op << ": " << name << " " << shape_str(t.shape()) << " has "
-                                        << t.numel() << " elements but " << ref_name << " "
-                                        << shape_str(ref.shape()) << " has " << ref.numel());
-}
-
-inline void check_same_shape(const char* op, const char* name, const Tensor& t,
-                             const char* ref_name, const Tensor& ref) {
-  MG_CHECK(t.shape() == ref.shape(), op << ": " << name << " " << shape_str(t.shape())
-                                        << " does not match " << ref_name << " "
-                                        << shape_str(ref.shape()));
-}
-
-// A tensor like `ref` (an output or gradient of it): defined, on the host, with ref's dtype and
-// shape. Check ref itself first (check_float_host) so its dtype is known to be a kernel float.
-inline void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name,
-                       const Tensor& ref) {
-  check_host(op, name, t);
-  check_same_dtype(op, name, t, ref_name, ref);
-  check_same_shape(op, name, t, ref_name, ref);
-}
-
-inline bool is_index(DType t) {
-  return t == DType::i32 || t == DType::i64;
-}
-
-// Defined, on the host, with an index dtype (i32 or i64): targets, ids, positions.
-inline void check_index_host(const char* op, const char* name, const Tensor& t) {
-  check_host(op, name, t);
-  MG_CHECK(is_index(t.dtype()),
-           op << ": " << name << " has dtype " << dtype_name(t.dtype()) << ", expected i32 or i64");
-}
-
-// The dtype of compute_t for storage dtype t: f64 for f64, f32 for the rest. Per-row statistics
-// (lse, loss, max, mean, rstd) are stored in it.
-inline DType compute_dtype(DType t) {
-  return t == DType::f64 ? DType::f64 : DType::f32;
-}
-
-// A statistic of `ref`: defined, on the host, with dtype compute_dtype(ref's dtype). Its shape is
-// the caller's to check.
-inline void check_stat_host(const char* op, const char* name, const Tensor& t, const char* ref_name,
-                            const Tensor& ref) {
-  check_host(op, name, t);
-  const DType want = compute_dtype(ref.dtype());
-  MG_CHECK(t.dtype() == want, op << ": " << name << " has dtype " << dtype_name(t.dtype())
-                                 << ", expected " << dtype_name(want) << " for " << ref_name
-                                 << " of dtype " << dtype_name(ref.dtype()));
-}
-
-// True when the byte ranges of a and b intersect (same storage only).
-inline bool overlaps(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || !a.shares_storage_with(b)) return false;
-  const std::size_t a0 = a.offset_bytes(), a1 = a0 + a.nbytes();
-  const std::size_t b0 = b.offset_bytes(), b1 = b0 + b.nbytes();
-  return a0 < b1 && b0 < a1 && a.nbytes() > 0 && b.nbytes() > 0;
-}
+// The cpu platform's Placement for the ops::validate_* checks: every tensor on the host.
+class OnHost final : public ops::Placement {
+ public:
+  void check(const char* op, const char* name, const Tensor& t) const override {
+    check_host(op, name, t);
+  }
+};
+inline const OnHost kOnHost{};
 
 // Calls f(std::type_identity<T>{}) with T the storage type of dtype t (double, float, bf16_t,
 // f16_t). Use with a template lambda: [&]<typename T>(std::type_identity<T>) { ... }.

@@ -27,45 +27,6 @@ namespace {
 
 using ops::NormArgs;
 
-DType stat_dtype(DType x) {
-  return x == DType::f64 ? DType::f64 : DType::f32;
-}
-
-// x [N, H] (any leading shape); returns H.
-int64_t check_x(const char* op, const Tensor& x) {
-  check_float_host(op, "x", x);
-  MG_CHECK(x.dim() >= 1 && x.size(-1) >= 1,
-           op << ": x " << shape_str(x.shape()) << " needs a non-empty last dim to normalise");
-  return x.size(-1);
-}
-
-// An activation-shaped tensor (y, dx, dy): x's dtype and element count, same last dim.
-void check_like_x(const char* op, const char* name, const Tensor& t, const Tensor& x) {
-  check_float_host(op, name, t);
-  check_same_dtype(op, name, t, "x", x);
-  MG_CHECK(t.numel() == x.numel() && t.dim() >= 1 && t.size(-1) == x.size(-1),
-           op << ": " << name << " " << shape_str(t.shape()) << " does not match x "
-              << shape_str(x.shape()));
-}
-
-// A parameter or its gradient: [H], any float dtype.
-void check_param(const char* op, const char* name, const Tensor& t, int64_t h) {
-  check_float_host(op, name, t);
-  MG_CHECK(t.dim() == 1 && t.size(0) == h, op << ": " << name << " " << shape_str(t.shape())
-                                              << " does not match x's last dim " << h);
-}
-
-// mean / rstd [N] in f32 (f64 for f64 x).
-void check_stat(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t rows) {
-  check_host(op, name, t);
-  MG_CHECK(t.dtype() == stat_dtype(x.dtype()),
-           op << ": " << name << " has dtype " << dtype_name(t.dtype()) << ", expected "
-              << dtype_name(stat_dtype(x.dtype())) << " for x of " << dtype_name(x.dtype()));
-  MG_CHECK(t.numel() == rows, op << ": " << name << " " << shape_str(t.shape()) << " has "
-                                 << t.numel() << " elements, expected one per row of x "
-                                 << shape_str(x.shape()) << " (" << rows << ")");
-}
-
 // The applied weight: gamma, or 1 + gamma for zero_centered_gamma.
 template <typename Acc>
 std::vector<Acc> applied_weight(const Tensor& gamma, const NormArgs& args, const char* op) {
@@ -79,14 +40,9 @@ std::vector<Acc> applied_weight(const Tensor& gamma, const NormArgs& args, const
 void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma,
                    const Tensor& beta, const NormArgs& args) {
   const char* op = "layernorm_fwd";
-  const int64_t h = check_x(op, x);
-  const int64_t rows = x.numel() / h;
-  check_like_x(op, "y", y, x);
-  check_param(op, "gamma", gamma, h);
-  if (beta.defined()) check_param(op, "beta", beta, h);
-  check_stat(op, "mean", mean, x, rows);
-  check_stat(op, "rstd", rstd, x, rows);
-  MG_CHECK(args.eps >= 0.0f, op << ": eps " << args.eps << " is negative");
+  const ops::NormDims nd =
+      ops::validate_layernorm_fwd(kOnHost, y, mean, rstd, x, gamma, beta, args);
+  const int64_t rows = nd.rows, h = nd.h;
   dispatch_float(x.dtype(), op, [&]<typename T>(std::type_identity<T>) {
     using Acc = compute_t<T>;
     const std::vector<Acc> w = applied_weight<Acc>(gamma, args, op);
@@ -126,15 +82,9 @@ void layernorm_bwd(Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor& dy, 
                    const Tensor& mean, const Tensor& rstd, const Tensor& gamma,
                    const NormArgs& args) {
   const char* op = "layernorm_bwd";
-  const int64_t h = check_x(op, x);
-  const int64_t rows = x.numel() / h;
-  check_like_x(op, "dx", dx, x);
-  check_like_x(op, "dy", dy, x);
-  check_param(op, "gamma", gamma, h);
-  check_param(op, "dgamma", dgamma, h);
-  if (dbeta.defined()) check_param(op, "dbeta", dbeta, h);
-  check_stat(op, "mean", mean, x, rows);
-  check_stat(op, "rstd", rstd, x, rows);
+  const ops::NormDims nd =
+      ops::validate_layernorm_bwd(kOnHost, dx, dgamma, dbeta, dy, x, mean, rstd, gamma);
+  const int64_t rows = nd.rows, h = nd.h;
   dispatch_float(x.dtype(), op, [&]<typename T>(std::type_identity<T>) {
     using Acc = compute_t<T>;
     const std::vector<Acc> w = applied_weight<Acc>(gamma, args, op);
@@ -184,12 +134,8 @@ void layernorm_bwd(Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor& dy, 
 void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma,
                  const NormArgs& args) {
   const char* op = "rmsnorm_fwd";
-  const int64_t h = check_x(op, x);
-  const int64_t rows = x.numel() / h;
-  check_like_x(op, "y", y, x);
-  check_param(op, "gamma", gamma, h);
-  check_stat(op, "rstd", rstd, x, rows);
-  MG_CHECK(args.eps >= 0.0f, op << ": eps " << args.eps << " is negative");
+  const ops::NormDims nd = ops::validate_rmsnorm_fwd(kOnHost, y, rstd, x, gamma, args);
+  const int64_t rows = nd.rows, h = nd.h;
   dispatch_float(x.dtype(), op, [&]<typename T>(std::type_identity<T>) {
     using Acc = compute_t<T>;
     const std::vector<Acc> w = applied_weight<Acc>(gamma, args, op);
@@ -218,13 +164,8 @@ void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma,
 void rmsnorm_bwd(Tensor& dx, Tensor& dgamma, const Tensor& dy, const Tensor& x, const Tensor& rstd,
                  const Tensor& gamma, const NormArgs& args) {
   const char* op = "rmsnorm_bwd";
-  const int64_t h = check_x(op, x);
-  const int64_t rows = x.numel() / h;
-  check_like_x(op, "dx", dx, x);
-  check_like_x(op, "dy", dy, x);
-  check_param(op, "gamma", gamma, h);
-  check_param(op, "dgamma", dgamma, h);
-  check_stat(op, "rstd", rstd, x, rows);
+  const ops::NormDims nd = ops::validate_rmsnorm_bwd(kOnHost, dx, dgamma, dy, x, rstd, gamma);
+  const int64_t rows = nd.rows, h = nd.h;
   dispatch_float(x.dtype(), op, [&]<typename T>(std::type_identity<T>) {
     using Acc = compute_t<T>;
     const std::vector<Acc> w = applied_weight<Acc>(gamma, args, op);

@@ -35,27 +35,10 @@ struct RopePlan {
 
 RopePlan plan_rope(const char* op, const char* out_name, const Tensor& out, const char* in_name,
                    const Tensor& in, const RopeArgs& a) {
-  check_float_host(op, in_name, in);
-  MG_CHECK(in.dim() == 4,
-           op << ": " << in_name << " must be [S, B, NH, HD], got " << shape_str(in.shape()));
-  check_like(op, out_name, out, in_name, in);
-  RopePlan p{in.size(0), in.size(1), in.size(2), in.size(3), 0, false, {}};
-  MG_CHECK(a.rotary_percent > 0.0f && a.rotary_percent <= 1.0f,
-           op << ": rotary_percent " << a.rotary_percent << " is outside (0, 1]");
-  MG_CHECK(a.base > 0.0f && std::isfinite(a.base), op << ": base " << a.base << " must be > 0");
-  // Megatron: int(kv_channels * rotary_percent).
-  p.rot = static_cast<int64_t>(static_cast<double>(p.hd) * static_cast<double>(a.rotary_percent));
-  MG_CHECK(p.rot > 0 && p.rot % 2 == 0, op << ": rotary dim HD * rotary_percent = " << p.hd << " * "
-                                           << a.rotary_percent << " = " << p.rot
-                                           << " must be even and > 0");
+  const ops::RopeDims d = ops::validate_rope(kOnHost, op, out_name, out, in_name, in, a);
+  RopePlan p{d.s, d.b, d.heads, d.hd, d.rot, d.per_batch_positions, {}};
   if (a.position_ids.defined()) {
     const Tensor& ids = a.position_ids;
-    check_index_host(op, "position_ids", ids);
-    const bool flat = ids.shape() == Shape{p.s};
-    p.per_batch_positions = ids.shape() == (Shape{p.b, p.s});
-    MG_CHECK(flat || p.per_batch_positions, op << ": position_ids " << shape_str(ids.shape())
-                                               << " is neither [S] = " << shape_str(Shape{p.s})
-                                               << " nor [B, S] = " << shape_str(Shape{p.b, p.s}));
     p.pos.resize(static_cast<std::size_t>(ids.numel()));
     dispatch_index(ids.dtype(), op, [&]<typename I>(std::type_identity<I>) {
       const I* v = ids.data<I>();

@@ -23,11 +23,6 @@ namespace mg::platforms::cpu {
 namespace {
 
 // x or y [N, F] (any leading shape, rank >= 1), a kernel float on the host.
-void check_rows(const char* op, const char* name, const Tensor& t) {
-  check_float_host(op, name, t);
-  MG_CHECK(t.dim() >= 1, op << ": " << name << " must have rank >= 1, got a scalar");
-}
-
 // y [N, F] = softmax(scale * x [N, F]) over F.
 template <typename T>
 void softmax_fwd_impl(Tensor& y, const Tensor& x, float scale) {
@@ -90,19 +85,14 @@ void softmax_bwd_impl(Tensor& dx, const Tensor& dy, const Tensor& y, float scale
 
 void softmax_fwd(Tensor& y, const Tensor& x, float scale) {
   const char* op = "softmax_fwd";
-  check_rows(op, "x", x);
-  check_like(op, "y", y, "x", x);
-  MG_CHECK(std::isfinite(scale), op << ": scale " << scale << " is not finite");
+  ops::validate_softmax_fwd(kOnHost, op, y, x, scale);
   dispatch_float(x.dtype(), op,
                  [&]<typename T>(std::type_identity<T>) { softmax_fwd_impl<T>(y, x, scale); });
 }
 
 void softmax_bwd(Tensor& dx, const Tensor& dy, const Tensor& y, float scale) {
   const char* op = "softmax_bwd";
-  check_rows(op, "y", y);
-  check_like(op, "dy", dy, "y", y);
-  check_like(op, "dx", dx, "y", y);
-  MG_CHECK(std::isfinite(scale), op << ": scale " << scale << " is not finite");
+  ops::validate_softmax_bwd(kOnHost, op, dx, dy, y, scale);
   dispatch_float(y.dtype(), op,
                  [&]<typename T>(std::type_identity<T>) { softmax_bwd_impl<T>(dx, dy, y, scale); });
 }

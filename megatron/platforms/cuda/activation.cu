@@ -108,15 +108,6 @@ __global__ void swiglu_bwd_kernel(void* dx, const void* dy, const void* x, DType
   }
 }
 
-void check_unary(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                 const Tensor& in) {
-  check_float_cuda(op, in_name, in);
-  check_float_cuda(op, out_name, out);
-  check_same_device(op, out_name, out, in_name, in);
-  check_same_dtype(op, out_name, out, in_name, in);
-  check_same_numel(op, out_name, out, in_name, in);
-}
-
 void launch_fwd(Tensor& y, const Tensor& x, Act act) {
   const int64_t n = x.numel();
   if (n == 0) return;
@@ -149,51 +140,34 @@ Act gelu_act(GeluApprox approx) {
 
 // y [*] = gelu(x [*])
 void gelu_fwd(Tensor& y, const Tensor& x, GeluApprox approx) {
-  check_unary("gelu_fwd", "y", y, "x", x);
+  ops::validate_unary(OnCudaDevice{}, "gelu_fwd", "y", y, "x", x);
   launch_fwd(y, x, gelu_act(approx));
 }
 
 // dx [*] = dy [*] * gelu'(x [*])
 void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, GeluApprox approx) {
-  check_unary("gelu_bwd", "dx", dx, "x", x);
-  check_unary("gelu_bwd", "dy", dy, "x", x);
+  ops::validate_unary(OnCudaDevice{}, "gelu_bwd", "dx", dx, "x", x);
+  ops::validate_unary(OnCudaDevice{}, "gelu_bwd", "dy", dy, "x", x);
   launch_bwd(dx, dy, x, gelu_act(approx));
 }
 
 // y [*] = max(x, 0)^2
 void squared_relu_fwd(Tensor& y, const Tensor& x) {
-  check_unary("squared_relu_fwd", "y", y, "x", x);
+  ops::validate_unary(OnCudaDevice{}, "squared_relu_fwd", "y", y, "x", x);
   launch_fwd(y, x, Act::squared_relu);
 }
 
 // dx [*] = dy * 2 max(x, 0)
 void squared_relu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x) {
-  check_unary("squared_relu_bwd", "dx", dx, "x", x);
-  check_unary("squared_relu_bwd", "dy", dy, "x", x);
+  ops::validate_unary(OnCudaDevice{}, "squared_relu_bwd", "dx", dx, "x", x);
+  ops::validate_unary(OnCudaDevice{}, "squared_relu_bwd", "dy", dy, "x", x);
   launch_bwd(dx, dy, x, Act::squared_relu);
-}
-
-// x [N, 2F] -> F; checks that `half` [N, F] is x with its last dim halved.
-int64_t check_swiglu(const char* op, const char* half_name, const Tensor& half, const Tensor& x) {
-  check_float_cuda(op, "x", x);
-  check_float_cuda(op, half_name, half);
-  check_same_device(op, half_name, half, "x", x);
-  check_same_dtype(op, half_name, half, "x", x);
-  MG_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0,
-           op << ": x " << shape_str(x.shape()) << " needs an even last dim [.., 2F] (gate | up)");
-  const int64_t f = x.size(-1) / 2;
-  Shape expect = x.shape();
-  expect.back() = f;
-  MG_CHECK(half.shape() == expect, op << ": " << half_name << " " << shape_str(half.shape())
-                                      << " does not match x " << shape_str(x.shape())
-                                      << " with its last dim halved " << shape_str(expect));
-  return f;
 }
 
 // y [N, F] = silu(x[:, :F]) * x[:, F:]
 void swiglu_fwd(Tensor& y, const Tensor& x) {
   const char* op = "swiglu_fwd";
-  const int64_t f = check_swiglu(op, "y", y, x);
+  const int64_t f = ops::validate_swiglu(OnCudaDevice{}, op, "y", y, x);
   if (f == 0 || x.numel() == 0) return;
   const int64_t rows = x.numel() / (2 * f);
   MG_CHECK(!overlaps(y, x), op << ": y must not overlap x (their layouts differ)");
@@ -210,13 +184,7 @@ void swiglu_fwd(Tensor& y, const Tensor& x) {
 // dx [N, 2F] = [dy * up * silu'(gate) | dy * silu(gate)]
 void swiglu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x) {
   const char* op = "swiglu_bwd";
-  const int64_t f = check_swiglu(op, "dy", dy, x);
-  check_float_cuda(op, "dx", dx);
-  check_same_device(op, "dx", dx, "x", x);
-  check_same_dtype(op, "dx", dx, "x", x);
-  MG_CHECK(dx.shape() == x.shape(),
-           op << ": dx " << shape_str(dx.shape()) << " does not match x " << shape_str(x.shape()));
-  MG_CHECK(!overlaps(dx, dy), op << ": dx must not overlap dy (their layouts differ)");
+  const int64_t f = ops::validate_swiglu_bwd(OnCudaDevice{}, dx, dy, x);
   MG_CHECK(!overlaps(dx, x) || dx.raw_data() == x.raw_data(),
            op << ": dx may alias x only exactly (element-wise in place)");
   if (f == 0 || x.numel() == 0) return;

@@ -41,9 +41,7 @@ using ops::AttentionArgs;
 constexpr int kAttnThreads = 128;  // keys (or queries) per tile
 constexpr int64_t kMaxHeadDim = 1024;
 
-struct Dims {
-  int64_t s, b, nh, ng, hd;
-};
+using Dims = ops::AttentionDims;
 
 // Everything a kernel needs besides the tensors.
 struct AttnParams {
@@ -286,55 +284,10 @@ __global__ void attn_bwd_dkv_kernel(void* dk, void* dv, const C* dbuf, const voi
 
 // ---- host side ------------------------------------------------------------------------------
 
-void check_like_attn(const char* op, const char* name, const Tensor& t, const char* ref_name,
-                     const Tensor& ref) {
-  check_cuda(op, name, t);
-  check_same_device(op, name, t, ref_name, ref);
-  check_same_dtype(op, name, t, ref_name, ref);
-  check_same_shape(op, name, t, ref_name, ref);
-}
-
-// q [S, B, NH, HD], k and v [S, B, NG, HD].
-Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
-  check_float_cuda(op, "q", q);
-  check_float_cuda(op, "k", k);
-  check_same_device(op, "k", k, "q", q);
-  MG_CHECK(q.dim() == 4, op << ": q must be [S, B, NH, HD], got " << shape_str(q.shape()));
-  MG_CHECK(k.dim() == 4, op << ": k must be [S, B, NG, HD], got " << shape_str(k.shape()));
-  check_like_attn(op, "v", v, "k", k);
-  check_same_dtype(op, "k", k, "q", q);
-  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
-  MG_CHECK(k.size(0) == d.s && k.size(1) == d.b && k.size(3) == d.hd,
-           op << ": k " << shape_str(k.shape()) << " does not match q " << shape_str(q.shape())
-              << " in S, B or HD");
-  MG_CHECK(d.ng > 0 && d.nh % d.ng == 0,
-           op << ": NH = " << d.nh << " heads is not a multiple of NG = " << d.ng << " groups");
+// The contract (ops::validate_attention_*), then this kernel's head-dim limit.
+void check_head_dim(const char* op, const Dims& d) {
   MG_CHECK(d.hd <= kMaxHeadDim,
            op << ": head dim " << d.hd << " exceeds this kernel's limit " << kMaxHeadDim);
-  return d;
-}
-
-DType lse_dtype(DType t) {
-  return t == DType::f64 ? DType::f64 : DType::f32;
-}
-
-void check_lse(const char* op, const Tensor& lse, const Tensor& q, const Dims& d) {
-  check_cuda(op, "lse", lse);
-  check_same_device(op, "lse", lse, "q", q);
-  const DType want = lse_dtype(q.dtype());
-  MG_CHECK(lse.dtype() == want, op << ": lse has dtype " << dtype_name(lse.dtype()) << ", expected "
-                                   << dtype_name(want) << " for q of dtype "
-                                   << dtype_name(q.dtype()));
-  MG_CHECK(lse.shape() == (Shape{d.b, d.nh, d.s}),
-           op << ": lse " << shape_str(lse.shape())
-              << " is not [B, NH, S] = " << shape_str(Shape{d.b, d.nh, d.s}));
-}
-
-void check_args(const char* op, const AttentionArgs& a) {
-  MG_CHECK(a.dropout.p >= 0.0f && a.dropout.p < 1.0f,
-           op << ": attention dropout p = " << a.dropout.p << " is outside [0, 1)");
-  MG_CHECK(std::isfinite(a.softmax_scale),
-           op << ": softmax_scale " << a.softmax_scale << " is not finite");
 }
 
 // The document mask as device ids: doc_ids as given, or cu_seqlens expanded (into `holder`).
@@ -347,34 +300,16 @@ struct DocMask {
 DocMask build_doc_mask(const char* op, const AttentionArgs& a, const Dims& d, const Tensor& q) {
   DocMask m;
   const bool has_doc = a.doc_ids.defined(), has_cu = a.cu_seqlens.defined();
-  MG_CHECK(!(has_doc && has_cu), op << ": give doc_ids or cu_seqlens, not both");
   if (has_doc) {
-    check_cuda(op, "doc_ids", a.doc_ids);
-    check_same_device(op, "doc_ids", a.doc_ids, "q", q);
-    MG_CHECK(a.doc_ids.dtype() == DType::i32,
-             op << ": doc_ids has dtype " << dtype_name(a.doc_ids.dtype()) << ", expected i32");
-    MG_CHECK(a.doc_ids.shape() == (Shape{d.b, d.s}),
-             op << ": doc_ids " << shape_str(a.doc_ids.shape())
-                << " is not [B, S] = " << shape_str(Shape{d.b, d.s}));
     m.ids = static_cast<const int32_t*>(a.doc_ids.raw_data());
     m.bstride = d.s;
   } else if (has_cu) {
     const Tensor& cu = a.cu_seqlens;
-    check_cuda(op, "cu_seqlens", cu);
-    check_same_device(op, "cu_seqlens", cu, "q", q);
-    MG_CHECK(cu.dtype() == DType::i32,
-             op << ": cu_seqlens has dtype " << dtype_name(cu.dtype()) << ", expected i32");
-    MG_CHECK(cu.dim() == 1 && cu.numel() >= 2,
-             op << ": cu_seqlens must be [D+1] with D >= 1, got " << shape_str(cu.shape()));
     const int dev = q.device().index;
     std::vector<int32_t> c(static_cast<std::size_t>(cu.numel()));
     copy_to_host(c.data(), cu.raw_data(), c.size() * sizeof(int32_t), dev);
     const int64_t nd = cu.numel() - 1;
-    MG_CHECK(c[0] == 0, op << ": cu_seqlens must start at 0, starts at " << c[0]);
-    MG_CHECK(c[nd] == d.s, op << ": cu_seqlens must end at S = " << d.s << ", ends at " << c[nd]);
-    for (int64_t i = 0; i < nd; ++i)
-      MG_CHECK(c[i] <= c[i + 1], op << ": cu_seqlens is not monotone: cu_seqlens[" << i << "] = "
-                                    << c[i] << " > cu_seqlens[" << i + 1 << "] = " << c[i + 1]);
+    ops::validate_cu_seqlens(op, c, d.s);
     std::vector<int32_t> ids(static_cast<std::size_t>(d.s), 0);
     for (int64_t doc = 0; doc < nd; ++doc)
       for (int64_t s = c[doc]; s < c[doc + 1]; ++s) ids[s] = static_cast<int32_t>(doc);
@@ -392,7 +327,7 @@ AttnParams params_of(const Dims& d, DType t, const AttentionArgs& a, const DocMa
   AttnParams p;
   p.d = d;
   p.t = t;
-  p.lse_t = lse_dtype(t);
+  p.lse_t = ops::compute_dtype(t);
   p.causal = a.causal;
   p.docs = m.ids;
   p.doc_bstride = m.bstride;
@@ -417,10 +352,8 @@ C keep_scale(const AttentionArgs& a) {
 void attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                    const AttentionArgs& args) {
   const char* op = "attention_fwd";
-  const Dims d = check_qkv(op, q, k, v);
-  check_like_attn(op, "out", out, "q", q);
-  check_lse(op, lse, q, d);
-  check_args(op, args);
+  const Dims d = ops::validate_attention_fwd(OnCudaDevice{}, out, lse, q, k, v, args);
+  check_head_dim(op, d);
   const DocMask m = build_doc_mask(op, args, d, q);
   if (q.numel() == 0) return;
   const int dev = q.device().index;
@@ -440,14 +373,9 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
                    const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const AttentionArgs& args) {
   const char* op = "attention_bwd";
-  const Dims d = check_qkv(op, q, k, v);
-  check_like_attn(op, "dq", dq, "q", q);
-  check_like_attn(op, "dout", dout, "q", q);
-  check_like_attn(op, "out", out, "q", q);
-  check_like_attn(op, "dk", dk, "k", k);
-  check_like_attn(op, "dv", dv, "v", v);
-  check_lse(op, lse, q, d);
-  check_args(op, args);
+  const Dims d =
+      ops::validate_attention_bwd(OnCudaDevice{}, dq, dk, dv, dout, q, k, v, out, lse, args);
+  check_head_dim(op, d);
   for (const Tensor* g : {&dq, &dk, &dv})
     for (const Tensor* in : {&dout, &q, &k, &v, &out, &lse})
       MG_CHECK(!overlaps(*g, *in), op << ": gradient " << g->str() << " overlaps an input");

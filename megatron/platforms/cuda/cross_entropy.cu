@@ -109,43 +109,7 @@ __global__ void ce_bwd_kernel(void* dx, const void* x, DType t, const void* dlos
   }
 }
 
-DType stat_dtype(DType logits) {
-  return logits == DType::f64 ? DType::f64 : DType::f32;
-}
-
-struct Rows {
-  int64_t n, v;
-};
-
-// logits [N, Vl] (leading dims flattened).
-Rows check_logits(const char* op, const Tensor& logits) {
-  check_float_cuda(op, "logits", logits);
-  MG_CHECK(logits.dim() >= 1, op << ": logits must be [N, V], got a scalar");
-  const int64_t v = logits.size(-1);
-  MG_CHECK(v > 0, op << ": logits " << shape_str(logits.shape()) << " has an empty vocab dim");
-  return {logits.numel() / v, v};
-}
-
-// A per-row statistic [N] of the dtype that goes with the logits.
-void check_stat(const char* op, const char* name, const Tensor& t, const Tensor& logits,
-                const Rows& r) {
-  check_cuda(op, name, t);
-  check_same_device(op, name, t, "logits", logits);
-  const DType want = stat_dtype(logits.dtype());
-  MG_CHECK(t.dtype() == want, op << ": " << name << " has dtype " << dtype_name(t.dtype())
-                                 << ", expected " << dtype_name(want) << " for logits of dtype "
-                                 << dtype_name(logits.dtype()));
-  MG_CHECK(t.numel() == r.n, op << ": " << name << " " << shape_str(t.shape()) << " has "
-                                << t.numel() << " elements, expected N = " << r.n << " (logits "
-                                << shape_str(logits.shape()) << ")");
-}
-
-void check_targets(const char* op, const Tensor& targets, const Tensor& logits, const Rows& r) {
-  check_index_cuda(op, "targets", targets, "logits", logits);
-  MG_CHECK(targets.numel() == r.n, op << ": targets " << shape_str(targets.shape()) << " has "
-                                      << targets.numel() << " elements, expected N = " << r.n
-                                      << " (logits " << shape_str(logits.shape()) << ")");
-}
+using Rows = ops::CeRows;
 
 // Every target in [0, V) (the serial op's contract), checked on a host copy.
 void check_target_range(const char* op, const Tensor& targets, const Rows& r, int dev) {
@@ -166,11 +130,8 @@ void check_target_range(const char* op, const Tensor& targets, const Rows& r, in
 void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor& logits,
                        const Tensor& targets) {
   const char* op = "cross_entropy_fwd";
-  const Rows r = check_logits(op, logits);
-  check_targets(op, targets, logits, r);
-  check_stat(op, "loss", loss, logits, r);
-  check_stat(op, "max", max, logits, r);
-  check_stat(op, "sum_exp", sum_exp, logits, r);
+  const Rows r =
+      ops::validate_cross_entropy_fwd(OnCudaDevice{}, loss, max, sum_exp, logits, targets);
   if (r.n == 0) return;
   const int dev = logits.device().index;
   DeviceGuard guard(dev);
@@ -185,9 +146,7 @@ void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor&
 }
 
 void ce_local_max(Tensor& max, const Tensor& logits) {
-  const char* op = "ce_local_max";
-  const Rows r = check_logits(op, logits);
-  check_stat(op, "max", max, logits, r);
+  const Rows r = ops::validate_ce_local_max(OnCudaDevice{}, max, logits);
   if (r.n == 0) return;
   const int dev = logits.device().index;
   DeviceGuard guard(dev);
@@ -201,13 +160,8 @@ void ce_local_max(Tensor& max, const Tensor& logits) {
 
 void ce_local_stats(Tensor& sum_exp, Tensor& target_logit, const Tensor& logits, const Tensor& max,
                     const Tensor& targets, int64_t vocab_start) {
-  const char* op = "ce_local_stats";
-  const Rows r = check_logits(op, logits);
-  check_targets(op, targets, logits, r);
-  check_stat(op, "sum_exp", sum_exp, logits, r);
-  check_stat(op, "target_logit", target_logit, logits, r);
-  check_stat(op, "max", max, logits, r);
-  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
+  const Rows r = ops::validate_ce_local_stats(OnCudaDevice{}, sum_exp, target_logit, logits, max,
+                                              targets, vocab_start);
   if (r.n == 0) return;
   const int dev = logits.device().index;
   DeviceGuard guard(dev);
@@ -222,22 +176,7 @@ void ce_local_stats(Tensor& sum_exp, Tensor& target_logit, const Tensor& logits,
 
 void ce_combine(Tensor& loss, const Tensor& max, const Tensor& sum_exp,
                 const Tensor& target_logit) {
-  const char* op = "ce_combine";
-  check_cuda(op, "loss", loss);
-  MG_CHECK(loss.dtype() == DType::f32 || loss.dtype() == DType::f64,
-           op << ": loss has dtype " << dtype_name(loss.dtype()) << ", expected f32 or f64");
-  const std::pair<const char*, const Tensor*> ins[] = {
-      {"max", &max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}};
-  for (const auto& [name, t] : ins) {
-    check_cuda(op, name, *t);
-    check_same_device(op, name, *t, "loss", loss);
-    MG_CHECK(t->dtype() == loss.dtype(), op << ": " << name << " has dtype "
-                                            << dtype_name(t->dtype()) << " but loss has "
-                                            << dtype_name(loss.dtype()));
-    MG_CHECK(t->numel() == loss.numel(),
-             op << ": " << name << " " << shape_str(t->shape()) << " does not have loss's "
-                << loss.numel() << " elements (loss " << shape_str(loss.shape()) << ")");
-  }
+  ops::validate_ce_combine(OnCudaDevice{}, loss, max, sum_exp, target_logit);
   const int64_t n = loss.numel();
   if (n == 0) return;
   const int dev = loss.device().index;
@@ -255,21 +194,11 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
                        const Tensor& max, const Tensor& sum_exp, const Tensor& targets,
                        int64_t vocab_start) {
   const char* op = "cross_entropy_bwd";
-  const Rows r = check_logits(op, logits);
-  check_cuda(op, "dlogits", dlogits);
-  check_same_device(op, "dlogits", dlogits, "logits", logits);
-  MG_CHECK(dlogits.dtype() == logits.dtype() && dlogits.shape() == logits.shape(),
-           op << ": dlogits (" << dtype_name(dlogits.dtype()) << ", " << shape_str(dlogits.shape())
-              << ") does not match logits (" << dtype_name(logits.dtype()) << ", "
-              << shape_str(logits.shape()) << ")");
+  const Rows r = ops::validate_cross_entropy_bwd(OnCudaDevice{}, dlogits, dloss, logits, max,
+                                                 sum_exp, targets, vocab_start);
   MG_CHECK(
       !dlogits.shares_storage_with(logits) || dlogits.offset_bytes() == logits.offset_bytes(),
       op << ": dlogits overlaps logits at a different offset; alias them exactly or not at all");
-  check_targets(op, targets, logits, r);
-  check_stat(op, "dloss", dloss, logits, r);
-  check_stat(op, "max", max, logits, r);
-  check_stat(op, "sum_exp", sum_exp, logits, r);
-  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
   if (r.n == 0) return;
   const int dev = logits.device().index;
   DeviceGuard guard(dev);

@@ -10,9 +10,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/ops/validate.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/plugin/platform.h"
@@ -100,9 +102,10 @@ inline dim3 grid_rows(int64_t rows) {
 }
 
 // ---- argument checks ----------------------------------------------------------------------------
-inline bool is_kernel_float(DType t) {
-  return t == DType::f64 || t == DType::f32 || t == DType::bf16 || t == DType::f16;
-}
+// The op contracts are checked by megatron/core/ops/validate.h; placement is checked here.
+using ops::check_same_dtype;
+using ops::check_same_shape;
+using ops::overlaps;
 
 // Defined and on a CUDA device.
 inline void check_cuda(const char* op, const char* name, const Tensor& t) {
@@ -111,65 +114,31 @@ inline void check_cuda(const char* op, const char* name, const Tensor& t) {
            op << ": " << name << " " << t.str() << " is not on a CUDA device");
 }
 
-// Defined, on a CUDA device, with a kernel float dtype (f64, f32, bf16, f16).
-inline void check_float_cuda(const char* op, const char* name, const Tensor& t) {
-  check_cuda(op, name, t);
-  MG_CHECK(is_kernel_float(t.dtype()), op << ": " << name << " has dtype " << dtype_name(t.dtype())
-                                          << ", expected one of f64, f32, bf16, f16");
-}
-
 inline void check_same_device(const char* op, const char* name, const Tensor& t,
                               const char* ref_name, const Tensor& ref) {
   MG_CHECK(t.device() == ref.device(), op << ": " << name << " is on " << t.device() << " but "
                                           << ref_name << " is on " << ref.device());
 }
 
-inline void check_same_dtype(const char* op, const char* name, const Tensor& t,
-                             const char* ref_name, const Tensor& ref) {
-  MG_CHECK(t.dtype() == ref.dtype(), op << ": " << name << " has dtype " << dtype_name(t.dtype())
-                                        << " but " << ref_name << " has "
-                                        << dtype_name(ref.dtype()));
-}
+// The cuda platform's Placement for the ops::validate_* checks: every tensor of one call on a CUDA
+// device, the device of the first tensor checked. One object per op call (it keeps that first).
+class OnCudaDevice final : public ops::Placement {
+ public:
+  void check(const char* op, const char* name, const Tensor& t) const override {
+    check_cuda(op, name, t);
+    if (ref_name_.empty()) {
+      ref_name_ = name;
+      ref_ = t.device();
+      return;
+    }
+    MG_CHECK(t.device() == ref_, op << ": " << name << " is on " << t.device() << " but "
+                                    << ref_name_ << " is on " << ref_);
+  }
 
-inline void check_same_shape(const char* op, const char* name, const Tensor& t,
-                             const char* ref_name, const Tensor& ref) {
-  MG_CHECK(t.shape() == ref.shape(), op << ": " << name << " " << shape_str(t.shape())
-                                        << " does not match " << ref_name << " "
-                                        << shape_str(ref.shape()));
-}
-
-inline void check_same_numel(const char* op, const char* name, const Tensor& t,
-                             const char* ref_name, const Tensor& ref) {
-  MG_CHECK(t.numel() == ref.numel(), op << ": " << name << " " << shape_str(t.shape()) << " has "
-                                        << t.numel() << " elements but " << ref_name << " "
-                                        << shape_str(ref.shape()) << " has " << ref.numel());
-}
-
-// A float tensor like `ref`: on ref's device, with ref's dtype and shape.
-inline void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name,
-                       const Tensor& ref) {
-  check_cuda(op, name, t);
-  check_same_device(op, name, t, ref_name, ref);
-  check_same_dtype(op, name, t, ref_name, ref);
-  check_same_shape(op, name, t, ref_name, ref);
-}
-
-// An i32/i64 index tensor on ref's device.
-inline void check_index_cuda(const char* op, const char* name, const Tensor& t,
-                             const char* ref_name, const Tensor& ref) {
-  check_cuda(op, name, t);
-  check_same_device(op, name, t, ref_name, ref);
-  MG_CHECK(t.dtype() == DType::i32 || t.dtype() == DType::i64,
-           op << ": " << name << " has dtype " << dtype_name(t.dtype()) << ", expected i32 or i64");
-}
-
-// True when the byte ranges of a and b intersect (same storage only).
-inline bool overlaps(const Tensor& a, const Tensor& b) {
-  if (!a.defined() || !b.defined() || !a.shares_storage_with(b)) return false;
-  const std::size_t a0 = a.offset_bytes(), a1 = a0 + a.nbytes();
-  const std::size_t b0 = b.offset_bytes(), b1 = b0 + b.nbytes();
-  return a0 < b1 && b0 < a1 && a.nbytes() > 0 && b.nbytes() > 0;
-}
+ private:
+  mutable std::string ref_name_;
+  mutable Device ref_{};
+};
 
 // Calls f(C{}) with the compute type of dtype t: double for f64, float otherwise.
 template <typename F>

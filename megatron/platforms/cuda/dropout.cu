@@ -77,11 +77,6 @@ struct MaskedGrad {
   }
 };
 
-void check_p(const char* op, const ops::DropoutArgs& a) {
-  MG_CHECK(a.p >= 0.0f && a.p < 1.0f,
-           op << ": dropout probability p must be in [0, 1), got " << a.p);
-}
-
 void launch_dropout(Tensor& out, const Tensor& in, const ops::DropoutArgs& args) {
   const int64_t n = in.numel();
   if (n == 0) return;
@@ -96,9 +91,7 @@ void launch_dropout(Tensor& out, const Tensor& in, const ops::DropoutArgs& args)
 }
 
 void dropout_apply(const char* op, Tensor& out, const Tensor& in, const ops::DropoutArgs& args) {
-  check_p(op, args);
-  check_float_cuda(op, "input", in);
-  check_like(op, "output", out, "input", in);
+  ops::validate_dropout(OnCudaDevice{}, op, out, in, args);
   launch_dropout(out, in, args);
 }
 
@@ -115,20 +108,7 @@ void dropout_bwd(Tensor& dx, const Tensor& dy, const ops::DropoutArgs& args) {
 // y [N, F] = residual [N, F] + dropout(x [N, F] + bias [F]); bias optional (undefined).
 void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const Tensor& residual,
                           const ops::DropoutArgs& args) {
-  constexpr const char* op = "bias_dropout_add_fwd";
-  check_p(op, args);
-  check_float_cuda(op, "x", x);
-  check_like(op, "y", y, "x", x);
-  check_like(op, "residual", residual, "x", x);
-  MG_CHECK(x.dim() >= 1, op << ": x must have at least one dimension, got " << x.str());
-  const int64_t f = x.size(-1);
-  if (bias.defined()) {
-    check_float_cuda(op, "bias", bias);
-    check_same_device(op, "bias", bias, "x", x);
-    check_same_dtype(op, "bias", bias, "x", x);
-    MG_CHECK(bias.dim() == 1 && bias.size(0) == f,
-             op << ": bias " << shape_str(bias.shape()) << " does not match x's last dim " << f);
-  }
+  const int64_t f = ops::validate_bias_dropout_add_fwd(OnCudaDevice{}, y, x, bias, residual, args);
   const int64_t n = x.numel();
   if (n == 0) return;
   const int dev = x.device().index;
@@ -145,17 +125,8 @@ void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const 
 // dx [N, F] = mask * dy [N, F] / (1 - p); dbias [F] += sum_n dx (optional). d(residual) = dy.
 void bias_dropout_add_bwd(Tensor& dx, Tensor& dbias, const Tensor& dy,
                           const ops::DropoutArgs& args) {
-  constexpr const char* op = "bias_dropout_add_bwd";
-  check_p(op, args);
-  check_float_cuda(op, "dy", dy);
-  check_like(op, "dx", dx, "dy", dy);
-  MG_CHECK(dy.dim() >= 1, op << ": dy must have at least one dimension, got " << dy.str());
-  const int64_t f = dy.size(-1);
+  const int64_t f = ops::validate_bias_dropout_add_bwd(OnCudaDevice{}, dx, dbias, dy, args);
   if (dbias.defined()) {
-    check_float_cuda(op, "dbias", dbias);
-    check_same_device(op, "dbias", dbias, "dy", dy);
-    MG_CHECK(dbias.dim() == 1 && dbias.size(0) == f,
-             op << ": dbias " << shape_str(dbias.shape()) << " does not match dy's last dim " << f);
     if (dy.numel() > 0 && f > 0) {
       // Before dx: dx may alias dy.
       const int dev = dy.device().index;

@@ -50,14 +50,7 @@ struct LoadTerm {
 
 // y [N, F] += bias [F]
 void bias_add(Tensor& y, const Tensor& bias) {
-  constexpr const char* op = "bias_add";
-  check_float_cuda(op, "y", y);
-  check_float_cuda(op, "bias", bias);
-  check_same_device(op, "bias", bias, "y", y);
-  MG_CHECK(bias.dim() == 1 && y.dim() >= 1 && y.size(-1) == bias.numel(),
-           op << ": bias " << shape_str(bias.shape()) << " does not match y "
-              << shape_str(y.shape()) << "'s last dim (expected bias [F])");
-  const int64_t f = bias.numel(), n = y.numel();
+  const int64_t f = ops::validate_bias_add(OnCudaDevice{}, y, bias), n = y.numel();
   if (f == 0 || n == 0) return;
   const int dev = y.device().index;
   DeviceGuard guard(dev);
@@ -71,14 +64,7 @@ void bias_add(Tensor& y, const Tensor& bias) {
 
 // dbias [F] += sum_n dy [N, F]
 void bias_grad(Tensor& dbias, const Tensor& dy) {
-  constexpr const char* op = "bias_grad";
-  check_float_cuda(op, "dbias", dbias);
-  check_float_cuda(op, "dy", dy);
-  check_same_device(op, "dy", dy, "dbias", dbias);
-  MG_CHECK(dbias.dim() == 1 && dy.dim() >= 1 && dy.size(-1) == dbias.numel(),
-           op << ": dbias " << shape_str(dbias.shape()) << " does not match dy "
-              << shape_str(dy.shape()) << "'s last dim (expected dbias [F])");
-  const int64_t f = dbias.numel();
+  const int64_t f = ops::validate_bias_grad(OnCudaDevice{}, dbias, dy);
   if (f == 0) return;
   const int64_t rows = dy.numel() / f;
   const int dev = dy.device().index;
@@ -89,11 +75,7 @@ void bias_grad(Tensor& dbias, const Tensor& dy) {
 
 // y [*] += alpha * x [*]; x and y may differ in float dtype (an f32 grad buffer, a bf16 grad).
 void axpy(Tensor& y, const Tensor& x, float alpha) {
-  constexpr const char* op = "axpy";
-  check_float_cuda(op, "y", y);
-  check_float_cuda(op, "x", x);
-  check_same_device(op, "x", x, "y", y);
-  check_same_numel(op, "x", x, "y", y);
+  ops::validate_axpy(OnCudaDevice{}, y, x);
   const int64_t n = y.numel();
   if (n == 0) return;
   const int dev = y.device().index;

@@ -54,34 +54,14 @@ __global__ void embedding_bwd_kernel(void* dweight, DType tw, const void* dout, 
   }
 }
 
-void check_ids(const char* op, const Tensor& ids, const Tensor& ref) {
-  check_index_cuda(op, "ids", ids, "weight", ref);
-}
-
-// weight [Vl, H]; `rows` (out or dout) [N, H] (any leading shape) with N = ids.numel().
-void check_embedding(const char* op, const char* rows_name, const Tensor& rows,
-                     const char* weight_name, const Tensor& weight, const Tensor& ids,
-                     int64_t vocab_start) {
-  check_float_cuda(op, weight_name, weight);
-  check_float_cuda(op, rows_name, rows);
-  check_same_device(op, rows_name, rows, weight_name, weight);
-  check_ids(op, ids, weight);
-  MG_CHECK(weight.dim() == 2, op << ": " << weight_name << " " << shape_str(weight.shape())
-                                 << " must be rank 2 [Vl, H]");
-  const int64_t h = weight.size(1);
-  MG_CHECK(rows.dim() >= 1 && rows.size(-1) == h && rows.numel() == ids.numel() * h,
-           op << ": " << rows_name << " " << shape_str(rows.shape()) << " does not match ids "
-              << shape_str(ids.shape()) << " x H = " << h << " (" << weight_name << " "
-              << shape_str(weight.shape()) << ")");
-  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
-}
-
 // out [N, H] = weight [Vl, H] rows (0 outside the shard)
 void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& weight, int64_t vocab_start) {
   constexpr const char* op = "embedding_fwd";
-  check_embedding(op, "out", out, "weight", weight, ids, vocab_start);
-  check_same_dtype(op, "out", out, "weight", weight);
-  const int64_t n = ids.numel(), v = weight.size(0), h = weight.size(1);
+  // Negative ids are not rejected here (that needs a host sync); they read zeros (the op's rule
+  // for ids outside the shard).
+  const ops::EmbeddingDims d =
+      ops::validate_embedding_fwd(OnCudaDevice{}, out, ids, weight, vocab_start);
+  const int64_t n = d.n, v = d.v, h = d.h;
   if (n * h == 0) return;
   const int dev = weight.device().index;
   DeviceGuard guard(dev);
@@ -111,8 +91,9 @@ void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& weight, int64_t
 // dweight [Vl, H] += scatter of dout [N, H] rows by ids
 void embedding_bwd(Tensor& dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_start) {
   constexpr const char* op = "embedding_bwd";
-  check_embedding(op, "dout", dout, "dweight", dweight, ids, vocab_start);
-  const int64_t n = ids.numel(), v = dweight.size(0), h = dweight.size(1);
+  const ops::EmbeddingDims ed =
+      ops::validate_embedding_bwd(OnCudaDevice{}, dweight, dout, ids, vocab_start);
+  const int64_t n = ed.n, v = ed.v, h = ed.h;
   if (n == 0 || h == 0) return;
   const int dev = dweight.device().index;
   DeviceGuard guard(dev);
@@ -126,9 +107,7 @@ void embedding_bwd(Tensor& dweight, const Tensor& dout, const Tensor& ids, int64
     copy_to_host(id32.data(), ids.raw_data(), static_cast<std::size_t>(n) * 4, dev);
     std::copy(id32.begin(), id32.end(), id.begin());
   }
-  for (int64_t i = 0; i < n; ++i)
-    MG_CHECK(id[i] >= 0, op << ": ids " << shape_str(ids.shape()) << " holds a negative id "
-                            << id[i] << " at flat index " << i);
+  ops::validate_ids_nonnegative(op, ids, id);
 
   // (local row, token) pairs inside the shard, sorted: groups of equal rows, tokens ascending.
   std::vector<std::pair<int64_t, int64_t>> pairs;

@@ -35,44 +35,11 @@ using ops::GemmArgs;
 constexpr std::size_t kLtWorkspaceBytes = std::size_t{32} << 20;
 constexpr int kMaxDevices = 64;
 
-struct GemmDims {
-  int64_t batch = 1, m = 0, n = 0, k = 0;
-};
+using ops::GemmDims;
 
+// The contract (ops::validate_gemm), then what cuBLAS needs: a separate output and int dims.
 GemmDims check_gemm(const Tensor& c, const Tensor& a, const Tensor& b, const GemmArgs& args) {
-  check_float_cuda("gemm", "A", a);
-  check_float_cuda("gemm", "B", b);
-  check_float_cuda("gemm", "C", c);
-  check_same_device("gemm", "B", b, "A", a);
-  check_same_device("gemm", "C", c, "A", a);
-  check_same_dtype("gemm", "B", b, "A", a);
-  MG_CHECK(c.dtype() == a.dtype() || c.dtype() == DType::f32,
-           "gemm: C has dtype " << dtype_name(c.dtype()) << ", expected A's dtype "
-                                << dtype_name(a.dtype()) << " or f32");
-  MG_CHECK((a.dim() == 2 || a.dim() == 3) && b.dim() == a.dim() && c.dim() == a.dim(),
-           "gemm: A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << " and C "
-                      << shape_str(c.shape())
-                      << " must all be rank 2, or all rank 3 with a shared batch dim");
-  GemmDims d;
-  if (a.dim() == 3) {
-    d.batch = a.size(0);
-    MG_CHECK(b.size(0) == d.batch && c.size(0) == d.batch,
-             "gemm: batch dims differ: A " << shape_str(a.shape()) << ", B " << shape_str(b.shape())
-                                           << ", C " << shape_str(c.shape()));
-  }
-  d.m = args.trans_a ? a.size(-1) : a.size(-2);
-  d.k = args.trans_a ? a.size(-2) : a.size(-1);
-  const int64_t kb = args.trans_b ? b.size(-1) : b.size(-2);
-  d.n = args.trans_b ? b.size(-2) : b.size(-1);
-  MG_CHECK(d.k == kb, "gemm: inner dims differ: op(A) is ["
-                          << d.m << ", " << d.k << "] (A " << shape_str(a.shape())
-                          << (args.trans_a ? ", trans_a" : "") << ") but op(B) is [" << kb << ", "
-                          << d.n << "] (B " << shape_str(b.shape())
-                          << (args.trans_b ? ", trans_b" : "") << ")");
-  MG_CHECK(c.size(-2) == d.m && c.size(-1) == d.n,
-           "gemm: C " << shape_str(c.shape()) << " does not match op(A) @ op(B) = [" << d.m << ", "
-                      << d.n << "] (A " << shape_str(a.shape()) << ", B " << shape_str(b.shape())
-                      << ")");
+  const GemmDims d = ops::validate_gemm(OnCudaDevice{}, c, a, b, args);
   MG_CHECK(!overlaps(c, a) && !overlaps(c, b),
            "gemm: C " << c.str() << " overlaps an input; cuBLAS needs a separate output");
   constexpr int64_t kMax = std::numeric_limits<int>::max();

@@ -40,19 +40,9 @@ __global__ void init_uniform_kernel(void* x, DType t, double low, double range, 
   }
 }
 
-void check_x(const char* op, const Tensor& x) {
-  check_cuda(op, "x", x);
-  MG_CHECK(is_floating(x.dtype()),
-           op << ": x has dtype " << dtype_name(x.dtype()) << ", expected a float dtype");
-}
-
 // x [*] = mean + std * N(0, 1)
 void init_normal(Tensor& x, const ops::InitArgs& args) {
-  constexpr const char* op = "init_normal";
-  check_x(op, x);
-  MG_CHECK(
-      std::isfinite(args.mean) && std::isfinite(args.std) && args.std >= 0.0,
-      op << ": needs a finite mean and std >= 0, got mean " << args.mean << " std " << args.std);
+  ops::validate_init_normal(OnCudaDevice{}, x, args);
   const int64_t n = x.numel();
   if (n == 0) return;
   const int dev = x.device().index;
@@ -64,11 +54,8 @@ void init_normal(Tensor& x, const ops::InitArgs& args) {
 
 // x [*] = low + (high - low) * U[0, 1)
 void init_uniform(Tensor& x, const ops::InitArgs& args) {
-  constexpr const char* op = "init_uniform";
-  check_x(op, x);
+  ops::validate_init_uniform(OnCudaDevice{}, x, args);
   const double low = args.mean, high = args.std;
-  MG_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high,
-           op << ": needs finite bounds with low <= high, got low " << low << " high " << high);
   const int64_t n = x.numel();
   if (n == 0) return;
   const int dev = x.device().index;

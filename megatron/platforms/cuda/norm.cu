@@ -117,48 +117,6 @@ struct NormParamTerm {
   }
 };
 
-DType stat_dtype(DType x) {
-  return x == DType::f64 ? DType::f64 : DType::f32;
-}
-
-// x [N, H] (any leading shape); returns H.
-int64_t check_x(const char* op, const Tensor& x) {
-  check_float_cuda(op, "x", x);
-  MG_CHECK(x.dim() >= 1 && x.size(-1) >= 1,
-           op << ": x " << shape_str(x.shape()) << " needs a non-empty last dim to normalise");
-  return x.size(-1);
-}
-
-// An activation-shaped tensor (y, dx, dy): x's device, dtype and element count, same last dim.
-void check_like_x(const char* op, const char* name, const Tensor& t, const Tensor& x) {
-  check_float_cuda(op, name, t);
-  check_same_device(op, name, t, "x", x);
-  check_same_dtype(op, name, t, "x", x);
-  MG_CHECK(t.numel() == x.numel() && t.dim() >= 1 && t.size(-1) == x.size(-1),
-           op << ": " << name << " " << shape_str(t.shape()) << " does not match x "
-              << shape_str(x.shape()));
-}
-
-// A parameter or its gradient: [H], any float dtype, on x's device.
-void check_param(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t h) {
-  check_float_cuda(op, name, t);
-  check_same_device(op, name, t, "x", x);
-  MG_CHECK(t.dim() == 1 && t.size(0) == h, op << ": " << name << " " << shape_str(t.shape())
-                                              << " does not match x's last dim " << h);
-}
-
-// mean / rstd [N] in f32 (f64 for f64 x).
-void check_stat(const char* op, const char* name, const Tensor& t, const Tensor& x, int64_t rows) {
-  check_cuda(op, name, t);
-  check_same_device(op, name, t, "x", x);
-  MG_CHECK(t.dtype() == stat_dtype(x.dtype()),
-           op << ": " << name << " has dtype " << dtype_name(t.dtype()) << ", expected "
-              << dtype_name(stat_dtype(x.dtype())) << " for x of " << dtype_name(x.dtype()));
-  MG_CHECK(t.numel() == rows, op << ": " << name << " " << shape_str(t.shape()) << " has "
-                                 << t.numel() << " elements, expected one per row of x "
-                                 << shape_str(x.shape()) << " (" << rows << ")");
-}
-
 Param param_of(const Tensor& t, bool plus_one) {
   return t.defined() ? Param{t.raw_data(), t.dtype(), plus_one} : Param{nullptr, DType::f32, false};
 }
@@ -208,15 +166,7 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
 // y [N, H], mean [N], rstd [N] <- x [N, H], gamma [H], beta [H] (optional)
 void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& gamma,
                    const Tensor& beta, const NormArgs& args) {
-  const char* op = "layernorm_fwd";
-  const int64_t h = check_x(op, x);
-  const int64_t rows = x.numel() / h;
-  check_like_x(op, "y", y, x);
-  check_param(op, "gamma", gamma, x, h);
-  if (beta.defined()) check_param(op, "beta", beta, x, h);
-  check_stat(op, "mean", mean, x, rows);
-  check_stat(op, "rstd", rstd, x, rows);
-  MG_CHECK(args.eps >= 0.0f, op << ": eps " << args.eps << " is negative");
+  ops::validate_layernorm_fwd(OnCudaDevice{}, y, mean, rstd, x, gamma, beta, args);
   launch_fwd(y, &mean, rstd, x, gamma, beta, args);
 }
 
@@ -224,43 +174,21 @@ void layernorm_fwd(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const
 void layernorm_bwd(Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor& dy, const Tensor& x,
                    const Tensor& mean, const Tensor& rstd, const Tensor& gamma,
                    const NormArgs& args) {
-  const char* op = "layernorm_bwd";
-  const int64_t h = check_x(op, x);
-  const int64_t rows = x.numel() / h;
-  check_like_x(op, "dx", dx, x);
-  check_like_x(op, "dy", dy, x);
-  check_param(op, "gamma", gamma, x, h);
-  check_param(op, "dgamma", dgamma, x, h);
-  if (dbeta.defined()) check_param(op, "dbeta", dbeta, x, h);
-  check_stat(op, "mean", mean, x, rows);
-  check_stat(op, "rstd", rstd, x, rows);
+  ops::validate_layernorm_bwd(OnCudaDevice{}, dx, dgamma, dbeta, dy, x, mean, rstd, gamma);
   launch_bwd(dx, dgamma, dbeta.defined() ? &dbeta : nullptr, dy, x, &mean, rstd, gamma, args);
 }
 
 // y [N, H], rstd [N] <- x [N, H], gamma [H]
 void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma,
                  const NormArgs& args) {
-  const char* op = "rmsnorm_fwd";
-  const int64_t h = check_x(op, x);
-  const int64_t rows = x.numel() / h;
-  check_like_x(op, "y", y, x);
-  check_param(op, "gamma", gamma, x, h);
-  check_stat(op, "rstd", rstd, x, rows);
-  MG_CHECK(args.eps >= 0.0f, op << ": eps " << args.eps << " is negative");
+  ops::validate_rmsnorm_fwd(OnCudaDevice{}, y, rstd, x, gamma, args);
   launch_fwd(y, nullptr, rstd, x, gamma, Tensor(), args);
 }
 
 // dx [N, H] =, dgamma [H] += <- dy, x [N, H], rstd [N], gamma [H]
 void rmsnorm_bwd(Tensor& dx, Tensor& dgamma, const Tensor& dy, const Tensor& x, const Tensor& rstd,
                  const Tensor& gamma, const NormArgs& args) {
-  const char* op = "rmsnorm_bwd";
-  const int64_t h = check_x(op, x);
-  const int64_t rows = x.numel() / h;
-  check_like_x(op, "dx", dx, x);
-  check_like_x(op, "dy", dy, x);
-  check_param(op, "gamma", gamma, x, h);
-  check_param(op, "dgamma", dgamma, x, h);
-  check_stat(op, "rstd", rstd, x, rows);
+  ops::validate_rmsnorm_bwd(OnCudaDevice{}, dx, dgamma, dy, x, rstd, gamma);
   launch_bwd(dx, dgamma, nullptr, dy, x, nullptr, rstd, gamma, args);
 }
 

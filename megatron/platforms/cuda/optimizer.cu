@@ -54,52 +54,10 @@ __global__ void adam_kernel(void* p, void* m, void* v, DType pt, const void* g, 
   }
 }
 
-void check_adam_param(const ops::AdamParam& a, std::size_t i, Device dev) {
-  constexpr const char* op = "adamw_step";
-  const std::string at = "params[" + std::to_string(i) + "]";
-  auto check = [&](const Tensor& t, const char* name) {
-    MG_CHECK(t.defined(), op << ": " << at << "." << name << " is undefined");
-    MG_CHECK(t.device() == dev,
-             op << ": " << at << "." << name << " " << t.str() << " is not on " << dev);
-    MG_CHECK(is_kernel_float(t.dtype()), op << ": " << at << "." << name << " has dtype "
-                                            << dtype_name(t.dtype())
-                                            << ", expected one of f64, f32, bf16, f16");
-    MG_CHECK(t.shape() == a.param.shape(), op << ": " << at << "." << name << " "
-                                              << shape_str(t.shape()) << " does not match param "
-                                              << shape_str(a.param.shape()));
-  };
-  check(a.param, "param");
-  MG_CHECK(a.param.dtype() == DType::f32 || a.param.dtype() == DType::f64,
-           op << ": " << at << ".param has dtype " << dtype_name(a.param.dtype())
-              << "; master params must be f32 or f64");
-  check(a.grad, "grad");
-  check(a.exp_avg, "exp_avg");
-  check(a.exp_avg_sq, "exp_avg_sq");
-  for (const auto* s : {&a.exp_avg, &a.exp_avg_sq})
-    MG_CHECK(s->dtype() == a.param.dtype(),
-             op << ": " << at << (s == &a.exp_avg ? ".exp_avg" : ".exp_avg_sq") << " has dtype "
-                << dtype_name(s->dtype()) << " but param has " << dtype_name(a.param.dtype()));
-  if (a.model_param.defined()) check(a.model_param, "model_param");
-}
-
 void adamw_step(std::span<const ops::AdamParam> params, const ops::AdamArgs& args) {
-  constexpr const char* op = "adamw_step";
-  MG_CHECK(args.step >= 1, op << ": step counts from 1, got " << args.step);
-  MG_CHECK(args.lr >= 0.0f, op << ": lr must be >= 0, got " << args.lr);
-  MG_CHECK(args.beta1 >= 0.0f && args.beta1 < 1.0f,
-           op << ": beta1 must be in [0, 1), got " << args.beta1);
-  MG_CHECK(args.beta2 >= 0.0f && args.beta2 < 1.0f,
-           op << ": beta2 must be in [0, 1), got " << args.beta2);
-  MG_CHECK(args.eps >= 0.0f, op << ": eps must be >= 0, got " << args.eps);
-  MG_CHECK(args.weight_decay >= 0.0f,
-           op << ": weight_decay must be >= 0, got " << args.weight_decay);
-  MG_CHECK(std::isfinite(args.grad_scale),
-           op << ": grad_scale must be finite, got " << args.grad_scale);
+  ops::validate_adamw(OnCudaDevice{}, params, args);
   if (params.empty()) return;
-  MG_CHECK(params[0].param.defined() && params[0].param.device().type == DeviceType::cuda,
-           op << ": params[0].param " << params[0].param.str() << " is not on a CUDA device");
   const Device dev = params[0].param.device();
-  for (std::size_t i = 0; i < params.size(); ++i) check_adam_param(params[i], i, dev);
 
   const double bc1 =
       args.bias_correction ? 1.0 - std::pow(double(args.beta1), double(args.step)) : 1.0;
@@ -155,17 +113,10 @@ __global__ void sum_partials_kernel(void* out, DType t, const double* partial, i
 
 // out [1] f32/f64 = sum over all xs of sum(x^2), accumulated in f64.
 void l2_norm_sq(Tensor& out, std::span<const Tensor> xs) {
-  constexpr const char* op = "l2_norm_sq";
-  check_cuda(op, "out", out);
-  MG_CHECK(out.numel() == 1 && (out.dtype() == DType::f32 || out.dtype() == DType::f64),
-           op << ": out must be a single f32 or f64 element, got " << out.str());
+  ops::validate_l2_norm_sq(OnCudaDevice{}, out, xs);
   int64_t count = 0;
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    const std::string name = "xs[" + std::to_string(i) + "]";
-    check_float_cuda(op, name.c_str(), xs[i]);
-    check_same_device(op, name.c_str(), xs[i], "out", out);
-    if (xs[i].numel() > 0) count += l2_blocks(xs[i].numel());
-  }
+  for (const Tensor& x : xs)
+    if (x.numel() > 0) count += l2_blocks(x.numel());
   const int dev = out.device().index;
   DeviceGuard guard(dev);
   cudaStream_t s = current_stream(dev);
@@ -201,18 +152,7 @@ __global__ void scale_kernel(void* x, DType t, C factor, float* found, int64_t n
 
 // xs[i] [*] *= factor in place; found_nonfinite [1] f32 (optional) := 1 if any result is inf/nan.
 void multi_tensor_scale(std::span<Tensor> xs, double factor, Tensor& found_nonfinite) {
-  constexpr const char* op = "multi_tensor_scale";
-  for (std::size_t i = 0; i < xs.size(); ++i) {
-    const std::string name = "xs[" + std::to_string(i) + "]";
-    check_float_cuda(op, name.c_str(), xs[i]);
-    if (i > 0) check_same_device(op, name.c_str(), xs[i], "xs[0]", xs[0]);
-  }
-  if (found_nonfinite.defined()) {
-    check_cuda(op, "found_nonfinite", found_nonfinite);
-    MG_CHECK(found_nonfinite.numel() == 1 && found_nonfinite.dtype() == DType::f32,
-             op << ": found_nonfinite must be a single f32 element, got " << found_nonfinite.str());
-    if (!xs.empty()) check_same_device(op, "found_nonfinite", found_nonfinite, "xs[0]", xs[0]);
-  }
+  ops::validate_multi_tensor_scale(OnCudaDevice{}, xs, found_nonfinite);
   if (xs.empty()) return;
   const int dev = xs[0].device().index;
   DeviceGuard guard(dev);

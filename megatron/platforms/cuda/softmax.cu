@@ -65,10 +65,7 @@ __global__ void softmax_bwd_kernel(void* dx, const void* dy, const void* y, DTyp
 
 void softmax_fwd(Tensor& y, const Tensor& x, float scale) {
   constexpr const char* op = "softmax_fwd";
-  check_float_cuda(op, "x", x);
-  MG_CHECK(x.dim() >= 1, op << ": x must have rank >= 1, got " << x.str());
-  check_like(op, "y", y, "x", x);
-  MG_CHECK(std::isfinite(scale), op << ": scale " << scale << " is not finite");
+  ops::validate_softmax_fwd(OnCudaDevice{}, op, y, x, scale);
   const int64_t f = x.size(-1);
   const int64_t rows = f == 0 ? 0 : x.numel() / f;
   if (rows == 0) return;
@@ -84,11 +81,7 @@ void softmax_fwd(Tensor& y, const Tensor& x, float scale) {
 
 void softmax_bwd(Tensor& dx, const Tensor& dy, const Tensor& y, float scale) {
   constexpr const char* op = "softmax_bwd";
-  check_float_cuda(op, "y", y);
-  MG_CHECK(y.dim() >= 1, op << ": y must have rank >= 1, got " << y.str());
-  check_like(op, "dy", dy, "y", y);
-  check_like(op, "dx", dx, "y", y);
-  MG_CHECK(std::isfinite(scale), op << ": scale " << scale << " is not finite");
+  ops::validate_softmax_bwd(OnCudaDevice{}, op, dx, dy, y, scale);
   const int64_t f = y.size(-1);
   const int64_t rows = f == 0 ? 0 : y.numel() / f;
   if (rows == 0) return;

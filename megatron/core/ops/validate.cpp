@@ -1,0 +1,740 @@
+// Platform-independent argument validation of the ops (see validate.h). The messages here are the
+// ones users and tests see on every platform; change them in one place.
+#include "megatron/core/ops/validate.h"
+
+#include <cmath>
+#include <string>
+
+#include "megatron/core/common/error.h"
+
+namespace mg::ops {
+
+// ---- generic helpers ----------------------------------------------------------------------------
+
+bool is_kernel_float(DType t) {
+  return t == DType::f64 || t == DType::f32 || t == DType::bf16 || t == DType::f16;
+}
+
+bool is_index(DType t) {
+  return t == DType::i32 || t == DType::i64;
+}
+
+DType compute_dtype(DType t) {
+  return t == DType::f64 ? DType::f64 : DType::f32;
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || !a.shares_storage_with(b)) return false;
+  const std::size_t a0 = a.offset_bytes(), a1 = a0 + a.nbytes();
+  const std::size_t b0 = b.offset_bytes(), b1 = b0 + b.nbytes();
+  return a0 < b1 && b0 < a1 && a.nbytes() > 0 && b.nbytes() > 0;
+}
+
+void check_defined(const char* op, const char* name, const Tensor& t) {
+  MG_CHECK(t.defined(), op << ": " << name << " is undefined");
+}
+
+void check_float_dtype(const char* op, const char* name, const Tensor& t) {
+  MG_CHECK(is_kernel_float(t.dtype()), op << ": " << name << " has dtype " << dtype_name(t.dtype())
+                                          << ", expected one of f64, f32, bf16, f16");
+}
+
+void check_index_dtype(const char* op, const char* name, const Tensor& t) {
+  MG_CHECK(is_index(t.dtype()),
+           op << ": " << name << " has dtype " << dtype_name(t.dtype()) << ", expected i32 or i64");
+}
+
+void check_same_dtype(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref) {
+  MG_CHECK(t.dtype() == ref.dtype(), op << ": " << name << " has dtype " << dtype_name(t.dtype())
+                                        << " but " << ref_name << " has "
+                                        << dtype_name(ref.dtype()));
+}
+
+void check_same_shape(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref) {
+  MG_CHECK(t.shape() == ref.shape(), op << ": " << name << " " << shape_str(t.shape())
+                                        << " does not match " << ref_name << " "
+                                        << shape_str(ref.shape()));
+}
+
+void check_same_numel(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref) {
+  MG_CHECK(t.numel() == ref.numel(), op << ": " << name << " " << shape_str(t.shape()) << " has "
+                                        << t.numel() << " elements but " << ref_name << " "
+                                        << shape_str(ref.shape()) << " has " << ref.numel());
+}
+
+void check_stat_dtype(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref) {
+  const DType want = compute_dtype(ref.dtype());
+  MG_CHECK(t.dtype() == want, op << ": " << name << " has dtype " << dtype_name(t.dtype())
+                                 << ", expected " << dtype_name(want) << " for " << ref_name
+                                 << " of dtype " << dtype_name(ref.dtype()));
+}
+
+void check_float(const Placement& on, const char* op, const char* name, const Tensor& t) {
+  on.check(op, name, t);
+  check_float_dtype(op, name, t);
+}
+
+void check_index(const Placement& on, const char* op, const char* name, const Tensor& t) {
+  on.check(op, name, t);
+  check_index_dtype(op, name, t);
+}
+
+void check_like(const Placement& on, const char* op, const char* name, const Tensor& t,
+                const char* ref_name, const Tensor& ref) {
+  on.check(op, name, t);
+  check_same_dtype(op, name, t, ref_name, ref);
+  check_same_shape(op, name, t, ref_name, ref);
+}
+
+void check_stat(const Placement& on, const char* op, const char* name, const Tensor& t,
+                const char* ref_name, const Tensor& ref) {
+  on.check(op, name, t);
+  check_stat_dtype(op, name, t, ref_name, ref);
+}
+
+// ---- gemm family --------------------------------------------------------------------------------
+
+GemmDims validate_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,
+                       const GemmArgs& args) {
+  check_float(on, "gemm", "A", a);
+  check_float(on, "gemm", "B", b);
+  check_float(on, "gemm", "C", c);
+  check_same_dtype("gemm", "B", b, "A", a);
+  MG_CHECK(c.dtype() == a.dtype() || c.dtype() == DType::f32,
+           "gemm: C has dtype " << dtype_name(c.dtype()) << ", expected A's dtype "
+                                << dtype_name(a.dtype()) << " or f32");
+  MG_CHECK((a.dim() == 2 || a.dim() == 3) && b.dim() == a.dim() && c.dim() == a.dim(),
+           "gemm: A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << " and C "
+                      << shape_str(c.shape())
+                      << " must all be rank 2, or all rank 3 with a shared batch dim");
+  GemmDims d;
+  if (a.dim() == 3) {
+    d.batch = a.size(0);
+    MG_CHECK(b.size(0) == d.batch && c.size(0) == d.batch,
+             "gemm: batch dims differ: A " << shape_str(a.shape()) << ", B " << shape_str(b.shape())
+                                           << ", C " << shape_str(c.shape()));
+  }
+  d.m = args.trans_a ? a.size(-1) : a.size(-2);
+  d.k = args.trans_a ? a.size(-2) : a.size(-1);
+  const int64_t kb = args.trans_b ? b.size(-1) : b.size(-2);
+  d.n = args.trans_b ? b.size(-2) : b.size(-1);
+  MG_CHECK(d.k == kb, "gemm: inner dims differ: op(A) is ["
+                          << d.m << ", " << d.k << "] (A " << shape_str(a.shape())
+                          << (args.trans_a ? ", trans_a" : "") << ") but op(B) is [" << kb << ", "
+                          << d.n << "] (B " << shape_str(b.shape())
+                          << (args.trans_b ? ", trans_b" : "") << ")");
+  MG_CHECK(c.size(-2) == d.m && c.size(-1) == d.n,
+           "gemm: C " << shape_str(c.shape()) << " does not match op(A) @ op(B) = [" << d.m << ", "
+                      << d.n << "] (A " << shape_str(a.shape()) << ", B " << shape_str(b.shape())
+                      << ")");
+  return d;
+}
+
+int64_t validate_bias_add(const Placement& on, const Tensor& y, const Tensor& bias) {
+  check_float(on, "bias_add", "y", y);
+  check_float(on, "bias_add", "bias", bias);
+  MG_CHECK(bias.dim() == 1 && y.dim() >= 1 && y.size(-1) == bias.numel(),
+           "bias_add: bias " << shape_str(bias.shape()) << " does not match y "
+                             << shape_str(y.shape()) << "'s last dim (expected bias [F])");
+  return bias.numel();
+}
+
+int64_t validate_bias_grad(const Placement& on, const Tensor& dbias, const Tensor& dy) {
+  check_float(on, "bias_grad", "dbias", dbias);
+  check_float(on, "bias_grad", "dy", dy);
+  MG_CHECK(dbias.dim() == 1 && dy.dim() >= 1 && dy.size(-1) == dbias.numel(),
+           "bias_grad: dbias " << shape_str(dbias.shape()) << " does not match dy "
+                               << shape_str(dy.shape()) << "'s last dim (expected dbias [F])");
+  return dbias.numel();
+}
+
+void validate_axpy(const Placement& on, const Tensor& y, const Tensor& x) {
+  check_float(on, "axpy", "y", y);
+  check_float(on, "axpy", "x", x);
+  check_same_numel("axpy", "x", x, "y", y);
+}
+
+// ---- activation ---------------------------------------------------------------------------------
+
+void validate_unary(const Placement& on, const char* op, const char* out_name, const Tensor& out,
+                    const char* in_name, const Tensor& in) {
+  check_float(on, op, in_name, in);
+  check_float(on, op, out_name, out);
+  check_same_dtype(op, out_name, out, in_name, in);
+  check_same_numel(op, out_name, out, in_name, in);
+}
+
+int64_t validate_swiglu(const Placement& on, const char* op, const char* half_name,
+                        const Tensor& half, const Tensor& x) {
+  check_float(on, op, "x", x);
+  check_float(on, op, half_name, half);
+  check_same_dtype(op, half_name, half, "x", x);
+  MG_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0,
+           op << ": x " << shape_str(x.shape()) << " needs an even last dim [.., 2F] (gate | up)");
+  const int64_t f = x.size(-1) / 2;
+  Shape expect = x.shape();
+  expect.back() = f;
+  MG_CHECK(half.shape() == expect, op << ": " << half_name << " " << shape_str(half.shape())
+                                      << " does not match x " << shape_str(x.shape())
+                                      << " with its last dim halved " << shape_str(expect));
+  return f;
+}
+
+int64_t validate_swiglu_bwd(const Placement& on, const Tensor& dx, const Tensor& dy,
+                            const Tensor& x) {
+  const char* op = "swiglu_bwd";
+  const int64_t f = validate_swiglu(on, op, "dy", dy, x);
+  check_float(on, op, "dx", dx);
+  check_same_dtype(op, "dx", dx, "x", x);
+  MG_CHECK(dx.shape() == x.shape(),
+           op << ": dx " << shape_str(dx.shape()) << " does not match x " << shape_str(x.shape()));
+  MG_CHECK(!overlaps(dx, dy), op << ": dx must not overlap dy (their layouts differ)");
+  return f;
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+
+namespace {
+
+// q [S, B, NH, HD], k and v [S, B, NG, HD].
+AttentionDims validate_qkv(const Placement& on, const char* op, const Tensor& q, const Tensor& k,
+                           const Tensor& v) {
+  check_float(on, op, "q", q);
+  on.check(op, "k", k);
+  MG_CHECK(q.dim() == 4, op << ": q must be [S, B, NH, HD], got " << shape_str(q.shape()));
+  MG_CHECK(k.dim() == 4, op << ": k must be [S, B, NG, HD], got " << shape_str(k.shape()));
+  check_like(on, op, "v", v, "k", k);
+  check_same_dtype(op, "k", k, "q", q);
+  const AttentionDims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  MG_CHECK(d.s == k.size(0) && d.b == k.size(1) && d.hd == k.size(3),
+           op << ": k " << shape_str(k.shape()) << " does not match q " << shape_str(q.shape())
+              << " in S, B or HD");
+  MG_CHECK(d.ng > 0 && d.nh % d.ng == 0,
+           op << ": NH = " << d.nh << " heads is not a multiple of NG = " << d.ng << " groups");
+  return d;
+}
+
+void validate_lse(const Placement& on, const char* op, const Tensor& lse, const Tensor& q,
+                  const AttentionDims& d) {
+  check_stat(on, op, "lse", lse, "q", q);
+  MG_CHECK(lse.shape() == (Shape{d.b, d.nh, d.s}),
+           op << ": lse " << shape_str(lse.shape())
+              << " is not [B, NH, S] = " << shape_str(Shape{d.b, d.nh, d.s}));
+}
+
+void validate_attention_args(const Placement& on, const char* op, const AttentionArgs& a,
+                             const AttentionDims& d) {
+  MG_CHECK(a.dropout.p >= 0.0f && a.dropout.p < 1.0f,
+           op << ": attention dropout p = " << a.dropout.p << " is outside [0, 1)");
+  MG_CHECK(std::isfinite(a.softmax_scale),
+           op << ": softmax_scale " << a.softmax_scale << " is not finite");
+  const bool has_doc = a.doc_ids.defined(), has_cu = a.cu_seqlens.defined();
+  MG_CHECK(!(has_doc && has_cu), op << ": give doc_ids or cu_seqlens, not both");
+  if (has_doc) {
+    on.check(op, "doc_ids", a.doc_ids);
+    MG_CHECK(a.doc_ids.dtype() == DType::i32,
+             op << ": doc_ids has dtype " << dtype_name(a.doc_ids.dtype()) << ", expected i32");
+    MG_CHECK(a.doc_ids.shape() == (Shape{d.b, d.s}),
+             op << ": doc_ids " << shape_str(a.doc_ids.shape())
+                << " is not [B, S] = " << shape_str(Shape{d.b, d.s}));
+  } else if (has_cu) {
+    const Tensor& cu = a.cu_seqlens;
+    on.check(op, "cu_seqlens", cu);
+    MG_CHECK(cu.dtype() == DType::i32,
+             op << ": cu_seqlens has dtype " << dtype_name(cu.dtype()) << ", expected i32");
+    MG_CHECK(cu.dim() == 1 && cu.numel() >= 2,
+             op << ": cu_seqlens must be [D+1] with D >= 1, got " << shape_str(cu.shape()));
+  }
+}
+
+}  // namespace
+
+AttentionDims validate_attention_fwd(const Placement& on, const Tensor& out, const Tensor& lse,
+                                     const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionArgs& args) {
+  const char* op = "attention_fwd";
+  const AttentionDims d = validate_qkv(on, op, q, k, v);
+  check_like(on, op, "out", out, "q", q);
+  validate_lse(on, op, lse, q, d);
+  validate_attention_args(on, op, args, d);
+  return d;
+}
+
+AttentionDims validate_attention_bwd(const Placement& on, const Tensor& dq, const Tensor& dk,
+                                     const Tensor& dv, const Tensor& dout, const Tensor& q,
+                                     const Tensor& k, const Tensor& v, const Tensor& out,
+                                     const Tensor& lse, const AttentionArgs& args) {
+  const char* op = "attention_bwd";
+  const AttentionDims d = validate_qkv(on, op, q, k, v);
+  check_like(on, op, "dq", dq, "q", q);
+  check_like(on, op, "dout", dout, "q", q);
+  check_like(on, op, "out", out, "q", q);
+  check_like(on, op, "dk", dk, "k", k);
+  check_like(on, op, "dv", dv, "v", v);
+  validate_lse(on, op, lse, q, d);
+  validate_attention_args(on, op, args, d);
+  return d;
+}
+
+void validate_cu_seqlens(const char* op, std::span<const int32_t> c, int64_t s) {
+  const int64_t nd = static_cast<int64_t>(c.size()) - 1;
+  MG_CHECK(c[0] == 0, op << ": cu_seqlens must start at 0, starts at " << c[0]);
+  MG_CHECK(c[nd] == s, op << ": cu_seqlens must end at S = " << s << ", ends at " << c[nd]);
+  for (int64_t i = 0; i < nd; ++i)
+    MG_CHECK(c[i] <= c[i + 1], op << ": cu_seqlens is not monotone: cu_seqlens[" << i << "] = "
+                                  << c[i] << " > cu_seqlens[" << i + 1 << "] = " << c[i + 1]);
+}
+
+// ---- cross entropy ------------------------------------------------------------------------------
+
+namespace {
+
+// logits [N, Vl] (leading dims flattened).
+CeRows validate_logits(const Placement& on, const char* op, const Tensor& logits) {
+  check_float(on, op, "logits", logits);
+  MG_CHECK(logits.dim() >= 1, op << ": logits must be [N, V], got a scalar");
+  const int64_t v = logits.size(-1);
+  MG_CHECK(v > 0, op << ": logits " << shape_str(logits.shape()) << " has an empty vocab dim");
+  return {logits.numel() / v, v};
+}
+
+// A per-row statistic [N] of the dtype that goes with the logits.
+void validate_ce_stat(const Placement& on, const char* op, const char* name, const Tensor& t,
+                      const Tensor& logits, const CeRows& r) {
+  check_stat(on, op, name, t, "logits", logits);
+  MG_CHECK(t.numel() == r.n, op << ": " << name << " " << shape_str(t.shape()) << " has "
+                                << t.numel() << " elements, expected N = " << r.n << " (logits "
+                                << shape_str(logits.shape()) << ")");
+}
+
+void validate_targets(const Placement& on, const char* op, const Tensor& targets,
+                      const Tensor& logits, const CeRows& r) {
+  check_index(on, op, "targets", targets);
+  MG_CHECK(targets.numel() == r.n, op << ": targets " << shape_str(targets.shape()) << " has "
+                                      << targets.numel() << " elements, expected N = " << r.n
+                                      << " (logits " << shape_str(logits.shape()) << ")");
+}
+
+void validate_vocab_start(const char* op, int64_t vocab_start) {
+  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
+}
+
+}  // namespace
+
+CeRows validate_cross_entropy_fwd(const Placement& on, const Tensor& loss, const Tensor& max,
+                                  const Tensor& sum_exp, const Tensor& logits,
+                                  const Tensor& targets) {
+  const char* op = "cross_entropy_fwd";
+  const CeRows r = validate_logits(on, op, logits);
+  validate_targets(on, op, targets, logits, r);
+  validate_ce_stat(on, op, "loss", loss, logits, r);
+  validate_ce_stat(on, op, "max", max, logits, r);
+  validate_ce_stat(on, op, "sum_exp", sum_exp, logits, r);
+  return r;
+}
+
+CeRows validate_ce_local_max(const Placement& on, const Tensor& max, const Tensor& logits) {
+  const char* op = "ce_local_max";
+  const CeRows r = validate_logits(on, op, logits);
+  validate_ce_stat(on, op, "max", max, logits, r);
+  return r;
+}
+
+CeRows validate_ce_local_stats(const Placement& on, const Tensor& sum_exp,
+                               const Tensor& target_logit, const Tensor& logits, const Tensor& max,
+                               const Tensor& targets, int64_t vocab_start) {
+  const char* op = "ce_local_stats";
+  const CeRows r = validate_logits(on, op, logits);
+  validate_targets(on, op, targets, logits, r);
+  validate_ce_stat(on, op, "sum_exp", sum_exp, logits, r);
+  validate_ce_stat(on, op, "target_logit", target_logit, logits, r);
+  validate_ce_stat(on, op, "max", max, logits, r);
+  validate_vocab_start(op, vocab_start);
+  return r;
+}
+
+void validate_ce_combine(const Placement& on, const Tensor& loss, const Tensor& max,
+                         const Tensor& sum_exp, const Tensor& target_logit) {
+  const char* op = "ce_combine";
+  on.check(op, "loss", loss);
+  MG_CHECK(loss.dtype() == DType::f32 || loss.dtype() == DType::f64,
+           op << ": loss has dtype " << dtype_name(loss.dtype()) << ", expected f32 or f64");
+  const std::pair<const char*, const Tensor*> ins[] = {
+      {"max", &max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}};
+  for (const auto& [name, t] : ins) {
+    on.check(op, name, *t);
+    check_same_dtype(op, name, *t, "loss", loss);
+    check_same_numel(op, name, *t, "loss", loss);
+  }
+}
+
+CeRows validate_cross_entropy_bwd(const Placement& on, const Tensor& dlogits, const Tensor& dloss,
+                                  const Tensor& logits, const Tensor& max, const Tensor& sum_exp,
+                                  const Tensor& targets, int64_t vocab_start) {
+  const char* op = "cross_entropy_bwd";
+  const CeRows r = validate_logits(on, op, logits);
+  check_like(on, op, "dlogits", dlogits, "logits", logits);
+  validate_targets(on, op, targets, logits, r);
+  validate_ce_stat(on, op, "dloss", dloss, logits, r);
+  validate_ce_stat(on, op, "max", max, logits, r);
+  validate_ce_stat(on, op, "sum_exp", sum_exp, logits, r);
+  validate_vocab_start(op, vocab_start);
+  return r;
+}
+
+// ---- dropout ------------------------------------------------------------------------------------
+
+void validate_dropout_p(const char* op, const DropoutArgs& args) {
+  MG_CHECK(args.p >= 0.0f && args.p < 1.0f,
+           op << ": dropout probability p must be in [0, 1), got " << args.p);
+}
+
+void validate_dropout(const Placement& on, const char* op, const Tensor& out, const Tensor& in,
+                      const DropoutArgs& args) {
+  validate_dropout_p(op, args);
+  check_float(on, op, "input", in);
+  check_like(on, op, "output", out, "input", in);
+}
+
+int64_t validate_bias_dropout_add_fwd(const Placement& on, const Tensor& y, const Tensor& x,
+                                      const Tensor& bias, const Tensor& residual,
+                                      const DropoutArgs& args) {
+  const char* op = "bias_dropout_add_fwd";
+  validate_dropout_p(op, args);
+  check_float(on, op, "x", x);
+  check_like(on, op, "y", y, "x", x);
+  check_like(on, op, "residual", residual, "x", x);
+  MG_CHECK(x.dim() >= 1, op << ": x must have at least one dimension, got " << x.str());
+  const int64_t f = x.size(-1);
+  if (bias.defined()) {
+    check_float(on, op, "bias", bias);
+    check_same_dtype(op, "bias", bias, "x", x);
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == f,
+             op << ": bias " << shape_str(bias.shape()) << " does not match x's last dim " << f);
+  }
+  return f;
+}
+
+int64_t validate_bias_dropout_add_bwd(const Placement& on, const Tensor& dx, const Tensor& dbias,
+                                      const Tensor& dy, const DropoutArgs& args) {
+  const char* op = "bias_dropout_add_bwd";
+  validate_dropout_p(op, args);
+  check_float(on, op, "dy", dy);
+  check_like(on, op, "dx", dx, "dy", dy);
+  MG_CHECK(dy.dim() >= 1, op << ": dy must have at least one dimension, got " << dy.str());
+  const int64_t f = dy.size(-1);
+  if (dbias.defined()) {
+    check_float(on, op, "dbias", dbias);
+    MG_CHECK(dbias.dim() == 1 && dbias.size(0) == f,
+             op << ": dbias " << shape_str(dbias.shape()) << " does not match dy's last dim " << f);
+  }
+  return f;
+}
+
+// ---- embedding ----------------------------------------------------------------------------------
+
+namespace {
+
+// weight [Vl, H]; `rows` (out or dout) [N, H] (any leading shape) with N = ids.numel().
+EmbeddingDims validate_embedding(const Placement& on, const char* op, const char* rows_name,
+                                 const Tensor& rows, const char* weight_name, const Tensor& weight,
+                                 const Tensor& ids, int64_t vocab_start) {
+  check_float(on, op, weight_name, weight);
+  check_float(on, op, rows_name, rows);
+  check_index(on, op, "ids", ids);
+  MG_CHECK(weight.dim() == 2, op << ": " << weight_name << " " << shape_str(weight.shape())
+                                 << " must be rank 2 [Vl, H]");
+  const int64_t h = weight.size(1);
+  MG_CHECK(rows.dim() >= 1 && rows.size(-1) == h && rows.numel() == ids.numel() * h,
+           op << ": " << rows_name << " " << shape_str(rows.shape()) << " does not match ids "
+              << shape_str(ids.shape()) << " x H = " << h << " (" << weight_name << " "
+              << shape_str(weight.shape()) << ")");
+  MG_CHECK(vocab_start >= 0, op << ": vocab_start " << vocab_start << " is negative");
+  return {ids.numel(), weight.size(0), h};
+}
+
+}  // namespace
+
+EmbeddingDims validate_embedding_fwd(const Placement& on, const Tensor& out, const Tensor& ids,
+                                     const Tensor& weight, int64_t vocab_start) {
+  const char* op = "embedding_fwd";
+  const EmbeddingDims d =
+      validate_embedding(on, op, "out", out, "weight", weight, ids, vocab_start);
+  check_same_dtype(op, "out", out, "weight", weight);
+  return d;
+}
+
+EmbeddingDims validate_embedding_bwd(const Placement& on, const Tensor& dweight, const Tensor& dout,
+                                     const Tensor& ids, int64_t vocab_start) {
+  return validate_embedding(on, "embedding_bwd", "dout", dout, "dweight", dweight, ids,
+                            vocab_start);
+}
+
+void validate_ids_nonnegative(const char* op, const Tensor& ids, std::span<const int64_t> id) {
+  for (std::size_t i = 0; i < id.size(); ++i)
+    MG_CHECK(id[i] >= 0, op << ": ids " << shape_str(ids.shape()) << " holds a negative id "
+                            << id[i] << " at flat index " << i);
+}
+
+// ---- init ---------------------------------------------------------------------------------------
+
+namespace {
+
+void validate_init_x(const Placement& on, const char* op, const Tensor& x) {
+  on.check(op, "x", x);
+  MG_CHECK(is_floating(x.dtype()),
+           op << ": x has dtype " << dtype_name(x.dtype()) << ", expected a float dtype");
+}
+
+}  // namespace
+
+void validate_init_normal(const Placement& on, const Tensor& x, const InitArgs& args) {
+  const char* op = "init_normal";
+  validate_init_x(on, op, x);
+  MG_CHECK(
+      std::isfinite(args.mean) && std::isfinite(args.std) && args.std >= 0.0,
+      op << ": needs a finite mean and std >= 0, got mean " << args.mean << " std " << args.std);
+}
+
+void validate_init_uniform(const Placement& on, const Tensor& x, const InitArgs& args) {
+  const char* op = "init_uniform";
+  validate_init_x(on, op, x);
+  const double low = args.mean, high = args.std;
+  MG_CHECK(std::isfinite(low) && std::isfinite(high) && low <= high,
+           op << ": needs finite bounds with low <= high, got low " << low << " high " << high);
+}
+
+// ---- norms --------------------------------------------------------------------------------------
+
+namespace {
+
+// x [N, H] (any leading shape).
+NormDims validate_norm_x(const Placement& on, const char* op, const Tensor& x) {
+  check_float(on, op, "x", x);
+  MG_CHECK(x.dim() >= 1 && x.size(-1) >= 1,
+           op << ": x " << shape_str(x.shape()) << " needs a non-empty last dim to normalise");
+  return {x.numel() / x.size(-1), x.size(-1)};
+}
+
+// An activation-shaped tensor (y, dx, dy): x's dtype and element count, same last dim.
+void validate_like_x(const Placement& on, const char* op, const char* name, const Tensor& t,
+                     const Tensor& x) {
+  check_float(on, op, name, t);
+  check_same_dtype(op, name, t, "x", x);
+  MG_CHECK(t.numel() == x.numel() && t.dim() >= 1 && t.size(-1) == x.size(-1),
+           op << ": " << name << " " << shape_str(t.shape()) << " does not match x "
+              << shape_str(x.shape()));
+}
+
+// A parameter or its gradient: [H], any float dtype.
+void validate_norm_param(const Placement& on, const char* op, const char* name, const Tensor& t,
+                         int64_t h) {
+  check_float(on, op, name, t);
+  MG_CHECK(t.dim() == 1 && t.size(0) == h, op << ": " << name << " " << shape_str(t.shape())
+                                              << " does not match x's last dim " << h);
+}
+
+// mean / rstd [N] in compute_dtype(x).
+void validate_norm_stat(const Placement& on, const char* op, const char* name, const Tensor& t,
+                        const Tensor& x, int64_t rows) {
+  check_stat(on, op, name, t, "x", x);
+  MG_CHECK(t.numel() == rows, op << ": " << name << " " << shape_str(t.shape()) << " has "
+                                 << t.numel() << " elements, expected one per row of x "
+                                 << shape_str(x.shape()) << " (" << rows << ")");
+}
+
+void validate_eps(const char* op, const NormArgs& args) {
+  MG_CHECK(args.eps >= 0.0f, op << ": eps " << args.eps << " is negative");
+}
+
+}  // namespace
+
+NormDims validate_layernorm_fwd(const Placement& on, const Tensor& y, const Tensor& mean,
+                                const Tensor& rstd, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, const NormArgs& args) {
+  const char* op = "layernorm_fwd";
+  const NormDims d = validate_norm_x(on, op, x);
+  validate_like_x(on, op, "y", y, x);
+  validate_norm_param(on, op, "gamma", gamma, d.h);
+  if (beta.defined()) validate_norm_param(on, op, "beta", beta, d.h);
+  validate_norm_stat(on, op, "mean", mean, x, d.rows);
+  validate_norm_stat(on, op, "rstd", rstd, x, d.rows);
+  validate_eps(op, args);
+  return d;
+}
+
+NormDims validate_layernorm_bwd(const Placement& on, const Tensor& dx, const Tensor& dgamma,
+                                const Tensor& dbeta, const Tensor& dy, const Tensor& x,
+                                const Tensor& mean, const Tensor& rstd, const Tensor& gamma) {
+  const char* op = "layernorm_bwd";
+  const NormDims d = validate_norm_x(on, op, x);
+  validate_like_x(on, op, "dx", dx, x);
+  validate_like_x(on, op, "dy", dy, x);
+  validate_norm_param(on, op, "gamma", gamma, d.h);
+  validate_norm_param(on, op, "dgamma", dgamma, d.h);
+  if (dbeta.defined()) validate_norm_param(on, op, "dbeta", dbeta, d.h);
+  validate_norm_stat(on, op, "mean", mean, x, d.rows);
+  validate_norm_stat(on, op, "rstd", rstd, x, d.rows);
+  return d;
+}
+
+NormDims validate_rmsnorm_fwd(const Placement& on, const Tensor& y, const Tensor& rstd,
+                              const Tensor& x, const Tensor& gamma, const NormArgs& args) {
+  const char* op = "rmsnorm_fwd";
+  const NormDims d = validate_norm_x(on, op, x);
+  validate_like_x(on, op, "y", y, x);
+  validate_norm_param(on, op, "gamma", gamma, d.h);
+  validate_norm_stat(on, op, "rstd", rstd, x, d.rows);
+  validate_eps(op, args);
+  return d;
+}
+
+NormDims validate_rmsnorm_bwd(const Placement& on, const Tensor& dx, const Tensor& dgamma,
+                              const Tensor& dy, const Tensor& x, const Tensor& rstd,
+                              const Tensor& gamma) {
+  const char* op = "rmsnorm_bwd";
+  const NormDims d = validate_norm_x(on, op, x);
+  validate_like_x(on, op, "dx", dx, x);
+  validate_like_x(on, op, "dy", dy, x);
+  validate_norm_param(on, op, "gamma", gamma, d.h);
+  validate_norm_param(on, op, "dgamma", dgamma, d.h);
+  validate_norm_stat(on, op, "rstd", rstd, x, d.rows);
+  return d;
+}
+
+// ---- optimizer ----------------------------------------------------------------------------------
+
+namespace {
+
+void validate_adam_param(const Placement& on, const AdamParam& a, std::size_t i) {
+  constexpr const char* op = "adamw_step";
+  const std::string at = "params[" + std::to_string(i) + "]";
+  auto check = [&](const Tensor& t, const char* name) {
+    const std::string full = at + "." + name;
+    on.check(op, full.c_str(), t);
+    check_float_dtype(op, full.c_str(), t);
+    MG_CHECK(t.shape() == a.param.shape(), op << ": " << full << " " << shape_str(t.shape())
+                                              << " does not match param "
+                                              << shape_str(a.param.shape()));
+  };
+  check(a.param, "param");
+  MG_CHECK(a.param.dtype() == DType::f32 || a.param.dtype() == DType::f64,
+           op << ": " << at << ".param has dtype " << dtype_name(a.param.dtype())
+              << "; master params must be f32 or f64");
+  check(a.grad, "grad");
+  check(a.exp_avg, "exp_avg");
+  check(a.exp_avg_sq, "exp_avg_sq");
+  for (const auto* s : {&a.exp_avg, &a.exp_avg_sq})
+    MG_CHECK(s->dtype() == a.param.dtype(),
+             op << ": " << at << (s == &a.exp_avg ? ".exp_avg" : ".exp_avg_sq") << " has dtype "
+                << dtype_name(s->dtype()) << " but param has " << dtype_name(a.param.dtype()));
+  if (a.model_param.defined()) check(a.model_param, "model_param");
+}
+
+}  // namespace
+
+void validate_adamw(const Placement& on, std::span<const AdamParam> params, const AdamArgs& args) {
+  constexpr const char* op = "adamw_step";
+  MG_CHECK(args.step >= 1, op << ": step counts from 1, got " << args.step);
+  MG_CHECK(args.lr >= 0.0f, op << ": lr must be >= 0, got " << args.lr);
+  MG_CHECK(args.beta1 >= 0.0f && args.beta1 < 1.0f,
+           op << ": beta1 must be in [0, 1), got " << args.beta1);
+  MG_CHECK(args.beta2 >= 0.0f && args.beta2 < 1.0f,
+           op << ": beta2 must be in [0, 1), got " << args.beta2);
+  MG_CHECK(args.eps >= 0.0f, op << ": eps must be >= 0, got " << args.eps);
+  MG_CHECK(args.weight_decay >= 0.0f,
+           op << ": weight_decay must be >= 0, got " << args.weight_decay);
+  MG_CHECK(std::isfinite(args.grad_scale),
+           op << ": grad_scale must be finite, got " << args.grad_scale);
+  for (std::size_t i = 0; i < params.size(); ++i) validate_adam_param(on, params[i], i);
+}
+
+void validate_l2_norm_sq(const Placement& on, const Tensor& out, std::span<const Tensor> xs) {
+  constexpr const char* op = "l2_norm_sq";
+  on.check(op, "out", out);
+  MG_CHECK(out.numel() == 1 && (out.dtype() == DType::f32 || out.dtype() == DType::f64),
+           op << ": out must be a single f32 or f64 element, got " << out.str());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const std::string name = "xs[" + std::to_string(i) + "]";
+    check_float(on, op, name.c_str(), xs[i]);
+  }
+}
+
+void validate_multi_tensor_scale(const Placement& on, std::span<const Tensor> xs,
+                                 const Tensor& found_nonfinite) {
+  constexpr const char* op = "multi_tensor_scale";
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const std::string name = "xs[" + std::to_string(i) + "]";
+    check_float(on, op, name.c_str(), xs[i]);
+  }
+  if (found_nonfinite.defined()) {
+    on.check(op, "found_nonfinite", found_nonfinite);
+    MG_CHECK(found_nonfinite.numel() == 1 && found_nonfinite.dtype() == DType::f32,
+             op << ": found_nonfinite must be a single f32 element, got " << found_nonfinite.str());
+  }
+}
+
+// ---- rope ---------------------------------------------------------------------------------------
+
+RopeDims validate_rope(const Placement& on, const char* op, const char* out_name, const Tensor& out,
+                       const char* in_name, const Tensor& in, const RopeArgs& a) {
+  check_float(on, op, in_name, in);
+  MG_CHECK(in.dim() == 4,
+           op << ": " << in_name << " must be [S, B, NH, HD], got " << shape_str(in.shape()));
+  check_like(on, op, out_name, out, in_name, in);
+  RopeDims p{in.size(0), in.size(1), in.size(2), in.size(3), 0, false};
+  MG_CHECK(a.rotary_percent > 0.0f && a.rotary_percent <= 1.0f,
+           op << ": rotary_percent " << a.rotary_percent << " is outside (0, 1]");
+  MG_CHECK(a.base > 0.0f && std::isfinite(a.base), op << ": base " << a.base << " must be > 0");
+  // Megatron: int(kv_channels * rotary_percent).
+  p.rot = static_cast<int64_t>(static_cast<double>(p.hd) * static_cast<double>(a.rotary_percent));
+  MG_CHECK(p.rot > 0 && p.rot % 2 == 0, op << ": rotary dim HD * rotary_percent = " << p.hd << " * "
+                                           << a.rotary_percent << " = " << p.rot
+                                           << " must be even and > 0");
+  if (a.position_ids.defined()) {
+    const Tensor& ids = a.position_ids;
+    check_index(on, op, "position_ids", ids);
+    const bool flat = ids.shape() == Shape{p.s};
+    p.per_batch_positions = ids.shape() == (Shape{p.b, p.s});
+    MG_CHECK(flat || p.per_batch_positions, op << ": position_ids " << shape_str(ids.shape())
+                                               << " is neither [S] = " << shape_str(Shape{p.s})
+                                               << " nor [B, S] = " << shape_str(Shape{p.b, p.s}));
+  }
+  return p;
+}
+
+// ---- softmax ------------------------------------------------------------------------------------
+
+namespace {
+
+void validate_rows(const Placement& on, const char* op, const char* name, const Tensor& t) {
+  check_float(on, op, name, t);
+  MG_CHECK(t.dim() >= 1, op << ": " << name << " must have rank >= 1, got a scalar");
+}
+
+void validate_scale(const char* op, float scale) {
+  MG_CHECK(std::isfinite(scale), op << ": scale " << scale << " is not finite");
+}
+
+}  // namespace
+
+void validate_softmax_fwd(const Placement& on, const char* op, const Tensor& y, const Tensor& x,
+                          float scale) {
+  validate_rows(on, op, "x", x);
+  check_like(on, op, "y", y, "x", x);
+  validate_scale(op, scale);
+}
+
+void validate_softmax_bwd(const Placement& on, const char* op, const Tensor& dx, const Tensor& dy,
+                          const Tensor& y, float scale) {
+  validate_rows(on, op, "y", y);
+  check_like(on, op, "dy", dy, "y", y);
+  check_like(on, op, "dx", dx, "y", y);
+  validate_scale(op, scale);
+}
+
+}  // namespace mg::ops

@@ -1,0 +1,215 @@
+// Platform-independent argument validation of the ops in op_list.h / op_args.h: which tensors must
+// be defined, their dtypes and allowed mixes, their shapes, and the ranges of scalar arguments.
+// Every platform's kernels call these, so an op's contract is checked, and worded, in one place.
+//
+// Invariants: every check throws mg::Error naming the op, the argument and the offending values.
+// Each validate_* hands every tensor it checks to the caller's Placement first (before any dtype
+// or shape check on it), so a tensor on the wrong device is reported as such, whatever else is
+// wrong with it. They return the sizes the kernels derive from the shapes.
+// Not here: where tensors live (the Placement: host for cpu, one CUDA device for cuda), anything
+// that reads tensor data (negative ids, cu_seqlens values are checked from a host copy the
+// platform provides), backend limits (BLAS int range, CUDA head-dim limit) and alias rules that
+// depend on how a kernel writes its outputs.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "megatron/core/ops/op_args.h"
+#include "megatron/core/tensor/tensor.h"
+
+namespace mg::ops {
+
+// Where a platform's kernels need their tensors. check() throws unless t is defined and usable
+// there; it may keep state (cuda: every tensor of one call on the first tensor's device).
+class Placement {
+ public:
+  virtual ~Placement() = default;
+  virtual void check(const char* op, const char* name, const Tensor& t) const = 0;
+};
+
+// ---- generic helpers ----------------------------------------------------------------------------
+
+// The storage dtypes every float kernel accepts: f64, f32, bf16, f16.
+bool is_kernel_float(DType t);
+// The index dtypes (targets, ids, positions): i32, i64.
+bool is_index(DType t);
+// The dtype of compute_t for storage dtype t: f64 for f64, f32 for the rest. Per-row statistics
+// (lse, loss, max, mean, rstd) are stored in it.
+DType compute_dtype(DType t);
+// True when the byte ranges of a and b intersect (same storage only).
+bool overlaps(const Tensor& a, const Tensor& b);
+
+void check_defined(const char* op, const char* name, const Tensor& t);
+// t's dtype is a kernel float / an index dtype (t itself is assumed defined).
+void check_float_dtype(const char* op, const char* name, const Tensor& t);
+void check_index_dtype(const char* op, const char* name, const Tensor& t);
+void check_same_dtype(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref);
+void check_same_shape(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref);
+void check_same_numel(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref);
+// t's dtype is compute_dtype(ref's dtype): a statistic of ref.
+void check_stat_dtype(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref);
+
+// Placed (on.check), then the dtype check.
+void check_float(const Placement& on, const char* op, const char* name, const Tensor& t);
+void check_index(const Placement& on, const char* op, const char* name, const Tensor& t);
+// A tensor like `ref` (an output or gradient of it): placed, with ref's dtype and shape.
+void check_like(const Placement& on, const char* op, const char* name, const Tensor& t,
+                const char* ref_name, const Tensor& ref);
+// A statistic of `ref`: placed, with dtype compute_dtype(ref's dtype); the shape is the caller's.
+void check_stat(const Placement& on, const char* op, const char* name, const Tensor& t,
+                const char* ref_name, const Tensor& ref);
+
+// ---- gemm family --------------------------------------------------------------------------------
+
+struct GemmDims {
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+};
+// C = alpha op(A) @ op(B) + beta C: A, B floats of one dtype, C that dtype or f32; all rank 2, or
+// all rank 3 with a shared batch dim; inner and output dims agree.
+GemmDims validate_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,
+                       const GemmArgs& args);
+// y [N, F] += bias [F]; returns F.
+int64_t validate_bias_add(const Placement& on, const Tensor& y, const Tensor& bias);
+// dbias [F] += sum_n dy [N, F]; returns F.
+int64_t validate_bias_grad(const Placement& on, const Tensor& dbias, const Tensor& dy);
+// y += alpha x: floats of any dtypes with equal element counts.
+void validate_axpy(const Placement& on, const Tensor& y, const Tensor& x);
+
+// ---- activation ---------------------------------------------------------------------------------
+
+// out has in's float dtype and element count (gelu, squared_relu, their gradients).
+void validate_unary(const Placement& on, const char* op, const char* out_name, const Tensor& out,
+                    const char* in_name, const Tensor& in);
+// x [N, 2F] -> F; `half` [N, F] (y, or dy) is x with its last dim halved.
+int64_t validate_swiglu(const Placement& on, const char* op, const char* half_name,
+                        const Tensor& half, const Tensor& x);
+// dx [N, 2F] like x, dy [N, F], dx not overlapping dy; returns F.
+int64_t validate_swiglu_bwd(const Placement& on, const Tensor& dx, const Tensor& dy,
+                            const Tensor& x);
+
+// ---- attention ----------------------------------------------------------------------------------
+
+struct AttentionDims {
+  int64_t s, b, nh, ng, hd;
+};
+// out, lse [B, NH, S] <- q [S, B, NH, HD], k, v [S, B, NG, HD]; dropout p in [0, 1), finite
+// softmax_scale, and the document mask tensors (doc_ids [B, S] i32, or cu_seqlens [D+1] i32, not
+// both). cu_seqlens values: validate_cu_seqlens on a host copy.
+AttentionDims validate_attention_fwd(const Placement& on, const Tensor& out, const Tensor& lse,
+                                     const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const AttentionArgs& args);
+AttentionDims validate_attention_bwd(const Placement& on, const Tensor& dq, const Tensor& dk,
+                                     const Tensor& dv, const Tensor& dout, const Tensor& q,
+                                     const Tensor& k, const Tensor& v, const Tensor& out,
+                                     const Tensor& lse, const AttentionArgs& args);
+// cu_seqlens values c [D+1]: start at 0, end at S, monotone.
+void validate_cu_seqlens(const char* op, std::span<const int32_t> c, int64_t s);
+
+// ---- cross entropy ------------------------------------------------------------------------------
+
+struct CeRows {
+  int64_t n, v;  // rows N (leading dims of the logits flattened), local vocab Vl
+};
+CeRows validate_cross_entropy_fwd(const Placement& on, const Tensor& loss, const Tensor& max,
+                                  const Tensor& sum_exp, const Tensor& logits,
+                                  const Tensor& targets);
+CeRows validate_ce_local_max(const Placement& on, const Tensor& max, const Tensor& logits);
+CeRows validate_ce_local_stats(const Placement& on, const Tensor& sum_exp,
+                               const Tensor& target_logit, const Tensor& logits, const Tensor& max,
+                               const Tensor& targets, int64_t vocab_start);
+// loss f32/f64; max, sum_exp, target_logit of loss's dtype and element count.
+void validate_ce_combine(const Placement& on, const Tensor& loss, const Tensor& max,
+                         const Tensor& sum_exp, const Tensor& target_logit);
+// dlogits like logits (its alias rule is the platform's); the rest as in the forward.
+CeRows validate_cross_entropy_bwd(const Placement& on, const Tensor& dlogits, const Tensor& dloss,
+                                  const Tensor& logits, const Tensor& max, const Tensor& sum_exp,
+                                  const Tensor& targets, int64_t vocab_start);
+
+// ---- dropout ------------------------------------------------------------------------------------
+
+void validate_dropout_p(const char* op, const DropoutArgs& args);
+// out like in (dropout_fwd: y, x; dropout_bwd: dx, dy).
+void validate_dropout(const Placement& on, const char* op, const Tensor& out, const Tensor& in,
+                      const DropoutArgs& args);
+// y, residual like x [N, F], bias [F] optional of x's dtype; returns F.
+int64_t validate_bias_dropout_add_fwd(const Placement& on, const Tensor& y, const Tensor& x,
+                                      const Tensor& bias, const Tensor& residual,
+                                      const DropoutArgs& args);
+// dx like dy [N, F], dbias [F] optional of any float dtype; returns F.
+int64_t validate_bias_dropout_add_bwd(const Placement& on, const Tensor& dx, const Tensor& dbias,
+                                      const Tensor& dy, const DropoutArgs& args);
+
+// ---- embedding ----------------------------------------------------------------------------------
+
+struct EmbeddingDims {
+  int64_t n, v, h;  // tokens N = ids.numel(), local vocab Vl, hidden H
+};
+// out [N, H] of weight's dtype <- ids [N] i32/i64, weight [Vl, H]; vocab_start >= 0.
+EmbeddingDims validate_embedding_fwd(const Placement& on, const Tensor& out, const Tensor& ids,
+                                     const Tensor& weight, int64_t vocab_start);
+// dweight [Vl, H] (any float dtype) <- dout [N, H], ids [N].
+EmbeddingDims validate_embedding_bwd(const Placement& on, const Tensor& dweight, const Tensor& dout,
+                                     const Tensor& ids, int64_t vocab_start);
+// Every id >= 0 (checked on a host copy of `ids`).
+void validate_ids_nonnegative(const char* op, const Tensor& ids, std::span<const int64_t> id);
+
+// ---- init ---------------------------------------------------------------------------------------
+
+void validate_init_normal(const Placement& on, const Tensor& x, const InitArgs& args);
+void validate_init_uniform(const Placement& on, const Tensor& x, const InitArgs& args);
+
+// ---- norms --------------------------------------------------------------------------------------
+
+struct NormDims {
+  int64_t rows, h;  // x [N, H]: rows N (leading dims flattened), H
+};
+// y like x [N, H], gamma and beta (optional) [H], mean and rstd [N] of compute_dtype(x), eps >= 0.
+NormDims validate_layernorm_fwd(const Placement& on, const Tensor& y, const Tensor& mean,
+                                const Tensor& rstd, const Tensor& x, const Tensor& gamma,
+                                const Tensor& beta, const NormArgs& args);
+NormDims validate_layernorm_bwd(const Placement& on, const Tensor& dx, const Tensor& dgamma,
+                                const Tensor& dbeta, const Tensor& dy, const Tensor& x,
+                                const Tensor& mean, const Tensor& rstd, const Tensor& gamma);
+NormDims validate_rmsnorm_fwd(const Placement& on, const Tensor& y, const Tensor& rstd,
+                              const Tensor& x, const Tensor& gamma, const NormArgs& args);
+NormDims validate_rmsnorm_bwd(const Placement& on, const Tensor& dx, const Tensor& dgamma,
+                              const Tensor& dy, const Tensor& x, const Tensor& rstd,
+                              const Tensor& gamma);
+
+// ---- optimizer ----------------------------------------------------------------------------------
+
+// Adam hyper-parameters, then per params[i]: param f32/f64, grad, exp_avg, exp_avg_sq (of param's
+// dtype) and model_param (optional) of param's shape.
+void validate_adamw(const Placement& on, std::span<const AdamParam> params, const AdamArgs& args);
+// out a single f32/f64 element; xs floats.
+void validate_l2_norm_sq(const Placement& on, const Tensor& out, std::span<const Tensor> xs);
+// xs floats; found_nonfinite (optional) a single f32 element.
+void validate_multi_tensor_scale(const Placement& on, std::span<const Tensor> xs,
+                                 const Tensor& found_nonfinite);
+
+// ---- rope ---------------------------------------------------------------------------------------
+
+struct RopeDims {
+  int64_t s, b, heads, hd, rot;
+  bool per_batch_positions;  // position_ids is [B, S] (else [S], or none)
+};
+// out like in [S, B, NH, HD]; rotary_percent in (0, 1], base > 0, rotary width even and > 0;
+// position_ids (optional) i32/i64 [S] or [B, S].
+RopeDims validate_rope(const Placement& on, const char* op, const char* out_name, const Tensor& out,
+                       const char* in_name, const Tensor& in, const RopeArgs& args);
+
+// ---- softmax ------------------------------------------------------------------------------------
+
+// y like x (rank >= 1), finite scale.
+void validate_softmax_fwd(const Placement& on, const char* op, const Tensor& y, const Tensor& x,
+                          float scale);
+// dy, dx like y (rank >= 1), finite scale.
+void validate_softmax_bwd(const Placement& on, const char* op, const Tensor& dx, const Tensor& dy,
+                          const Tensor& y, float scale);
+
+}  // namespace mg::ops
