@@ -16,10 +16,12 @@
 #include <cmath>
 #include <cstdint>
 
+#ifndef MG_HOST_DEVICE
 #if defined(__CUDACC__)
 #define MG_HOST_DEVICE __host__ __device__ __forceinline__
 #else
 #define MG_HOST_DEVICE inline
+#endif
 #endif
 
 namespace mg::random {

@@ -1,8 +1,8 @@
-// Dtype names and the narrow-float conversions (see dtype.h for the exact semantics).
+// Dtype names and the host conversions (see dtype.h for the exact semantics).
 //
-// One generic encoder handles f16, fp8 e4m3fn and fp8 e5m2: it rounds the f32 significand to the
-// target's mantissa width with integer round-half-even, in the target's normal or subnormal range,
-// then applies that format's overflow rule. Decoding is exact (every narrow value is an f32).
+// The element conversions themselves live in dtype_math.h, written once for host and device, so
+// the CPU and CUDA platforms round identically; this file adds the typed, OpenMP-parallel bulk
+// loop of convert_host with PyTorch's rounding paths between dtype pairs.
 #include "megatron/core/tensor/dtype.h"
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/tensor/dtype_math.h"
 
 namespace mg {
 
@@ -105,103 +106,6 @@ bool is_floating(DType t) {
          t == DType::fp8_e4m3 || t == DType::fp8_e5m2;
 }
 
-namespace {
-
-uint32_t f32_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-struct MiniFloat {
-  int ebits;
-  int mbits;
-  bool ieee;          // true: the top exponent is Inf/NaN. false (e4m3fn): only S.1111.111 is NaN.
-  uint32_t nan_bits;  // the canonical NaN, without sign
-};
-constexpr MiniFloat kF16{5, 10, true, 0x7e00};
-constexpr MiniFloat kE5M2{5, 2, true, 0x7f};
-constexpr MiniFloat kE4M3{4, 3, false, 0x7f};
-
-constexpr int bias(const MiniFloat& m) {
-  return (1 << (m.ebits - 1)) - 1;
-}
-// Largest finite encoding, without sign.
-constexpr uint32_t max_finite_bits(const MiniFloat& m) {
-  const uint32_t top = (1u << m.ebits) - 1;
-  return m.ieee ? (((top - 1) << m.mbits) | ((1u << m.mbits) - 1))
-                : ((top << m.mbits) | ((1u << m.mbits) - 2));
-}
-constexpr uint32_t inf_bits(const MiniFloat& m) {
-  return ((1u << m.ebits) - 1) << m.mbits;
-}
-
-uint32_t encode(float f, const MiniFloat& m, bool saturate) {
-  const uint32_t u = f32_bits(f);
-  const uint32_t sign = (u >> 31) << (m.ebits + m.mbits);
-  const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return sign | m.nan_bits;
-  const uint32_t overflow = saturate ? max_finite_bits(m) : (m.ieee ? inf_bits(m) : m.nan_bits);
-  if (a == 0x7f800000u) return sign | overflow;
-  if (a == 0) return sign;
-
-  // a = M * 2^(E - 23) with M < 2^24 (implicit bit included for normals).
-  int e = static_cast<int>(a >> 23);
-  uint32_t mant = a & 0x7fffffu;
-  if (e == 0)
-    e = 1;
-  else
-    mant |= 0x800000u;
-  const int exp = e - 127;  // unbiased exponent of the f32 value's quantum scale
-  const int emin = 1 - bias(m);
-  // Quantum of the target at this magnitude: 2^(max(exp, emin) - mbits). Shift M down to it.
-  const int shift = (23 - m.mbits) + (exp < emin ? emin - exp : 0);
-  uint32_t n;
-  if (shift >= 32) {
-    n = 0;  // far below half the smallest subnormal
-  } else {
-    n = mant >> shift;
-    const uint32_t rem = mant & ((1u << shift) - 1);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (n & 1u))) ++n;
-  }
-  // n is the significand in units of the quantum; exponent field from the quantum's exponent.
-  int efield = exp < emin ? 0 : exp + bias(m);
-  if (efield == 0) {
-    // subnormal range: n < 2^mbits stays subnormal; n == 2^mbits rounded up to the smallest normal
-    if (n >= (1u << m.mbits)) efield = 1, n -= (1u << m.mbits);
-  } else {
-    if (n >= (2u << m.mbits)) ++efield, n >>= 1;  // carry out of the significand
-    n -= (1u << m.mbits);
-  }
-  const uint32_t bits = (static_cast<uint32_t>(efield) << m.mbits) | n;
-  if (efield >= (1 << m.ebits) || bits > max_finite_bits(m)) return sign | overflow;
-  return sign | bits;
-}
-
-float decode(uint32_t b, const MiniFloat& m) {
-  const uint32_t sbit = 1u << (m.ebits + m.mbits);
-  const bool neg = (b & sbit) != 0;
-  const uint32_t a = b & (sbit - 1);
-  const uint32_t efield = a >> m.mbits;
-  const uint32_t mant = a & ((1u << m.mbits) - 1);
-  float v;
-  if (m.ieee && efield == (1u << m.ebits) - 1) {
-    v = mant == 0 ? std::numeric_limits<float>::infinity()
-                  : std::numeric_limits<float>::quiet_NaN();
-  } else if (!m.ieee && a == m.nan_bits) {
-    v = std::numeric_limits<float>::quiet_NaN();
-  } else if (efield == 0) {
-    v = std::ldexp(static_cast<float>(mant), 1 - bias(m) - m.mbits);
-  } else {
-    v = std::ldexp(static_cast<float>(mant | (1u << m.mbits)),
-                   static_cast<int>(efield) - bias(m) - m.mbits);
-  }
-  return neg ? -v : v;
-}
-
-}  // namespace
-
 uint16_t f32_to_bf16_bits(float f) {
   return f32_to_bf16_inline(f);
 }
@@ -209,22 +113,22 @@ float bf16_bits_to_f32(uint16_t b) {
   return bf16_to_f32_inline(b);
 }
 uint16_t f32_to_f16_bits(float f) {
-  return static_cast<uint16_t>(encode(f, kF16, false));
+  return dmath::f32_to_f16(f);
 }
 float f16_bits_to_f32(uint16_t h) {
-  return decode(h, kF16);
+  return dmath::f16_to_f32(h);
 }
 uint8_t f32_to_fp8_e4m3_bits(float f, bool saturate) {
-  return static_cast<uint8_t>(encode(f, kE4M3, saturate));
+  return dmath::f32_to_e4m3(f, saturate);
 }
 float fp8_e4m3_bits_to_f32(uint8_t b) {
-  return decode(b, kE4M3);
+  return dmath::e4m3_to_f32(b);
 }
 uint8_t f32_to_fp8_e5m2_bits(float f, bool saturate) {
-  return static_cast<uint8_t>(encode(f, kE5M2, saturate));
+  return dmath::f32_to_e5m2(f, saturate);
 }
 float fp8_e5m2_bits_to_f32(uint8_t b) {
-  return decode(b, kE5M2);
+  return dmath::e5m2_to_f32(b);
 }
 
 namespace {
@@ -240,22 +144,16 @@ double float_value(T v) {
 
 // Float -> integer: truncation toward zero, NaN -> 0. Out of range, C++ leaves the cast undefined;
 // we define it as x86-64's cvttsd2si does (what PyTorch's CPU casts produce there, and what the
-// CUDA platform reproduces): INT_MIN for i32/i64, and u8 takes the low 8 bits of the i32 result
-// (so -1.0 -> 255 and 300.0 -> 44, as torch.tensor([300.]).to(torch.uint8)).
+// CUDA platform reproduces with the same dtype_math.h): INT_MIN for i32/i64, and u8 takes the low
+// 8 bits of the i32 result (so -1.0 -> 255 and 300.0 -> 44, as torch.tensor([300.]).to(uint8)).
 template <typename D>
 D float_to_int(double v) {
-  if (std::isnan(v)) return D(0);
-  if constexpr (std::is_same_v<D, int64_t>) {
-    if (v >= -9223372036854775808.0 && v < 9223372036854775808.0) return static_cast<int64_t>(v);
-    return std::numeric_limits<int64_t>::min();
-  } else {
-    int32_t i = std::numeric_limits<int32_t>::min();
-    if (v > -2147483649.0 && v < 2147483648.0) i = static_cast<int32_t>(v);
-    if constexpr (std::is_same_v<D, int32_t>)
-      return i;
-    else
-      return static_cast<D>(static_cast<uint32_t>(i) & 0xffu);
-  }
+  if constexpr (std::is_same_v<D, int64_t>)
+    return dmath::f64_to_i64(v);
+  else if constexpr (std::is_same_v<D, int32_t>)
+    return dmath::f64_to_i32(v);
+  else
+    return dmath::f64_to_u8(v);
 }
 
 // One element from storage type S to storage type D, with PyTorch's rounding paths:

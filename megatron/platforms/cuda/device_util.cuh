@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "megatron/platforms/cuda/dtype_math.h"
+#include "megatron/core/tensor/dtype_math.h"
 
 namespace mg::platforms::cuda {
 

@@ -1,4 +1,4 @@
-// The CUDA platform's element conversions (megatron/platforms/cuda/dtype_math.h) are one source
+// The CUDA platform's element conversions (megatron/core/tensor/dtype_math.h) are one source
 // compiled for host and device. This test runs that source on the host, on every machine, and
 // checks it bit for bit against the library's reference conversions (megatron/core/tensor/
 // dtype.cpp, convert_host): every 16- and 8-bit pattern decoded; f32 inputs around every rounding
@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "megatron/core/tensor/dtype.h"
-#include "megatron/platforms/cuda/dtype_math.h"
+#include "megatron/core/tensor/dtype_math.h"
 
 namespace mg {
 namespace {
 
-namespace dm = platforms::cuda::dmath;
+namespace dm = dmath;
 
 uint32_t bits(float f) {
   uint32_t u;

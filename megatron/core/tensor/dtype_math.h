@@ -1,8 +1,9 @@
-// Element conversions of the CUDA platform, written once for host and device (__host__ __device__
-// under nvcc, plain inline C++ otherwise), so that a host unit test can check them bit for bit
-// against megatron/core/tensor/dtype.cpp on machines without a GPU.
+// Element conversions between every pair of dtypes, written once for host and device
+// (__host__ __device__ under nvcc, plain inline C++ otherwise): dtype.cpp's conversions and
+// convert_host are built on these, and so are the CUDA platform's, so both platforms round alike.
 //
-// Invariants: the same rounding as dtype.cpp, not CUDA's intrinsics, whose NaN encodings differ
+// Invariants: the semantics documented in dtype.h, not CUDA's intrinsics, whose NaN encodings
+// differ
 // (__float2bfloat16 gives 0x7FFF, the fp8 encoders drop the NaN sign or keep the e5m2 payload):
 //   bf16      RNE, NaN -> 0x7FC0 (sign dropped).
 //   f16, fp8  one generic encoder: integer round-half-even of the f32 significand in the target's
@@ -10,8 +11,8 @@
 //             non-saturating -> NaN, saturating -> +-max).
 //   any pair  convert_element(): float sources load exactly as f64 and store through f32 for the
 //             narrow formats (as PyTorch does); float -> integer truncates, NaN -> 0, out of range
-//             INT_MIN / INT64_MIN and u8 the low byte of the i32 result (x86-64's cvttsd2si, which
-//             dtype.cpp defines as the contract); integer -> integer wraps; integer -> float rounds
+//             INT_MIN / INT64_MIN and u8 the low byte of the i32 result (x86-64's cvttsd2si, the
+//             contract dtype.h documents); integer -> integer wraps; integer -> float rounds
 //             once to f32 (f64 for f64).
 //   f32<->f64 a NaN keeps its sign and payload top bits (x86), not the GPU's canonical NaN.
 // Not here: vectorised or packed conversions (the speed issue), anything that allocates.
@@ -22,53 +23,55 @@
 
 #include "megatron/core/tensor/dtype.h"
 
+#ifndef MG_HOST_DEVICE
 #if defined(__CUDACC__)
-#define MG_CUDA_HD __host__ __device__ __forceinline__
+#define MG_HOST_DEVICE __host__ __device__ __forceinline__
 #else
-#define MG_CUDA_HD inline
+#define MG_HOST_DEVICE inline
+#endif
 #endif
 
-namespace mg::platforms::cuda::dmath {
+namespace mg::dmath {
 
-MG_CUDA_HD uint32_t f32_bits(float f) {
+MG_HOST_DEVICE uint32_t f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
   return u;
 }
-MG_CUDA_HD float bits_f32(uint32_t u) {
+MG_HOST_DEVICE float bits_f32(uint32_t u) {
   float f;
   memcpy(&f, &u, 4);
   return f;
 }
-MG_CUDA_HD uint64_t f64_bits(double d) {
+MG_HOST_DEVICE uint64_t f64_bits(double d) {
   uint64_t u;
   memcpy(&u, &d, 8);
   return u;
 }
-MG_CUDA_HD double bits_f64(uint64_t u) {
+MG_HOST_DEVICE double bits_f64(uint64_t u) {
   double d;
   memcpy(&d, &u, 8);
   return d;
 }
 // 2^k as a float for k in [-126, 127] (exact).
-MG_CUDA_HD float pow2f(int k) {
+MG_HOST_DEVICE float pow2f(int k) {
   return bits_f32(static_cast<uint32_t>(k + 127) << 23);
 }
-MG_CUDA_HD float negate(float f) {
+MG_HOST_DEVICE float negate(float f) {
   return bits_f32(f32_bits(f) ^ 0x80000000u);
 }
 
 // f64 <-> f32 as the x86-64 host converts (cvtsd2ss / cvtss2sd): RNE, and a NaN keeps its sign
 // and the top of its payload, quietened. The GPU's cvt would return the canonical NaN instead, so
 // the NaN case is done on the bits.
-MG_CUDA_HD float f64_to_f32(double v) {
+MG_HOST_DEVICE float f64_to_f32(double v) {
   const uint64_t u = f64_bits(v);
   if ((u & 0x7fffffffffffffffull) > 0x7ff0000000000000ull)
     return bits_f32(static_cast<uint32_t>((u >> 32) & 0x80000000u) | 0x7fc00000u |
                     static_cast<uint32_t>((u >> 29) & 0x3fffffu));
   return static_cast<float>(v);
 }
-MG_CUDA_HD double f32_to_f64(float f) {
+MG_HOST_DEVICE double f32_to_f64(float f) {
   const uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u)
     return bits_f64((static_cast<uint64_t>(u & 0x80000000u) << 32) | 0x7ff8000000000000ull |
@@ -77,10 +80,10 @@ MG_CUDA_HD double f32_to_f64(float f) {
 }
 
 // ---- bf16 -------------------------------------------------------------------------------------
-MG_CUDA_HD float bf16_to_f32(uint16_t b) {
+MG_HOST_DEVICE float bf16_to_f32(uint16_t b) {
   return bits_f32(static_cast<uint32_t>(b) << 16);
 }
-MG_CUDA_HD uint16_t f32_to_bf16(float f) {
+MG_HOST_DEVICE uint16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
   u += 0x7fffu + ((u >> 16) & 1u);                     // round to nearest even
@@ -98,7 +101,7 @@ struct MiniFloat {
       IEEE ? (((kTop - 1) << MB) | ((1u << MB) - 1)) : ((kTop << MB) | ((1u << MB) - 2));
   static constexpr uint32_t kInf = kTop << MB;
 
-  static MG_CUDA_HD uint32_t encode(float f, bool saturate) {
+  static MG_HOST_DEVICE uint32_t encode(float f, bool saturate) {
     const uint32_t u = f32_bits(f);
     const uint32_t sign = (u >> 31) << (EB + MB);
     const uint32_t a = u & 0x7fffffffu;
@@ -136,7 +139,7 @@ struct MiniFloat {
     return sign | bits;
   }
 
-  static MG_CUDA_HD float decode(uint32_t b) {
+  static MG_HOST_DEVICE float decode(uint32_t b) {
     constexpr uint32_t sbit = 1u << (EB + MB);
     const bool neg = (b & sbit) != 0;
     const uint32_t a = b & (sbit - 1);
@@ -160,43 +163,43 @@ using F16 = MiniFloat<5, 10, true, 0x7e00u>;
 using E5M2 = MiniFloat<5, 2, true, 0x7fu>;
 using E4M3 = MiniFloat<4, 3, false, 0x7fu>;
 
-MG_CUDA_HD float f16_to_f32(uint16_t h) {
+MG_HOST_DEVICE float f16_to_f32(uint16_t h) {
   return F16::decode(h);
 }
-MG_CUDA_HD uint16_t f32_to_f16(float f) {
+MG_HOST_DEVICE uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(F16::encode(f, false));
 }
-MG_CUDA_HD float e4m3_to_f32(uint8_t b) {
+MG_HOST_DEVICE float e4m3_to_f32(uint8_t b) {
   return E4M3::decode(b);
 }
-MG_CUDA_HD uint8_t f32_to_e4m3(float f, bool saturate = false) {
+MG_HOST_DEVICE uint8_t f32_to_e4m3(float f, bool saturate = false) {
   return static_cast<uint8_t>(E4M3::encode(f, saturate));
 }
-MG_CUDA_HD float e5m2_to_f32(uint8_t b) {
+MG_HOST_DEVICE float e5m2_to_f32(uint8_t b) {
   return E5M2::decode(b);
 }
-MG_CUDA_HD uint8_t f32_to_e5m2(float f, bool saturate = false) {
+MG_HOST_DEVICE uint8_t f32_to_e5m2(float f, bool saturate = false) {
   return static_cast<uint8_t>(E5M2::encode(f, saturate));
 }
 
 // ---- float -> integer with the host build's (x86-64) out-of-range results ---------------------
-MG_CUDA_HD int32_t f64_to_i32(double v) {
+MG_HOST_DEVICE int32_t f64_to_i32(double v) {
   if (v != v) return 0;
   if (v > -2147483649.0 && v < 2147483648.0) return static_cast<int32_t>(v);
   return INT32_MIN;
 }
-MG_CUDA_HD int64_t f64_to_i64(double v) {
+MG_HOST_DEVICE int64_t f64_to_i64(double v) {
   if (v != v) return 0;
   if (v >= -9223372036854775808.0 && v < 9223372036854775808.0) return static_cast<int64_t>(v);
   return INT64_MIN;
 }
-MG_CUDA_HD uint8_t f64_to_u8(double v) {
+MG_HOST_DEVICE uint8_t f64_to_u8(double v) {
   return static_cast<uint8_t>(static_cast<uint32_t>(f64_to_i32(v)) & 0xffu);
 }
 
 // ---- element access by runtime dtype ----------------------------------------------------------
 // Element i of buffer p of dtype t as a double (exact for every float dtype; i64 rounds).
-MG_CUDA_HD double load_as_double(const void* p, DType t, int64_t i) {
+MG_HOST_DEVICE double load_as_double(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::f64:
       return static_cast<const double*>(p)[i];
@@ -221,7 +224,7 @@ MG_CUDA_HD double load_as_double(const void* p, DType t, int64_t i) {
 }
 
 // Stores f (already rounded to f32) into a narrow float element; false for other dtypes.
-MG_CUDA_HD bool store_narrow(void* p, DType t, int64_t i, float f) {
+MG_HOST_DEVICE bool store_narrow(void* p, DType t, int64_t i, float f) {
   switch (t) {
     case DType::f32:
       static_cast<float*>(p)[i] = f;
@@ -244,7 +247,7 @@ MG_CUDA_HD bool store_narrow(void* p, DType t, int64_t i, float f) {
 }
 
 // Stores v into element i of buffer p of dtype t, as convert_host does from a double.
-MG_CUDA_HD void store_from_double(void* p, DType t, int64_t i, double v) {
+MG_HOST_DEVICE void store_from_double(void* p, DType t, int64_t i, double v) {
   switch (t) {
     case DType::f64:
       static_cast<double*>(p)[i] = v;
@@ -264,7 +267,7 @@ MG_CUDA_HD void store_from_double(void* p, DType t, int64_t i, double v) {
   }
 }
 
-MG_CUDA_HD bool is_integer(DType t) {
+MG_HOST_DEVICE bool is_integer(DType t) {
   return t == DType::i32 || t == DType::i64 || t == DType::u8;
 }
 
@@ -272,7 +275,7 @@ MG_CUDA_HD bool is_integer(DType t) {
 //   int -> int     two's-complement wrap (C++20 static_cast)
 //   int -> float   one rounding to f32 (to f64 for f64), then to the narrow format
 //   float -> any   load exactly as f64, store_from_double (narrow floats through f32)
-MG_CUDA_HD void convert_element(void* dst, DType dt, const void* src, DType st, int64_t i) {
+MG_HOST_DEVICE void convert_element(void* dst, DType dt, const void* src, DType st, int64_t i) {
   if (is_integer(st)) {
     const int64_t v = st == DType::i64   ? static_cast<const int64_t*>(src)[i]
                       : st == DType::i32 ? static_cast<const int32_t*>(src)[i]
@@ -301,7 +304,7 @@ MG_CUDA_HD void convert_element(void* dst, DType dt, const void* src, DType st, 
 // Kernel loads and stores in a compute type C (float, or double for f64 math). A float dtype is
 // read exactly and widened; a store rounds C -> f32 -> the narrow format (f64 keeps double).
 template <typename C>
-MG_CUDA_HD C load(const void* p, DType t, int64_t i) {
+MG_HOST_DEVICE C load(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::f64:
       return static_cast<C>(static_cast<const double*>(p)[i]);
@@ -317,7 +320,7 @@ MG_CUDA_HD C load(const void* p, DType t, int64_t i) {
 }
 
 template <typename C>
-MG_CUDA_HD void store(void* p, DType t, int64_t i, C v) {
+MG_HOST_DEVICE void store(void* p, DType t, int64_t i, C v) {
   if (t == DType::f64) {
     static_cast<double*>(p)[i] = static_cast<double>(v);
     return;
@@ -331,9 +334,9 @@ MG_CUDA_HD void store(void* p, DType t, int64_t i, C v) {
 }
 
 // Integer element (ids, targets, positions) of an i32 or i64 buffer.
-MG_CUDA_HD int64_t load_index(const void* p, DType t, int64_t i) {
+MG_HOST_DEVICE int64_t load_index(const void* p, DType t, int64_t i) {
   return t == DType::i64 ? static_cast<const int64_t*>(p)[i]
                          : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
 }
 
-}  // namespace mg::platforms::cuda::dmath
+}  // namespace mg::dmath
