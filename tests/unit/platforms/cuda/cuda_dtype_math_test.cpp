@@ -1,10 +1,10 @@
-// The CUDA platform's element conversions (megatron/core/tensor/dtype_math.h) are one source
-// compiled for host and device. This test runs that source on the host, on every machine, and
-// checks it bit for bit against the library's reference conversions (megatron/core/tensor/
-// dtype.cpp, convert_host): every 16- and 8-bit pattern decoded; f32 inputs around every rounding
-// midpoint, subnormal, overflow threshold, Inf and NaN encoded (saturating and not); and every
-// dtype pair converted element by element on edge values. What it cannot show: that nvcc compiles
-// the same source to the same bits (the GPU tests in cuda_platform_test.cpp check convert()).
+// The element conversions of megatron/core/tensor/dtype_math.h are one source compiled for host
+// and device; dtype.cpp's scalar encoders are thin wrappers of it (their independent check is
+// tests/unit/core/dtype_test.cpp). What this adds: the per-element, runtime-dtype path the CUDA
+// kernels use (dmath::convert_element, load/store) against convert_host's typed bulk loop, for every
+// dtype pair on edge values (rounding midpoints, subnormals, overflow, Inf, NaN, integer ranges),
+// run on the host on every machine. What it cannot show: that nvcc compiles the same source to the
+// same bits (the GPU tests in cuda_platform_test.cpp check convert()).
 #include <gtest/gtest.h>
 
 #include <cmath>
