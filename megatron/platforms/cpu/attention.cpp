@@ -12,15 +12,28 @@
 //     random::dropout_keep(seed, offset + ((b*NH + h)*S + i)*S + j, p) and scaled by 1/(1-p); the
 //     backward regenerates the same mask. The backward uses D_i = dO_i . O_i, which holds with
 //     dropout too, so out must be the forward's output.
-// Algorithm: one (b, h) per OpenMP task, then row by row with the whole key row in a buffer (an
-// exact softmax, not a flash-style online one): Q/K/V of the head are widened to the compute type
-// once, K and V are kept transposed so the score and dO.V loops are unit-stride over keys.
+//   - Results do not depend on the thread count: each (b, h) is computed by one thread in a fixed
+//     order, and the per-head dK/dV are summed over a group's heads in head order.
+// Algorithm: one (b, h) per OpenMP task; its Q/K/V (and dO) are widened to the compute type once.
+// Queries go in blocks of kBlock rows; a block's scores against the key span its rows may see
+// (causal: up to its last row; documents: the union of its rows' documents) are one BLAS gemm
+// (S_blk = scale Q_blk K^T), then masked and softmaxed row by row exactly (the whole key span is in
+// the buffer: not a flash-style online softmax), and O_blk = P V is a second gemm. The backward
+// recomputes P from lse and does dP = dO V^T, dS = P (dP - D), dQ = dS K, dK += dS^T Q and
+// dV += P^T dO as gemms. BLAS is single-threaded (set at registration), so each task calls it
+// directly; per thread the buffers are O(S HD + kBlock S). The f32 softmax takes e^x from a
+// vectorised polynomial (about 1 ulp, 0 below e^-87) rather than std::exp, its cost otherwise.
 // Not done here: sequence lengths differing between q and k/v, non-contiguous (bshd) layouts,
 // attention bias or sliding windows.
+#include <cblas.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -86,8 +99,8 @@ DocMask build_doc_mask(const char* op, const AttentionArgs& a, const Dims& d) {
   return m;
 }
 
-// The keys row i of batch row b may read lie in [lo, hi) (each still checked with allowed());
-// an empty range means the row attends nothing.
+// The keys row i of batch row b may read lie in [lo, hi) (each still checked against the row's
+// document by mask_row); an empty range means the row attends nothing.
 struct RowRange {
   int64_t lo, hi;
 };
@@ -101,10 +114,6 @@ inline RowRange row_range(const DocMask& m, bool causal, int64_t b, int64_t i, c
     hi = std::min(hi, m.hi[t]);
   }
   return {lo, std::max(lo, hi)};
-}
-
-inline bool allowed(const DocMask& m, int64_t b, int64_t i, int64_t j, int64_t s) {
-  return !m.active() || m.ids[b * s + j] == m.ids[b * s + i];
 }
 
 // The factor applied to the scores: softmax_scale, or 1/sqrt(HD) when it is 0.
@@ -137,30 +146,160 @@ void dropout_factors(C* z, const ops::DropoutArgs& dr, const Dims& d, int64_t b,
   }
 }
 
-// Widens head h's rows of x [S, B, heads, HD] into dst [S, HD] (row-major) or [HD, S] (transposed).
+// Widens head h's rows of x [S, B, heads, HD] into dst [S, HD] (row-major).
 template <typename T, typename C>
-void load_head(C* dst, const T* x, const Dims& d, int64_t heads, int64_t b, int64_t h,
-               bool transpose) {
+void load_head(C* dst, const T* x, const Dims& d, int64_t heads, int64_t b, int64_t h) {
   for (int64_t s = 0; s < d.s; ++s) {
     const T* row = x + ((s * d.b + b) * heads + h) * d.hd;
-    if (transpose)
-      for (int64_t e = 0; e < d.hd; ++e) dst[e * d.s + s] = load<C>(row[e]);
-    else
-      for (int64_t e = 0; e < d.hd; ++e) dst[s * d.hd + e] = load<C>(row[e]);
+    for (int64_t e = 0; e < d.hd; ++e) dst[s * d.hd + e] = load<C>(row[e]);
   }
 }
 
-// sc[j] = sum_e qi[e] * kt[e, j] for j in [lo, hi): unit stride over keys, so it vectorises.
+// Query rows per block: big enough for BLAS to run near its peak, small enough that the causal
+// blocks waste little on the diagonal and the [kBlock, S] score buffers stay in cache.
+constexpr int64_t kBlock = 64;
+
+// Row-major C [m, n] = alpha op(A) op(B) + beta C with single-threaded BLAS; no dimension is 0.
+inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                      const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                      float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha,
+                      const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+                      double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
+              static_cast<blasint>(ldc));
+}
+
+// f32 lanes as GCC vector extensions (8 with AVX, else 4, so no function passes a vector wider
+// than the target's registers): the exp and the row reductions below are written on them, since
+// the loops would not vectorise otherwise (-ftrapping-math keeps GCC from turning the range checks
+// into selects).
+#ifdef __AVX__
+constexpr int64_t kLanes = 8;
+#else
+constexpr int64_t kLanes = 4;
+#endif
+using FV = float __attribute__((vector_size(4 * kLanes)));
+using IV = int32_t __attribute__((vector_size(4 * kLanes)));
+
+inline FV load_v(const float* p) {
+  FV v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_v(float* p, FV v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// e^x lane-wise: Cephes' expf (x = n ln2 + r, |r| <= ln2/2, degree-7 polynomial; about 1 ulp).
+// Below -87 (a masked -inf score included) it gives 0: such a term is under 2^-125 of the row's
+// largest, which is 1. NaN stays NaN.
+inline FV exp_v(FV x) {
+  const IV keep = ~(x < -87.0f);  // all ones unless the result underflows
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const FV t = x * 1.44269504088896341f + kRound;
+  const FV n = t - kRound;
+  FV r = x - n * 0.693359375f;  // ln2 in two parts, so n ln2 loses nothing
+  r = r - n * -2.12194440e-4f;
+  FV p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const FV y = p * r * r + r + 1.0f;
+  const IV ni = std::bit_cast<IV>(t) - std::bit_cast<int32_t>(kRound);
+  const IV two_n = (ni + 127) << 23;
+  const IV v = std::bit_cast<IV>(y * std::bit_cast<FV>(two_n)) & keep;
+  return std::bit_cast<FV>(v);
+}
+
+// The n < kLanes elements of x as a vector, -inf in the lanes past the end.
+inline FV tail_v(const float* x, int64_t n) {
+  float buf[kLanes];
+  std::fill(buf, buf + kLanes, -std::numeric_limits<float>::infinity());
+  std::copy(x, x + n, buf);
+  return load_v(buf);
+}
+
+// Max of x[0, n), and x[j] = e^(x[j] - shift) returning their sum. The sums go in kLanes lanes
+// combined in a fixed order, so the result depends on n only (not on alignment or threads).
 template <typename C>
-inline void row_scores(C* sc, const C* qi, const C* kt, int64_t s, int64_t hd, int64_t lo,
-                       int64_t hi) {
-  for (int64_t j = lo; j < hi; ++j) sc[j] = 0;
-  for (int64_t e = 0; e < hd; ++e) {
-    const C qe = qi[e];
-    const C* kr = kt + e * s;
-#pragma omp simd
-    for (int64_t j = lo; j < hi; ++j) sc[j] += qe * kr[j];
+C row_max(const C* x, int64_t n) {
+  if constexpr (std::is_same_v<C, float>) {
+    FV acc = tail_v(x + n / kLanes * kLanes, n % kLanes);
+    for (int64_t j = 0; j + kLanes <= n; j += kLanes) {
+      const FV v = load_v(x + j);
+      acc = v > acc ? v : acc;
+    }
+    float m = acc[0];
+    for (int64_t l = 1; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+    return m;
+  } else {
+    C m = -std::numeric_limits<C>::infinity();
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+    return m;
   }
+}
+template <typename C>
+C exp_shifted_sum(C* x, int64_t n, C shift) {  // a -inf x[j] gives 0
+  if constexpr (std::is_same_v<C, float>) {
+    FV acc = {};
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) {
+      const FV v = exp_v(load_v(x + j) - shift);
+      store_v(x + j, v);
+      acc += v;
+    }
+    if (j < n) {
+      const FV v = exp_v(tail_v(x + j, n - j) - shift);
+      for (int64_t l = 0; l < n - j; ++l) x[j + l] = v[l];
+      acc += v;
+    }
+    float sum = acc[0];
+    for (int64_t l = 1; l < kLanes; ++l) sum += acc[l];
+    return sum;
+  } else {
+    C sum = 0;
+    for (int64_t j = 0; j < n; ++j) sum += (x[j] = std::exp(x[j] - shift));
+    return sum;
+  }
+}
+
+// The key span [lo, hi) of query rows [i0, i1): the union of their row ranges (empty if every row
+// is padding). rows[i - i0] receives each row's own range.
+RowRange block_span(RowRange* rows, const DocMask& m, bool causal, int64_t b, int64_t i0,
+                    int64_t i1, const Dims& d) {
+  RowRange span{d.s, 0};
+  for (int64_t i = i0; i < i1; ++i) {
+    const RowRange r = row_range(m, causal, b, i, d);
+    rows[i - i0] = r;
+    if (r.lo == r.hi) continue;
+    span.lo = std::min(span.lo, r.lo);
+    span.hi = std::max(span.hi, r.hi);
+  }
+  return span.lo < span.hi ? span : RowRange{0, 0};
+}
+
+// Row i's scores s[0, n) over keys [kl, kl + n): -inf outside its range r or its document.
+template <typename C>
+void mask_row(C* s, int64_t kl, int64_t n, const RowRange& r, const DocMask& m, int64_t b,
+              int64_t i, int64_t seq) {
+  constexpr C kNegInf = -std::numeric_limits<C>::infinity();
+  std::fill(s, s + (r.lo - kl), kNegInf);
+  std::fill(s + (r.hi - kl), s + n, kNegInf);
+  if (!m.active()) return;
+  const int32_t* id = m.ids.data() + b * seq;
+  const int32_t own = id[i];
+  for (int64_t j = r.lo; j < r.hi; ++j) s[j - kl] = id[j] == own ? s[j - kl] : kNegInf;
 }
 
 template <typename T>
@@ -176,48 +315,61 @@ void attention_fwd_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor&
   const C scale = score_scale<C>(a, d);
   const int64_t per_group = d.nh / d.ng;
   const bool dropout = a.dropout.p > 0.0f;
+  const int64_t hd = d.hd;
 #pragma omp parallel
   {
-    std::vector<C> qh(d.s * d.hd), kt(d.hd * d.s), vh(d.s * d.hd), sc(d.s), z(d.s), o(d.hd);
+    // Per thread: the head's Q, K, V [S, HD], the block's scores / probabilities [kBlock, span],
+    // its output [kBlock, HD], dropout factors over keys [S], and the rows' key ranges.
+    std::vector<C> qh(d.s * hd), kh(d.s * hd), vh(d.s * hd), sc(kBlock * d.s), ob(kBlock * hd);
+    std::vector<C> z(dropout ? d.s : 0);
+    std::vector<RowRange> rows(kBlock);
+    std::vector<C> inv(kBlock);  // 1 / the softmax sum per row; 0 for a row that attends nothing
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < d.b; ++b) {
       for (int64_t h = 0; h < d.nh; ++h) {
         const int64_t g = h / per_group;
-        load_head<T, C>(qh.data(), qp, d, d.nh, b, h, false);
-        load_head<T, C>(kt.data(), kp, d, d.ng, b, g, true);
-        load_head<T, C>(vh.data(), vp, d, d.ng, b, g, false);
-        for (int64_t i = 0; i < d.s; ++i) {
-          T* orow = op + ((i * d.b + b) * d.nh + h) * d.hd;
-          C* lse_i = lp + (b * d.nh + h) * d.s + i;
-          const RowRange r = row_range(m, a.causal, b, i, d);
-          row_scores(sc.data(), qh.data() + i * d.hd, kt.data(), d.s, d.hd, r.lo, r.hi);
-          C mx = kNegInf;
-          for (int64_t j = r.lo; j < r.hi; ++j) {
-            sc[j] = allowed(m, b, i, j, d.s) ? sc[j] * scale : kNegInf;
-            mx = std::max(mx, sc[j]);
+        load_head<T, C>(qh.data(), qp, d, d.nh, b, h);
+        load_head<T, C>(kh.data(), kp, d, d.ng, b, g);
+        load_head<T, C>(vh.data(), vp, d, d.ng, b, g);
+        C* lse_h = lp + (b * d.nh + h) * d.s;
+        for (int64_t i0 = 0; i0 < d.s; i0 += kBlock) {
+          const int64_t i1 = std::min(d.s, i0 + kBlock), nb = i1 - i0;
+          const RowRange span = block_span(rows.data(), m, a.causal, b, i0, i1, d);
+          const int64_t kl = span.lo, nk = span.hi - span.lo;
+          if (nk > 0)
+            blas_gemm(false, true, nb, nk, hd, scale, qh.data() + i0 * hd, hd, kh.data() + kl * hd,
+                      hd, C(0), sc.data(), nk);
+          for (int64_t i = i0; i < i1; ++i) {
+            const RowRange& r = rows[i - i0];
+            C* srow = sc.data() + (i - i0) * nk;
+            C mx = kNegInf;
+            if (r.lo < r.hi) {
+              mask_row(srow, kl, nk, r, m, b, i, d.s);
+              mx = row_max(srow, nk);
+            }
+            if (mx == kNegInf) {  // attends nothing: a padding row
+              std::fill(srow, srow + nk, C(0));
+              lse_h[i] = kNegInf;
+              inv[i - i0] = C(0);
+              continue;
+            }
+            const C sum = exp_shifted_sum(srow, nk, mx);  // masked: e^-inf = 0
+            lse_h[i] = mx + std::log(sum);
+            inv[i - i0] = C(1) / sum;  // applied to the block's output, HD wide, not to P
+            if (dropout) {
+              dropout_factors(z.data(), a.dropout, d, b, h, i, r);
+              for (int64_t j = r.lo; j < r.hi; ++j) srow[j - kl] *= z[j];
+            }
           }
-          if (mx == kNegInf) {  // attends nothing: a padding row
-            for (int64_t e = 0; e < d.hd; ++e) orow[e] = store<T>(C(0));
-            *lse_i = kNegInf;
-            continue;
+          if (nk > 0)
+            blas_gemm(false, false, nb, hd, nk, C(1), sc.data(), nk, vh.data() + kl * hd, hd, C(0),
+                      ob.data(), hd);
+          for (int64_t i = i0; i < i1; ++i) {
+            T* orow = op + ((i * d.b + b) * d.nh + h) * hd;
+            const C* o = ob.data() + (i - i0) * hd;
+            const C f = nk == 0 ? C(0) : inv[i - i0];  // 0: exact zeros, whatever V holds
+            for (int64_t e = 0; e < hd; ++e) orow[e] = store<T>(f == C(0) ? C(0) : o[e] * f);
           }
-          C sum = 0;
-          for (int64_t j = r.lo; j < r.hi; ++j) {
-            sc[j] = std::exp(sc[j] - mx);  // masked: exp(-inf) = 0
-            sum += sc[j];
-          }
-          *lse_i = mx + std::log(sum);
-          const C inv = C(1) / sum;
-          if (dropout) dropout_factors(z.data(), a.dropout, d, b, h, i, r);
-          std::fill(o.begin(), o.end(), C(0));
-          for (int64_t j = r.lo; j < r.hi; ++j) {
-            const C pj = sc[j] * inv * (dropout ? z[j] : C(1));
-            if (pj == C(0)) continue;
-            const C* vr = vh.data() + j * d.hd;
-#pragma omp simd
-            for (int64_t e = 0; e < d.hd; ++e) o[e] += pj * vr[e];
-          }
-          for (int64_t e = 0; e < d.hd; ++e) orow[e] = store<T>(o[e]);
         }
       }
     }
@@ -242,60 +394,84 @@ void attention_bwd_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   const C scale = score_scale<C>(a, d);
   const int64_t per_group = d.nh / d.ng;
   const bool dropout = a.dropout.p > 0.0f;
-  const int64_t head_elems = d.s * d.hd;
+  const int64_t hd = d.hd, head_elems = d.s * hd;
   // dK/dV per (b, h) [B, NH, S, HD], summed over each group's heads afterwards: heads run in
   // parallel and would otherwise race on their shared group.
   std::vector<C> dk_heads(d.b * d.nh * head_elems, C(0)), dv_heads(d.b * d.nh * head_elems, C(0));
 #pragma omp parallel
   {
-    std::vector<C> qh(head_elems), kh(head_elems), kt(head_elems), vt(head_elems), doh(head_elems);
-    std::vector<C> sc(d.s), dp(d.s), z(d.s), dqi(d.hd);
+    // Per thread: the head's Q, dO, K, V [S, HD]; the block's P (then P z) and dP (then dS)
+    // [kBlock, span]; its dQ [kBlock, HD]; dropout factors [S]; the rows' key ranges.
+    std::vector<C> qh(head_elems), doh(head_elems), kh(head_elems), vh(head_elems);
+    std::vector<C> sc(kBlock * d.s), dp(kBlock * d.s), dqb(kBlock * hd), z(dropout ? d.s : 0);
+    std::vector<RowRange> rows(kBlock);
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < d.b; ++b) {
       for (int64_t h = 0; h < d.nh; ++h) {
         const int64_t g = h / per_group;
-        load_head<T, C>(qh.data(), qp, d, d.nh, b, h, false);
-        load_head<T, C>(doh.data(), dop, d, d.nh, b, h, false);
-        load_head<T, C>(kh.data(), kp, d, d.ng, b, g, false);
-        load_head<T, C>(kt.data(), kp, d, d.ng, b, g, true);
-        load_head<T, C>(vt.data(), vp, d, d.ng, b, g, true);
+        load_head<T, C>(qh.data(), qp, d, d.nh, b, h);
+        load_head<T, C>(doh.data(), dop, d, d.nh, b, h);
+        load_head<T, C>(kh.data(), kp, d, d.ng, b, g);
+        load_head<T, C>(vh.data(), vp, d, d.ng, b, g);
         C* dkb = dk_heads.data() + (b * d.nh + h) * head_elems;
         C* dvb = dv_heads.data() + (b * d.nh + h) * head_elems;
-        for (int64_t i = 0; i < d.s; ++i) {
-          T* dqrow = dqp + ((i * d.b + b) * d.nh + h) * d.hd;
-          const C lse_i = lp[(b * d.nh + h) * d.s + i];
-          const RowRange r = row_range(m, a.causal, b, i, d);
-          if (lse_i == kNegInf || r.lo == r.hi) {  // the row attended nothing: no gradient
-            for (int64_t e = 0; e < d.hd; ++e) dqrow[e] = store<T>(C(0));
+        const C* lse_h = lp + (b * d.nh + h) * d.s;
+        for (int64_t i0 = 0; i0 < d.s; i0 += kBlock) {
+          const int64_t i1 = std::min(d.s, i0 + kBlock), nb = i1 - i0;
+          const RowRange span = block_span(rows.data(), m, a.causal, b, i0, i1, d);
+          const int64_t kl = span.lo, nk = span.hi - span.lo;
+          if (nk == 0) {  // every row is padding: no gradient
+            for (int64_t i = i0; i < i1; ++i) {
+              T* dqrow = dqp + ((i * d.b + b) * d.nh + h) * hd;
+              for (int64_t e = 0; e < hd; ++e) dqrow[e] = store<T>(C(0));
+            }
             continue;
           }
-          const C* qi = qh.data() + i * d.hd;
-          const C* doi = doh.data() + i * d.hd;
-          const T* orow = op + ((i * d.b + b) * d.nh + h) * d.hd;
-          C di = 0;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
-          for (int64_t e = 0; e < d.hd; ++e) di += doi[e] * load<C>(orow[e]);
-          row_scores(sc.data(), qi, kt.data(), d.s, d.hd, r.lo, r.hi);
-          row_scores(dp.data(), doi, vt.data(), d.s, d.hd, r.lo, r.hi);
-          if (dropout) dropout_factors(z.data(), a.dropout, d, b, h, i, r);
-          std::fill(dqi.begin(), dqi.end(), C(0));
-          for (int64_t j = r.lo; j < r.hi; ++j) {
-            if (!allowed(m, b, i, j, d.s)) continue;
-            const C pj = std::exp(sc[j] * scale - lse_i);
-            const C zj = dropout ? z[j] : C(1);
-            const C pz = pj * zj;
-            const C ds = pj * (dp[j] * zj - di);
-            C* dvr = dvb + j * d.hd;
-            C* dkr = dkb + j * d.hd;
-            const C* kr = kh.data() + j * d.hd;
-            const C dss = ds * scale;
+          const C* qb = qh.data() + i0 * hd;
+          const C* dob = doh.data() + i0 * hd;
+          blas_gemm(false, true, nb, nk, hd, scale, qb, hd, kh.data() + kl * hd, hd, C(0),
+                    sc.data(), nk);
+          blas_gemm(false, true, nb, nk, hd, C(1), dob, hd, vh.data() + kl * hd, hd, C(0),
+                    dp.data(), nk);
+          for (int64_t i = i0; i < i1; ++i) {
+            const RowRange& r = rows[i - i0];
+            C* prow = sc.data() + (i - i0) * nk;
+            C* dsrow = dp.data() + (i - i0) * nk;
+            if (lse_h[i] == kNegInf || r.lo == r.hi) {  // the row attended nothing: no gradient
+              std::fill(prow, prow + nk, C(0));
+              std::fill(dsrow, dsrow + nk, C(0));
+              continue;
+            }
+            const T* orow = op + ((i * d.b + b) * d.nh + h) * hd;
+            const C* doi = dob + (i - i0) * hd;
+            C di = 0;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
+            for (int64_t e = 0; e < hd; ++e) di += doi[e] * load<C>(orow[e]);
+            mask_row(prow, kl, nk, r, m, b, i, d.s);
+            exp_shifted_sum(prow, nk, lse_h[i]);  // P, 0 where masked
+            if (dropout) {
+              dropout_factors(z.data(), a.dropout, d, b, h, i, r);
+              for (int64_t j = r.lo; j < r.hi; ++j) {
+                const C pj = prow[j - kl], zj = z[j];
+                dsrow[j - kl] = pj * (dsrow[j - kl] * zj - di) * scale;
+                prow[j - kl] = pj * zj;
+              }
+              std::fill(dsrow, dsrow + (r.lo - kl), C(0));  // outside the row's range P = 0
+              std::fill(dsrow + (r.hi - kl), dsrow + nk, C(0));
+            } else {
 #pragma omp simd
-            for (int64_t e = 0; e < d.hd; ++e) {
-              dvr[e] += pz * doi[e];
-              dqi[e] += dss * kr[e];
-              dkr[e] += dss * qi[e];
+              for (int64_t j = 0; j < nk; ++j) dsrow[j] = prow[j] * (dsrow[j] - di) * scale;
             }
           }
-          for (int64_t e = 0; e < d.hd; ++e) dqrow[e] = store<T>(dqi[e]);
+          // dV += (P z)^T dO; dQ = dS K; dK += dS^T Q, over the block's key span.
+          blas_gemm(true, false, nk, hd, nb, C(1), sc.data(), nk, dob, hd, C(1), dvb + kl * hd, hd);
+          blas_gemm(false, false, nb, hd, nk, C(1), dp.data(), nk, kh.data() + kl * hd, hd, C(0),
+                    dqb.data(), hd);
+          blas_gemm(true, false, nk, hd, nb, C(1), dp.data(), nk, qb, hd, C(1), dkb + kl * hd, hd);
+          for (int64_t i = i0; i < i1; ++i) {
+            T* dqrow = dqp + ((i * d.b + b) * d.nh + h) * hd;
+            const C* dqi = dqb.data() + (i - i0) * hd;
+            for (int64_t e = 0; e < hd; ++e) dqrow[e] = store<T>(dqi[e]);
+          }
         }
       }
     }
@@ -348,8 +524,11 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
 }  // namespace
 
 void register_attention_kernels(plugin::Registry& r) {
-  r.register_op<ops::OpId::attention_fwd>("cpu", &attention_fwd, "cpu:omp");
-  r.register_op<ops::OpId::attention_bwd>("cpu", &attention_bwd, "cpu:omp");
+  // The kernels call BLAS inside their OpenMP loop: it must not start threads of its own (as
+  // register_gemm_kernels also sets, for the reason given there).
+  openblas_set_num_threads(1);
+  r.register_op<ops::OpId::attention_fwd>("cpu", &attention_fwd, "cpu:omp+openblas");
+  r.register_op<ops::OpId::attention_bwd>("cpu", &attention_bwd, "cpu:omp+openblas");
 }
 
 }  // namespace mg::platforms::cpu

@@ -1,9 +1,10 @@
 // Conformance of attention_fwd / attention_bwd against a naive f64 reference on every test platform
 // and kernel dtype: causal and not, GQA (NH=4 with NG=2 and NG=1), doc_ids and cu_seqlens masks
 // (checked to equal running each document alone), padding rows (negative doc id), attention dropout
-// against the philox keep function, odd S and HD not a multiple of 8; plus finite differences of
-// dq/dk/dv in f64 on the cpu platform. The reference backward goes through the softmax Jacobian,
-// not the kernel's D_i = dO_i . O_i shortcut, so the two are independent.
+// against the philox keep function, odd S and HD not a multiple of 8, S over several query blocks
+// (129, 200, 257); plus finite differences of dq/dk/dv in f64 on the cpu platform. The reference
+// backward goes through the softmax Jacobian, not the kernel's D_i = dO_i . O_i shortcut, so the
+// two are independent.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -334,6 +335,52 @@ TEST_P(AttentionOp, DropoutMatchesPhiloxReference) {
   const auto in = make_inputs(c, dtype(), 600);
   EXPECT_TRUE(results_close(run_kernel(ops, dev, dtype(), c, in.q, in.k, in.v, in.dout),
                             ref_attention(c, in.q, in.k, in.v, in.dout), dtype()));
+}
+
+// S above the kernel's query block (64 rows on the cpu platform): masks and dropout across block
+// boundaries, key spans that start after 0, and whole blocks of padding rows.
+TEST_P(AttentionOp, LongSequencesMatchReference) {
+  MG_SKIP_IF_UNAVAILABLE(platform());
+  const auto& ops = test::ops_on(platform());
+  const Device dev = test::device_for(platform());
+  // b0: documents crossing blocks, padding inside one, document 7 not contiguous (rows 10, 190);
+  // b1: one document, then padding from row 120 on (rows 128..199 are whole blocks of padding).
+  AttnCase docs{200, 2, 4, 2, 12, true};
+  for (int32_t s = 0; s < 200; ++s)
+    docs.doc_ids.push_back(s == 10 || s == 190                ? 7
+                           : s < 50                           ? 0
+                           : (s >= 100 && s < 104) || s == 63 ? -1
+                           : s < 140                          ? 1
+                                                              : 2);
+  for (int32_t s = 0; s < 200; ++s) docs.doc_ids.push_back(s < 120 ? 3 : -1);
+  AttnCase non_causal = docs;
+  non_causal.causal = false;
+  AttnCase cu{257, 1, 2, 1, 8, true};
+  cu.cu_seqlens = {0, 60, 61, 130, 257};
+  cu.dropout = {0.2f, 77, 5};
+  AttnCase cu_non_causal = cu;
+  cu_non_causal.causal = false;
+  const AttnCase cases[] = {docs,
+                            non_causal,
+                            cu,
+                            cu_non_causal,
+                            {257, 1, 2, 2, 9, true},
+                            {129, 1, 2, 1, 16, false, 0.1f}};
+  uint64_t seed = 800;
+  for (const auto& c : cases) {
+    const auto in = make_inputs(c, dtype(), seed += 10);
+    const auto got = run_kernel(ops, dev, dtype(), c, in.q, in.k, in.v, in.dout);
+    EXPECT_TRUE(results_close(got, ref_attention(c, in.q, in.k, in.v, in.dout), dtype()))
+        << "S " << c.s << " B " << c.b << " NH " << c.nh << " NG " << c.ng << " HD " << c.hd
+        << " causal " << c.causal << " doc_ids " << !c.doc_ids.empty() << " cu_seqlens "
+        << !c.cu_seqlens.empty() << " dropout " << c.dropout.p;
+    // The same inputs give bitwise the same results (no order depends on scheduling).
+    const auto again = run_kernel(ops, dev, dtype(), c, in.q, in.k, in.v, in.dout);
+    EXPECT_EQ(again.out, got.out);
+    EXPECT_EQ(again.dq, got.dq);
+    EXPECT_EQ(again.dk, got.dk);
+    EXPECT_EQ(again.dv, got.dv);
+  }
 }
 
 TEST_P(AttentionOp, RejectsBadArguments) {
