@@ -24,6 +24,7 @@ Runtime& init(const RuntimeOptions& options) {
   static std::mutex mu;
   static Runtime rt;
   static bool done = false;
+  static bool builtins = false;  // registered once even if a later step of a first call threw
   std::lock_guard lock(mu);
   if (done) {
     MG_CHECK(options.platform.empty() || options.platform == rt.platform->name(),
@@ -32,7 +33,10 @@ Runtime& init(const RuntimeOptions& options) {
     return rt;
   }
   auto& reg = plugin::global_registry();
-  register_builtin(reg);
+  if (!builtins) {
+    register_builtin(reg);
+    builtins = true;
+  }
   if (options.load_env_plugins) reg.load_plugins_from_env();
   for (const auto& p : options.plugins) reg.load_plugin(p);
   rt.registry = &reg;
