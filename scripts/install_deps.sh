@@ -7,7 +7,6 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ ccache pkg-config
   libopenblas-dev     # CPU GEMM (cblas_sgemm/dgemm/sbgemm)
-  libomp-dev          # not required by g++ (libgomp) but harmless for clang builds
   libopenmpi-dev openmpi-bin  # MPI process groups (distributed issues)
   libgtest-dev libgmock-dev   # unit tests
   libbenchmark-dev            # benchmarks/
