@@ -20,4 +20,6 @@ done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libc
   while read -r lib; do
     [ -e "$dest/lib/$(basename "$lib")" ] || cp -L "$lib" "$dest/lib/"
   done
+# Tests carry absolute paths of this checkout (plugins, fixtures): record them for gpu_run_tests.sh.
+echo "$PWD $(cd "$build" && pwd)" > "$dest/paths"
 echo "gpu_bundle: $(du -sh "$dest" | cut -f1) in $dest"
