@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "megatron/core/ops/ops.h"
@@ -67,4 +68,23 @@ std::vector<double> numerical_gradient(const std::function<double(const std::vec
 // Name suffix for parameterised tests: "cpu_f32".
 std::string param_name(const std::string& platform, DType dtype);
 
+// The parameter of an op conformance test, and its gtest name.
+using PlatformDType = std::tuple<std::string, DType>;
+struct PlatformDTypeName {
+  std::string operator()(const ::testing::TestParamInfo<PlatformDType>& info) const {
+    return param_name(std::get<0>(info.param), std::get<1>(info.param));
+  }
+};
+
 }  // namespace mg::test
+
+// Instantiates an op test suite (a TestWithParam<mg::test::PlatformDType>) for every registered
+// platform x every kernel dtype, named "Ops/Suite.Case/cpu_f32".
+#define MG_INSTANTIATE_OP_TEST(Suite)                                          \
+  INSTANTIATE_TEST_SUITE_P(                                                    \
+      Ops, Suite,                                                              \
+      ::testing::Combine(::testing::ValuesIn(::mg::test::op_test_platforms()), \
+                         ::testing::ValuesIn(::mg::test::kKernelDTypes)),      \
+      ::mg::test::PlatformDTypeName{})
+
+namespace mg::test {}  // namespace mg::test

@@ -22,10 +22,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr test::Tol kFdTol{1e-7, 1e-6};
 constexpr double kPi = 3.14159265358979323846;
 
-using Param = std::tuple<std::string, DType>;
-std::string name_of(const ::testing::TestParamInfo<Param>& info) {
-  return test::param_name(std::get<0>(info.param), std::get<1>(info.param));
-}
+using Param = test::PlatformDType;
 
 // Element-wise shapes: 1, primes, a 3-D [S, B, F], and one large enough for the threaded path.
 const std::vector<Shape> kShapes = {{1}, {7}, {5, 13}, {3, 2, 31}, {40000}};
@@ -145,10 +142,7 @@ TEST_P(ActivationTest, Swiglu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, ActivationTest,
-                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
-                                            ::testing::ValuesIn(test::kKernelDTypes)),
-                         name_of);
+MG_INSTANTIATE_OP_TEST(ActivationTest);
 
 // ---- f64 finite-difference checks (cpu) ---------------------------------------------------------
 

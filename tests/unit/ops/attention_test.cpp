@@ -424,13 +424,7 @@ TEST_P(AttentionOp, RejectsBadArguments) {
   EXPECT_THROW(ops.attention_fwd(out, lse, q, k_short, k_short, a), Error) << "S mismatch";
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, AttentionOp,
-                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
-                                            ::testing::ValuesIn(test::kKernelDTypes)),
-                         [](const auto& info) {
-                           return test::param_name(std::get<0>(info.param),
-                                                   std::get<1>(info.param));
-                         });
+MG_INSTANTIATE_OP_TEST(AttentionOp);
 
 // Central differences of sum(out * w) in f64 against attention_bwd with dout = w, for dq, dk, dv.
 void check_finite_differences(const AttnCase& c) {

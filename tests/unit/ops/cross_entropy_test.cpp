@@ -202,13 +202,7 @@ TEST_P(CrossEntropyOp, RejectsBadArguments) {
   EXPECT_THROW(ops.ce_combine(loss, mx, se_bad, mx), Error) << "ce_combine dtype mix";
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, CrossEntropyOp,
-                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
-                                            ::testing::ValuesIn(test::kKernelDTypes)),
-                         [](const auto& info) {
-                           return test::param_name(std::get<0>(info.param),
-                                                   std::get<1>(info.param));
-                         });
+MG_INSTANTIATE_OP_TEST(CrossEntropyOp);
 
 // d/dlogits sum_n(loss[n] * w[n]) by central differences equals cross_entropy_bwd(dloss = w).
 TEST(CrossEntropyGradient, FiniteDifferencesF64) {

@@ -308,13 +308,7 @@ TEST_P(DropoutTest, RejectsBadArguments) {
   EXPECT_THROW(ops.dropout_fwd(y_other, x, DropoutArgs{0.1f, 0, 0}), mg::Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, DropoutTest,
-                         ::testing::Combine(::testing::ValuesIn(mg::test::op_test_platforms()),
-                                            ::testing::ValuesIn(mg::test::kKernelDTypes)),
-                         [](const auto& info) {
-                           return mg::test::param_name(std::get<0>(info.param),
-                                                       std::get<1>(info.param));
-                         });
+MG_INSTANTIATE_OP_TEST(DropoutTest);
 
 // ---- finite-difference gradients (f64, cpu)
 // ------------------------------------------------------

@@ -19,10 +19,7 @@ using test::tolerance;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr test::Tol kFdTol{1e-7, 1e-6};
 
-using Param = std::tuple<std::string, DType>;
-std::string name_of(const ::testing::TestParamInfo<Param>& info) {
-  return test::param_name(std::get<0>(info.param), std::get<1>(info.param));
-}
+using Param = test::PlatformDType;
 
 // A shard of the full vocabulary: rows [kVocabStart, kVocabStart + kLocalVocab) of V = 37.
 constexpr int64_t kVocabStart = 11;
@@ -124,10 +121,7 @@ TEST_P(EmbeddingTest, BackwardManyTokensIsDeterministic) {
                         tolerance(DType::f32)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, EmbeddingTest,
-                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
-                                            ::testing::ValuesIn(test::kKernelDTypes)),
-                         name_of);
+MG_INSTANTIATE_OP_TEST(EmbeddingTest);
 
 TEST(EmbeddingGradient, BackwardMatchesFiniteDifferences) {
   const auto& ops = test::ops_on("cpu");

@@ -23,10 +23,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // Central differences with h = 1e-6 on O(1) values: truncation ~1e-12, rounding ~1e-10.
 constexpr test::Tol kFdTol{1e-7, 1e-6};
 
-using Param = std::tuple<std::string, DType>;
-std::string name_of(const ::testing::TestParamInfo<Param>& info) {
-  return test::param_name(std::get<0>(info.param), std::get<1>(info.param));
-}
+using Param = test::PlatformDType;
 
 // Naive reference: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C0[b] (C0 ignored when beta == 0).
 std::vector<double> ref_gemm(const std::vector<double>& a, const std::vector<double>& b,
@@ -165,10 +162,7 @@ TEST_P(GemmTest, DegenerateSizes) {
   check(0, 4, 6, 3, g, dtype, random_values(24, 76), 77);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, GemmTest,
-                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
-                                            ::testing::ValuesIn(test::kKernelDTypes)),
-                         name_of);
+MG_INSTANTIATE_OP_TEST(GemmTest);
 
 // ---- bias_add, bias_grad, axpy, fill ------------------------------------------------------------
 
@@ -246,10 +240,7 @@ TEST_P(ElementwiseLinalgTest, Fill) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, ElementwiseLinalgTest,
-                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
-                                            ::testing::ValuesIn(test::kKernelDTypes)),
-                         name_of);
+MG_INSTANTIATE_OP_TEST(ElementwiseLinalgTest);
 
 class FillOtherDtypesTest : public ::testing::TestWithParam<std::string> {};
 

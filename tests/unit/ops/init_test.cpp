@@ -157,13 +157,7 @@ TEST_P(InitTest, RejectsBadArguments) {
   EXPECT_THROW(ops.init_normal(ints, InitArgs{}), mg::Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, InitTest,
-                         ::testing::Combine(::testing::ValuesIn(mg::test::op_test_platforms()),
-                                            ::testing::ValuesIn(mg::test::kKernelDTypes)),
-                         [](const auto& info) {
-                           return mg::test::param_name(std::get<0>(info.param),
-                                                       std::get<1>(info.param));
-                         });
+MG_INSTANTIATE_OP_TEST(InitTest);
 
 // The CPU kernels also fill fp8 buffers ("any float dtype"); rounding as convert_host does.
 TEST(InitCpu, Fp8OutputsRoundFromF64) {

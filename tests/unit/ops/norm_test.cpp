@@ -22,10 +22,7 @@ using test::tolerance;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr test::Tol kFdTol{1e-7, 1e-6};
 
-using Param = std::tuple<std::string, DType>;
-std::string name_of(const ::testing::TestParamInfo<Param>& info) {
-  return test::param_name(std::get<0>(info.param), std::get<1>(info.param));
-}
+using Param = test::PlatformDType;
 
 DType stat_dtype(DType x) {
   return x == DType::f64 ? DType::f64 : DType::f32;
@@ -242,10 +239,7 @@ TEST_P(NormTest, RmsNormBackward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, NormTest,
-                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
-                                            ::testing::ValuesIn(test::kKernelDTypes)),
-                         name_of);
+MG_INSTANTIATE_OP_TEST(NormTest);
 
 // ---- f64 finite-difference checks (cpu) ---------------------------------------------------------
 

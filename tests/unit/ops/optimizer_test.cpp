@@ -341,12 +341,6 @@ TEST_P(OptimizerTest, MultiTensorScaleFlagsNonFinite) {
   EXPECT_THROW(ops.multi_tensor_scale(clean, 0.5, bad_flag), mg::Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, OptimizerTest,
-                         ::testing::Combine(::testing::ValuesIn(mg::test::op_test_platforms()),
-                                            ::testing::ValuesIn(mg::test::kKernelDTypes)),
-                         [](const auto& info) {
-                           return mg::test::param_name(std::get<0>(info.param),
-                                                       std::get<1>(info.param));
-                         });
+MG_INSTANTIATE_OP_TEST(OptimizerTest);
 
 }  // namespace

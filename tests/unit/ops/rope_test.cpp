@@ -162,13 +162,7 @@ TEST_P(RopeOp, RejectsBadArguments) {
   EXPECT_THROW(ops.rope_fwd(x3, x3, a), Error) << "rank 3";
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, RopeOp,
-                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
-                                            ::testing::ValuesIn(test::kKernelDTypes)),
-                         [](const auto& info) {
-                           return test::param_name(std::get<0>(info.param),
-                                                   std::get<1>(info.param));
-                         });
+MG_INSTANTIATE_OP_TEST(RopeOp);
 
 // After rope, q_m . k_n depends only on m - n (and not on a common position offset): the point
 // of rotary embeddings. Checked in f64 on every platform, for both layouts and a partial rotation.

@@ -145,13 +145,7 @@ TEST_P(SoftmaxOp, RejectsMismatchedArguments) {
   EXPECT_THROW(ops.softmax_fwd(yi, xi, 1.0f), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, SoftmaxOp,
-                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
-                                            ::testing::ValuesIn(test::kKernelDTypes)),
-                         [](const auto& info) {
-                           return test::param_name(std::get<0>(info.param),
-                                                   std::get<1>(info.param));
-                         });
+MG_INSTANTIATE_OP_TEST(SoftmaxOp);
 
 // d/dx sum(softmax(scale x) * w) by central differences equals softmax_bwd(dy = w).
 TEST(SoftmaxGradient, FiniteDifferencesF64) {
