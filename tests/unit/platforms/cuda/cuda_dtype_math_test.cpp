@@ -1,10 +1,10 @@
 // The element conversions of megatron/core/tensor/dtype_math.h are one source compiled for host
 // and device; dtype.cpp's scalar encoders are thin wrappers of it (their independent check is
 // tests/unit/core/dtype_test.cpp). What this adds: the per-element, runtime-dtype path the CUDA
-// kernels use (dmath::convert_element, load/store) against convert_host's typed bulk loop, for every
-// dtype pair on edge values (rounding midpoints, subnormals, overflow, Inf, NaN, integer ranges),
-// run on the host on every machine. What it cannot show: that nvcc compiles the same source to the
-// same bits (the GPU tests in cuda_platform_test.cpp check convert()).
+// kernels use (dmath::convert_element, load/store) against convert_host's typed bulk loop, for
+// every dtype pair on edge values (rounding midpoints, subnormals, overflow, Inf, NaN, integer
+// ranges), run on the host on every machine. What it cannot show: that nvcc compiles the same
+// source to the same bits (the GPU tests in cuda_platform_test.cpp check convert()).
 #include <gtest/gtest.h>
 
 #include <cmath>
