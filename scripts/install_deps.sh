@@ -13,6 +13,8 @@ packages=(
   nlohmann-json3-dev          # JSON (configs, checkpoint metadata, tokenizer.json)
   libcli11-dev                # command-line flags
   libpcre2-dev                # tokenizer pre-tokenization regexes
+  zlib1g-dev libzstd-dev      # preprocess_data: .gz / .zst inputs
+  gzip zstd                   # tests write compressed inputs with them
 )
 
 missing=()
