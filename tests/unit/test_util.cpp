@@ -1,6 +1,9 @@
 #include "tests/unit/test_util.h"
 
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <sstream>
 
@@ -115,6 +118,17 @@ std::vector<double> numerical_gradient(const std::function<double(const std::vec
     g[i] = (fp - fm) / (2 * h);
   }
   return g;
+}
+
+CommandResult run_command(const std::string& cmd) {
+  CommandResult res;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return res;
+  char buf[4096];
+  while (std::size_t n = fread(buf, 1, sizeof buf, p)) res.output.append(buf, n);
+  const int st = pclose(p);
+  res.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return res;
 }
 
 std::string param_name(const std::string& platform, DType dtype) {

@@ -65,6 +65,13 @@ Tol tolerance(DType dtype);
 std::vector<double> numerical_gradient(const std::function<double(const std::vector<double>&)>& f,
                                        std::vector<double> x, double h = 1e-6);
 
+// Runs a shell command (stderr merged into stdout); status is the exit code, -1 if it did not exit.
+struct CommandResult {
+  int status = -1;
+  std::string output;
+};
+CommandResult run_command(const std::string& cmd);
+
 // Name suffix for parameterised tests: "cpu_f32".
 std::string param_name(const std::string& platform, DType dtype);
 

@@ -24,20 +24,8 @@ std::string load_error(Registry& r, const std::string& path) {
   return "";
 }
 
-struct CommandResult {
-  int status;
-  std::string output;
-};
-
-CommandResult run(const std::string& cmd) {
-  CommandResult res{-1, ""};
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return res;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) res.output.append(buf, n);
-  const int st = pclose(p);
-  res.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return res;
+mg::test::CommandResult run(const std::string& cmd) {
+  return mg::test::run_command(cmd);
 }
 
 TEST(Plugin, ExampleOverridesSquaredReluAndStaysCorrect) {

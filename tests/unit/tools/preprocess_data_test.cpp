@@ -23,20 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int status;
-  std::string output;
-};
-
-CommandResult run(const std::string& cmd) {
-  CommandResult res{-1, ""};
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return res;
-  char buf[4096];
-  while (std::size_t n = fread(buf, 1, sizeof buf, p)) res.output.append(buf, n);
-  const int st = pclose(p);
-  res.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return res;
+mg::test::CommandResult run(const std::string& cmd) {
+  return mg::test::run_command(cmd);
 }
 
 std::string read_file(const fs::path& p) {
@@ -98,7 +86,7 @@ class PreprocessData : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  CommandResult preprocess(const std::string& flags) const {
+  mg::test::CommandResult preprocess(const std::string& flags) const {
     return run(binary_ + " --log-interval 100000 " + flags);
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }

@@ -63,13 +63,9 @@ TEST(CudaPlatformWithoutGpu, MegatronInfoPrintsTheReason) {
   plugin::Platform* p = cuda_platform();
   if (!p) GTEST_SKIP() << "this build has no CUDA platform";
   if (p->availability().available) GTEST_SKIP() << "a usable GPU is present";
-  const std::string cmd = std::string(MG_BIN_DIR) + "/megatron_info --platform cpu 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  ASSERT_NE(f, nullptr) << cmd;
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, f)) out += buf;
-  EXPECT_EQ(pclose(f), 0) << out;
+  const auto res = test::run_command(std::string(MG_BIN_DIR) + "/megatron_info --platform cpu");
+  const std::string& out = res.output;
+  EXPECT_EQ(res.status, 0) << out;
   std::string cuda_line;
   for (std::size_t pos = 0; pos < out.size();) {
     const std::size_t end = out.find('\n', pos);
