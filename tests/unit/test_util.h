@@ -65,6 +65,19 @@ Tol tolerance(DType dtype);
 std::vector<double> numerical_gradient(const std::function<double(const std::vector<double>&)>& f,
                                        std::vector<double> x, double h = 1e-6);
 
+// Runs f, expects it to throw mg::Error, and returns the error's user-facing message (without the
+// source location); records a test failure and returns "" when nothing is thrown.
+template <typename F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const mg::Error& e) {
+    return e.message();
+  }
+  ADD_FAILURE() << "expected mg::Error";
+  return "";
+}
+
 // Runs a shell command (stderr merged into stdout); status is the exit code, -1 if it did not exit.
 struct CommandResult {
   int status = -1;

@@ -16,18 +16,6 @@ using mg::DType;
 using mg::Shape;
 using mg::Tensor;
 
-// Runs f, expects mg::Error, and returns its user-facing message.
-template <typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const mg::Error& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "expected mg::Error";
-  return "";
-}
-
 std::vector<float> iota(int n) {
   std::vector<float> v(n);
   for (int i = 0; i < n; ++i) v[i] = float(i);
@@ -72,27 +60,29 @@ TEST_F(TensorTest, EmptyZerosFromVector) {
 }
 
 TEST_F(TensorTest, ErrorsNameTheShape) {
-  std::string m = error_message([] { Tensor::from_vector(std::vector<float>{1, 2, 3}, {2, 2}); });
+  std::string m = mg::test::error_message([] {
+    Tensor::from_vector(std::vector<float>{1, 2, 3}, {2, 2});
+  });
   EXPECT_NE(m.find("[2, 2]"), std::string::npos) << m;
   EXPECT_NE(m.find("3 values"), std::string::npos) << m;
-  m = error_message([] { Tensor::empty({3, -2}, DType::f32); });
+  m = mg::test::error_message([] { Tensor::empty({3, -2}, DType::f32); });
   EXPECT_NE(m.find("[3, -2]"), std::string::npos) << m;
   Tensor t = Tensor::zeros({4, 6}, DType::f32);
-  m = error_message([&] { t.view({5, 5}); });
+  m = mg::test::error_message([&] { t.view({5, 5}); });
   EXPECT_NE(m.find("[5, 5]"), std::string::npos) << m;
   EXPECT_NE(m.find("[4, 6]"), std::string::npos) << m;
-  m = error_message([&] { t.view({-1, 5}); });
+  m = mg::test::error_message([&] { t.view({-1, 5}); });
   EXPECT_NE(m.find("[-1, 5]"), std::string::npos) << m;
-  m = error_message([&] { t.view({-1, -1}); });
+  m = mg::test::error_message([&] { t.view({-1, -1}); });
   EXPECT_NE(m.find("more than one -1"), std::string::npos) << m;
-  m = error_message([&] { t.slice(3, 2); });
+  m = mg::test::error_message([&] { t.slice(3, 2); });
   EXPECT_NE(m.find("[4, 6]"), std::string::npos) << m;
-  m = error_message([&] { t.size(2); });
+  m = mg::test::error_message([&] { t.size(2); });
   EXPECT_NE(m.find("[4, 6]"), std::string::npos) << m;
-  m = error_message([&] { t.data<double>(); });
+  m = mg::test::error_message([&] { t.data<double>(); });
   EXPECT_NE(m.find("f32"), std::string::npos) << m;
   Tensor small = Tensor::zeros({5}, DType::f32);
-  m = error_message([&] { t.copy_(small); });
+  m = mg::test::error_message([&] { t.copy_(small); });
   EXPECT_NE(m.find("[5]"), std::string::npos) << m;
   EXPECT_NE(m.find("[4, 6]"), std::string::npos) << m;
 }

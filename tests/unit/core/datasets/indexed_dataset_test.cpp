@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "megatron/core/datasets/indexed_dataset.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -93,18 +94,6 @@ std::vector<uint8_t> expected_idx(uint8_t code, std::size_t itemsize,
   return out;
 }
 
-// Runs f and returns the mg::Error message; fails the test when nothing is thrown.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const mg::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an mg::Error";
-  return "";
-}
-
 // ---- dtype code table ---------------------------------------------------------------------------
 
 TEST(IndexedDatasetDType, CodeTableMatchesSpec) {
@@ -122,8 +111,9 @@ TEST(IndexedDatasetDType, CodeTableMatchesSpec) {
     EXPECT_EQ(mg::datasets::index_dtype_name(t), r.name);
     EXPECT_EQ(mg::datasets::index_dtype_size(t), r.bytes) << r.name;
   }
-  EXPECT_NE(error_of([] { mg::datasets::index_dtype_from_code(0); }).find("dtype code 0"),
-            std::string::npos);
+  EXPECT_NE(
+      mg::test::error_message([] { mg::datasets::index_dtype_from_code(0); }).find("dtype code 0"),
+      std::string::npos);
   EXPECT_THROW(mg::datasets::index_dtype_from_code(9), mg::Error);
 }
 
@@ -360,10 +350,13 @@ TEST(IndexedDatasetDocuments, SeveralSequencesPerDocument) {
   EXPECT_EQ(ds.get(4, 1, 2), (std::vector<int64_t>{8, 9}));
 
   const std::vector<int64_t> bad_lens = {2, 2};
-  EXPECT_NE(error_of([&] { b.add_document(tokens, bad_lens); }).find("after finalize"),
-            std::string::npos);
+  EXPECT_NE(
+      mg::test::error_message([&] { b.add_document(tokens, bad_lens); }).find("after finalize"),
+      std::string::npos);
   IndexedDatasetBuilder b2(dir.prefix("bad") + ".bin", IndexDType::uint16);
-  EXPECT_NE(error_of([&] { b2.add_document(tokens, bad_lens); }).find("sum to 4 but 5 tokens"),
+  EXPECT_NE(mg::test::error_message([&] {
+              b2.add_document(tokens, bad_lens);
+            }).find("sum to 4 but 5 tokens"),
             std::string::npos);
 }
 
@@ -405,7 +398,7 @@ TEST(IndexedDatasetAddIndex, MergingPartitionsEqualsWritingSequentially) {
   EXPECT_EQ(ds.get(6), (std::vector<int64_t>{10, 11}));
 
   IndexedDatasetBuilder other(dir.prefix("u16") + ".bin", IndexDType::uint16);
-  const std::string msg = error_of([&] { other.add_index(a); });
+  const std::string msg = mg::test::error_message([&] { other.add_index(a); });
   EXPECT_NE(msg.find("int32"), std::string::npos) << msg;
   EXPECT_NE(msg.find("uint16"), std::string::npos) << msg;
 }
@@ -432,7 +425,7 @@ TEST(IndexedDatasetBuilderRange, OutOfRangeTokenIdsAreRejected) {
     const std::string name = std::string(mg::datasets::index_dtype_name(c.t));
     IndexedDatasetBuilder b(dir.prefix(name) + ".bin", c.t);
     const std::vector<int64_t> s = {1, c.v};
-    const std::string msg = error_of([&] { b.add_item(s); });
+    const std::string msg = mg::test::error_message([&] { b.add_item(s); });
     EXPECT_NE(msg.find(std::string("token id ") + c.text), std::string::npos) << msg;
     EXPECT_NE(msg.find("dtype " + name), std::string::npos) << msg;
     EXPECT_EQ(b.sequence_count(), 0u);
@@ -473,7 +466,7 @@ TEST(IndexedDatasetBuilderAtomic, NoFinalFilesBeforeFinalize) {
   const std::string open_doc = dir.prefix("open");
   IndexedDatasetBuilder b(open_doc + ".bin", IndexDType::uint16);
   b.add_item(kDoc0);
-  const std::string msg = error_of([&] { b.finalize(open_doc + ".idx"); });
+  const std::string msg = mg::test::error_message([&] { b.finalize(open_doc + ".idx"); });
   EXPECT_NE(msg.find("end_document"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(open_doc + ".bin"));
   EXPECT_FALSE(fs::exists(open_doc + ".idx"));
@@ -494,7 +487,7 @@ class IndexedDatasetCorrupt : public ::testing::Test {
     if (bin_edit) bin_edit(bin);
     write_bytes(prefix_ + ".idx", idx);
     write_bytes(prefix_ + ".bin", bin);
-    const std::string msg = error_of([&] { IndexedDataset ds(prefix_); });
+    const std::string msg = mg::test::error_message([&] { IndexedDataset ds(prefix_); });
     EXPECT_NE(msg.find(prefix_ + ".idx"), std::string::npos) << "message names the file: " << msg;
     return msg;
   }
@@ -562,7 +555,7 @@ TEST(IndexedDatasetOpen, MissingFilesNameThePath) {
   TempDir dir;
   const std::string prefix = dir.prefix("missing");
   EXPECT_FALSE(IndexedDataset::exists(prefix));
-  const std::string msg = error_of([&] { IndexedDataset ds(prefix); });
+  const std::string msg = mg::test::error_message([&] { IndexedDataset ds(prefix); });
   EXPECT_HAS(msg, prefix);
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "megatron/core/common/error.h"
+#include "tests/unit/test_util.h"
 
 namespace {
 
@@ -55,17 +56,6 @@ Ids concat(std::initializer_list<Ids> parts) {
   Ids out;
   for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
   return out;
-}
-
-template <typename F>
-std::string error_message(F&& f) {
-  try {
-    f();
-  } catch (const mg::Error& e) {
-    return e.message();
-  }
-  ADD_FAILURE() << "expected mg::Error";
-  return "";
 }
 
 #define EXPECT_CONTAINS(haystack, needle) \
@@ -188,13 +178,14 @@ TEST(GPT2BPETokenizer, ConcurrentCallsAgreeWithSerial) {
 
 TEST(GPT2BPETokenizer, InvalidInputsThrow) {
   const auto& t = gpt2();
-  const std::string msg = error_message([&] { t.tokenize(std::string("ok \xff\xfe", 5)); });
+  const std::string msg =
+      mg::test::error_message([&] { t.tokenize(std::string("ok \xff\xfe", 5)); });
   EXPECT_CONTAINS(msg, "not valid UTF-8 at byte 3");
-  EXPECT_CONTAINS(error_message([&] {
+  EXPECT_CONTAINS(mg::test::error_message([&] {
                     t.detokenize(Ids{15496, 50257});
                   }),
                   "id 50257 at position 1");
-  EXPECT_CONTAINS(error_message([&] { t.detokenize(Ids{-1}); }), "id -1");
+  EXPECT_CONTAINS(mg::test::error_message([&] { t.detokenize(Ids{-1}); }), "id -1");
 }
 
 TEST(GPT2BPETokenizer, ByteToUnicodeTable) {
@@ -284,33 +275,35 @@ TEST_F(TinyVocab, OnePassMergesEveryOccurrenceBeforeLowerRanksItCreates) {
 TEST_F(TinyVocab, BadFilesNameTheFileAndLine) {
   const std::string good_merges = write("merges.txt", "#version: 0.2\ne l\n");
   const std::string missing = (dir_ / "nope.json").string();
-  auto msg = error_message([&] { GPT2BPETokenizer t(missing, good_merges); });
+  auto msg = mg::test::error_message([&] { GPT2BPETokenizer t(missing, good_merges); });
   EXPECT_CONTAINS(msg, "cannot open vocab file");
   EXPECT_CONTAINS(msg, missing);
-  msg = error_message([&] { GPT2BPETokenizer t(vocab_file(), missing); });
+  msg = mg::test::error_message([&] { GPT2BPETokenizer t(vocab_file(), missing); });
   EXPECT_CONTAINS(msg, "cannot open merges file");
 
   const std::string bad_json = write("bad.json", "{\"a\": 1, ");
-  msg = error_message([&] { GPT2BPETokenizer t(bad_json, good_merges); });
+  msg = mg::test::error_message([&] { GPT2BPETokenizer t(bad_json, good_merges); });
   EXPECT_CONTAINS(msg, "is not valid JSON");
   EXPECT_CONTAINS(msg, bad_json);
-  msg = error_message([&] { GPT2BPETokenizer t(write("arr.json", "[1, 2]"), good_merges); });
+  msg = mg::test::error_message(
+      [&] { GPT2BPETokenizer t(write("arr.json", "[1, 2]"), good_merges); });
   EXPECT_CONTAINS(msg, "must hold a JSON object");
-  msg =
-      error_message([&] { GPT2BPETokenizer t(write("str.json", "{\"a\": \"x\"}"), good_merges); });
+  msg = mg::test::error_message(
+      [&] { GPT2BPETokenizer t(write("str.json", "{\"a\": \"x\"}"), good_merges); });
   EXPECT_CONTAINS(msg, "token 'a' has id \"x\"");
   vocab_.erase("<|endoftext|>");
-  msg = error_message([&] { GPT2BPETokenizer t(vocab_file(), good_merges); });
+  msg = mg::test::error_message([&] { GPT2BPETokenizer t(vocab_file(), good_merges); });
   EXPECT_CONTAINS(msg, "no '<|endoftext|>' token");
   vocab_["<|endoftext|>"] = 259;
 
-  msg = error_message(
+  msg = mg::test::error_message(
       [&] { GPT2BPETokenizer t(vocab_file(), write("m1.txt", "#version: 0.2\ne l\nq zz\n")); });
   EXPECT_CONTAINS(msg, "line 3: symbol 'zz' of merge 'q zz' is not in the vocab file");
-  msg = error_message(
+  msg = mg::test::error_message(
       [&] { GPT2BPETokenizer t(vocab_file(), write("m2.txt", "#version: 0.2\ne l\nhel\n")); });
   EXPECT_CONTAINS(msg, "m2.txt' line 3: expected 'left right', got 'hel'");
-  msg = error_message([&] { GPT2BPETokenizer t(vocab_file(), write("m3.txt", "e l x\n")); });
+  msg = mg::test::error_message(
+      [&] { GPT2BPETokenizer t(vocab_file(), write("m3.txt", "e l x\n")); });
   EXPECT_CONTAINS(msg, "line 1: expected 'left right'");
 }
 
