@@ -87,6 +87,24 @@ __device__ __forceinline__ C dot_row(const C* x, const void* y, DType t, int64_t
   return s;
 }
 
+// Coordinates of query row r = (b*NH + h)*S + i: its KV group, q/out offset and document id.
+struct QueryRow {
+  int64_t i, b, h, g, qrow;
+  int32_t doc;
+};
+__device__ __forceinline__ QueryRow query_row(const AttnParams& a, int64_t r) {
+  const Dims& d = a.d;
+  QueryRow q;
+  q.i = r % d.s;
+  const int64_t bh = r / d.s;
+  q.h = bh % d.nh;
+  q.b = bh / d.nh;
+  q.g = q.h / (d.nh / d.ng);
+  q.qrow = q_index(d, q.i, q.b, q.h);
+  q.doc = a.docs ? a.docs[q.b * a.doc_bstride + q.i] : 0;
+  return q;
+}
+
 // One block per query row r = (b*NH + h)*S + i.
 template <typename C>
 __global__ void attn_fwd_kernel(void* out, void* lse, const void* q, const void* k, const void* v,
@@ -98,10 +116,9 @@ __global__ void attn_fwd_kernel(void* out, void* lse, const void* q, const void*
   const Dims& d = a.d;
   const int64_t r = block_row();
   if (r >= d.b * d.nh * d.s) return;
-  const int64_t i = r % d.s, bh = r / d.s, h = bh % d.nh, b = bh / d.nh;
-  const int64_t g = h / (d.nh / d.ng);
-  const int64_t qrow = q_index(d, i, b, h);
-  const int32_t doc_i = a.docs ? a.docs[b * a.doc_bstride + i] : 0;
+  const QueryRow row = query_row(a, r);
+  const int64_t i = row.i, b = row.b, g = row.g, qrow = row.qrow;
+  const int32_t doc_i = row.doc;
   if (doc_i < 0) {  // padding: attends nothing
     for (int64_t e = threadIdx.x; e < d.hd; e += blockDim.x) store<C>(out, a.t, qrow + e, C(0));
     if (threadIdx.x == 0) store<C>(lse, a.lse_t, r, neg_inf<C>());
@@ -161,10 +178,9 @@ __global__ void attn_bwd_dq_kernel(void* dq, C* dbuf, const void* dout, const vo
   const Dims& d = a.d;
   const int64_t r = block_row();
   if (r >= d.b * d.nh * d.s) return;
-  const int64_t i = r % d.s, bh = r / d.s, h = bh % d.nh, b = bh / d.nh;
-  const int64_t g = h / (d.nh / d.ng);
-  const int64_t qrow = q_index(d, i, b, h);
-  const int32_t doc_i = a.docs ? a.docs[b * a.doc_bstride + i] : 0;
+  const QueryRow row = query_row(a, r);
+  const int64_t i = row.i, b = row.b, g = row.g, qrow = row.qrow;
+  const int32_t doc_i = row.doc;
   const C lse_i = load<C>(lse, a.lse_t, r);
   if (doc_i < 0 || lse_i == neg_inf<C>()) {  // the row attended nothing: no gradient
     for (int64_t e = threadIdx.x; e < d.hd; e += blockDim.x) store<C>(dq, a.t, qrow + e, C(0));

@@ -147,4 +147,20 @@ decltype(auto) with_compute(DType t, F&& f) {
   return f(float{});
 }
 
+// Calls f(U{}) with U the unsigned integer type of t's element size (2, 4 or 8 bytes), for kernels
+// that only move elements (fill, embedding gather) and so need one instantiation per width.
+template <typename F>
+void with_element_bits(DType t, const char* op, F&& f) {
+  switch (dtype_size(t)) {
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+    default:
+      MG_THROW(op << ": unsupported element size of " << dtype_name(t));
+  }
+}
+
 }  // namespace mg::platforms::cuda

@@ -106,22 +106,11 @@ void fill(Tensor& x, double value) {
     std::memcpy(&v, elem, sizeof(U));
     fill_kernel<U><<<grid_for(n), kThreads, 0, s>>>(static_cast<U*>(x.raw_data()), v, n);
   };
-  switch (dtype_size(x.dtype())) {
-    case 1:
-      MG_CUDA_CHECK(cudaMemsetAsync(x.raw_data(), elem[0], static_cast<std::size_t>(n), s));
-      return;
-    case 2:
-      launch(uint16_t{});
-      break;
-    case 4:
-      launch(uint32_t{});
-      break;
-    case 8:
-      launch(uint64_t{});
-      break;
-    default:
-      MG_THROW(op << ": unsupported element size of " << dtype_name(x.dtype()));
+  if (dtype_size(x.dtype()) == 1) {
+    MG_CUDA_CHECK(cudaMemsetAsync(x.raw_data(), elem[0], static_cast<std::size_t>(n), s));
+    return;
   }
+  with_element_bits(x.dtype(), op, launch);
   MG_CUDA_CHECK_LAUNCH();
 }
 

@@ -72,19 +72,7 @@ void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& weight, int64_t
         static_cast<U*>(out.raw_data()), ids.raw_data(), ids.dtype(),
         static_cast<const U*>(weight.raw_data()), vocab_start, v, n, h);
   };
-  switch (dtype_size(weight.dtype())) {
-    case 2:
-      launch(uint16_t{});
-      break;
-    case 4:
-      launch(uint32_t{});
-      break;
-    case 8:
-      launch(uint64_t{});
-      break;
-    default:
-      MG_THROW(op << ": unsupported weight dtype " << dtype_name(weight.dtype()));
-  }
+  with_element_bits(weight.dtype(), op, launch);
   MG_CUDA_CHECK_LAUNCH();
 }
 
