@@ -8,8 +8,8 @@
 // Sequence ids in document_index are absolute ids into the source. Indices are stored widened
 // (int32 document ids, int64 sample/shuffle entries); Megatron's on-disk element types matter only
 // for cache files and are not modelled here.
-// Not done here: cache files (§3.10), blending (§3.11), mock data (§3.12), the attention mask,
-// reset_position_ids / reset_attention_mask and cu_seqlens outputs of §3.9 step 5.
+// Not done here: cache files (§3.10, dataset_cache.h), blending (§3.11), mock data (§3.12), the
+// dense attention mask (doc_ids carry it) and the cu_seqlens outputs of §3.9 step 5.
 #pragma once
 
 #include <array>
@@ -121,13 +121,28 @@ struct GPTSample {
   std::vector<int64_t> tokens;        // [S]
   std::vector<int64_t> labels;        // [S]
   std::vector<float> loss_mask;       // [S]
-  std::vector<int64_t> position_ids;  // [S], 0..S-1
+  std::vector<int64_t> position_ids;  // [S], 0..S-1, or restarting after each EOD
+  // [S] with reset_attention_mask, else empty: the per-document id of each token (0, 1, ...;
+  // +1 after every EOD in tokens, the EOD staying in its document), so "i may attend j" is
+  // j <= i && doc_ids[i] == doc_ids[j], exactly Megatron's reset attention mask. Feeds
+  // AttentionArgs::doc_ids.
+  std::vector<int32_t> doc_ids;
 };
 
+// §3.9 step 5 (Megatron's _get_ltor_masks_and_position_ids plus the pad handling).
 struct GPTSampleConfig {
-  int64_t pad_id = -1;            // §3.9 step 6: -1 when the tokenizer has no distinct pad
-  std::optional<int64_t> eod_id;  // set with --eod-mask-loss: loss_mask = 0 where tokens == eod
+  int64_t pad_id = -1;                // §3.9 step 6: -1 when the tokenizer has no distinct pad
+  std::optional<int64_t> eod_id;      // the tokenizer's EOD; required by the three flags below
+  bool eod_mask_loss = false;         // loss_mask = 0 where tokens == eod
+  bool reset_position_ids = false;    // position ids restart at 0 after every EOD
+  bool reset_attention_mask = false;  // fill GPTSample::doc_ids
+  void validate() const;
 };
+
+// §3.9 step 5 on raw text of S + x tokens: tokens, labels, loss_mask, position_ids, doc_ids, with
+// pads masked and then replaced by 0.
+GPTSample make_gpt_sample(std::vector<int64_t> text, int64_t sequence_length,
+                          int32_t add_extra_token_to_sequence, const GPTSampleConfig& config);
 
 // A GPT dataset split: the indices built once, samples fetched on demand from `source` (not owned).
 class GPTDataset {
@@ -135,13 +150,22 @@ class GPTDataset {
   GPTDataset(const SequenceSource& source, std::vector<int32_t> indexed_indices,
              std::optional<int64_t> num_samples, GPTIndexConfig config,
              GPTSampleConfig sample_config = {});
+  // With indices built elsewhere (a cache file): every entry is checked against `source` (ids in
+  // range, sample rows inside their sequences and non-decreasing, shuffle entries < num_samples),
+  // so a corrupt cache is an error, not an out-of-bounds read.
+  GPTDataset(const SequenceSource& source, std::vector<int32_t> indexed_indices, GPTIndices indices,
+             GPTIndexConfig config, GPTSampleConfig sample_config = {});
 
   int64_t size() const { return indices_.num_samples(); }
   const GPTIndices& indices() const { return indices_; }
   // §3.9 steps 1-4: the S + x raw tokens of sample k and the sequence ids they came from.
   std::pair<std::vector<int64_t>, std::vector<int64_t>> raw_sample(int64_t k) const;
-  // §3.9 step 5 without attention masks / position resets.
+  // §3.9 steps 1-5 (make_gpt_sample).
   GPTSample get(int64_t k) const;
+  const GPTSampleConfig& sample_config() const { return sample_config_; }
+  const GPTIndexConfig& config() const { return config_; }
+  const SequenceSource& source() const { return source_; }
+  const std::vector<int32_t>& indexed_indices() const { return indexed_indices_; }
 
  private:
   const SequenceSource& source_;
