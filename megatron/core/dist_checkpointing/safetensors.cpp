@@ -1,0 +1,295 @@
+// safetensors reader (strict, mmap) and writer (reference layout, atomic). See safetensors.h.
+#include "megatron/core/dist_checkpointing/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace mg::dist_checkpointing {
+namespace {
+
+using nlohmann::json;
+
+constexpr uint64_t kMaxHeader = 100000000;
+
+struct DtypeInfo {
+  const char* name;
+  int bits;
+};
+// The safetensors Dtype enum in its declaration order (the writer's "alignment" order).
+constexpr DtypeInfo kDtypes[] = {
+    {"BOOL", 8},        {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"U8", 8},
+    {"I8", 8},          {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"F8_E4M3FNUZ", 8},
+    {"F8_E5M2FNUZ", 8}, {"I16", 16},    {"U16", 16},    {"F16", 16},    {"BF16", 16},
+    {"I32", 32},        {"U32", 32},    {"F32", 32},    {"C64", 64},    {"F64", 64},
+    {"I64", 64},        {"U64", 64}};
+
+int dtype_rank(const std::string& s) {
+  for (std::size_t i = 0; i < std::size(kDtypes); ++i)
+    if (s == kDtypes[i].name) return static_cast<int>(i);
+  return -1;
+}
+
+// Reads exactly the mapping; a failure names the path and errno.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+std::string safetensors_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f64:
+      return "F64";
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    case DType::fp8_e4m3:
+      return "F8_E4M3";
+    case DType::fp8_e5m2:
+      return "F8_E5M2";
+    case DType::i32:
+      return "I32";
+    case DType::i64:
+      return "I64";
+    case DType::u8:
+      return "U8";
+  }
+  MG_THROW("safetensors_dtype: unknown dtype " << static_cast<int>(dtype));
+}
+
+DType dtype_from_safetensors(const std::string& s) {
+  for (DType d : {DType::f64, DType::f32, DType::bf16, DType::f16, DType::fp8_e4m3, DType::fp8_e5m2,
+                  DType::i32, DType::i64, DType::u8})
+    if (safetensors_dtype(d) == s) return d;
+  MG_THROW("safetensors dtype '" << s
+                                 << "' has no Megatron-CPP dtype (supported: F64, F32, BF16, F16, "
+                                    "F8_E4M3, F8_E5M2, I32, I64, U8)");
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  Fd f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MG_CHECK(f.fd >= 0, "cannot open safetensors file '" << path << "': " << std::strerror(errno));
+  struct stat st {};
+  MG_CHECK(::fstat(f.fd, &st) == 0, "cannot stat '" << path << "': " << std::strerror(errno));
+  size_ = static_cast<std::size_t>(st.st_size);
+  MG_CHECK(size_ >= 8, "safetensors file '" << path << "' is truncated: " << size_
+                                            << " bytes, fewer than the 8-byte header length");
+  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
+  MG_CHECK(map_ != MAP_FAILED, "cannot mmap '" << path << "': " << std::strerror(errno));
+  try {
+    const auto* base = static_cast<const unsigned char*>(map_);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | base[i];
+    MG_CHECK(n <= kMaxHeader, "safetensors file '" << path << "': header too large (" << n
+                                                   << " bytes, limit " << kMaxHeader << ")");
+    MG_CHECK(8 + n <= size_, "safetensors file '" << path << "' is truncated: header of " << n
+                                                  << " bytes but the file has " << size_);
+    std::string header(reinterpret_cast<const char*>(base + 8), n);
+    MG_CHECK(!header.empty() && header[0] == '{',
+             "safetensors file '" << path << "': header does not start with '{'");
+    data_start_ = 8 + n;
+
+    // Duplicate keys are an error (nlohmann keeps the last): track the keys of each open object.
+    std::vector<std::set<std::string>> open_keys;
+    std::string duplicate;
+    auto cb = [&](int, json::parse_event_t ev, json& parsed) {
+      if (ev == json::parse_event_t::object_start) open_keys.emplace_back();
+      if (ev == json::parse_event_t::object_end) open_keys.pop_back();
+      if (ev == json::parse_event_t::key && !open_keys.empty() &&
+          !open_keys.back().insert(parsed.get<std::string>()).second && duplicate.empty())
+        duplicate = parsed.get<std::string>();
+      return true;
+    };
+    json h;
+    try {
+      h = json::parse(header, cb);  // validates UTF-8; trailing spaces are whitespace
+    } catch (const json::exception& e) {
+      MG_THROW("safetensors file '" << path << "': header is not valid JSON: " << e.what());
+    }
+    MG_CHECK(duplicate.empty(),
+             "safetensors file '" << path << "': duplicate key '" << duplicate << "' in header");
+    MG_CHECK(h.is_object(), "safetensors file '" << path << "': header is not a JSON object");
+
+    for (auto it = h.begin(); it != h.end(); ++it) {
+      const std::string& name = it.key();
+      const json& v = it.value();
+      if (name == "__metadata__") {
+        MG_CHECK(v.is_object(), "safetensors file '" << path << "': __metadata__ is not an object");
+        for (auto m = v.begin(); m != v.end(); ++m) {
+          MG_CHECK(m.value().is_string(), "safetensors file '" << path << "': __metadata__['"
+                                                               << m.key() << "'] is not a string");
+          metadata_[m.key()] = m.value().get<std::string>();
+        }
+        continue;
+      }
+      const std::string where = "safetensors file '" + path + "', tensor '" + name + "'";
+      MG_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") &&
+                   v.contains("data_offsets") && v.size() == 3,
+               where << ": entry must have exactly dtype, shape and data_offsets");
+      MG_CHECK(v["dtype"].is_string(), where << ": dtype is not a string");
+      SafetensorsEntry e;
+      e.name = name;
+      e.dtype = v["dtype"].get<std::string>();
+      const int rank = dtype_rank(e.dtype);
+      MG_CHECK(rank >= 0, where << ": unknown dtype '" << e.dtype << "'");
+      MG_CHECK(v["shape"].is_array(), where << ": shape is not an array");
+      uint64_t numel = 1;
+      for (const json& d : v["shape"]) {
+        MG_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
+                 where << ": shape entries must be non-negative integers");
+        const uint64_t dim = d.get<uint64_t>();
+        MG_CHECK(dim == 0 || numel <= UINT64_MAX / 64 / dim, where << ": shape overflows");
+        numel *= dim;
+        e.shape.push_back(static_cast<int64_t>(dim));
+      }
+      const json& off = v["data_offsets"];
+      MG_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                   off[1].is_number_unsigned(),
+               where << ": data_offsets must be two non-negative integers");
+      e.begin = off[0].get<std::size_t>();
+      e.end = off[1].get<std::size_t>();
+      MG_CHECK(e.begin <= e.end,
+               where << ": data_offsets [" << e.begin << ", " << e.end << "] are reversed");
+      const uint64_t bits = numel * static_cast<uint64_t>(kDtypes[rank].bits);
+      MG_CHECK(bits % 8 == 0, where << ": " << numel << " elements of " << e.dtype
+                                    << " are not a whole number of bytes");
+      MG_CHECK(e.end - e.begin == bits / 8, where << ": data_offsets span " << e.end - e.begin
+                                                  << " bytes but shape " << shape_str(e.shape)
+                                                  << " of " << e.dtype << " needs " << bits / 8);
+      entries_.push_back(std::move(e));
+    }
+    std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    });
+    std::size_t expect = 0;
+    for (const auto& e : entries_) {
+      MG_CHECK(e.begin == expect, "safetensors file '" << path << "': tensor '" << e.name
+                                                       << "' begins at byte " << e.begin
+                                                       << " of the data buffer, expected " << expect
+                                                       << " (hole or overlap)");
+      expect = e.end;
+    }
+    MG_CHECK(data_start_ + expect == size_,
+             "safetensors file '" << path << "' "
+                                  << (data_start_ + expect > size_ ? "is truncated"
+                                                                   : "has trailing bytes")
+                                  << ": header promises " << data_start_ + expect
+                                  << " bytes, the file has " << size_);
+    for (std::size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
+  } catch (...) {
+    ::munmap(map_, size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ && map_ != MAP_FAILED) ::munmap(map_, size_);
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_) out.push_back(e.name);
+  return out;
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  auto it = index_.find(name);
+  MG_CHECK(it != index_.end(), "safetensors file '" << path_ << "' has no tensor '" << name << "'");
+  return entries_[it->second];
+}
+
+std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const {
+  const auto& e = entry(name);
+  return {static_cast<const std::byte*>(map_) + data_start_ + e.begin, e.end - e.begin};
+}
+
+Tensor SafetensorsFile::tensor(const std::string& name) const {
+  const auto& e = entry(name);
+  Tensor t = Tensor::empty(e.shape, dtype_from_safetensors(e.dtype));
+  auto b = bytes(name);
+  if (!b.empty()) std::memcpy(t.raw_data(), b.data(), b.size());
+  return t;
+}
+
+void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<std::pair<std::string, Tensor>> order;
+  std::set<std::string> seen;
+  for (const auto& [name, t] : tensors) {
+    MG_CHECK(name != "__metadata__", "save_safetensors: '__metadata__' is not a tensor name");
+    MG_CHECK(seen.insert(name).second, "save_safetensors: tensor '" << name << "' given twice");
+    MG_CHECK(t.defined(), "save_safetensors: tensor '" << name << "' is undefined");
+    order.emplace_back(name, t.is_host() ? t : t.to(Device::cpu()));
+  }
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    const int ra = dtype_rank(safetensors_dtype(a.second.dtype()));
+    const int rb = dtype_rank(safetensors_dtype(b.second.dtype()));
+    return ra != rb ? ra > rb : a.first < b.first;
+  });
+  // Compact JSON, __metadata__ first, then the tensors in layout order (ordered_json keeps order).
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    h["__metadata__"] = m;
+  }
+  std::size_t offset = 0;
+  for (const auto& [name, t] : order) {
+    nlohmann::ordered_json e;
+    e["dtype"] = safetensors_dtype(t.dtype());
+    e["shape"] = t.shape();
+    e["data_offsets"] = {offset, offset + t.nbytes()};
+    offset += t.nbytes();
+    h[name] = e;
+  }
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+
+  const std::string tmp = path + ".tmp";
+  Fd f;
+  f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MG_CHECK(f.fd >= 0, "cannot create '" << tmp << "': " << std::strerror(errno));
+  auto write_all = [&](const void* p, std::size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      const ssize_t w = ::write(f.fd, c, n);
+      if (w < 0 && errno == EINTR) continue;
+      MG_CHECK(w > 0, "write to '" << tmp << "' failed: " << std::strerror(errno));
+      c += w;
+      n -= static_cast<std::size_t>(w);
+    }
+  };
+  unsigned char len[8];
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  write_all(len, 8);
+  write_all(header.data(), header.size());
+  for (const auto& [name, t] : order)
+    if (t.nbytes() > 0) write_all(t.raw_data(), t.nbytes());
+  MG_CHECK(::fsync(f.fd) == 0, "fsync of '" << tmp << "' failed: " << std::strerror(errno));
+  ::close(f.fd);
+  f.fd = -1;
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  MG_CHECK(!ec, "cannot rename '" << tmp << "' to '" << path << "': " << ec.message());
+}
+
+}  // namespace mg::dist_checkpointing
