@@ -1,0 +1,112 @@
+// MegatronOptimizer: Megatron's Float16OptimizerWithFloat16Params (bf16 / fp16 models: fp32 master
+// weights) and FP32Optimizer (f32 / f64 models: the params are their own master weights) over the
+// flat ParamAndGradBuffer, with Adam(W) through the `adamw_step` op or SGD with momentum.
+//
+// One step (Megatron's order): [scaler] multiply every main_grad by 1/loss_scale in place and check
+// for inf/nan (multi_tensor_scale); update the scaler; fp16 overflow -> skip (params, state and
+// step count untouched) -> grad norm of all main_grads, each Parameter once (the op table's
+// grad_norm / clip_grad_norm), clip to clip_grad -> Adam/SGD on the master weights with lr *
+// lr_mult and weight_decay * wd_mult per group -> master copied to the model params (fused into
+// adamw_step). The caller then calls zero_grad() before the next backward, and multiplies its loss
+// by loss_scale() before backward.
+//
+// Invariants: master weights, exp_avg, exp_avg_sq (and SGD momentum) are flat buffers of the
+// buffer's length on the buffer's device, viewed at each Parameter's buffer_offset, so ZeRO later
+// is offset arithmetic. Param groups follow Megatron's _get_param_groups: one group per distinct
+// (wd_mult, lr_mult), wd_mult = 0 for no_weight_decay params (biases, norm weights).
+// Not here: DP/TP reductions (the op table's grad_norm counts what it is given), ZeRO sharding,
+// CPU offload.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/optimizer/grad_scaler.h"
+#include "megatron/core/optimizer/optimizer_config.h"
+#include "megatron/core/optimizer/state_dict.h"
+#include "megatron/core/transformer/parameter.h"
+
+namespace mg::optimizer {
+
+struct ParamGroup {
+  std::vector<std::size_t> params;  // indices into the Parameter vector, in its order
+  double wd_mult = 1.0;             // 0 for the no-weight-decay group
+  double lr_mult = 1.0;
+  // What the last step() used: lr * lr_mult, weight_decay * wd_mult (for logging).
+  double lr = 0.0;
+  double weight_decay = 0.0;
+};
+
+// Megatron's no_weight_decay_cond / scale_lr_cond hooks. Defaults: wd_mult = 0 when
+// Parameter::no_weight_decay, else 1; lr_mult = 1.
+struct ParamGroupOptions {
+  std::function<double(const transformer::Parameter&)> wd_mult;
+  std::function<double(const transformer::Parameter&)> lr_mult;
+};
+
+struct StepResult {
+  bool success = false;    // false: the step was skipped (fp16 overflow); count it as skipped
+  bool found_inf = false;  // some gradient was inf/nan (any precision; bf16/fp32 still step, as
+                           // Megatron does: the loop counts it as a nan iteration)
+  // Global L2 norm of the unscaled gradients before clipping; 0 when skipped (Megatron: None).
+  double grad_norm = 0.0;
+  std::optional<int64_t> num_zeros_in_grad;  // with config.log_num_zeros_in_grad
+};
+
+class MegatronOptimizer {
+ public:
+  // `params` and `buffer` must outlive the optimizer; every param / main_grad must be a view of
+  // buffer.params / buffer.grads at its buffer_offset (checked, naming the parameter).
+  // config.validate() is called; params_dtype must equal the buffer's dtype.
+  MegatronOptimizer(const OptimizerConfig& config, std::vector<transformer::Parameter>& params,
+                    transformer::ParamAndGradBuffer& buffer, const ops::OpTable& ops,
+                    const ParamGroupOptions& groups = {});
+  ~MegatronOptimizer();
+  MegatronOptimizer(const MegatronOptimizer&) = delete;
+  MegatronOptimizer& operator=(const MegatronOptimizer&) = delete;
+
+  // One optimizer step with the scheduler's current lr and weight decay (the loop calls
+  // OptimizerParamScheduler::step(increment) after this, as Megatron's train_step does).
+  StepResult step(double lr, double weight_decay);
+  // Zeroes the flat gradient buffer (all main_grads).
+  void zero_grad();
+
+  // The factor the loss is multiplied by before backward: the scaler's scale, else 1.
+  float loss_scale() const;
+  GradScaler* grad_scaler() { return scaler_.get(); }  // nullptr for bf16/fp32 without --loss-scale
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  int64_t num_steps() const { return step_; }  // successful steps so far (Adam's step count)
+  const OptimizerConfig& config() const { return config_; }
+  // Master weights of parameter i (the param itself for f32/f64 models).
+  Tensor master_param(std::size_t i) const;
+
+  // Tensors "optimizer.state.{exp_avg,exp_avg_sq,fp32_param,momentum_buffer}.<param name>"
+  // (fp32_param only when the master weights are separate; views of live state, see
+  // state_dict.h), numbers "step", "grad_scaler.{scale,growth_tracker,hysteresis_tracker}"
+  // (when there is a scaler), string "optimizer" (adam | sgd).
+  StateDict state_dict() const;
+  // Copies every entry back (converting dtype/device); missing or mis-shaped entries throw naming
+  // the key. A checkpoint without grad_scaler.* keeps the current scaler (Megatron warns so).
+  void load_state_dict(const StateDict& sd);
+  // master <- model params (after the model was loaded without optimizer state: --no-load-optim,
+  // --finetune). No-op when the params are their own master weights.
+  void reload_model_params();
+
+ private:
+  struct State;
+  OptimizerConfig config_;
+  std::vector<transformer::Parameter>& params_;
+  transformer::ParamAndGradBuffer& buffer_;
+  const ops::OpTable& ops_;
+  std::unique_ptr<GradScaler> scaler_;
+  std::vector<ParamGroup> groups_;
+  std::unique_ptr<State> state_;
+  int64_t step_ = 0;
+};
+
+}  // namespace mg::optimizer
