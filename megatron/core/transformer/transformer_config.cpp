@@ -1,0 +1,188 @@
+// TransformerConfig defaults, validation and the padded vocabulary (see transformer_config.h).
+#include "megatron/core/transformer/transformer_config.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "megatron/core/common/error.h"
+
+namespace mg::transformer {
+
+std::string to_string(Normalization v) {
+  return v == Normalization::layernorm ? "LayerNorm" : "RMSNorm";
+}
+
+std::string to_string(Activation v) {
+  switch (v) {
+    case Activation::gelu:
+      return "gelu";
+    case Activation::swiglu:
+      return "swiglu";
+    case Activation::squared_relu:
+      return "squared_relu";
+  }
+  return "?";
+}
+
+std::string to_string(PositionEmbeddingType v) {
+  switch (v) {
+    case PositionEmbeddingType::learned_absolute:
+      return "learned_absolute";
+    case PositionEmbeddingType::rope:
+      return "rope";
+    case PositionEmbeddingType::none:
+      return "none";
+  }
+  return "?";
+}
+
+std::string to_string(RecomputeGranularity v) {
+  switch (v) {
+    case RecomputeGranularity::none:
+      return "none";
+    case RecomputeGranularity::full:
+      return "full";
+    case RecomputeGranularity::selective:
+      return "selective";
+  }
+  return "?";
+}
+
+std::string to_string(RecomputeMethod v) {
+  switch (v) {
+    case RecomputeMethod::none:
+      return "none";
+    case RecomputeMethod::uniform:
+      return "uniform";
+    case RecomputeMethod::block:
+      return "block";
+  }
+  return "?";
+}
+
+void TransformerConfig::finalize() {
+  if (ffn_hidden_size == 0) ffn_hidden_size = 4 * hidden_size;
+  if (num_query_groups == 0) num_query_groups = num_attention_heads;
+  if (kv_channels == 0 && num_attention_heads > 0) {
+    MG_CHECK(hidden_size % num_attention_heads == 0,
+             "hidden_size " << hidden_size << " is not divisible by num_attention_heads "
+                            << num_attention_heads << " (set kv_channels explicitly)");
+    kv_channels = hidden_size / num_attention_heads;
+  }
+  if (max_position_embeddings == 0) max_position_embeddings = seq_length;
+  validate();
+}
+
+void TransformerConfig::validate() const {
+  MG_CHECK(num_layers >= 1, "num_layers must be >= 1, got " << num_layers);
+  MG_CHECK(hidden_size >= 1, "hidden_size must be >= 1, got " << hidden_size);
+  MG_CHECK(num_attention_heads >= 1,
+           "num_attention_heads must be >= 1, got " << num_attention_heads);
+  MG_CHECK(ffn_hidden_size >= 1,
+           "ffn_hidden_size must be >= 1 (0 before finalize() means 4*hidden_size), got "
+               << ffn_hidden_size);
+  MG_CHECK(kv_channels >= 1, "kv_channels must be >= 1, got "
+                                 << kv_channels << " (hidden_size " << hidden_size
+                                 << " / num_attention_heads " << num_attention_heads << ")");
+  MG_CHECK(num_query_groups >= 1 && num_query_groups <= num_attention_heads &&
+               num_attention_heads % num_query_groups == 0,
+           "num_attention_heads " << num_attention_heads
+                                  << " must be a multiple of num_query_groups " << num_query_groups
+                                  << " (GQA: each KV group serves NH/NG query heads)");
+  MG_CHECK(seq_length >= 1, "seq_length must be >= 1, got " << seq_length);
+  MG_CHECK(make_vocab_size_divisible_by >= 1,
+           "make_vocab_size_divisible_by must be >= 1, got " << make_vocab_size_divisible_by);
+  MG_CHECK(norm_epsilon >= 0.0 && std::isfinite(norm_epsilon),
+           "norm_epsilon must be finite and >= 0, got " << norm_epsilon);
+  MG_CHECK(hidden_dropout >= 0.0 && hidden_dropout < 1.0,
+           "hidden_dropout must be in [0, 1), got " << hidden_dropout);
+  MG_CHECK(attention_dropout >= 0.0 && attention_dropout < 1.0,
+           "attention_dropout must be in [0, 1), got " << attention_dropout);
+  MG_CHECK(init_method_std >= 0.0 && std::isfinite(init_method_std),
+           "init_method_std must be finite and >= 0, got " << init_method_std);
+  MG_CHECK(params_dtype == DType::f32 || params_dtype == DType::bf16 ||
+               params_dtype == DType::f16 || params_dtype == DType::f64,
+           "params_dtype must be f32, bf16, f16 or f64, got " << dtype_name(params_dtype));
+  if (position_embedding_type == PositionEmbeddingType::learned_absolute) {
+    MG_CHECK(max_position_embeddings >= seq_length,
+             "learned_absolute position embeddings: max_position_embeddings "
+                 << max_position_embeddings << " is smaller than seq_length " << seq_length);
+  }
+  if (position_embedding_type == PositionEmbeddingType::rope) {
+    MG_CHECK(rotary_percent > 0.0 && rotary_percent <= 1.0,
+             "rotary_percent must be in (0, 1], got " << rotary_percent);
+    MG_CHECK(rotary_base > 0.0, "rotary_base must be > 0, got " << rotary_base);
+    const auto rot = static_cast<int64_t>(static_cast<double>(kv_channels) * rotary_percent);
+    MG_CHECK(rot > 0 && rot % 2 == 0, "rope: kv_channels * rotary_percent = "
+                                          << kv_channels << " * " << rotary_percent << " = " << rot
+                                          << " rotary dims; must be even and > 0");
+  }
+  // Recomputation, as Megatron's __post_init__ checks it.
+  switch (recompute_granularity) {
+    case RecomputeGranularity::none:
+      MG_CHECK(recompute_method == RecomputeMethod::none,
+               "recompute_method " << to_string(recompute_method)
+                                   << " is set but recompute_granularity is none");
+      MG_CHECK(recompute_num_layers == 0, "recompute_num_layers "
+                                              << recompute_num_layers
+                                              << " is set but recompute_granularity is none");
+      break;
+    case RecomputeGranularity::selective:
+      MG_CHECK(recompute_method == RecomputeMethod::none,
+               "recompute_granularity selective recomputes core attention only; recompute_method "
+                   << to_string(recompute_method) << " applies to full recompute");
+      MG_CHECK(recompute_num_layers == 0,
+               "recompute_granularity selective does not take recompute_num_layers (got "
+                   << recompute_num_layers << ")");
+      break;
+    case RecomputeGranularity::full:
+      MG_CHECK(recompute_method != RecomputeMethod::none,
+               "recompute_granularity full needs recompute_method uniform or block");
+      MG_CHECK(recompute_num_layers >= 1 && recompute_num_layers <= num_layers,
+               "recompute_granularity full needs recompute_num_layers in [1, num_layers = "
+                   << num_layers << "], got " << recompute_num_layers);
+      break;
+  }
+}
+
+int64_t TransformerConfig::padded_vocab_size(int64_t vocab_size,
+                                             int64_t tensor_model_parallel_size) const {
+  MG_CHECK(vocab_size >= 1, "vocab size must be >= 1, got " << vocab_size);
+  MG_CHECK(tensor_model_parallel_size >= 1,
+           "tensor_model_parallel_size must be >= 1, got " << tensor_model_parallel_size);
+  MG_CHECK(make_vocab_size_divisible_by >= 1,
+           "make_vocab_size_divisible_by must be >= 1, got " << make_vocab_size_divisible_by);
+  const int64_t multiple = make_vocab_size_divisible_by * tensor_model_parallel_size;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+bool TransformerConfig::layer_recomputed(int64_t layer) const {
+  if (recompute_granularity != RecomputeGranularity::full) return false;
+  if (recompute_method == RecomputeMethod::uniform) return true;
+  return layer < recompute_num_layers;  // block: the first N layers
+}
+
+std::string TransformerConfig::str() const {
+  std::ostringstream os;
+  os << "num_layers " << num_layers << "\nhidden_size " << hidden_size << "\nffn_hidden_size "
+     << ffn_hidden_size << "\nnum_attention_heads " << num_attention_heads << "\nnum_query_groups "
+     << num_query_groups << "\nkv_channels " << kv_channels << "\nseq_length " << seq_length
+     << "\nmax_position_embeddings " << max_position_embeddings << "\nmake_vocab_size_divisible_by "
+     << make_vocab_size_divisible_by << "\nnormalization " << to_string(normalization)
+     << "\nnorm_epsilon " << norm_epsilon << "\napply_layernorm_1p " << apply_layernorm_1p
+     << "\nactivation " << to_string(activation)
+     << (activation == Activation::gelu ? (bias_activation_fusion ? " (tanh)" : " (erf)") : "")
+     << "\nadd_bias_linear " << add_bias_linear << "\nadd_qkv_bias " << add_qkv_bias
+     << "\nqk_layernorm " << qk_layernorm << "\nposition_embedding_type "
+     << to_string(position_embedding_type) << "\nrotary_base " << rotary_base << "\nrotary_percent "
+     << rotary_percent << "\nuntie_embeddings_and_output_weights "
+     << untie_embeddings_and_output_weights << "\nhidden_dropout " << hidden_dropout
+     << "\nattention_dropout " << attention_dropout << "\ninit_method_std " << init_method_std
+     << "\nparams_dtype " << dtype_name(params_dtype) << "\nrecompute_granularity "
+     << to_string(recompute_granularity) << "\nrecompute_method " << to_string(recompute_method)
+     << "\nrecompute_num_layers " << recompute_num_layers << "\ncalculate_per_token_loss "
+     << calculate_per_token_loss;
+  return os.str();
+}
+
+}  // namespace mg::transformer

@@ -1,0 +1,109 @@
+// TransformerConfig: the model-shape and numerics config of a Megatron-Core transformer, with
+// Megatron's field names and defaults (megatron/core/transformer/transformer_config.py).
+//
+// A field left 0 means "Megatron's default, derived from the others": finalize() fills it in
+// (ffn_hidden_size = 4*hidden_size, num_query_groups = num_attention_heads, kv_channels =
+// hidden_size/num_attention_heads, max_position_embeddings = seq_length) and then validate()s, as
+// Megatron's __post_init__ does. validate() rejects impossible combinations naming the values.
+// Not here: parallel layout (ParallelDims), optimizer and training settings (their own configs),
+// and the flag-level defaults of megatron/training/arguments.py (e.g. --swiglu's ffn size
+// rounding).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "megatron/core/tensor/dtype.h"
+
+namespace mg::transformer {
+
+enum class Normalization : uint8_t { layernorm, rmsnorm };
+// gelu: exact erf form (torch.nn.functional.gelu, Megatron's unfused default), or the tanh
+// approximation (GPT-2's gelu_new, Megatron's fused bias_gelu) when bias_activation_fusion is set.
+enum class Activation : uint8_t { gelu, swiglu, squared_relu };
+enum class PositionEmbeddingType : uint8_t { learned_absolute, rope, none };
+enum class RecomputeGranularity : uint8_t { none, full, selective };
+enum class RecomputeMethod : uint8_t { none, uniform, block };
+
+std::string to_string(Normalization v);
+std::string to_string(Activation v);
+std::string to_string(PositionEmbeddingType v);
+std::string to_string(RecomputeGranularity v);
+std::string to_string(RecomputeMethod v);
+
+struct TransformerConfig {
+  // ---- shape ----
+  int64_t num_layers = 0;               // L, >= 1
+  int64_t hidden_size = 0;              // H
+  int64_t ffn_hidden_size = 0;          // F; 0 -> 4 * hidden_size
+  int64_t num_attention_heads = 0;      // NH
+  int64_t num_query_groups = 0;         // NG (GQA KV heads); 0 -> num_attention_heads
+  int64_t kv_channels = 0;              // HD; 0 -> hidden_size / num_attention_heads
+  int64_t seq_length = 0;               // S of a training sample
+  int64_t max_position_embeddings = 0;  // learned positions table rows; 0 -> seq_length
+  int64_t make_vocab_size_divisible_by = 128;
+
+  // ---- architecture ----
+  Normalization normalization = Normalization::layernorm;
+  double norm_epsilon = 1e-5;
+  bool apply_layernorm_1p = false;  // norm weights stored as gamma - 1 (zero-centred), init 0
+  Activation activation = Activation::gelu;
+  bool bias_activation_fusion = false;  // gelu: tanh approximation (Megatron's fused bias_gelu)
+  bool add_bias_linear = true;          // biases on linear_qkv/proj/fc1/fc2
+  bool add_qkv_bias = false;            // bias on linear_qkv only (Qwen2), with !add_bias_linear
+  bool qk_layernorm = false;            // q_layernorm / k_layernorm over HD (Qwen3-style)
+  PositionEmbeddingType position_embedding_type = PositionEmbeddingType::learned_absolute;
+  double rotary_base = 10000.0;
+  double rotary_percent = 1.0;
+  bool rotary_interleaved = false;  // false: rotate-half (NeoX/HF), Megatron's default
+  bool untie_embeddings_and_output_weights = false;
+
+  // ---- regularisation and init ----
+  double hidden_dropout = 0.1;     // embedding output, after linear_proj and after linear_fc2
+  double attention_dropout = 0.1;  // on the attention probabilities
+  double init_method_std = 0.02;   // normal(0, std); linear_proj/linear_fc2: std / sqrt(2 L)
+
+  // ---- precision ----
+  DType params_dtype = DType::f32;  // f32 | bf16 | f16 | f64; grads f32 under bf16/f16
+
+  // ---- activation recomputation ----
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::none;
+  RecomputeMethod recompute_method = RecomputeMethod::none;
+  int64_t recompute_num_layers = 0;  // full: layers per chunk (uniform) / first N layers (block)
+
+  // ---- loss ----
+  // false: each micro-batch's loss is its mean over its masked tokens, divided by the number of
+  // micro-batches; true: the sum, with gradients divided by the global number of tokens.
+  bool calculate_per_token_loss = false;
+
+  // Fills the 0-valued derived fields with Megatron's defaults, then validate()s.
+  void finalize();
+  // Throws mg::Error naming the offending values. Expects a finalized config.
+  void validate() const;
+
+  // Megatron's padded vocabulary: vocab rounded up to a multiple of
+  // make_vocab_size_divisible_by*tp.
+  int64_t padded_vocab_size(int64_t vocab_size, int64_t tensor_model_parallel_size = 1) const;
+
+  // Derived sizes (finalized config).
+  int64_t query_projection_size() const { return kv_channels * num_attention_heads; }
+  int64_t kv_projection_size() const { return kv_channels * num_query_groups; }
+  // Rows of linear_qkv.weight: (NH + 2 NG) * HD.
+  int64_t qkv_projection_size() const { return query_projection_size() + 2 * kv_projection_size(); }
+  // Rows of linear_fc1.weight: 2F when gated (swiglu), else F.
+  int64_t fc1_output_size() const {
+    return activation == Activation::swiglu ? 2 * ffn_hidden_size : ffn_hidden_size;
+  }
+  bool gated_linear_unit() const { return activation == Activation::swiglu; }
+  // The grad (main_grad) dtype: f32 under bf16/f16 mixed precision, else params_dtype.
+  DType grad_dtype() const {
+    return params_dtype == DType::bf16 || params_dtype == DType::f16 ? DType::f32 : params_dtype;
+  }
+  // Whether layer l (0-based) runs under full recompute (keeps only its input in forward).
+  bool layer_recomputed(int64_t layer) const;
+
+  // One line per field, for the start-up summary.
+  std::string str() const;
+};
+
+}  // namespace mg::transformer
