@@ -1,0 +1,51 @@
+// OptimizerConfig::validate: Megatron's argument checks for the optimizer, with the values.
+#include "megatron/core/optimizer/optimizer_config.h"
+
+#include <cmath>
+
+#include "megatron/core/common/error.h"
+
+namespace mg::optimizer {
+
+void OptimizerConfig::validate() const {
+  MG_CHECK(optimizer == "adam" || optimizer == "sgd",
+           "OptimizerConfig: optimizer '" << optimizer << "' is not supported (adam, sgd)");
+  MG_CHECK(!(fp16 && bf16), "OptimizerConfig: fp16 and bf16 are both set; choose one");
+  const DType want = fp16 ? DType::f16 : bf16 ? DType::bf16 : params_dtype;
+  MG_CHECK(params_dtype == want, "OptimizerConfig: params_dtype "
+                                     << dtype_name(params_dtype) << " does not match "
+                                     << (fp16 ? "fp16" : "bf16") << " (expected "
+                                     << dtype_name(want) << ")");
+  MG_CHECK(params_dtype == DType::f32 || params_dtype == DType::f64 || fp16 || bf16,
+           "OptimizerConfig: params_dtype " << dtype_name(params_dtype)
+                                            << " needs fp16/bf16 set, or must be f32/f64");
+  if (lr)
+    MG_CHECK(*lr >= 0.0 && std::isfinite(*lr), "OptimizerConfig: lr must be >= 0, got " << *lr);
+  if (min_lr) {
+    MG_CHECK(*min_lr >= 0.0, "OptimizerConfig: min_lr must be >= 0, got " << *min_lr);
+    if (lr)
+      MG_CHECK(*min_lr <= *lr,
+               "OptimizerConfig: min_lr " << *min_lr << " is larger than lr " << *lr);
+  }
+  MG_CHECK(weight_decay >= 0.0, "OptimizerConfig: weight_decay must be >= 0, got " << weight_decay);
+  MG_CHECK(adam_beta1 >= 0.0 && adam_beta1 < 1.0,
+           "OptimizerConfig: adam_beta1 must be in [0, 1), got " << adam_beta1);
+  MG_CHECK(adam_beta2 >= 0.0 && adam_beta2 < 1.0,
+           "OptimizerConfig: adam_beta2 must be in [0, 1), got " << adam_beta2);
+  MG_CHECK(adam_eps >= 0.0, "OptimizerConfig: adam_eps must be >= 0, got " << adam_eps);
+  MG_CHECK(sgd_momentum >= 0.0, "OptimizerConfig: sgd_momentum must be >= 0, got " << sgd_momentum);
+  MG_CHECK(clip_grad >= 0.0, "OptimizerConfig: clip_grad must be >= 0, got " << clip_grad);
+  if (loss_scale)
+    MG_CHECK(*loss_scale > 0.0 && std::isfinite(*loss_scale),
+             "OptimizerConfig: loss_scale must be > 0, got " << *loss_scale);
+  MG_CHECK(min_loss_scale > 0.0,
+           "OptimizerConfig: min_loss_scale must be > 0, got " << min_loss_scale);
+  MG_CHECK(min_loss_scale <= initial_loss_scale,
+           "OptimizerConfig: min_loss_scale " << min_loss_scale << " is larger than "
+                                              << "initial_loss_scale " << initial_loss_scale);
+  MG_CHECK(loss_scale_window > 0,
+           "OptimizerConfig: loss_scale_window must be > 0, got " << loss_scale_window);
+  MG_CHECK(hysteresis > 0, "OptimizerConfig: hysteresis must be > 0, got " << hysteresis);
+}
+
+}  // namespace mg::optimizer
