@@ -14,10 +14,15 @@ build=${1:-build}
 dest=.gpu_bundle
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-mkdir -p "$stage/bin" "$stage/lib"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/tools"
 cp -a "$build"/bin/* "$stage/bin/"
 cp -a "$build"/lib/*.so "$stage/lib/"
-for f in "$stage"/bin/* "$stage"/lib/*.so; do
+# Command-line tools the tests run that the device image lacks (preprocess_data_test: zstd);
+# gpu_run_tests.sh appends tools/ to PATH, so the device's own copies win.
+for tool in zstd; do
+  if command -v "$tool" >/dev/null; then cp -L "$(command -v "$tool")" "$stage/tools/"; fi
+done
+for f in "$stage"/bin/* "$stage"/lib/*.so "$stage"/tools/*; do
   ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
 done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt)\.so' |
   while read -r lib; do

@@ -4,23 +4,14 @@
 # Writes summary.txt, device.txt and megatron_info.txt under ${OUT:-/tmp/gpu_out}, and the full log
 # of every binary into logs.tar.gz there (the device tool brings back at most 8 files).
 # The tests were compiled with this checkout's and build's absolute paths (plugins, fixtures,
-# megatron_info); where those do not exist here they are made as links to the bundle and to this
-# checkout. Each binary gets ${MG_TEST_TIMEOUT:-240} s. Exit status: 0 only if every binary passed.
+# megatron_info); scripts/gpu_env.sh links them to this copy and sets the library paths. Each
+# binary gets ${MG_TEST_TIMEOUT:-240} s. Exit status: 0 only if every binary passed.
 #   bash scripts/gpu_run_tests.sh [gtest filter]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_out}
 mkdir -p "$out"
-if [ -f .gpu_bundle/bundle.tar.gz ]; then tar -C .gpu_bundle -xzf .gpu_bundle/bundle.tar.gz && rm .gpu_bundle/bundle.tar.gz; fi
-read -r src_root build_dir < .gpu_bundle/paths
-if [ ! -e "$build_dir" ]; then mkdir -p "$(dirname "$build_dir")" && ln -s "$PWD/.gpu_bundle" "$build_dir"; fi
-if [ ! -e "$src_root/tests" ]; then mkdir -p "$src_root" && ln -s "$PWD/tests" "$src_root/tests"; fi
-# The CUDA toolkit's runtime and cuBLAS: next to nvcc (lib64 or lib), else /usr/local/cuda.
-cuda_libs=""
-for d in "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")" /usr/local/cuda; do
-  for l in lib64 lib targets/x86_64-linux/lib; do [ -d "$d/$l" ] && cuda_libs="$cuda_libs:$d/$l"; done
-done
-export LD_LIBRARY_PATH="$PWD/.gpu_bundle/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source scripts/gpu_env.sh
 logs=$(mktemp -d)
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv

@@ -1,0 +1,19 @@
+# Sourced (from the repository root) by the scripts that run on the lent GPU machine: unpacks
+# .gpu_bundle/bundle.tar.gz (scripts/gpu_bundle.sh) once, links the absolute paths the binaries
+# were built with (this checkout's tests/, the build dir) to this copy where they do not exist, and
+# exports LD_LIBRARY_PATH (the bundle's libraries, then the CUDA toolkit's runtime and cuBLAS, next
+# to nvcc or in /usr/local/cuda) and PATH (+ the bundle's tools, after the device's own).
+if [ -f .gpu_bundle/bundle.tar.gz ]; then
+  tar -C .gpu_bundle -xzf .gpu_bundle/bundle.tar.gz && rm .gpu_bundle/bundle.tar.gz
+fi
+read -r src_root build_dir < .gpu_bundle/paths
+if [ ! -e "$build_dir" ]; then mkdir -p "$(dirname "$build_dir")" && ln -s "$PWD/.gpu_bundle" "$build_dir"; fi
+if [ ! -e "$src_root/tests" ]; then mkdir -p "$src_root" && ln -s "$PWD/tests" "$src_root/tests"; fi
+cuda_libs=""
+for d in "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")")" /usr/local/cuda; do
+  for l in lib64 lib targets/x86_64-linux/lib; do
+    case ":$cuda_libs:" in *":$d/$l:"*) ;; *) [ -d "$d/$l" ] && cuda_libs="$cuda_libs:$d/$l" ;; esac
+  done
+done
+export LD_LIBRARY_PATH="$PWD/.gpu_bundle/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="$PATH:$PWD/.gpu_bundle/tools"
