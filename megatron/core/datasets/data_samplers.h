@@ -97,7 +97,9 @@ class DataIterator {
   std::shared_ptr<const MegatronDataset> dataset_;
   DataIteratorOptions options_;
   int64_t consumed_;
-  int64_t epoch_samples_;  // samples one pass covers (full groups only with drop_last)
+  int64_t epoch_samples_;    // samples one pass covers (full groups only with drop_last)
+  int64_t epoch_index_ = 0;  // completed passes (cyclic)
+  bool finished_ = false;    // next() has returned the end or an error
   std::unique_ptr<MegatronPretrainingSampler> sampler_;
 
   std::mutex mu_;

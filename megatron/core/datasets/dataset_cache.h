@@ -85,15 +85,17 @@ NpyArray read_npy(const std::string& path);
 
 // ---- cache entries ---------------------------------------------------------------------------
 
-// "<dir>/<md5(description)>-<class_name>-<split>-" : append "description.txt", "<name>.npy".
+// "<dir>/<md5(description)>-<class_name>-<split>": the files are "<base>-description.txt" and
+// "<base>-<name>.npy"; the lock is "<base>.lock".
 std::string cache_base_path(const std::string& dir, const std::string& description,
                             std::string_view class_name, std::string_view split);
 
-// Loads the cache entry at `base` (the npy names listed), or, on a miss, takes "<base>lock"
-// (flock, exclusive; created with the directory as needed), checks again, and otherwise calls
-// build() and writes each array and finally the description atomically (temporary + rename).
-// Returns the arrays in the order of `names`, whether from the cache or from build().
-// Megatron's rule for a hit: the description and every array file exist.
+// Loads the cache entry at `base` (arrays "<base>-<name>.npy" for each of `names`), or, on a miss,
+// takes the exclusive flock on "<base>.lock" (creating the directory as needed), checks again,
+// and otherwise calls build() and writes each array and then the description, each to a
+// temporary name renamed into place. Returns the arrays in the order of `names`, from the cache
+// or from build(). A hit is Megatron's rule: the description and every array file exist.
+// Errors (an unwritable directory, a corrupt .npy) name the path.
 std::vector<NpyArray> load_or_build_cached(const std::string& base, const std::string& description,
                                            const std::vector<std::string>& names,
                                            const std::function<std::vector<NpyArray>()>& build);

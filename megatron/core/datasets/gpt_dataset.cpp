@@ -246,7 +246,54 @@ GPTDataset::GPTDataset(const SequenceSource& source, std::vector<int32_t> indexe
              "GPTDataset: sequence " << i << " has length " << len << ", outside int32");
     sizes[i] = static_cast<int32_t>(len);
   }
+  sample_config_.validate();
   indices_ = build_gpt_indices(sizes, indexed_indices_, num_samples, config_);
+}
+
+GPTDataset::GPTDataset(const SequenceSource& source, std::vector<int32_t> indexed_indices,
+                       GPTIndices indices, GPTIndexConfig config, GPTSampleConfig sample_config)
+    : source_(source),
+      indexed_indices_(std::move(indexed_indices)),
+      config_(config),
+      sample_config_(sample_config),
+      indices_(std::move(indices)) {
+  config_.validate();
+  sample_config_.validate();
+  const int64_t n_seq = static_cast<int64_t>(source_.sequence_count());
+  const std::vector<int32_t>& doc = indices_.document_index;
+  for (std::size_t d = 0; d < doc.size(); ++d)
+    MG_CHECK(doc[d] >= 0 && doc[d] < n_seq, "GPTDataset: document_index[" << d << "] = " << doc[d]
+                                                                          << " is outside [0, "
+                                                                          << n_seq << ")");
+  const std::vector<int64_t>& si = indices_.sample_index;
+  MG_CHECK(si.size() >= 2 && si.size() % 2 == 0,
+           "GPTDataset: sample_index has " << si.size() << " entries, expected 2 * (n + 1) >= 2");
+  const int64_t x = config_.add_extra_token_to_sequence;
+  for (std::size_t r = 0; r < si.size() / 2; ++r) {
+    const int64_t d = si[2 * r], off = si[2 * r + 1];
+    MG_CHECK(d >= 0 && d < static_cast<int64_t>(doc.size()),
+             "GPTDataset: sample_index row " << r << " names document_index position " << d
+                                             << ", outside [0, " << doc.size() << ")");
+    const int64_t len = source_.sequence_length(static_cast<std::size_t>(doc[d]));
+    MG_CHECK(off >= 0 && off + (r > 0 ? x : 0) <= len,
+             "GPTDataset: sample_index row " << r << " offset " << off
+                                             << " does not fit its sequence of length " << len);
+    if (r > 0) {
+      const int64_t pd = si[2 * r - 2], poff = si[2 * r - 1];
+      MG_CHECK(d > pd || (d == pd && off >= poff), "GPTDataset: sample_index row "
+                                                       << r << " (" << d << ", " << off
+                                                       << ") goes backwards from (" << pd << ", "
+                                                       << poff << ")");
+    }
+  }
+  const int64_t n = indices_.num_samples();
+  MG_CHECK(static_cast<int64_t>(indices_.shuffle_index.size()) == n,
+           "GPTDataset: shuffle_index has " << indices_.shuffle_index.size() << " entries for " << n
+                                            << " samples");
+  for (std::size_t k = 0; k < indices_.shuffle_index.size(); ++k)
+    MG_CHECK(indices_.shuffle_index[k] >= 0 && indices_.shuffle_index[k] < n,
+             "GPTDataset: shuffle_index[" << k << "] = " << indices_.shuffle_index[k]
+                                          << " is outside [0, " << n << ")");
 }
 
 std::pair<std::vector<int64_t>, std::vector<int64_t>> GPTDataset::raw_sample(int64_t k) const {
@@ -274,12 +321,28 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> GPTDataset::raw_sample(int
   return {std::move(text), std::move(ids)};
 }
 
-GPTSample GPTDataset::get(int64_t k) const {
+void GPTSampleConfig::validate() const {
+  if (eod_mask_loss || reset_position_ids || reset_attention_mask)
+    MG_CHECK(eod_id.has_value(),
+             "GPTSampleConfig: --eod-mask-loss, --reset-position-ids and --reset-attention-mask "
+             "need the tokenizer's EOD id (eod_id is unset)");
+}
+
+GPTSample make_gpt_sample(std::vector<int64_t> text, int64_t sequence_length,
+                          int32_t add_extra_token_to_sequence, const GPTSampleConfig& config) {
+  config.validate();
+  const int64_t x = add_extra_token_to_sequence;
+  MG_CHECK(sequence_length > 0 && (x == 0 || x == 1),
+           "make_gpt_sample: sequence_length " << sequence_length << " must be > 0 and "
+                                               << "add_extra_token_to_sequence " << x << " 0 or 1");
+  MG_CHECK(static_cast<int64_t>(text.size()) == sequence_length + x,
+           "make_gpt_sample: " << text.size()
+                               << " tokens of text, expected S + x = " << sequence_length + x);
   GPTSample s;
-  std::tie(s.text, s.document_ids) = raw_sample(k);
-  const std::size_t S = static_cast<std::size_t>(config_.sequence_length);
-  const int64_t pad = sample_config_.pad_id;
-  if (config_.add_extra_token_to_sequence == 1) {
+  s.text = std::move(text);
+  const std::size_t S = static_cast<std::size_t>(sequence_length);
+  const int64_t pad = config.pad_id;
+  if (x == 1) {
     s.tokens.assign(s.text.begin(), s.text.begin() + static_cast<std::ptrdiff_t>(S));
     s.labels.assign(s.text.begin() + 1, s.text.end());
   } else {
@@ -287,17 +350,38 @@ GPTSample GPTDataset::get(int64_t k) const {
     s.labels.assign(s.text.begin() + 1, s.text.end());
     s.labels.push_back(pad);
   }
+  // _get_ltor_masks_and_position_ids on tokens, before pads are replaced by 0.
   s.loss_mask.assign(S, 1.0f);
   s.position_ids.resize(S);
+  if (config.reset_attention_mask) s.doc_ids.resize(S);
+  const int64_t eod = config.eod_id.value_or(0);
+  const bool track_eod = config.eod_id.has_value();
+  int64_t doc_start = 0;  // position of the first token of the current document
+  int32_t doc = 0;
   for (std::size_t i = 0; i < S; ++i) {
-    s.position_ids[i] = static_cast<int64_t>(i);
-    if (sample_config_.eod_id && s.tokens[i] == *sample_config_.eod_id) s.loss_mask[i] = 0.0f;
-    if (s.labels[i] == pad) s.loss_mask[i] = 0.0f;
+    const bool is_eod = track_eod && s.tokens[i] == eod;
+    if (config.eod_mask_loss && is_eod) s.loss_mask[i] = 0.0f;
+    s.position_ids[i] =
+        config.reset_position_ids ? static_cast<int64_t>(i) - doc_start : static_cast<int64_t>(i);
+    if (config.reset_attention_mask) s.doc_ids[i] = doc;
+    if (is_eod) {  // the EOD ends its document; the next token starts a new one
+      doc_start = static_cast<int64_t>(i) + 1;
+      ++doc;
+    }
   }
   for (std::size_t i = 0; i < S; ++i) {
+    if (s.labels[i] == pad) s.loss_mask[i] = 0.0f;
     if (s.tokens[i] == pad) s.tokens[i] = 0;
     if (s.labels[i] == pad) s.labels[i] = 0;
   }
+  return s;
+}
+
+GPTSample GPTDataset::get(int64_t k) const {
+  auto [text, ids] = raw_sample(k);
+  GPTSample s = make_gpt_sample(std::move(text), config_.sequence_length,
+                                config_.add_extra_token_to_sequence, sample_config_);
+  s.document_ids = std::move(ids);
   return s;
 }
 

@@ -243,6 +243,7 @@ TEST(GPTDataset, EodMaskLoss) {
   cfg.sequence_length = 8;
   GPTSampleConfig sc;
   sc.eod_id = 502;
+  sc.eod_mask_loss = true;
   GPTDataset ds(src, iota_ids(10), std::nullopt, cfg, sc);
   const GPTSample s = ds.get(0);  // starts with token 502
   EXPECT_EQ(s.loss_mask[0], 0.0f);
