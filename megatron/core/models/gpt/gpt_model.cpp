@@ -1,0 +1,373 @@
+// GPTModel: embedding, decoder (with full/selective recompute), final norm, output layer and
+// cross-entropy loss, forward and backward (gpt_model.h).
+// Gradient rule: parameter gradients +=, activation gradients =.
+#include "megatron/core/models/gpt/gpt_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "megatron/core/common/error.h"
+#include "megatron/core/models/gpt/gpt_layer_specs.h"
+#include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/norm.h"
+#include "megatron/core/transformer/transformer_layer.h"
+
+namespace mg::models {
+
+using transformer::AttentionInputs;
+using transformer::DropoutCtx;
+using transformer::DropoutSite;
+using transformer::InitRule;
+using transformer::Norm;
+using transformer::TransformerConfig;
+using transformer::TransformerLayer;
+using transformer::Weight;
+
+namespace detail {
+
+struct GPTSaved {
+  int64_t s = 0, b = 0;
+  Tensor tokens, positions, labels;  // [N] on the device, sequence-first (row n = s*B + b)
+  std::vector<double> mask;          // [N] host, sequence-first
+  AttentionInputs in;
+  DropoutCtx rng;
+  std::vector<TransformerLayer::Saved> layers;
+  Tensor decoder_out, final_ln;  // [S, B, H]
+  Norm::Saved final_norm;
+  Tensor logits, max, sum_exp, loss;  // [N, V_pad]; [N] x3
+};
+
+}  // namespace detail
+
+GPTForwardState::GPTForwardState() = default;
+GPTForwardState::~GPTForwardState() = default;
+GPTForwardState::GPTForwardState(GPTForwardState&&) noexcept = default;
+GPTForwardState& GPTForwardState::operator=(GPTForwardState&&) noexcept = default;
+bool GPTForwardState::holds_activations() const { return saved_ != nullptr; }
+void GPTForwardState::clear() { saved_.reset(); }
+
+struct GPTModel::Impl {
+  TransformerConfig config;
+  transformer::TransformerLayerSpec spec;
+  transformer::ModuleContext ctx;
+  int64_t vocab = 0, vocab_padded = 0;
+  std::vector<transformer::Parameter> params;
+  std::vector<transformer::ParamDecl> decls;
+  transformer::ParamAndGradBuffer buffer;
+  Weight word, position, output;
+  std::vector<std::unique_ptr<TransformerLayer>> layers;
+  std::unique_ptr<Norm> final_norm;
+  // Full recompute: [start, end) layer ranges whose activations are rebuilt in backward.
+  std::vector<std::pair<int64_t, int64_t>> recompute_chunks;
+
+  DType logits_dtype() const { return ctx.dtype == DType::f64 ? DType::f64 : DType::f32; }
+  const Weight& output_weight() const { return output.defined() ? output : word; }
+  Weight& output_weight() { return output.defined() ? output : word; }
+
+  // Which recompute chunk holds layer l (-1: none).
+  int chunk_of(int64_t l) const {
+    for (std::size_t i = 0; i < recompute_chunks.size(); ++i)
+      if (l >= recompute_chunks[i].first && l < recompute_chunks[i].second)
+        return static_cast<int>(i);
+    return -1;
+  }
+};
+
+GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const ops::OpTable& ops,
+                   Device device)
+    : GPTModel(config, vocab_size, ops, device, [&] {
+        TransformerConfig c = config;
+        c.finalize();
+        return get_gpt_layer_with_transformer_engine_spec(c);
+      }()) {}
+
+GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const ops::OpTable& ops,
+                   Device device, const transformer::TransformerLayerSpec& spec)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.config = config;
+  m.config.finalize();
+  m.spec = spec;
+  const TransformerConfig& c = m.config;
+  m.ctx.ops = &ops;
+  m.ctx.device = device;
+  m.ctx.config = &m.config;
+  m.ctx.dtype = c.params_dtype;
+  m.ctx.grad_dtype = c.grad_dtype();
+  m.vocab = vocab_size;
+  m.vocab_padded = c.padded_vocab_size(vocab_size);
+
+  transformer::ParamBuilder pb(m.ctx);
+  pb.add(m.word, "embedding.word_embeddings.weight", {m.vocab_padded, c.hidden_size},
+         InitRule::normal, 0);
+  if (c.position_embedding_type == transformer::PositionEmbeddingType::learned_absolute)
+    pb.add(m.position, "embedding.position_embeddings.weight",
+           {c.max_position_embeddings, c.hidden_size}, InitRule::normal);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    m.layers.push_back(std::make_unique<TransformerLayer>(m.ctx, pb, spec, l));
+  if (spec.final_layernorm != transformer::NormSlot::identity)
+    m.final_norm = std::make_unique<Norm>(m.ctx, pb, "decoder.final_layernorm.weight",
+                                          "decoder.final_layernorm.bias", c.hidden_size);
+  if (c.untie_embeddings_and_output_weights)
+    pb.add(m.output, "output_layer.weight", {m.vocab_padded, c.hidden_size}, InitRule::normal, 0);
+  pb.finish(m.params, m.buffer, m.decls);
+
+  if (c.recompute_granularity == transformer::RecomputeGranularity::full) {
+    const int64_t k = c.recompute_num_layers;
+    if (c.recompute_method == transformer::RecomputeMethod::uniform) {
+      for (int64_t l = 0; l < c.num_layers; l += k)
+        m.recompute_chunks.emplace_back(l, std::min(l + k, c.num_layers));
+    } else {
+      for (int64_t l = 0; l < k; ++l) m.recompute_chunks.emplace_back(l, l + 1);
+    }
+  }
+}
+
+GPTModel::~GPTModel() = default;
+
+const TransformerConfig& GPTModel::config() const { return impl_->config; }
+const transformer::TransformerLayerSpec& GPTModel::spec() const { return impl_->spec; }
+int64_t GPTModel::vocab_size() const { return impl_->vocab; }
+int64_t GPTModel::padded_vocab_size() const { return impl_->vocab_padded; }
+Device GPTModel::device() const { return impl_->ctx.device; }
+const ops::OpTable& GPTModel::ops() const { return *impl_->ctx.ops; }
+std::vector<transformer::Parameter>& GPTModel::parameters() { return impl_->params; }
+const std::vector<transformer::Parameter>& GPTModel::parameters() const { return impl_->params; }
+transformer::ParamAndGradBuffer& GPTModel::buffer() { return impl_->buffer; }
+int64_t GPTModel::num_parameters() const { return impl_->buffer.params.numel(); }
+
+transformer::Parameter& GPTModel::parameter(std::string_view name) {
+  for (auto& p : impl_->params)
+    if (p.name == name) return p;
+  std::ostringstream names;
+  for (const auto& p : impl_->params) names << "\n  " << p.name;
+  MG_THROW("GPTModel has no parameter '" << name << "'; it has:" << names.str());
+}
+
+void GPTModel::init_weights(uint64_t seed) {
+  Impl& m = *impl_;
+  const double std = m.config.init_method_std;
+  const double scaled = std / std::sqrt(2.0 * static_cast<double>(m.config.num_layers));
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    Tensor& t = m.params[i].param;
+    switch (m.decls[i].init) {
+      case InitRule::normal:
+      case InitRule::scaled_normal: {
+        ops::InitArgs a;
+        a.mean = 0.0;
+        a.std = m.decls[i].init == InitRule::normal ? std : scaled;
+        a.seed = transformer::init_seed(seed, m.params[i].name);
+        a.offset = 0;
+        m.ctx.op().init_normal(t, a);
+        break;
+      }
+      case InitRule::zeros: m.ctx.op().fill(t, 0.0); break;
+      case InitRule::ones: m.ctx.op().fill(t, 1.0); break;
+    }
+  }
+}
+
+void GPTModel::zero_grad() { impl_->buffer.grads.zero_(); }
+
+namespace {
+
+// [B, S] (host or device) -> host values in sequence-first order (row n = s*B + b).
+std::vector<int64_t> to_sb_i64(const Tensor& t, int64_t b, int64_t s) {
+  const std::vector<int64_t> v = t.to_vector<int64_t>();
+  std::vector<int64_t> out(v.size());
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < s; ++j) out[j * b + i] = v[i * s + j];
+  return out;
+}
+
+void check_bs(const char* name, const Tensor& t, int64_t b, int64_t s) {
+  MG_CHECK(t.shape() == (Shape{b, s}), "GPTBatch." << name << " " << shape_str(t.shape())
+                                                   << " must be [B, S] = "
+                                                   << shape_str(Shape{b, s}) << " like tokens");
+}
+
+}  // namespace
+
+LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const StepRng& rng,
+                           bool training) {
+  Impl& m = *impl_;
+  const TransformerConfig& c = m.config;
+  const auto& ops = m.ctx.op();
+  MG_CHECK(batch.tokens.defined() && batch.tokens.dim() == 2,
+           "GPTBatch.tokens must be [B, S], got " << batch.tokens.str());
+  auto sv = std::make_unique<detail::GPTSaved>();
+  detail::GPTSaved& st = *sv;
+  const int64_t b = batch.tokens.size(0), s = batch.tokens.size(1), n = s * b;
+  st.s = s;
+  st.b = b;
+  MG_CHECK(!(m.position.defined() && s > c.max_position_embeddings),
+           "sequence length " << s << " exceeds max_position_embeddings "
+                              << c.max_position_embeddings);
+  const Device dev = m.ctx.device;
+  const std::vector<int64_t> tok = to_sb_i64(batch.tokens, b, s);
+  for (std::size_t i = 0; i < tok.size(); ++i)
+    MG_CHECK(tok[i] >= 0 && tok[i] < m.vocab_padded,
+             "token id " << tok[i] << " at flat index " << i << " is outside [0, "
+                         << m.vocab_padded << ") (padded vocab)");
+  st.tokens = Tensor::from_vector(tok, {n}, DType::i64).to(dev);
+  const bool with_labels = batch.labels.defined();
+  if (with_labels) {
+    check_bs("labels", batch.labels, b, s);
+    st.labels = Tensor::from_vector(to_sb_i64(batch.labels, b, s), {n}, DType::i64).to(dev);
+    if (batch.loss_mask.defined()) {
+      check_bs("loss_mask", batch.loss_mask, b, s);
+      const std::vector<double> mk = batch.loss_mask.to_vector<double>();
+      st.mask.resize(static_cast<std::size_t>(n));
+      for (int64_t i = 0; i < b; ++i)
+        for (int64_t j = 0; j < s; ++j) st.mask[j * b + i] = mk[i * s + j];
+    } else {
+      st.mask.assign(static_cast<std::size_t>(n), 1.0);
+    }
+  }
+  std::vector<int64_t> pos(static_cast<std::size_t>(n));
+  if (batch.position_ids.defined()) {
+    check_bs("position_ids", batch.position_ids, b, s);
+    pos = to_sb_i64(batch.position_ids, b, s);
+    st.in.position_ids = batch.position_ids.to(DType::i64).to(dev);
+  } else {
+    for (int64_t j = 0; j < s; ++j)
+      for (int64_t i = 0; i < b; ++i) pos[j * b + i] = j;
+  }
+  if (m.position.defined()) {
+    for (std::size_t i = 0; i < pos.size(); ++i)
+      MG_CHECK(pos[i] >= 0 && pos[i] < c.max_position_embeddings,
+               "position id " << pos[i] << " is outside [0, " << c.max_position_embeddings
+                              << ") (max_position_embeddings)");
+    st.positions = Tensor::from_vector(pos, {n}, DType::i64).to(dev);
+  }
+  if (batch.doc_ids.defined()) {
+    check_bs("doc_ids", batch.doc_ids, b, s);
+    st.in.doc_ids = batch.doc_ids.to(DType::i32).to(dev);
+  }
+  st.in.s = s;
+  st.in.b = b;
+  st.rng = DropoutCtx{rng.seed, rng.iteration, rng.microbatch, training};
+
+  // Embedding: word + learned positions, then dropout. [N, H] = [S, B, H].
+  const int64_t h = c.hidden_size;
+  Tensor emb = m.ctx.empty({n, h});
+  ops.embedding_fwd(emb, st.tokens, m.word.value, 0);
+  if (m.position.defined()) {
+    Tensor pe = m.ctx.empty({n, h});
+    ops.embedding_fwd(pe, st.positions, m.position.value, 0);
+    ops.axpy(emb, pe, 1.0f);
+  }
+  Tensor x = m.ctx.empty({s, b, h});
+  ops.dropout_fwd(x, emb, st.rng.args(c.hidden_dropout, -1, DropoutSite::embedding));
+
+  // Decoder.
+  const bool selective =
+      c.recompute_granularity == transformer::RecomputeGranularity::selective;
+  st.layers.resize(m.layers.size());
+  for (std::size_t l = 0; l < m.layers.size(); ++l) {
+    TransformerLayer::Saved& ls = st.layers[l];
+    Tensor y = m.layers[l]->forward(x, ls, st.in, st.rng, !selective);
+    const int chunk = m.chunk_of(static_cast<int64_t>(l));
+    if (chunk >= 0) {  // full recompute: keep only the chunk's input
+      const bool first = m.recompute_chunks[chunk].first == static_cast<int64_t>(l);
+      Tensor input = ls.x;
+      ls = TransformerLayer::Saved{};
+      if (first) ls.x = input;
+    }
+    x = y;
+  }
+  st.decoder_out = x;
+  st.final_ln = m.final_norm ? m.final_norm->forward(x, st.final_norm) : x;
+
+  // Output layer and loss. logits [N, V_pad] in f32 (f64 for f64).
+  st.logits = Tensor::empty({n, m.vocab_padded}, m.logits_dtype(), dev);
+  ops.gemm(st.logits, st.final_ln.view({n, h}), m.output_weight().value,
+           ops::GemmArgs{.trans_b = true});
+  LossSums sums;
+  if (with_labels) {
+    const DType stat = m.logits_dtype();
+    st.loss = Tensor::empty({n}, stat, dev);
+    st.max = Tensor::empty({n}, stat, dev);
+    st.sum_exp = Tensor::empty({n}, stat, dev);
+    ops.cross_entropy_fwd(st.loss, st.max, st.sum_exp, st.logits, st.labels);
+    const std::vector<double> loss = st.loss.to_vector<double>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (st.mask[i] == 0.0) continue;  // a masked NaN loss must not poison the sum
+      sums.loss_sum += loss[i] * st.mask[i];
+      sums.num_tokens += st.mask[i];
+    }
+  }
+  state.saved_ = std::move(sv);
+  return sums;
+}
+
+void GPTModel::backward(GPTForwardState& state, double dloss) {
+  Impl& m = *impl_;
+  const TransformerConfig& c = m.config;
+  const auto& ops = m.ctx.op();
+  MG_CHECK(state.saved_ != nullptr, "GPTModel::backward: the state holds no forward activations");
+  detail::GPTSaved& st = *state.saved_;
+  MG_CHECK(st.labels.defined(), "GPTModel::backward: the forward ran without labels");
+  const int64_t n = st.s * st.b, h = c.hidden_size;
+  const Device dev = m.ctx.device;
+
+  // Cross entropy: dlogits = dloss * mask * (softmax - onehot), written over the logits.
+  std::vector<double> dl(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) dl[i] = dloss * st.mask[i];
+  const Tensor dloss_t = Tensor::from_vector(dl, {n}, m.logits_dtype()).to(dev);
+  ops.cross_entropy_bwd(st.logits, dloss_t, st.logits, st.max, st.sum_exp, st.labels, 0);
+  const Tensor dlogits = st.logits.to(m.ctx.dtype);  // [N, V_pad] in P for the gemms
+  st.logits = Tensor();
+
+  // Output layer (the word embedding when tied): d(final_ln) = dlogits W; dW += dlogits^T ln.
+  Weight& out_w = m.output_weight();
+  Tensor dln = m.ctx.empty({st.s, st.b, h});
+  Tensor dln2 = dln.view({n, h});
+  transformer::linear_bwd(m.ctx, dln2, out_w.grad, dlogits, st.final_ln.view({n, h}),
+                          out_w.value);
+  Tensor dx = m.final_norm ? m.final_norm->backward(dln, st.decoder_out, st.final_norm) : dln;
+  st.final_ln = Tensor();
+  st.decoder_out = Tensor();
+
+  // Decoder, last layer first; a recompute chunk is rebuilt from its input when reached.
+  for (int64_t l = static_cast<int64_t>(m.layers.size()) - 1; l >= 0; --l) {
+    TransformerLayer::Saved& ls = st.layers[l];
+    if (!ls.complete) {
+      const int chunk = m.chunk_of(l);
+      MG_CHECK(chunk >= 0, "layer " << l << " holds no activations and is not recomputed");
+      const auto [first, last] = m.recompute_chunks[chunk];
+      Tensor x = st.layers[first].x;
+      const bool selective =
+          c.recompute_granularity == transformer::RecomputeGranularity::selective;
+      for (int64_t r = first; r < last; ++r)
+        x = m.layers[r]->forward(x, st.layers[r], st.in, st.rng, !selective);
+    }
+    dx = m.layers[l]->backward(dx, ls, st.in, st.rng);
+  }
+
+  // Embedding: dropout', then scatter-add into the word (and position) tables.
+  Tensor demb = m.ctx.empty({n, h});
+  ops.dropout_bwd(demb, dx.view({n, h}),
+                  st.rng.args(c.hidden_dropout, -1, DropoutSite::embedding));
+  ops.embedding_bwd(m.word.grad, demb, st.tokens, 0);
+  if (m.position.defined()) ops.embedding_bwd(m.position.grad, demb, st.positions, 0);
+  state.saved_.reset();
+}
+
+Tensor GPTModel::logits(const GPTBatch& batch) {
+  GPTBatch b = batch;
+  b.labels = Tensor();
+  GPTForwardState state;
+  forward(b, state, StepRng{}, /*training=*/false);
+  const detail::GPTSaved& st = *state.saved_;
+  return st.logits.view({st.s, st.b, impl_->vocab_padded});
+}
+
+Tensor GPTModel::token_losses(const GPTForwardState& state) const {
+  MG_CHECK(state.saved_ && state.saved_->loss.defined(),
+           "token_losses: the state holds no forward with labels");
+  return state.saved_->loss.view({state.saved_->s, state.saved_->b});
+}
+
+}  // namespace mg::models

@@ -1,0 +1,68 @@
+// Self-attention: linear_qkv -> [q/k layernorm] -> [rope] -> core attention -> linear_proj.
+//
+// linear_qkv.weight is Megatron's fused GQA layout [(NH + 2 NG) HD, H], grouped by KV group
+// (FORMATS.md §6.2: q rows of the group's NH/NG heads, then k, then v). The attention op wants q
+// [S, B, NH, HD] and k, v [S, B, NG, HD] as separate contiguous tensors, so forward first gathers
+// the weight's row blocks into [q-all; k-all; v-all] (3 NG row-block copies, weight-sized, cheap)
+// and runs three gemms; backward computes the weight gradient in that order and adds each row block
+// back into the grouped main_grad. The activations are never permuted.
+// linear_proj's bias is not added here: the layer's bias-dropout-add does it (as Megatron).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/norm.h"
+#include "megatron/core/transformer/transformer_layer_spec.h"
+
+namespace mg::transformer {
+
+// Per-micro-batch inputs shared by every layer.
+struct AttentionInputs {
+  int64_t s = 0, b = 0;
+  Tensor position_ids;  // [B, S] on the device (rope), optional
+  Tensor doc_ids;       // [B, S] i32 on the device, optional
+};
+
+class SelfAttention {
+ public:
+  struct Saved {
+    Tensor q, k, v;            // after qk-norm and rope: [S, B, NH, HD], [S, B, NG, HD]
+    Tensor q_pre, k_pre;       // before q/k layernorm (qk_layernorm only)
+    Norm::Saved q_norm, k_norm;
+    Tensor out, lse;           // core attention [S, B, NH, HD], [B, NH, S]; empty when recomputed
+  };
+
+  // prefix: "decoder.layers.N.self_attention."
+  SelfAttention(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix,
+                const SelfAttentionSpec& spec);
+
+  // x [S, B, H] (normalised) -> linear_proj(x) without its bias [S, B, H].
+  // keep_core_out = false (selective recompute) drops out/lse after linear_proj.
+  Tensor forward(const Tensor& x, Saved& saved, const AttentionInputs& in,
+                 const ops::DropoutArgs& attn_dropout, bool keep_core_out) const;
+  // dy [S, B, H] -> dx [S, B, H] (written); accumulates qkv/proj/qk-norm grads.
+  Tensor backward(const Tensor& dy, const Tensor& x, Saved& saved, const AttentionInputs& in,
+                  const ops::DropoutArgs& attn_dropout);
+
+  const Weight& proj_bias() const { return proj_b_; }
+  Weight& proj_bias() { return proj_b_; }
+
+ private:
+  ops::AttentionArgs attention_args(const AttentionInputs& in,
+                                    const ops::DropoutArgs& attn_dropout) const;
+  ops::RopeArgs rope_args(const AttentionInputs& in) const;
+  // Row blocks of grouped [(NH+2NG) HD, ..] into q [NH HD, ..], k, v [NG HD, ..] (copies).
+  void ungroup(const Tensor& grouped, Tensor& q, Tensor& k, Tensor& v) const;
+  // grouped += the row blocks of q, k, v (axpy per block).
+  void add_grouped(Tensor& grouped, const Tensor& q, const Tensor& k, const Tensor& v) const;
+
+  const ModuleContext& ctx_;
+  int64_t nh_, ng_, hd_, h_;
+  bool rope_;
+  Weight qkv_w_, qkv_b_, proj_w_, proj_b_;
+  std::unique_ptr<Norm> q_norm_, k_norm_;
+};
+
+}  // namespace mg::transformer

@@ -1,0 +1,38 @@
+// MLP: linear_fc1 (+ bias) -> activation -> linear_fc2 (its bias left to the layer's
+// bias-dropout-add). SwiGLU's linear_fc1.weight is [2F, H] = [gate; up] (FORMATS.md §6.3), so the
+// fc1 output [N, 2F] is [gate | up] along its last dim, which is the swiglu op's input layout.
+// GELU is the exact erf form, or the tanh approximation under config.bias_activation_fusion.
+#pragma once
+
+#include <string>
+
+#include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/transformer_layer_spec.h"
+
+namespace mg::transformer {
+
+class MLP {
+ public:
+  struct Saved {
+    Tensor fc1_out;  // [N, F] or [N, 2F], after bias (activation input)
+    Tensor act_out;  // [N, F]
+  };
+  // prefix: "decoder.layers.N.mlp."
+  MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix, const MlpSpec& spec);
+
+  // x [S, B, H] (normalised) -> linear_fc2 output without its bias [S, B, H].
+  Tensor forward(const Tensor& x, Saved& saved) const;
+  // dy [S, B, H] -> dx (written); accumulates fc1/fc2 grads (not fc2's bias: the bda's).
+  Tensor backward(const Tensor& dy, const Tensor& x, Saved& saved);
+
+  Weight& fc2_bias() { return fc2_b_; }
+
+ private:
+  const ModuleContext& ctx_;
+  Activation act_;
+  ops::GeluApprox gelu_;
+  int64_t h_, f_;
+  Weight fc1_w_, fc1_b_, fc2_w_, fc2_b_;
+};
+
+}  // namespace mg::transformer

@@ -1,0 +1,97 @@
+// What every transformer module shares: the build context (op table, device, dtypes, config), the
+// parameter declarations that become views into the flat buffers, linear-layer helpers over the
+// gemm op, and the per-site dropout seeds.
+//
+// Modules are built in two phases: each declares its parameters (name, shape, init rule) into a
+// ParamBuilder, which then allocates the flat buffers (reverse order of declaration, parameter.h)
+// and points every declared Weight at its views. Modules never move after declaration (the model
+// holds them by unique_ptr), so the builder may keep pointers to their Weights.
+//
+// Gradient rule (all modules): parameter gradients accumulate (+=), activation gradients are
+// written (=). Mixed precision: activations and weights in the params dtype P, weight gradients in
+// the grad dtype G (f32 under bf16/f16): the wgrad gemms write G directly (gemm allows C f32).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/tensor/tensor.h"
+#include "megatron/core/transformer/parameter.h"
+#include "megatron/core/transformer/transformer_config.h"
+
+namespace mg::transformer {
+
+struct ModuleContext {
+  const ops::OpTable* ops = nullptr;
+  Device device;
+  const TransformerConfig* config = nullptr;
+  DType dtype = DType::f32;       // P: params and activations
+  DType grad_dtype = DType::f32;  // G: main_grad
+  const ops::OpTable& op() const { return *ops; }
+  Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }
+  Tensor zeros(const Shape& s) const { return Tensor::zeros(s, dtype, device); }
+  // Per-row statistics (norm mean/rstd, attention lse, loss): f64 for f64, else f32.
+  DType stat_dtype() const { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+};
+
+enum class InitRule : uint8_t {
+  normal,         // normal(0, init_method_std)
+  scaled_normal,  // normal(0, init_method_std / sqrt(2 L)): linear_proj, linear_fc2
+  zeros,          // biases; norm weights under apply_layernorm_1p
+  ones,           // norm weights
+};
+
+// A module's handle on one parameter: its index in the model's list and, once bound, the views.
+struct Weight {
+  int index = -1;
+  Tensor value;  // view into ParamAndGradBuffer::params
+  Tensor grad;   // view into ParamAndGradBuffer::grads
+  bool defined() const { return index >= 0; }
+};
+
+struct ParamDecl {
+  InitRule init = InitRule::normal;
+};
+
+class ParamBuilder {
+ public:
+  explicit ParamBuilder(const ModuleContext& ctx) : ctx_(ctx) {}
+  // Declares a parameter in order of first use in forward; `w` is bound at finish().
+  // tp_dim: the dim a tensor-parallel layout splits (-1: replicated).
+  void add(Weight& w, const std::string& name, const Shape& shape, InitRule init, int tp_dim = -1);
+  // Allocates the buffers and binds every declared Weight.
+  void finish(std::vector<Parameter>& params, ParamAndGradBuffer& buffer,
+              std::vector<ParamDecl>& decls);
+
+ private:
+  const ModuleContext& ctx_;
+  std::vector<Parameter> params_;
+  std::vector<ParamDecl> decls_;
+  std::vector<Weight*> weights_;
+};
+
+// y [N, out] = x [N, in] @ w [out, in]^T (the bias, if any, is the caller's: bias_add or bda).
+Tensor linear_fwd(const ModuleContext& ctx, const Tensor& x, const Tensor& w);
+// dx [N, in] = dy @ w (beta 0, or beta 1 accumulating into dx when `accumulate`); dw += dy^T @ x.
+void linear_bwd(const ModuleContext& ctx, Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x,
+                const Tensor& w, bool accumulate = false);
+
+// Dropout sites of one layer; the seed of (rng, layer, site) is a splitmix64 chain of all four.
+enum class DropoutSite : uint64_t { embedding = 1, attention_probs = 2, attention_bda = 3, mlp_bda = 4 };
+uint64_t dropout_seed(uint64_t seed, int64_t iteration, int64_t microbatch, int64_t layer,
+                      DropoutSite site);
+// Seed of a parameter's init draw: splitmix64(seed ^ fnv1a(name)).
+uint64_t init_seed(uint64_t seed, const std::string& name);
+
+// The dropout of one micro-batch at one site: p = 0 when not training.
+struct DropoutCtx {
+  uint64_t seed = 1234;
+  int64_t iteration = 0;
+  int64_t microbatch = 0;
+  bool training = false;
+  ops::DropoutArgs args(double p, int64_t layer, DropoutSite site) const;
+};
+
+}  // namespace mg::transformer

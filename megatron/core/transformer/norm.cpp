@@ -1,0 +1,39 @@
+// LayerNorm / RMSNorm module over the layernorm_* / rmsnorm_* ops (norm.h).
+#include "megatron/core/transformer/norm.h"
+
+namespace mg::transformer {
+
+Norm::Norm(const ModuleContext& ctx, ParamBuilder& pb, const std::string& weight_name,
+           const std::string& bias_name, int64_t h)
+    : ctx_(ctx), layernorm_(ctx.config->normalization == Normalization::layernorm) {
+  args_.eps = static_cast<float>(ctx.config->norm_epsilon);
+  args_.zero_centered_gamma = ctx.config->apply_layernorm_1p;
+  const InitRule w_init = args_.zero_centered_gamma ? InitRule::zeros : InitRule::ones;
+  pb.add(weight_, weight_name, {h}, w_init);
+  if (layernorm_) pb.add(bias_, bias_name, {h}, InitRule::zeros);
+}
+
+Tensor Norm::forward(const Tensor& x, Saved& saved) const {
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  Tensor y = ctx_.empty(x.shape());
+  saved.rstd = Tensor::empty({rows}, ctx_.stat_dtype(), ctx_.device);
+  if (layernorm_) {
+    saved.mean = Tensor::empty({rows}, ctx_.stat_dtype(), ctx_.device);
+    ctx_.op().layernorm_fwd(y, saved.mean, saved.rstd, x, weight_.value, bias_.value, args_);
+  } else {
+    ctx_.op().rmsnorm_fwd(y, saved.rstd, x, weight_.value, args_);
+  }
+  return y;
+}
+
+Tensor Norm::backward(const Tensor& dy, const Tensor& x, const Saved& saved) {
+  Tensor dx = ctx_.empty(x.shape());
+  if (layernorm_)
+    ctx_.op().layernorm_bwd(dx, weight_.grad, bias_.grad, dy, x, saved.mean, saved.rstd,
+                            weight_.value, args_);
+  else
+    ctx_.op().rmsnorm_bwd(dx, weight_.grad, dy, x, saved.rstd, weight_.value, args_);
+  return dx;
+}
+
+}  // namespace mg::transformer

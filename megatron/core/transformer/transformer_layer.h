@@ -1,0 +1,57 @@
+// One transformer layer built from its spec's slots (Megatron's TransformerLayer, pre-norm):
+//
+//   h   = x + dropout(linear_proj(attention(input_layernorm(x))) + proj_bias)     self_attn_bda
+//   out = h + dropout(linear_fc2(act(linear_fc1(pre_mlp_layernorm(h)))) + fc2_bias)  mlp_bda
+//
+// Tensors [S, B, H]. Dropout seeds come from (iteration, micro-batch, layer, site), so a recomputed
+// forward replays the same masks.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "megatron/core/transformer/attention.h"
+#include "megatron/core/transformer/mlp.h"
+#include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/norm.h"
+#include "megatron/core/transformer/transformer_layer_spec.h"
+
+namespace mg::transformer {
+
+class TransformerLayer {
+ public:
+  struct Saved {
+    Tensor x;  // layer input [S, B, H]
+    Tensor ln1;
+    Norm::Saved norm1;
+    SelfAttention::Saved attn;
+    Tensor h;  // after the attention residual
+    Tensor ln2;
+    Norm::Saved norm2;
+    MLP::Saved mlp;
+    bool complete = false;  // false: only x is held (recompute before backward)
+  };
+
+  // layer_number: 0-based index in the decoder; names "decoder.layers.<layer_number>.".
+  TransformerLayer(const ModuleContext& ctx, ParamBuilder& pb, const TransformerLayerSpec& spec,
+                   int64_t layer_number);
+
+  // x [S, B, H] -> out [S, B, H]; fills `saved` (complete). keep_core_attention = false drops the
+  // core attention output (selective recompute: recomputed in backward).
+  Tensor forward(const Tensor& x, Saved& saved, const AttentionInputs& in, const DropoutCtx& rng,
+                 bool keep_core_attention) const;
+  // dout -> dx (written); needs a complete `saved` and clears it.
+  Tensor backward(const Tensor& dout, Saved& saved, const AttentionInputs& in,
+                  const DropoutCtx& rng);
+
+  int64_t layer_number() const { return layer_; }
+
+ private:
+  const ModuleContext& ctx_;
+  int64_t layer_;
+  std::unique_ptr<Norm> norm1_, norm2_;  // null: identity
+  std::unique_ptr<SelfAttention> attn_;
+  std::unique_ptr<MLP> mlp_;
+};
+
+}  // namespace mg::transformer
