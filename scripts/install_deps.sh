@@ -12,6 +12,7 @@ packages=(
   libbenchmark-dev            # benchmarks/
   nlohmann-json3-dev          # JSON (configs, checkpoint metadata, tokenizer.json)
   libcli11-dev                # command-line flags
+  libyaml-cpp-dev             # --yaml-cfg (pretrain_gpt)
   libpcre2-dev                # tokenizer pre-tokenization regexes
   zlib1g-dev libzstd-dev      # preprocess_data: .gz / .zst inputs
   gzip zstd                   # tests write compressed inputs with them

@@ -1,0 +1,51 @@
+// Megatron's command-line flags (megatron/training/arguments.py), parsed straight into the
+// component configs: TransformerConfig, OptimizerConfig + SchedulerArgs, DataConfig, TokenizerArgs,
+// and the loop's TrainingConfig / CheckpointConfig / LoggingConfig.
+//
+// parse_args does what Megatron's parse_args + validate_args do for these flags, before any work:
+// --yaml-cfg first (a YAML map of the same flags; the command line overrides it), then the command
+// line; then the flag-level defaults (global batch = mbs * dp; --swiglu's FFN size
+// int(4H * 2/3 / 64) * 64; num_query_groups = heads without --group-query-attention;
+// --lr-decay-iters = train iters); then the checks: conflicting flags (both --fp16 and --bf16, both
+// --train-iters and --train-samples, both warmup forms, --swiglu with --squared-relu, --mock-data
+// with a data path, ...) and every component's validate(). Errors name the flags and values.
+// Not here: the parallel-layout flags (--tensor-model-parallel-size etc. arrive with the
+// distributed issues), MoE, fp8, tokenizer-dependent data checks (DataConfig::validate runs once
+// the tokenizer gave eod/vocab; see training.h).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "megatron/core/datasets/blended_megatron_dataset_builder.h"
+#include "megatron/core/optimizer/optimizer_config.h"
+#include "megatron/core/optimizer/optimizer_param_scheduler.h"
+#include "megatron/core/tokenizers/build_tokenizer.h"
+#include "megatron/core/transformer/transformer_config.h"
+#include "megatron/training/config.h"
+
+namespace mg::training {
+
+struct Arguments {
+  transformer::TransformerConfig model;  // finalized
+  optimizer::OptimizerConfig optimizer;
+  optimizer::SchedulerArgs scheduler;
+  datasets::DataConfig data;  // eod_id / vocab_size / pad_id filled from the tokenizer later
+  tokenizers::TokenizerArgs tokenizer;
+  TrainingConfig training;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  std::string platform;  // --platform: cuda | musa | txda | cpu; "" -> MG_PLATFORM, else auto
+
+  bool help = false;      // --help / -h: print help_text and exit 0
+  std::string help_text;  // every flag, one per line
+  // The flags as given (YAML first, then the command line), for the checkpoint's record.
+  std::vector<std::pair<std::string, std::vector<std::string>>> given;
+};
+
+Arguments parse_args(const std::vector<std::string>& args);
+Arguments parse_args(int argc, char** argv);  // skips argv[0]
+
+}  // namespace mg::training

@@ -1,0 +1,59 @@
+// The training loop's own configs: TrainingConfig (batches, iterations, evaluation, exit
+// conditions, seed), CheckpointConfig (save/load flags) and LoggingConfig (log interval, peak
+// FLOP/s for MFU). Plain structs with Megatron's flag names and defaults; validate() throws naming
+// the offending values. The model, optimizer, scheduler, data and tokenizer configs are their
+// components' own (see arguments.h, which parses flags into all of them).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace mg::training {
+
+struct TrainingConfig {
+  int64_t micro_batch_size = 0;    // --micro-batch-size, required (samples per micro-batch)
+  int64_t global_batch_size = 0;   // --global-batch-size; 0 -> micro_batch_size * dp
+  int64_t data_parallel_size = 1;  // ranks / (tp * pp); 1 in a single process
+  // Exactly one of --train-iters / --train-samples (samples: iterations = samples / gbs).
+  std::optional<int64_t> train_iters;
+  std::optional<int64_t> train_samples;
+  int64_t eval_interval = 1000;          // --eval-interval (iterations); evaluate every this many
+  int64_t eval_iters = 100;              // --eval-iters (iterations of gbs samples per evaluation)
+  bool skip_train = false;               // --skip-train: evaluate only
+  std::optional<int64_t> exit_interval;  // --exit-interval: stop when iteration % N == 0
+  std::optional<double> exit_duration_in_mins;  // --exit-duration-in-mins: stop after this time
+  uint64_t seed = 1234;                         // --seed (data order, init, dropout)
+
+  void validate() const;
+  // gbs / (mbs * dp); validate() guarantees it divides.
+  int64_t num_microbatches() const {
+    return global_batch_size / (micro_batch_size * data_parallel_size);
+  }
+  // --train-iters, or --train-samples / gbs.
+  int64_t total_iters() const;
+};
+
+struct CheckpointConfig {
+  std::optional<std::string> save;       // --save DIR
+  std::optional<int64_t> save_interval;  // --save-interval N (iterations)
+  std::optional<std::string> load;       // --load DIR
+  bool no_save_optim = false;            // --no-save-optim: no optimizer state, no scheduler
+  bool no_save_rng = false;              // --no-save-rng
+  bool no_load_optim = false;            // --no-load-optim
+  bool no_load_rng = false;              // --no-load-rng
+  bool finetune = false;                 // --finetune: load the model only; iteration starts at 0
+  bool exit_on_missing_checkpoint = false;  // --exit-on-missing-checkpoint
+
+  void validate() const;
+};
+
+struct LoggingConfig {
+  int64_t log_interval = 100;         // --log-interval (iterations)
+  std::optional<double> peak_tflops;  // --peak-tflops: MFU denominator per device; unset ->
+                                      // 989 on H100/H200 (dense bf16), none elsewhere
+  bool log_params_norm = false;       // --log-params-norm
+  void validate() const;
+};
+
+}  // namespace mg::training

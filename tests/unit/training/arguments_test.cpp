@@ -1,0 +1,224 @@
+// Megatron flag parsing: values land in the component configs, Megatron's derived defaults, YAML
+// files, and the errors (unknown flag with a suggestion, conflicts naming both flags, bad values).
+#include "megatron/training/arguments.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "megatron/training/arg_parser.h"
+#include "tests/unit/test_util.h"
+
+namespace mg::training {
+namespace {
+
+std::vector<std::string> base() {
+  return {"--num-layers",
+          "2",
+          "--hidden-size",
+          "64",
+          "--num-attention-heads",
+          "4",
+          "--seq-length",
+          "32",
+          "--micro-batch-size",
+          "2",
+          "--train-iters",
+          "10",
+          "--lr",
+          "1e-3",
+          "--mock-data",
+          "--tokenizer-type",
+          "NullTokenizer",
+          "--vocab-size",
+          "100"};
+}
+
+std::vector<std::string> with(std::vector<std::string> extra) {
+  auto v = base();
+  v.insert(v.end(), extra.begin(), extra.end());
+  return v;
+}
+
+std::string parse_error(const std::vector<std::string>& args) {
+  return test::error_message([&] { parse_args(args); });
+}
+
+TEST(EditDistance, Basics) {
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("--lr", "--lr"), 0u);
+}
+
+TEST(Arguments, ValuesLandInTheConfigs) {
+  Arguments a = parse_args(with({"--ffn-hidden-size",
+                                 "100",
+                                 "--normalization",
+                                 "RMSNorm",
+                                 "--disable-bias-linear",
+                                 "--position-embedding-type",
+                                 "rope",
+                                 "--rotary-base=500000",
+                                 "--untie-embeddings-and-output-weights",
+                                 "--hidden-dropout",
+                                 "0",
+                                 "--weight-decay",
+                                 "0.1",
+                                 "--lr-decay-style",
+                                 "cosine",
+                                 "--min-lr",
+                                 "1e-5",
+                                 "--adam-beta2",
+                                 "0.95",
+                                 "--clip-grad",
+                                 "0.5",
+                                 "--seed",
+                                 "7",
+                                 "--eval-interval",
+                                 "5",
+                                 "--eval-iters",
+                                 "2",
+                                 "--log-interval",
+                                 "1",
+                                 "--save",
+                                 "/tmp/x",
+                                 "--save-interval",
+                                 "5",
+                                 "--no-save-optim"}));
+  EXPECT_EQ(a.model.num_layers, 2);
+  EXPECT_EQ(a.model.hidden_size, 64);
+  EXPECT_EQ(a.model.ffn_hidden_size, 100);
+  EXPECT_EQ(a.model.kv_channels, 16);  // derived H / NH
+  EXPECT_EQ(a.model.num_query_groups, 4);
+  EXPECT_EQ(a.model.max_position_embeddings, 32);
+  EXPECT_EQ(a.model.normalization, transformer::Normalization::rmsnorm);
+  EXPECT_FALSE(a.model.add_bias_linear);
+  EXPECT_EQ(a.model.position_embedding_type, transformer::PositionEmbeddingType::rope);
+  EXPECT_EQ(a.model.rotary_base, 500000.0);
+  EXPECT_TRUE(a.model.untie_embeddings_and_output_weights);
+  EXPECT_EQ(a.model.hidden_dropout, 0.0);
+  EXPECT_EQ(a.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(a.scheduler.lr_decay_style, "cosine");
+  EXPECT_EQ(a.scheduler.lr, 1e-3);
+  EXPECT_EQ(a.scheduler.min_lr, 1e-5);
+  EXPECT_EQ(a.optimizer.adam_beta2, 0.95);
+  EXPECT_EQ(a.optimizer.clip_grad, 0.5);
+  EXPECT_EQ(a.training.seed, 7u);
+  EXPECT_EQ(a.data.seed, 7u);
+  EXPECT_EQ(a.data.seq_length, 32);
+  EXPECT_TRUE(a.data.mock);
+  EXPECT_EQ(a.training.global_batch_size, 2);  // default mbs * dp
+  EXPECT_EQ(a.training.num_microbatches(), 1);
+  EXPECT_EQ(a.logging.log_interval, 1);
+  EXPECT_EQ(*a.checkpoint.save, "/tmp/x");
+  EXPECT_TRUE(a.checkpoint.no_save_optim);
+  EXPECT_EQ(a.tokenizer.tokenizer_type, "NullTokenizer");
+  EXPECT_EQ(*a.tokenizer.vocab_size, 100);
+}
+
+TEST(Arguments, MegatronDerivedDefaults) {
+  Arguments a = parse_args(
+      with({"--swiglu", "--group-query-attention", "--global-batch-size", "8", "--bf16"}));
+  EXPECT_EQ(a.model.activation, transformer::Activation::swiglu);
+  EXPECT_EQ(a.model.ffn_hidden_size, 128);  // int(4*64*2/3/64)*64 = int(2.67)*64
+  EXPECT_EQ(a.model.num_query_groups, 1);   // Megatron's --num-query-groups default
+  EXPECT_EQ(a.training.num_microbatches(), 4);
+  EXPECT_EQ(a.model.params_dtype, DType::bf16);
+  EXPECT_TRUE(a.optimizer.bf16);
+  Arguments g = parse_args(base());
+  EXPECT_EQ(g.model.ffn_hidden_size, 256);      // 4H
+  EXPECT_TRUE(g.model.bias_activation_fusion);  // Megatron's default bias-GELU fusion (tanh)
+  EXPECT_FALSE(parse_args(with({"--no-bias-gelu-fusion"})).model.bias_activation_fusion);
+}
+
+TEST(Arguments, UnknownFlagSuggestsTheClosest) {
+  auto e = parse_error(with({"--num-layer", "3"}));
+  EXPECT_NE(e.find("unrecognized argument --num-layer"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean --num-layers?"), std::string::npos) << e;
+  e = parse_error(with({"--hiden-size", "3"}));
+  EXPECT_NE(e.find("--hidden-size"), std::string::npos) << e;
+}
+
+TEST(Arguments, ConflictsAreRejectedNamingTheFlags) {
+  auto e = parse_error(with({"--fp16", "--bf16"}));
+  EXPECT_NE(e.find("--fp16 and --bf16 conflict"), std::string::npos) << e;
+  e = parse_error(with({"--train-samples", "100"}));
+  EXPECT_NE(e.find("--train-iters 10 and --train-samples 100"), std::string::npos) << e;
+  e = parse_error(with({"--swiglu", "--squared-relu"}));
+  EXPECT_NE(e.find("--swiglu and --squared-relu"), std::string::npos) << e;
+  e = parse_error(with({"--lr-warmup-iters", "2", "--lr-warmup-fraction", "0.1"}));
+  EXPECT_NE(e.find("--lr-warmup-fraction and --lr-warmup-iters"), std::string::npos) << e;
+  e = parse_error(with({"--data-path", "foo"}));
+  EXPECT_NE(e.find("--mock-data conflicts with --data-path"), std::string::npos) << e;
+  e = parse_error(with({"--num-query-groups", "2"}));
+  EXPECT_NE(e.find("--num-query-groups 2 needs --group-query-attention"), std::string::npos) << e;
+  e = parse_error(with({"--rotary-base", "5"}));
+  EXPECT_NE(e.find("--position-embedding-type rope"), std::string::npos) << e;
+  e = parse_error(with({"--save-interval", "5"}));
+  EXPECT_NE(e.find("--save-interval 5 needs --save"), std::string::npos) << e;
+  e = parse_error(with({"--finetune"}));
+  EXPECT_NE(e.find("--finetune needs --load"), std::string::npos) << e;
+  e = parse_error(with({"--global-batch-size", "5"}));
+  EXPECT_NE(e.find("--global-batch-size 5 is not divisible by --micro-batch-size 2"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Arguments, BadValuesNameTheFlag) {
+  auto e = parse_error(with({"--hidden-dropout", "abc"}));
+  EXPECT_NE(e.find("--hidden-dropout expects a number, got 'abc'"), std::string::npos) << e;
+  e = parse_error(with({"--eval-iters", "1.5"}));
+  EXPECT_NE(e.find("--eval-iters expects an integer, got '1.5'"), std::string::npos) << e;
+  e = parse_error(with({"--normalization", "BatchNorm"}));
+  EXPECT_NE(e.find("'BatchNorm' is not one of: LayerNorm, RMSNorm"), std::string::npos) << e;
+  e = parse_error(with({"--seed"}));
+  EXPECT_NE(e.find("--seed expects a value"), std::string::npos) << e;
+  e = parse_error(with({"--bf16=1"}));
+  EXPECT_NE(e.find("--bf16 is a switch"), std::string::npos) << e;
+  e = parse_error(with({"--seed", "1", "--seed", "2"}));
+  EXPECT_NE(e.find("--seed is given twice"), std::string::npos) << e;
+  e = parse_error(with({"stray"}));
+  EXPECT_NE(e.find("unexpected argument 'stray'"), std::string::npos) << e;
+  e = parse_error({"--num-layers", "2"});
+  EXPECT_NE(e.find("--seq-length is required"), std::string::npos) << e;
+  // Counts written as 1e3 are accepted; negative numbers are values, not flags.
+  EXPECT_EQ(*parse_args(with({"--exit-interval", "1e3"})).training.exit_interval, 1000);
+  EXPECT_NE(parse_error(with({"--eval-iters", "-1"})).find("--eval-iters must be >= 0, got -1"),
+            std::string::npos);
+}
+
+TEST(Arguments, YamlFileAndCommandLineOverride) {
+  const auto path = std::filesystem::temp_directory_path() / "mg_args_test.yaml";
+  {
+    std::ofstream f(path);
+    f << "num_layers: 3\nhidden-size: 64\nnum-attention-heads: 4\nseq-length: 32\n"
+         "micro-batch-size: 2\ntrain-iters: 10\nlr: 1.0e-3\nmock-data: true\nbf16: false\n"
+         "tokenizer-type: NullTokenizer\nvocab-size: 100\ndata-cache-path:\n";
+  }
+  Arguments a = parse_args({"--yaml-cfg", path.string(), "--num-layers", "5"});
+  EXPECT_EQ(a.model.num_layers, 5);  // the command line wins
+  EXPECT_EQ(a.model.hidden_size, 64);
+  EXPECT_TRUE(a.data.mock);
+  EXPECT_EQ(a.model.params_dtype, DType::f32);
+  {
+    std::ofstream f(path);
+    f << "num-layer: 3\n";
+  }
+  auto e = parse_error({"--yaml-cfg", path.string()});
+  EXPECT_NE(e.find("unrecognized key 'num-layer'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean num-layers?"), std::string::npos) << e;
+  e = parse_error({"--yaml-cfg", "/nonexistent.yaml"});
+  EXPECT_NE(e.find("--yaml-cfg '/nonexistent.yaml'"), std::string::npos) << e;
+  std::filesystem::remove(path);
+}
+
+TEST(Arguments, HelpListsFlags) {
+  Arguments a = parse_args({"--help"});
+  EXPECT_TRUE(a.help);
+  EXPECT_NE(a.help_text.find("--num-layers"), std::string::npos);
+  EXPECT_NE(a.help_text.find("--yaml-cfg"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mg::training
