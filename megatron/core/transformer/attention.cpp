@@ -148,13 +148,12 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
     ctx_.op().rope_bwd(dq, dq, ra);  // in place
     ctx_.op().rope_bwd(dk, dk, ra);
   }
-  Tensor dq2 = dq.view({n, nh_ * hd_}), dk2 = dk.view({n, ng_ * hd_}), dv2 = dv.view({n, ng_ * hd_});
+  Tensor dq2 = dq.view({n, nh_ * hd_}), dk2 = dk.view({n, ng_ * hd_}),
+         dv2 = dv.view({n, ng_ * hd_});
   if (q_norm_) {
-    dq2 = q_norm_->backward(dq.view({n * nh_, hd_}), saved.q_pre.view({n * nh_, hd_}),
-                            saved.q_norm)
+    dq2 = q_norm_->backward(dq.view({n * nh_, hd_}), saved.q_pre.view({n * nh_, hd_}), saved.q_norm)
               .view({n, nh_ * hd_});
-    dk2 = k_norm_->backward(dk.view({n * ng_, hd_}), saved.k_pre.view({n * ng_, hd_}),
-                            saved.k_norm)
+    dk2 = k_norm_->backward(dk.view({n * ng_, hd_}), saved.k_pre.view({n * ng_, hd_}), saved.k_norm)
               .view({n, ng_ * hd_});
   }
   const Tensor x2 = x.view({n, h_});

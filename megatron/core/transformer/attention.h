@@ -28,10 +28,10 @@ struct AttentionInputs {
 class SelfAttention {
  public:
   struct Saved {
-    Tensor q, k, v;            // after qk-norm and rope: [S, B, NH, HD], [S, B, NG, HD]
-    Tensor q_pre, k_pre;       // before q/k layernorm (qk_layernorm only)
+    Tensor q, k, v;       // after qk-norm and rope: [S, B, NH, HD], [S, B, NG, HD]
+    Tensor q_pre, k_pre;  // before q/k layernorm (qk_layernorm only)
     Norm::Saved q_norm, k_norm;
-    Tensor out, lse;           // core attention [S, B, NH, HD], [B, NH, S]; empty when recomputed
+    Tensor out, lse;  // core attention [S, B, NH, HD], [B, NH, S]; empty when recomputed
   };
 
   // prefix: "decoder.layers.N.self_attention."

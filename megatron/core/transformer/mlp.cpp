@@ -25,9 +25,15 @@ Tensor MLP::forward(const Tensor& x, Saved& saved) const {
   if (fc1_b_.defined()) ctx_.op().bias_add(u, fc1_b_.value);
   Tensor a = ctx_.empty({n, f_});  // [N, F]
   switch (act_) {
-    case Activation::gelu: ctx_.op().gelu_fwd(a, u, gelu_); break;
-    case Activation::swiglu: ctx_.op().swiglu_fwd(a, u); break;
-    case Activation::squared_relu: ctx_.op().squared_relu_fwd(a, u); break;
+    case Activation::gelu:
+      ctx_.op().gelu_fwd(a, u, gelu_);
+      break;
+    case Activation::swiglu:
+      ctx_.op().swiglu_fwd(a, u);
+      break;
+    case Activation::squared_relu:
+      ctx_.op().squared_relu_fwd(a, u);
+      break;
   }
   Tensor z = linear_fwd(ctx_, a, fc2_w_.value);  // [N, H]
   saved.fc1_out = u;
@@ -41,9 +47,15 @@ Tensor MLP::backward(const Tensor& dy, const Tensor& x, Saved& saved) {
   linear_bwd(ctx_, da, fc2_w_.grad, dy.view({n, h_}), saved.act_out, fc2_w_.value);
   Tensor du = ctx_.empty(saved.fc1_out.shape());
   switch (act_) {
-    case Activation::gelu: ctx_.op().gelu_bwd(du, da, saved.fc1_out, gelu_); break;
-    case Activation::swiglu: ctx_.op().swiglu_bwd(du, da, saved.fc1_out); break;
-    case Activation::squared_relu: ctx_.op().squared_relu_bwd(du, da, saved.fc1_out); break;
+    case Activation::gelu:
+      ctx_.op().gelu_bwd(du, da, saved.fc1_out, gelu_);
+      break;
+    case Activation::swiglu:
+      ctx_.op().swiglu_bwd(du, da, saved.fc1_out);
+      break;
+    case Activation::squared_relu:
+      ctx_.op().squared_relu_bwd(du, da, saved.fc1_out);
+      break;
   }
   if (fc1_b_.defined()) ctx_.op().bias_grad(fc1_b_.grad, du);
   Tensor dx = ctx_.empty({n, h_});

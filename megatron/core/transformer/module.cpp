@@ -9,8 +9,7 @@ namespace mg::transformer {
 
 void ParamBuilder::add(Weight& w, const std::string& name, const Shape& shape, InitRule init,
                        int tp_dim) {
-  for (const auto& p : params_)
-    MG_CHECK(p.name != name, "parameter " << name << " declared twice");
+  for (const auto& p : params_) MG_CHECK(p.name != name, "parameter " << name << " declared twice");
   Parameter p;
   p.name = name;
   p.global_shape = shape;

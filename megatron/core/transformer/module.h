@@ -79,7 +79,12 @@ void linear_bwd(const ModuleContext& ctx, Tensor& dx, Tensor& dw, const Tensor& 
                 const Tensor& w, bool accumulate = false);
 
 // Dropout sites of one layer; the seed of (rng, layer, site) is a splitmix64 chain of all four.
-enum class DropoutSite : uint64_t { embedding = 1, attention_probs = 2, attention_bda = 3, mlp_bda = 4 };
+enum class DropoutSite : uint64_t {
+  embedding = 1,
+  attention_probs = 2,
+  attention_bda = 3,
+  mlp_bda = 4
+};
 uint64_t dropout_seed(uint64_t seed, int64_t iteration, int64_t microbatch, int64_t layer,
                       DropoutSite site);
 // Seed of a parameter's init draw: splitmix64(seed ^ fnv1a(name)).

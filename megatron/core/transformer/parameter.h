@@ -1,14 +1,16 @@
 // Model parameters as Megatron-Core names them, and the flat buffers that hold them.
 //
 // Every parameter is a view into one contiguous value buffer (the model dtype: f32, bf16, f16 or
-// f64) and its gradient a view into one contiguous gradient buffer ("main_grad": f32 under bf16/fp16
-// mixed precision, else the param dtype). Parameters are laid out in the buffers in REVERSE order of
-// first use in forward, so the buffer fills front to back as backward runs (DDP buckets later).
-// Optimizers, grad-norm, checkpoints and ZeRO sharding are offset arithmetic over these buffers.
+// f64) and its gradient a view into one contiguous gradient buffer ("main_grad": f32 under
+// bf16/fp16 mixed precision, else the param dtype). Parameters are laid out in the buffers in
+// REVERSE order of first use in forward, so the buffer fills front to back as backward runs (DDP
+// buckets later). Optimizers, grad-norm, checkpoints and ZeRO sharding are offset arithmetic over
+// these buffers.
 //
 // Invariants: names are unique and equal Megatron-Core's (FORMATS.md §6, e.g.
-// "decoder.layers.3.self_attention.linear_qkv.weight"); `param` and `main_grad` have the same shape;
-// a tied output layer has no Parameter of its own (it reads embedding.word_embeddings.weight).
+// "decoder.layers.3.self_attention.linear_qkv.weight"); `param` and `main_grad` have the same
+// shape; a tied output layer has no Parameter of its own (it reads
+// embedding.word_embeddings.weight).
 #pragma once
 
 #include <cstdint>
@@ -20,18 +22,18 @@
 namespace mg::transformer {
 
 struct Parameter {
-  std::string name;   // Megatron-Core's name
-  Tensor param;       // model weight, a view into ParamAndGradBuffer::params
-  Tensor main_grad;   // its gradient, a view into ParamAndGradBuffer::grads (kernels accumulate +=)
+  std::string name;  // Megatron-Core's name
+  Tensor param;      // model weight, a view into ParamAndGradBuffer::params
+  Tensor main_grad;  // its gradient, a view into ParamAndGradBuffer::grads (kernels accumulate +=)
   // Megatron's no-weight-decay rule: biases and norm weights (1-D parameters) get no decay.
   bool no_weight_decay = false;
   // Tensor-parallel sharding metadata for later layouts: the partitioned dim of the full tensor
-  // (-1: replicated across TP), Megatron's partition_stride, and whether its grad must be summed over
-  // the TP group under sequence parallelism (norm weights / biases in SP regions).
+  // (-1: replicated across TP), Megatron's partition_stride, and whether its grad must be summed
+  // over the TP group under sequence parallelism (norm weights / biases in SP regions).
   int tensor_parallel_dim = -1;
   int partition_stride = 1;
   bool sequence_parallel = false;
-  Shape global_shape;  // the full (unsharded) shape; equals param.shape() on one rank
+  Shape global_shape;         // the full (unsharded) shape; equals param.shape() on one rank
   int64_t buffer_offset = 0;  // element offset of param (and main_grad) in the flat buffers
 };
 

@@ -11,7 +11,8 @@ std::unique_ptr<Norm> make_norm(const ModuleContext& ctx, ParamBuilder& pb, Norm
                                 const std::string& separate_prefix,
                                 const std::string& fused_prefix) {
   switch (slot) {
-    case NormSlot::identity: return nullptr;
+    case NormSlot::identity:
+      return nullptr;
     case NormSlot::norm:
       return std::make_unique<Norm>(ctx, pb, separate_prefix + "weight", separate_prefix + "bias",
                                     ctx.config->hidden_size);
@@ -31,8 +32,8 @@ TransformerLayer::TransformerLayer(const ModuleContext& ctx, ParamBuilder& pb,
   norm1_ = make_norm(ctx, pb, spec.input_layernorm, p + "input_layernorm.",
                      p + "self_attention.linear_qkv.");
   attn_ = std::make_unique<SelfAttention>(ctx, pb, p + "self_attention.", spec.self_attention);
-  norm2_ = make_norm(ctx, pb, spec.pre_mlp_layernorm, p + "pre_mlp_layernorm.",
-                     p + "mlp.linear_fc1.");
+  norm2_ =
+      make_norm(ctx, pb, spec.pre_mlp_layernorm, p + "pre_mlp_layernorm.", p + "mlp.linear_fc1.");
   mlp_ = std::make_unique<MLP>(ctx, pb, p + "mlp.", spec.mlp);
 }
 
@@ -41,7 +42,8 @@ Tensor TransformerLayer::forward(const Tensor& x, Saved& saved, const AttentionI
   const TransformerConfig& c = *ctx_.config;
   saved.x = x;
   saved.ln1 = norm1_ ? norm1_->forward(x, saved.norm1) : x;
-  const ops::DropoutArgs probs = rng.args(c.attention_dropout, layer_, DropoutSite::attention_probs);
+  const ops::DropoutArgs probs =
+      rng.args(c.attention_dropout, layer_, DropoutSite::attention_probs);
   Tensor y = attn_->forward(saved.ln1, saved.attn, in, probs, keep_core_attention);
   Tensor h = ctx_.empty(x.shape());
   ctx_.op().bias_dropout_add_fwd(h, y, attn_->proj_bias().value, x,
@@ -70,7 +72,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, Saved& saved, const Attent
   Tensor dy = ctx_.empty(dh.shape());
   ctx_.op().bias_dropout_add_bwd(dy, attn_->proj_bias().grad, dh,
                                  rng.args(c.hidden_dropout, layer_, DropoutSite::attention_bda));
-  const ops::DropoutArgs probs = rng.args(c.attention_dropout, layer_, DropoutSite::attention_probs);
+  const ops::DropoutArgs probs =
+      rng.args(c.attention_dropout, layer_, DropoutSite::attention_probs);
   Tensor dln1 = attn_->backward(dy, saved.ln1, saved.attn, in, probs);
   Tensor dx = norm1_ ? norm1_->backward(dln1, saved.x, saved.norm1) : dln1;
   ctx_.op().axpy(dx, dh, 1.0f);

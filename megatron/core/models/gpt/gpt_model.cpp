@@ -44,8 +44,12 @@ GPTForwardState::GPTForwardState() = default;
 GPTForwardState::~GPTForwardState() = default;
 GPTForwardState::GPTForwardState(GPTForwardState&&) noexcept = default;
 GPTForwardState& GPTForwardState::operator=(GPTForwardState&&) noexcept = default;
-bool GPTForwardState::holds_activations() const { return saved_ != nullptr; }
-void GPTForwardState::clear() { saved_.reset(); }
+bool GPTForwardState::holds_activations() const {
+  return saved_ != nullptr;
+}
+void GPTForwardState::clear() {
+  saved_.reset();
+}
 
 struct GPTModel::Impl {
   TransformerConfig config;
@@ -126,16 +130,36 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
 
 GPTModel::~GPTModel() = default;
 
-const TransformerConfig& GPTModel::config() const { return impl_->config; }
-const transformer::TransformerLayerSpec& GPTModel::spec() const { return impl_->spec; }
-int64_t GPTModel::vocab_size() const { return impl_->vocab; }
-int64_t GPTModel::padded_vocab_size() const { return impl_->vocab_padded; }
-Device GPTModel::device() const { return impl_->ctx.device; }
-const ops::OpTable& GPTModel::ops() const { return *impl_->ctx.ops; }
-std::vector<transformer::Parameter>& GPTModel::parameters() { return impl_->params; }
-const std::vector<transformer::Parameter>& GPTModel::parameters() const { return impl_->params; }
-transformer::ParamAndGradBuffer& GPTModel::buffer() { return impl_->buffer; }
-int64_t GPTModel::num_parameters() const { return impl_->buffer.params.numel(); }
+const TransformerConfig& GPTModel::config() const {
+  return impl_->config;
+}
+const transformer::TransformerLayerSpec& GPTModel::spec() const {
+  return impl_->spec;
+}
+int64_t GPTModel::vocab_size() const {
+  return impl_->vocab;
+}
+int64_t GPTModel::padded_vocab_size() const {
+  return impl_->vocab_padded;
+}
+Device GPTModel::device() const {
+  return impl_->ctx.device;
+}
+const ops::OpTable& GPTModel::ops() const {
+  return *impl_->ctx.ops;
+}
+std::vector<transformer::Parameter>& GPTModel::parameters() {
+  return impl_->params;
+}
+const std::vector<transformer::Parameter>& GPTModel::parameters() const {
+  return impl_->params;
+}
+transformer::ParamAndGradBuffer& GPTModel::buffer() {
+  return impl_->buffer;
+}
+int64_t GPTModel::num_parameters() const {
+  return impl_->buffer.params.numel();
+}
 
 transformer::Parameter& GPTModel::parameter(std::string_view name) {
   for (auto& p : impl_->params)
@@ -162,13 +186,19 @@ void GPTModel::init_weights(uint64_t seed) {
         m.ctx.op().init_normal(t, a);
         break;
       }
-      case InitRule::zeros: m.ctx.op().fill(t, 0.0); break;
-      case InitRule::ones: m.ctx.op().fill(t, 1.0); break;
+      case InitRule::zeros:
+        m.ctx.op().fill(t, 0.0);
+        break;
+      case InitRule::ones:
+        m.ctx.op().fill(t, 1.0);
+        break;
     }
   }
 }
 
-void GPTModel::zero_grad() { impl_->buffer.grads.zero_(); }
+void GPTModel::zero_grad() {
+  impl_->buffer.grads.zero_();
+}
 
 namespace {
 
@@ -183,8 +213,8 @@ std::vector<int64_t> to_sb_i64(const Tensor& t, int64_t b, int64_t s) {
 
 void check_bs(const char* name, const Tensor& t, int64_t b, int64_t s) {
   MG_CHECK(t.shape() == (Shape{b, s}), "GPTBatch." << name << " " << shape_str(t.shape())
-                                                   << " must be [B, S] = "
-                                                   << shape_str(Shape{b, s}) << " like tokens");
+                                                   << " must be [B, S] = " << shape_str(Shape{b, s})
+                                                   << " like tokens");
 }
 
 }  // namespace
@@ -201,15 +231,15 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
   const int64_t b = batch.tokens.size(0), s = batch.tokens.size(1), n = s * b;
   st.s = s;
   st.b = b;
-  MG_CHECK(!(m.position.defined() && s > c.max_position_embeddings),
-           "sequence length " << s << " exceeds max_position_embeddings "
-                              << c.max_position_embeddings);
+  MG_CHECK(
+      !(m.position.defined() && s > c.max_position_embeddings),
+      "sequence length " << s << " exceeds max_position_embeddings " << c.max_position_embeddings);
   const Device dev = m.ctx.device;
   const std::vector<int64_t> tok = to_sb_i64(batch.tokens, b, s);
   for (std::size_t i = 0; i < tok.size(); ++i)
     MG_CHECK(tok[i] >= 0 && tok[i] < m.vocab_padded,
-             "token id " << tok[i] << " at flat index " << i << " is outside [0, "
-                         << m.vocab_padded << ") (padded vocab)");
+             "token id " << tok[i] << " at flat index " << i << " is outside [0, " << m.vocab_padded
+                         << ") (padded vocab)");
   st.tokens = Tensor::from_vector(tok, {n}, DType::i64).to(dev);
   const bool with_labels = batch.labels.defined();
   if (with_labels) {
@@ -251,10 +281,10 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
 
   // Embedding: word + learned positions, then dropout. [N, H] = [S, B, H].
   const int64_t h = c.hidden_size;
-  Tensor emb = m.ctx.empty({n, h});
+  Tensor emb = m.ctx.empty({s, b, h});
   ops.embedding_fwd(emb, st.tokens, m.word.value, 0);
   if (m.position.defined()) {
-    Tensor pe = m.ctx.empty({n, h});
+    Tensor pe = m.ctx.empty({s, b, h});
     ops.embedding_fwd(pe, st.positions, m.position.value, 0);
     ops.axpy(emb, pe, 1.0f);
   }
@@ -262,8 +292,7 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
   ops.dropout_fwd(x, emb, st.rng.args(c.hidden_dropout, -1, DropoutSite::embedding));
 
   // Decoder.
-  const bool selective =
-      c.recompute_granularity == transformer::RecomputeGranularity::selective;
+  const bool selective = c.recompute_granularity == transformer::RecomputeGranularity::selective;
   st.layers.resize(m.layers.size());
   for (std::size_t l = 0; l < m.layers.size(); ++l) {
     TransformerLayer::Saved& ls = st.layers[l];
@@ -324,8 +353,7 @@ void GPTModel::backward(GPTForwardState& state, double dloss) {
   Weight& out_w = m.output_weight();
   Tensor dln = m.ctx.empty({st.s, st.b, h});
   Tensor dln2 = dln.view({n, h});
-  transformer::linear_bwd(m.ctx, dln2, out_w.grad, dlogits, st.final_ln.view({n, h}),
-                          out_w.value);
+  transformer::linear_bwd(m.ctx, dln2, out_w.grad, dlogits, st.final_ln.view({n, h}), out_w.value);
   Tensor dx = m.final_norm ? m.final_norm->backward(dln, st.decoder_out, st.final_norm) : dln;
   st.final_ln = Tensor();
   st.decoder_out = Tensor();
@@ -347,9 +375,8 @@ void GPTModel::backward(GPTForwardState& state, double dloss) {
   }
 
   // Embedding: dropout', then scatter-add into the word (and position) tables.
-  Tensor demb = m.ctx.empty({n, h});
-  ops.dropout_bwd(demb, dx.view({n, h}),
-                  st.rng.args(c.hidden_dropout, -1, DropoutSite::embedding));
+  Tensor demb = m.ctx.empty({st.s, st.b, h});
+  ops.dropout_bwd(demb, dx, st.rng.args(c.hidden_dropout, -1, DropoutSite::embedding));
   ops.embedding_bwd(m.word.grad, demb, st.tokens, 0);
   if (m.position.defined()) ops.embedding_bwd(m.position.grad, demb, st.positions, 0);
   state.saved_.reset();
