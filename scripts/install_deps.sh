@@ -14,6 +14,8 @@ packages=(
   libcli11-dev                # command-line flags
   libyaml-cpp-dev             # --yaml-cfg (pretrain_gpt)
   libpcre2-dev                # tokenizer pre-tokenization regexes
+  libsentencepiece-dev        # SentencePieceTokenizer
+  libicu-dev                  # HuggingFaceTokenizer: NFC/NFKC normalizers, Unicode properties
   zlib1g-dev libzstd-dev      # preprocess_data: .gz / .zst inputs
   gzip zstd                   # tests write compressed inputs with them
 )

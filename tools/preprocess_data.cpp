@@ -27,8 +27,8 @@
 // (Megatron: P processes of W/P workers; the output is the same); blank lines are skipped
 // (Megatron fails on them); .gz and .zst are accepted with any partition count.
 //
-// Not supported yet: --split-sentences (needs a sentence splitter), tokenizers other than
-// GPT2BPETokenizer and NullTokenizer, --find-optimal-num-workers, --max-documents.
+// Not supported yet: --split-sentences (needs a sentence splitter), tokenizers other than those of
+// build_tokenizer.h, --find-optimal-num-workers, --max-documents.
 #include <glob.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -646,9 +646,14 @@ int main(int argc, char** argv) {
   app.add_option("--log-interval", args.log_interval, "Documents between progress lines")
       ->capture_default_str();
   app.add_option("--tokenizer-type", args.tokenizer.tokenizer_type,
-                 "GPT2BPETokenizer or NullTokenizer")
+                 "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
+                 "GPTSentencePieceTokenizer, Llama2Tokenizer or NullTokenizer")
       ->required();
-  app.add_option("--tokenizer-model", args.tokenizer.tokenizer_model, "Tokenizer model file");
+  app.add_option("--tokenizer-model", args.tokenizer.tokenizer_model,
+                 "HF tokenizer.json (or its directory), or SentencePiece .model");
+  bool hf_no_special = false;
+  app.add_flag("--tokenizer-hf-no-include-special-tokens", hf_no_special,
+               "HuggingFaceTokenizer: do not add the post-processor's special tokens (BOS)");
   app.add_option("--vocab-file", args.tokenizer.vocab_file, "Vocabulary (GPT-2: vocab.json)");
   app.add_option("--merge-file", args.tokenizer.merge_file, "BPE merges (GPT-2: merges.txt)");
   app.add_option("--vocab-size", vocab_size, "NullTokenizer vocabulary size (eod = this)");
@@ -658,6 +663,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   args.tokenizer.vocab_size = vocab_size;
+  args.tokenizer.tokenizer_hf_include_special_tokens = !hf_no_special;
   try {
     run(args);
   } catch (const mg::Error& e) {

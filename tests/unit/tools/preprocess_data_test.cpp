@@ -1,6 +1,7 @@
 // preprocess_data end to end: runs the built binary (MG_BIN_DIR) on small JSONL files written here
 // and decodes the outputs with IndexedDataset. The expected ids come from GPT2BPETokenizer (or the
-// integers themselves for NullTokenizer) applied to each text in input order, with eod appended to
+// integers themselves for NullTokenizer; HuggingFaceTokenizer and SentencePieceTokenizer on the
+// tests/fixtures/hf_tokenizers files) applied to each text in input order, with eod appended to
 // non-empty documents under --append-eod; empty documents are boundaries without a sequence
 // (FORMATS.md 2.2). Also: --workers 1 and 2 give byte-identical files, .gz and .zst inputs equal
 // plain ones, partitions merge in round-robin / sequential-block order (FORMATS.md 2.3), and bad
@@ -17,6 +18,8 @@
 
 #include "megatron/core/datasets/indexed_dataset.h"
 #include "megatron/core/tokenizers/gpt2_bpe_tokenizer.h"
+#include "megatron/core/tokenizers/huggingface_tokenizer.h"
+#include "megatron/core/tokenizers/sentencepiece_tokenizer.h"
 #include "tests/unit/test_util.h"
 
 namespace {
@@ -244,6 +247,42 @@ TEST_F(PreprocessData, NullTokenizer) {
       << bad.output;
 }
 
+// HuggingFaceTokenizer (Llama-3-style tokenizer.json: BOS prepended by its post-processor) and
+// SentencePieceTokenizer: the datasets hold what the tokenizer classes give, plus eod.
+TEST_F(PreprocessData, HuggingFaceAndSentencePieceTokenizers) {
+  const std::string fx = std::string(MG_TEST_FIXTURES_DIR) + "/hf_tokenizers/";
+  const mg::tokenizers::HuggingFaceTokenizer hf(fx + "llama3_bytelevel/tokenizer.json");
+  const mg::tokenizers::SentencePieceTokenizer sp(fx + "spm_unigram.model", "Llama2Tokenizer");
+  struct Case {
+    std::string flags, prefix;
+    const mg::tokenizers::Tokenizer* tok;
+  };
+  const std::vector<Case> cases = {
+      {" --tokenizer-type HuggingFaceTokenizer --tokenizer-model " + fx +
+           "llama3_bytelevel/tokenizer.json",
+       "hf", &hf},
+      {" --tokenizer-type Llama2Tokenizer --tokenizer-model " + fx + "spm_unigram.model", "sp",
+       &sp},
+  };
+  for (const auto& c : cases) {
+    auto r = preprocess("--input " + path("in.jsonl") + " --append-eod --workers 2" + c.flags +
+                        " --output-prefix " + path(c.prefix));
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::vector<std::vector<int64_t>> want;
+    for (const auto& t : texts_) {
+      const auto ids = c.tok->tokenize(t);
+      std::vector<int64_t> d(ids.begin(), ids.end());
+      if (!d.empty()) d.push_back(c.tok->eod());
+      want.push_back(d);
+    }
+    EXPECT_EQ(decode(path(c.prefix + "_text_document")), want) << c.flags;
+  }
+  // Every document of the Llama-3-style tokenizer starts with <|begin_of_text|>, even an empty
+  // text (as tokenizer("").input_ids); the SentencePiece one adds nothing to an empty text.
+  EXPECT_EQ(hf.tokenize(""), std::vector<int32_t>{hf.token_to_id("<|begin_of_text|>")});
+  EXPECT_TRUE(sp.tokenize("").empty());
+}
+
 TEST_F(PreprocessData, ErrorsAreOneClearLine) {
   const std::string in = " --input " + path("in.jsonl") + " --output-prefix " + path("e");
   auto expect_error = [&](const std::string& flags, const std::string& needle) {
@@ -269,8 +308,13 @@ TEST_F(PreprocessData, ErrorsAreOneClearLine) {
                "build_tokenizer: --tokenizer-type GPT2BPETokenizer needs --merge-file");
   expect_error(in + " --workers 1 --tokenizer-type NullTokenizer",
                "build_tokenizer: --tokenizer-type NullTokenizer needs --vocab-size");
-  expect_error(in + " --workers 1 --tokenizer-type SentencePieceTokenizer",
-               "build_tokenizer: --tokenizer-type 'SentencePieceTokenizer' is not supported");
+  expect_error(in + " --workers 1 --tokenizer-type TikTokenizer",
+               "build_tokenizer: --tokenizer-type 'TikTokenizer' is not supported");
+  expect_error(in + " --workers 1 --tokenizer-type HuggingFaceTokenizer",
+               "build_tokenizer: --tokenizer-type HuggingFaceTokenizer needs --tokenizer-model");
+  expect_error(in + " --workers 1 --tokenizer-type SentencePieceTokenizer --tokenizer-model " +
+                   path("in.jsonl"),
+               "SentencePieceTokenizer: cannot load SentencePiece model");
   expect_error(in + " --workers 1 --tokenizer-type GPT2BPETokenizer --vocab-file /nonexistent "
                     "--merge-file /nonexistent",
                "");

@@ -1,0 +1,640 @@
+// Normalizers, pre-tokenizers and decoders of tokenizer.json (see components.h), each a small class
+// mirroring the `tokenizers` 0.21 Rust implementation of the same name.
+#include "megatron/core/tokenizers/hf/components.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "megatron/core/common/error.h"
+#include "megatron/core/tokenizers/gpt2_bpe_tokenizer.h"
+#include "megatron/core/tokenizers/hf/text.h"
+
+namespace mg::tokenizers::hf {
+
+using nlohmann::json;
+
+namespace {
+
+// ---------------------------------------------------------------- JSON helpers
+
+std::string type_of(const json& j, const char* stage) {
+  MG_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(),
+           "HuggingFaceTokenizer: tokenizer.json " << stage << " must be an object with a \"type\""
+                                                   << ", got " << j.dump().substr(0, 200));
+  return j["type"].get<std::string>();
+}
+
+template <typename T>
+T get_or(const json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  return it->get<T>();
+}
+
+std::string get_string(const json& j, const char* key, const std::string& what) {
+  auto it = j.find(key);
+  MG_CHECK(it != j.end() && it->is_string(),
+           "HuggingFaceTokenizer: " << what << " needs a string \"" << key << "\", got "
+                                    << j.dump().substr(0, 200));
+  return it->get<std::string>();
+}
+
+uint32_t single_char(const std::string& s, const std::string& what) {
+  std::size_t len = 0;
+  MG_CHECK(!s.empty() && utf8_error_offset(s) == std::string::npos,
+           "HuggingFaceTokenizer: " << what << " must be one character, got '" << s << "'");
+  const uint32_t cp = utf8_decode(s, 0, len);
+  MG_CHECK(len == s.size(),
+           "HuggingFaceTokenizer: " << what << " must be one character, got '" << s << "'");
+  return cp;
+}
+
+// A Replace/Split pattern: {"String": "..."} (literal) or {"Regex": "..."}.
+class Pattern {
+ public:
+  Pattern(const json& j, const std::string& what) {
+    MG_CHECK(j.is_object() && j.size() == 1 && (j.contains("String") || j.contains("Regex")),
+             "HuggingFaceTokenizer: " << what << " pattern must be {\"String\": ...} or "
+                                      << "{\"Regex\": ...}, got " << j.dump().substr(0, 200));
+    if (j.contains("String")) {
+      literal_ = j["String"].get<std::string>();
+    } else {
+      regex_ = std::make_unique<Regex>(j["Regex"].get<std::string>(), what);
+    }
+  }
+  // Non-overlapping matches, left to right.
+  std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view text) const {
+    if (regex_) return regex_->find_all(text);
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    if (literal_.empty()) return out;
+    for (std::size_t pos = text.find(literal_); pos != std::string_view::npos;
+         pos = text.find(literal_, pos + literal_.size()))
+      out.emplace_back(pos, pos + literal_.size());
+    return out;
+  }
+
+ private:
+  std::string literal_;
+  std::unique_ptr<Regex> regex_;
+};
+
+std::string replace_all(const std::string& text, const Pattern& pattern, const std::string& with) {
+  const auto matches = pattern.find_all(text);
+  if (matches.empty()) return text;
+  std::string out;
+  std::size_t prev = 0;
+  for (auto [b, e] : matches) {
+    out.append(text, prev, b - prev);
+    out += with;
+    prev = e;
+  }
+  out.append(text, prev, std::string::npos);
+  return out;
+}
+
+// ---------------------------------------------------------------- normalizers
+
+class UnicodeNormalizer final : public Normalizer {
+ public:
+  explicit UnicodeNormalizer(NormalizationForm f) : form_(f) {}
+  void normalize(std::string& text) const override { unicode_normalize(text, form_); }
+
+ private:
+  NormalizationForm form_;
+};
+
+class LowercaseNormalizer final : public Normalizer {
+ public:
+  void normalize(std::string& text) const override { unicode_lowercase(text); }
+};
+
+class StripNormalizer final : public Normalizer {
+ public:
+  explicit StripNormalizer(const json& j)
+      : left_(get_or(j, "strip_left", true)), right_(get_or(j, "strip_right", true)) {}
+  void normalize(std::string& text) const override {
+    std::size_t b = 0, e = text.size();
+    if (left_) {
+      while (b < e) {
+        std::size_t len;
+        if (!is_whitespace(utf8_decode(text, b, len))) break;
+        b += len;
+      }
+    }
+    if (right_) {
+      while (e > b) {
+        std::size_t s = e - 1;
+        while (s > b && (static_cast<unsigned char>(text[s]) & 0xC0) == 0x80) --s;
+        std::size_t len;
+        if (!is_whitespace(utf8_decode(text, s, len))) break;
+        e = s;
+      }
+    }
+    text = text.substr(b, e - b);
+  }
+
+ private:
+  bool left_, right_;
+};
+
+class PrependNormalizer final : public Normalizer {
+ public:
+  explicit PrependNormalizer(const json& j)
+      : prepend_(get_string(j, "prepend", "normalizer Prepend")) {}
+  void normalize(std::string& text) const override {
+    if (!text.empty()) text.insert(0, prepend_);
+  }
+
+ private:
+  std::string prepend_;
+};
+
+class ReplaceNormalizer final : public Normalizer {
+ public:
+  explicit ReplaceNormalizer(const json& j)
+      : pattern_(j.at("pattern"), "normalizer Replace"),
+        content_(get_string(j, "content", "normalizer Replace")) {}
+  void normalize(std::string& text) const override { text = replace_all(text, pattern_, content_); }
+
+ private:
+  Pattern pattern_;
+  std::string content_;
+};
+
+class SequenceNormalizer final : public Normalizer {
+ public:
+  explicit SequenceNormalizer(const json& j) {
+    for (const auto& n : j.at("normalizers")) parts_.push_back(make_normalizer(n));
+  }
+  void normalize(std::string& text) const override {
+    for (const auto& p : parts_)
+      if (p) p->normalize(text);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> parts_;
+};
+
+// ---------------------------------------------------------------- pre-tokenizers
+
+enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+
+SplitBehavior parse_behavior(const std::string& s) {
+  if (s == "Removed") return SplitBehavior::removed;
+  if (s == "Isolated") return SplitBehavior::isolated;
+  if (s == "MergedWithPrevious") return SplitBehavior::merged_with_previous;
+  if (s == "MergedWithNext") return SplitBehavior::merged_with_next;
+  if (s == "Contiguous") return SplitBehavior::contiguous;
+  MG_THROW("HuggingFaceTokenizer: pre_tokenizer Split behavior '"
+           << s << "' is not one of Removed, Isolated, MergedWithPrevious, MergedWithNext, "
+           << "Contiguous");
+}
+
+struct Span {
+  std::size_t begin, end;
+  bool is_match;
+};
+
+// Matches -> spans covering the whole text (HF's Pattern::find_matches), optionally inverted.
+std::vector<Span> cover(std::size_t n, const std::vector<std::pair<std::size_t, std::size_t>>& m,
+                        bool invert) {
+  std::vector<Span> out;
+  if (n == 0) return {{0, 0, invert}};
+  std::size_t prev = 0;
+  for (auto [b, e] : m) {
+    if (prev != b) out.push_back({prev, b, invert});
+    out.push_back({b, e, !invert});
+    prev = e;
+  }
+  if (prev != n) out.push_back({prev, n, invert});
+  return out;
+}
+
+// NormalizedString::split: spans -> kept pieces, appended to out (empty ones dropped).
+void split_piece(const Piece& p, const std::vector<Span>& spans, SplitBehavior behavior,
+                 std::vector<Piece>& out) {
+  std::vector<Span> kept;  // is_match here means "remove"
+  switch (behavior) {
+    case SplitBehavior::isolated:
+      for (auto s : spans) kept.push_back({s.begin, s.end, false});
+      break;
+    case SplitBehavior::removed:
+      kept = spans;
+      break;
+    case SplitBehavior::contiguous: {
+      bool prev_match = false;
+      for (auto s : spans) {
+        if (s.is_match == prev_match && !kept.empty())
+          kept.back().end = s.end;
+        else
+          kept.push_back({s.begin, s.end, false});
+        prev_match = s.is_match;
+      }
+      break;
+    }
+    case SplitBehavior::merged_with_previous: {
+      bool prev_match = false;
+      for (auto s : spans) {
+        if (s.is_match && !prev_match && !kept.empty())
+          kept.back().end = s.end;
+        else
+          kept.push_back({s.begin, s.end, false});
+        prev_match = s.is_match;
+      }
+      break;
+    }
+    case SplitBehavior::merged_with_next: {
+      bool prev_match = false;
+      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+        if (it->is_match && !prev_match && !kept.empty())
+          kept.back().begin = it->begin;
+        else
+          kept.push_back({it->begin, it->end, false});
+        prev_match = it->is_match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+    }
+  }
+  for (auto s : kept) {
+    if (s.is_match || s.end == s.begin) continue;
+    out.push_back({p.text.substr(s.begin, s.end - s.begin), p.offset + s.begin});
+  }
+}
+
+// Matches of single characters satisfying pred (HF's `impl Pattern for Fn(char) -> bool`).
+template <typename Pred>
+std::vector<std::pair<std::size_t, std::size_t>> char_matches(std::string_view text, Pred pred) {
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  for (std::size_t i = 0; i < text.size();) {
+    std::size_t len;
+    if (pred(utf8_decode(text, i, len))) out.emplace_back(i, i + len);
+    i += len;
+  }
+  return out;
+}
+
+class SplitPreTokenizer final : public PreTokenizer {
+ public:
+  explicit SplitPreTokenizer(const json& j)
+      : pattern_(j.at("pattern"), "pre_tokenizer Split"),
+        behavior_(parse_behavior(get_string(j, "behavior", "pre_tokenizer Split"))),
+        invert_(get_or(j, "invert", false)) {}
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const auto& p : pieces)
+      split_piece(p, cover(p.text.size(), pattern_.find_all(p.text), invert_), behavior_, out);
+    pieces.swap(out);
+  }
+
+ private:
+  Pattern pattern_;
+  SplitBehavior behavior_;
+  bool invert_;
+};
+
+class DigitsPreTokenizer final : public PreTokenizer {
+ public:
+  explicit DigitsPreTokenizer(const json& j) : individual_(get_or(j, "individual_digits", false)) {}
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const auto& p : pieces)
+      split_piece(p, cover(p.text.size(), char_matches(p.text, is_numeric), false),
+                  individual_ ? SplitBehavior::isolated : SplitBehavior::contiguous, out);
+    pieces.swap(out);
+  }
+
+ private:
+  bool individual_;
+};
+
+class WhitespaceSplitPreTokenizer final : public PreTokenizer {
+ public:
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const auto& p : pieces)
+      split_piece(p, cover(p.text.size(), char_matches(p.text, is_whitespace), false),
+                  SplitBehavior::removed, out);
+    pieces.swap(out);
+  }
+};
+
+// GPT-2's pre-tokenization pattern, used by ByteLevel when use_regex is true.
+constexpr const char* kByteLevelPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+class ByteLevelPreTokenizer final : public PreTokenizer {
+ public:
+  explicit ByteLevelPreTokenizer(const json& j)
+      : add_prefix_space_(get_or(j, "add_prefix_space", true)),
+        use_regex_(get_or(j, "use_regex", true)) {
+    if (use_regex_) regex_ = std::make_unique<Regex>(kByteLevelPattern, "pre_tokenizer ByteLevel");
+  }
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (auto& p : pieces) {
+      if (add_prefix_space_ && !p.text.empty() && p.text[0] != ' ') p.text.insert(0, 1, ' ');
+      if (use_regex_)
+        split_piece(p, cover(p.text.size(), regex_->find_all(p.text), false),
+                    SplitBehavior::isolated, out);
+      else if (!p.text.empty())
+        out.push_back(std::move(p));
+    }
+    for (auto& p : out) {
+      std::string mapped;
+      mapped.reserve(p.text.size() * 2);
+      for (char c : p.text) mapped += byte_level_char(static_cast<unsigned char>(c));
+      p.text.swap(mapped);
+    }
+    pieces.swap(out);
+  }
+
+ private:
+  bool add_prefix_space_, use_regex_;
+  std::unique_ptr<Regex> regex_;
+};
+
+enum class PrependScheme { always, first, never };
+
+PrependScheme parse_prepend_scheme(const json& j, const char* what) {
+  if (j.contains("prepend_scheme") && !j["prepend_scheme"].is_null()) {
+    const auto s = j["prepend_scheme"].get<std::string>();
+    if (s == "always") return PrependScheme::always;
+    if (s == "first") return PrependScheme::first;
+    if (s == "never") return PrependScheme::never;
+    MG_THROW("HuggingFaceTokenizer: " << what << " prepend_scheme '" << s
+                                      << "' is not one of always, first, never");
+  }
+  // Files from tokenizers < 0.14 carry add_prefix_space instead.
+  return get_or(j, "add_prefix_space", true) ? PrependScheme::always : PrependScheme::never;
+}
+
+class MetaspacePreTokenizer final : public PreTokenizer {
+ public:
+  explicit MetaspacePreTokenizer(const json& j)
+      : replacement_(get_string(j, "replacement", "pre_tokenizer Metaspace")),
+        scheme_(parse_prepend_scheme(j, "pre_tokenizer Metaspace")),
+        split_(get_or(j, "split", true)),
+        space_(json{{"String", " "}}, "pre_tokenizer Metaspace"),
+        meta_(json{{"String", replacement_}}, "pre_tokenizer Metaspace") {
+    single_char(replacement_, "pre_tokenizer Metaspace replacement");
+  }
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (auto& p : pieces) {
+      p.text = replace_all(p.text, space_, replacement_);
+      const bool prepend =
+          !p.text.empty() && !p.text.starts_with(replacement_) &&
+          (scheme_ == PrependScheme::always || (scheme_ == PrependScheme::first && p.offset == 0));
+      if (prepend) p.text.insert(0, replacement_);
+      if (split_)
+        split_piece(p, cover(p.text.size(), meta_.find_all(p.text), false),
+                    SplitBehavior::merged_with_next, out);
+      else if (!p.text.empty())
+        out.push_back(std::move(p));
+    }
+    pieces.swap(out);
+  }
+
+ private:
+  std::string replacement_;
+  PrependScheme scheme_;
+  bool split_;
+  Pattern space_, meta_;
+};
+
+class SequencePreTokenizer final : public PreTokenizer {
+ public:
+  explicit SequencePreTokenizer(const json& j) {
+    for (const auto& p : j.at("pretokenizers")) parts_.push_back(make_pre_tokenizer(p));
+  }
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    for (const auto& p : parts_)
+      if (p) p->pre_tokenize(pieces);
+  }
+
+ private:
+  std::vector<std::unique_ptr<PreTokenizer>> parts_;
+};
+
+// ---------------------------------------------------------------- decoders
+
+class ByteLevelDecoder final : public Decoder {
+ public:
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    std::string out;
+    for (const auto& t : tokens)
+      if (!byte_level_decode(t, out)) out += t;  // as HF: a token outside the map stays as is
+    tokens.assign(1, std::move(out));
+  }
+};
+
+class MetaspaceDecoder final : public Decoder {
+ public:
+  explicit MetaspaceDecoder(const json& j)
+      : replacement_(get_string(j, "replacement", "decoder Metaspace")),
+        scheme_(parse_prepend_scheme(j, "decoder Metaspace")),
+        meta_(json{{"String", replacement_}}, "decoder Metaspace") {
+    single_char(replacement_, "decoder Metaspace replacement");
+  }
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      // Every replacement character becomes a space, except in the first token (when a prefix
+      // was prepended), where they are all dropped.
+      const std::string with = (i == 0 && scheme_ != PrependScheme::never) ? "" : " ";
+      tokens[i] = replace_all(tokens[i], meta_, with);
+    }
+  }
+
+ private:
+  std::string replacement_;
+  PrependScheme scheme_;
+  Pattern meta_;
+};
+
+class ReplaceDecoder final : public Decoder {
+ public:
+  explicit ReplaceDecoder(const json& j)
+      : pattern_(j.at("pattern"), "decoder Replace"),
+        content_(get_string(j, "content", "decoder Replace")) {}
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    for (auto& t : tokens) t = replace_all(t, pattern_, content_);
+  }
+
+ private:
+  Pattern pattern_;
+  std::string content_;
+};
+
+// "<0xAB>" -> 0xAB.
+std::optional<unsigned char> byte_token(const std::string& t) {
+  if (t.size() != 6 || !t.starts_with("<0x") || t.back() != '>') return std::nullopt;
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  const int hi = hex(t[3]), lo = hex(t[4]);
+  if (hi < 0 || lo < 0) return std::nullopt;
+  return static_cast<unsigned char>(hi * 16 + lo);
+}
+
+class ByteFallbackDecoder final : public Decoder {
+ public:
+  // Runs of <0xXX> tokens become their bytes. HF replaces a run that is not valid UTF-8 by one
+  // U+FFFD per byte; here the bytes are kept (Tokenizer::detokenize's contract).
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    std::vector<std::string> out;
+    std::string bytes;
+    bool in_run = false;
+    for (auto& t : tokens) {
+      if (auto b = byte_token(t)) {
+        bytes.push_back(static_cast<char>(*b));
+        in_run = true;
+        continue;
+      }
+      if (in_run) out.push_back(std::move(bytes)), bytes.clear(), in_run = false;
+      out.push_back(std::move(t));
+    }
+    if (in_run) out.push_back(std::move(bytes));
+    tokens.swap(out);
+  }
+};
+
+class FuseDecoder final : public Decoder {
+ public:
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    std::string out;
+    for (const auto& t : tokens) out += t;
+    tokens.assign(1, std::move(out));
+  }
+};
+
+class StripDecoder final : public Decoder {
+ public:
+  explicit StripDecoder(const json& j)
+      : content_(single_char(get_string(j, "content", "decoder Strip"), "decoder Strip content")),
+        start_(get_or<std::size_t>(j, "start", 0)),
+        stop_(get_or<std::size_t>(j, "stop", 0)) {}
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    for (auto& t : tokens) {
+      std::vector<std::pair<std::size_t, uint32_t>> chars;  // (byte offset, code point)
+      for (std::size_t i = 0; i < t.size();) {
+        std::size_t len;
+        chars.emplace_back(i, utf8_decode(t, i, len));
+        i += len;
+      }
+      std::size_t first = 0, last = chars.size();  // kept chars [first, last)
+      while (first < start_ && first < chars.size() && chars[first].second == content_) ++first;
+      for (std::size_t k = 0; k < stop_ && last > first && chars[last - 1].second == content_; ++k)
+        --last;
+      const std::size_t b = first < chars.size() ? chars[first].first : t.size();
+      const std::size_t e = last < chars.size() ? chars[last].first : t.size();
+      t = t.substr(b, e > b ? e - b : 0);
+    }
+  }
+
+ private:
+  uint32_t content_;
+  std::size_t start_, stop_;
+};
+
+class SequenceDecoder final : public Decoder {
+ public:
+  explicit SequenceDecoder(const json& j) {
+    for (const auto& d : j.at("decoders")) parts_.push_back(make_decoder(d));
+  }
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    for (const auto& p : parts_)
+      if (p) p->decode_chain(tokens);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Decoder>> parts_;
+};
+
+struct ByteLevelTables {
+  std::string to_char[256];
+  int16_t from_cp[324];
+  ByteLevelTables() {
+    for (auto& v : from_cp) v = -1;
+    for (int b = 0; b < 256; ++b) {
+      const uint32_t cp = gpt2_byte_to_unicode(static_cast<uint8_t>(b));
+      append_utf8(cp, to_char[b]);
+      from_cp[cp] = static_cast<int16_t>(b);
+    }
+  }
+};
+const ByteLevelTables& byte_level_tables() {
+  static const ByteLevelTables t;
+  return t;
+}
+
+}  // namespace
+
+const std::string& byte_level_char(unsigned char b) {
+  return byte_level_tables().to_char[b];
+}
+
+bool byte_level_decode(const std::string& token, std::string& out) {
+  const auto& t = byte_level_tables();
+  const std::size_t start = out.size();
+  for (std::size_t i = 0; i < token.size();) {
+    std::size_t len;
+    const uint32_t cp = utf8_decode(token, i, len);
+    if (cp >= std::size(t.from_cp) || t.from_cp[cp] < 0) {
+      out.resize(start);
+      return false;
+    }
+    out.push_back(static_cast<char>(t.from_cp[cp]));
+    i += len;
+  }
+  return true;
+}
+
+std::unique_ptr<Normalizer> make_normalizer(const json& j) {
+  if (j.is_null()) return nullptr;
+  const std::string type = type_of(j, "normalizer");
+  if (type == "NFC") return std::make_unique<UnicodeNormalizer>(NormalizationForm::nfc);
+  if (type == "NFD") return std::make_unique<UnicodeNormalizer>(NormalizationForm::nfd);
+  if (type == "NFKC") return std::make_unique<UnicodeNormalizer>(NormalizationForm::nfkc);
+  if (type == "NFKD") return std::make_unique<UnicodeNormalizer>(NormalizationForm::nfkd);
+  if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
+  if (type == "Strip") return std::make_unique<StripNormalizer>(j);
+  if (type == "Prepend") return std::make_unique<PrependNormalizer>(j);
+  if (type == "Replace") return std::make_unique<ReplaceNormalizer>(j);
+  if (type == "Sequence") return std::make_unique<SequenceNormalizer>(j);
+  MG_THROW("HuggingFaceTokenizer: normalizer type '"
+           << type << "' is not supported (supported: " << kSupportedNormalizers << ")");
+}
+
+std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j) {
+  if (j.is_null()) return nullptr;
+  const std::string type = type_of(j, "pre_tokenizer");
+  if (type == "ByteLevel") return std::make_unique<ByteLevelPreTokenizer>(j);
+  if (type == "Metaspace") return std::make_unique<MetaspacePreTokenizer>(j);
+  if (type == "Split") return std::make_unique<SplitPreTokenizer>(j);
+  if (type == "Digits") return std::make_unique<DigitsPreTokenizer>(j);
+  if (type == "WhitespaceSplit") return std::make_unique<WhitespaceSplitPreTokenizer>();
+  if (type == "Sequence") return std::make_unique<SequencePreTokenizer>(j);
+  MG_THROW("HuggingFaceTokenizer: pre_tokenizer type '"
+           << type << "' is not supported (supported: " << kSupportedPreTokenizers << ")");
+}
+
+std::unique_ptr<Decoder> make_decoder(const json& j) {
+  if (j.is_null()) return nullptr;
+  const std::string type = type_of(j, "decoder");
+  if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
+  if (type == "Metaspace") return std::make_unique<MetaspaceDecoder>(j);
+  if (type == "Replace") return std::make_unique<ReplaceDecoder>(j);
+  if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
+  if (type == "Fuse") return std::make_unique<FuseDecoder>();
+  if (type == "Strip") return std::make_unique<StripDecoder>(j);
+  if (type == "Sequence") return std::make_unique<SequenceDecoder>(j);
+  MG_THROW("HuggingFaceTokenizer: decoder type '"
+           << type << "' is not supported (supported: " << kSupportedDecoders << ")");
+}
+
+}  // namespace mg::tokenizers::hf
