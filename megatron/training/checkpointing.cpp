@@ -1,0 +1,267 @@
+// Checkpoint save/load over safetensors + metadata.json, atomic by temp directory and rename.
+#include "megatron/training/checkpointing.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "megatron/core/common/error.h"
+#include "megatron/core/dist_checkpointing/safetensors.h"
+
+namespace mg::training {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kMetadataFile = "metadata.json";
+
+// fsync a file or directory by path (directories make renames durable).
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  MG_CHECK(fd >= 0, "cannot open '" << p.string() << "' to sync: " << std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  MG_CHECK(rc == 0, "fsync of '" << p.string() << "' failed: " << std::strerror(errno));
+}
+
+// Writes `text` to `path` through a temporary file and a rename.
+void write_file_atomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    MG_CHECK(f, "cannot create '" << tmp.string() << "'");
+    f << text;
+    f.flush();
+    MG_CHECK(f, "write to '" << tmp.string() << "' failed");
+  }
+  fsync_path(tmp);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  MG_CHECK(!ec,
+           "cannot rename '" << tmp.string() << "' to '" << path.string() << "': " << ec.message());
+}
+
+// Numbers are doubles holding exact counters: dump with round-trip precision (nlohmann does).
+json state_dict_scalars(const optimizer::StateDict& sd) {
+  json j = {{"numbers", json::object()}, {"strings", json::object()}};
+  for (const auto& [k, v] : sd.numbers) {
+    MG_CHECK(std::isfinite(v), "state value '" << k << "' = " << v << " is not finite");
+    j["numbers"][k] = v;
+  }
+  for (const auto& [k, v] : sd.strings) j["strings"][k] = v;
+  return j;
+}
+
+optimizer::StateDict scalars_to_state_dict(const json& j, const std::string& where) {
+  optimizer::StateDict sd;
+  MG_CHECK(j.is_object() && j.contains("numbers") && j.contains("strings"),
+           where << ": expected an object with 'numbers' and 'strings'");
+  for (auto it = j["numbers"].begin(); it != j["numbers"].end(); ++it) {
+    MG_CHECK(it.value().is_number(), where << ": '" << it.key() << "' is not a number");
+    sd.numbers[it.key()] = it.value().get<double>();
+  }
+  for (auto it = j["strings"].begin(); it != j["strings"].end(); ++it) {
+    MG_CHECK(it.value().is_string(), where << ": '" << it.key() << "' is not a string");
+    sd.strings[it.key()] = it.value().get<std::string>();
+  }
+  return sd;
+}
+
+json tensor_records(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  json j = json::object();
+  for (const auto& [name, t] : tensors)
+    j[name] = {{"dtype", dist_checkpointing::safetensors_dtype(t.dtype())},
+               {"global_shape", t.shape()},
+               {"global_offset", std::vector<int64_t>(t.shape().size(), 0)}};
+  return j;
+}
+
+}  // namespace
+
+std::string checkpoint_dir(const std::string& root, int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(iteration));
+  return (fs::path(root) / name).string();
+}
+
+void save_checkpoint(const std::string& root, const std::vector<transformer::Parameter>& params,
+                     const CheckpointState& state) {
+  MG_CHECK(state.iteration >= 0, "save_checkpoint: iteration " << state.iteration << " < 0");
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  MG_CHECK(!ec, "cannot create checkpoint directory '" << root << "': " << ec.message());
+  const fs::path final_dir = checkpoint_dir(root, state.iteration);
+  const fs::path tmp_dir = final_dir.string() + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  MG_CHECK(!ec, "cannot create '" << tmp_dir.string() << "': " << ec.message());
+
+  json meta = {{"format", kCheckpointFormat},
+               {"format_version", kCheckpointFormatVersion},
+               {"checkpoint_version", 3.0},
+               {"iteration", state.iteration},
+               {"consumed_train_samples", state.consumed_train_samples},
+               {"consumed_valid_samples", state.consumed_valid_samples},
+               {"num_floating_point_operations_so_far", state.floating_point_operations_so_far},
+               {"args", state.args},
+               {"extra", state.extra},
+               {"files", json::object()}};
+
+  std::vector<std::pair<std::string, Tensor>> model;
+  for (const auto& p : params) {
+    MG_CHECK(p.param.shape() == p.global_shape || p.global_shape.empty(),
+             "save_checkpoint: parameter '"
+                 << p.name << "' is a shard " << shape_str(p.param.shape()) << " of "
+                 << shape_str(p.global_shape) << "; sharded checkpoints are not supported yet");
+    model.emplace_back(p.name, p.param);
+  }
+  dist_checkpointing::save_safetensors((tmp_dir / kModelFile).string(), model,
+                                       {{"format", kCheckpointFormat}});
+  meta["files"][kModelFile] = tensor_records(model);
+
+  if (state.optimizer) {
+    std::vector<std::pair<std::string, Tensor>> opt(state.optimizer->tensors.begin(),
+                                                    state.optimizer->tensors.end());
+    dist_checkpointing::save_safetensors((tmp_dir / kOptimizerFile).string(), opt,
+                                         {{"format", kCheckpointFormat}});
+    meta["files"][kOptimizerFile] = tensor_records(opt);
+    meta["optimizer"] = state_dict_scalars(*state.optimizer);
+  }
+  if (state.scheduler) meta["opt_param_scheduler"] = state_dict_scalars(*state.scheduler);
+  if (state.rng) meta["rng_state"] = *state.rng;
+
+  // metadata.json last: its presence marks the directory complete (as Megatron's torch_dist).
+  write_file_atomic(tmp_dir / kMetadataFile, meta.dump(2));
+  fsync_path(tmp_dir);
+
+  // Replace an existing checkpoint of this iteration: move it aside, move the new one in.
+  const fs::path old_dir = final_dir.string() + ".old." + std::to_string(::getpid());
+  const bool had_old = fs::exists(final_dir);
+  if (had_old) {
+    fs::rename(final_dir, old_dir, ec);
+    MG_CHECK(!ec, "cannot move aside '" << final_dir.string() << "': " << ec.message());
+  }
+  fs::rename(tmp_dir, final_dir, ec);
+  MG_CHECK(!ec, "cannot rename '" << tmp_dir.string() << "' to '" << final_dir.string()
+                                  << "': " << ec.message());
+  fsync_path(root);
+  write_file_atomic(fs::path(root) / kTrackerFile, std::to_string(state.iteration));
+  fsync_path(root);
+  if (had_old) fs::remove_all(old_dir, ec);
+}
+
+std::optional<int64_t> read_latest_iteration(const std::string& root) {
+  const fs::path tracker = fs::path(root) / kTrackerFile;
+  if (!fs::exists(tracker)) return std::nullopt;
+  std::ifstream f(tracker);
+  MG_CHECK(f, "cannot read '" << tracker.string() << "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  s.erase(0, s.find_first_not_of(" \t\r\n"));
+  s.erase(s.find_last_not_of(" \t\r\n") + 1);
+  if (s == "release") return 0;
+  int64_t it = -1;
+  std::size_t used = 0;
+  try {
+    it = std::stoll(s, &used);
+  } catch (...) {
+    used = 0;
+  }
+  MG_CHECK(used == s.size() && !s.empty() && it >= 0,
+           "'" << tracker.string() << "' should hold an iteration number or 'release', holds '" << s
+               << "'");
+  return it;
+}
+
+CheckpointState load_checkpoint(const std::string& root,
+                                std::vector<transformer::Parameter>& params,
+                                const LoadOptions& options) {
+  std::optional<int64_t> iteration = options.iteration;
+  bool release = false;
+  if (!iteration) {
+    iteration = read_latest_iteration(root);
+    MG_CHECK(iteration.has_value(),
+             "no checkpoint under '" << root << "': " << kTrackerFile << " is missing");
+    release = *iteration == 0 && fs::exists(fs::path(root) / "release");
+  }
+  const fs::path dir =
+      release ? fs::path(root) / "release" : fs::path(checkpoint_dir(root, *iteration));
+  MG_CHECK(fs::is_directory(dir),
+           "checkpoint directory '" << dir.string() << "' does not exist (tracker names iteration "
+                                    << *iteration << ")");
+  const fs::path meta_path = dir / kMetadataFile;
+  MG_CHECK(fs::exists(meta_path),
+           "checkpoint '" << dir.string() << "' is incomplete: metadata.json is missing");
+  json meta;
+  {
+    std::ifstream f(meta_path);
+    try {
+      meta = json::parse(f);
+    } catch (const json::exception& e) {
+      MG_THROW("checkpoint metadata '" << meta_path.string() << "' is corrupt: " << e.what());
+    }
+  }
+  const std::string where = meta_path.string();
+  MG_CHECK(meta.is_object() && meta.value("format", "") == kCheckpointFormat,
+           "'" << where << "' is not a " << kCheckpointFormat << " checkpoint");
+  MG_CHECK(meta.value("format_version", 0) == kCheckpointFormatVersion,
+           "'" << where << "' has format_version " << meta.value("format_version", 0)
+               << ", this build reads " << kCheckpointFormatVersion);
+  try {
+    CheckpointState st;
+    st.iteration = meta.at("iteration").get<int64_t>();
+    st.consumed_train_samples = meta.at("consumed_train_samples").get<int64_t>();
+    st.consumed_valid_samples = meta.at("consumed_valid_samples").get<int64_t>();
+    st.floating_point_operations_so_far =
+        meta.at("num_floating_point_operations_so_far").get<double>();
+    st.args = meta.value("args", json::object());
+    st.extra = meta.value("extra", json::object());
+
+    // Model: every parameter present with its global shape, nothing else in the file.
+    const std::string model_path = (dir / kModelFile).string();
+    dist_checkpointing::SafetensorsFile model(model_path);
+    for (auto& p : params) {
+      MG_CHECK(model.contains(p.name), "checkpoint '" << model_path << "' has no tensor '" << p.name
+                                                      << "' that the model needs");
+      const auto& e = model.entry(p.name);
+      MG_CHECK(e.shape == p.param.shape(), "checkpoint '" << model_path << "': tensor '" << p.name
+                                                          << "' has shape " << shape_str(e.shape)
+                                                          << ", the model has "
+                                                          << shape_str(p.param.shape()));
+    }
+    for (const auto& n : model.names()) {
+      bool known = false;
+      for (const auto& p : params) known = known || p.name == n;
+      MG_CHECK(known, "checkpoint '" << model_path << "' has tensor '" << n
+                                     << "' that the model does not (a different architecture?)");
+    }
+    for (auto& p : params) p.param.copy_(model.tensor(p.name));
+
+    if (options.load_optimizer && meta.contains("optimizer")) {
+      optimizer::StateDict sd = scalars_to_state_dict(meta["optimizer"], where + " optimizer");
+      const std::string opt_path = (dir / kOptimizerFile).string();
+      dist_checkpointing::SafetensorsFile opt(opt_path);
+      for (const auto& n : opt.names()) sd.tensors[n] = opt.tensor(n);
+      st.optimizer = std::move(sd);
+    }
+    if (options.load_optimizer && meta.contains("opt_param_scheduler"))
+      st.scheduler = scalars_to_state_dict(meta["opt_param_scheduler"], where + " scheduler");
+    if (options.load_rng && meta.contains("rng_state")) st.rng = meta["rng_state"];
+    return st;
+  } catch (const json::exception& e) {
+    MG_THROW("checkpoint metadata '" << where << "' is malformed: " << e.what());
+  }
+}
+
+}  // namespace mg::training
