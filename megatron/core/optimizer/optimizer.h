@@ -53,7 +53,8 @@ struct StepResult {
   bool success = false;    // false: the step was skipped (fp16 overflow); count it as skipped
   bool found_inf = false;  // some gradient was inf/nan (any precision; bf16/fp32 still step, as
                            // Megatron does: the loop counts it as a nan iteration)
-  // Global L2 norm of the unscaled gradients before clipping; 0 when skipped (Megatron: None).
+  // Global L2 norm of the unscaled gradients before clipping, also computed when clip_grad is 0
+  // (Megatron then reports 0 / None); 0 when skipped (Megatron: None).
   double grad_norm = 0.0;
   std::optional<int64_t> num_zeros_in_grad;  // with config.log_num_zeros_in_grad
 };

@@ -152,6 +152,19 @@ TEST(OptimizerStateDict, BadCheckpointsNameTheKey) {
   EXPECT_NE(error_message([&] { opt.load_state_dict(kind); }).find("sgd"), std::string::npos);
 }
 
+TEST(OptimizerStateDict, ReloadModelParamsCopiesModelIntoMaster) {
+  const auto& ops = mg::test::ops_on("cpu");
+  auto m = make_model(DType::bf16, DType::f32, mg::Device::cpu());
+  MegatronOptimizer opt(config_for({"", "adam", DType::bf16}), m.params, m.buffer, ops);
+  set_grads(m, make_grads(5));
+  opt.step(0.1, 0.0);  // master now differs from bf16(master) in its low bits
+  m.buffer.params.copy_(Tensor::from_vector(std::vector<double>(m.buffer.params.numel(), 0.375),
+                                            {m.buffer.params.numel()}));
+  opt.reload_model_params();  // --no-load-optim / --finetune: the loaded weights become the master
+  for (std::size_t i = 0; i < m.params.size(); ++i)
+    for (double v : opt.master_param(i).to_vector<double>()) ASSERT_EQ(v, 0.375);
+}
+
 TEST(OptimizerConstruction, RefusesBadLayoutsAndConfigs) {
   const auto& ops = mg::test::ops_on("cpu");
   const auto dev = mg::Device::cpu();
