@@ -5,6 +5,10 @@
 //   Tokenize/cold: one copy (~120 KB) with a fresh tokenizer per iteration (load excluded from
 //                  timing): every distinct piece goes through the BPE merge loop once.
 // Set MG_GPT2_FIXTURES to read another directory with the same three files.
+//   HuggingFace/<name>/warm: HuggingFaceTokenizer on the same text, with the tokenizer.json files
+//   of
+//                  tests/fixtures/hf_tokenizers (small trained vocabularies, so more tokens per
+//                  byte than GPT-2): Llama-3-style Split + ByteLevel, Llama-2-style byte fallback.
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "megatron/core/tokenizers/gpt2_bpe_tokenizer.h"
+#include "megatron/core/tokenizers/huggingface_tokenizer.h"
 
 namespace {
 
@@ -106,6 +111,26 @@ void BM_Detokenize(benchmark::State& state) {
   set_rates(state, text.size(), ids.size());
 }
 BENCHMARK(BM_Detokenize)->Name("Detokenize")->Unit(benchmark::kMillisecond);
+
+void BM_HuggingFaceWarm(benchmark::State& state, const char* name) {
+  const auto dir =
+      std::filesystem::path(__FILE__).parent_path().parent_path() / "tests/fixtures/hf_tokenizers";
+  const mg::tokenizers::HuggingFaceTokenizer tok((dir / name).string());
+  const std::string& text = corpus();
+  size_t tokens = tok.tokenize(text).size();  // fills the cache
+  for (auto _ : state) {
+    auto ids = tok.tokenize(text);
+    tokens = ids.size();
+    benchmark::DoNotOptimize(ids.data());
+  }
+  set_rates(state, text.size(), tokens);
+}
+BENCHMARK_CAPTURE(BM_HuggingFaceWarm, llama3, "llama3_bytelevel")
+    ->Name("HuggingFace/llama3_bytelevel/warm")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_HuggingFaceWarm, llama2, "llama2_sentencepiece_bpe")
+    ->Name("HuggingFace/llama2_sentencepiece_bpe/warm")
+    ->Unit(benchmark::kMillisecond);
 
 void BM_Load(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(load().get());

@@ -3,8 +3,9 @@
 // document id, and a name for logs. Implementations are immutable after construction, so one
 // instance may be shared; each states whether tokenize() may be called from several threads.
 // Does not: pad the vocabulary for the model (that is ceil(V / (divisible_by * TP)) * ..., done by
-// the model config), add BOS/EOS (the caller appends eod()), or choose an implementation (a
-// build_tokenizer factory comes with the other tokenizers).
+// the model config), append EOS (the caller appends eod()), or choose an implementation
+// (build_tokenizer.h does). BOS is added only where Megatron's tokenizer adds it
+// (HuggingFaceTokenizer, through the tokenizer.json post-processor).
 #pragma once
 
 #include <cstdint>

@@ -205,6 +205,8 @@ void BpeModel::tokenize(std::string_view piece, std::vector<int32_t>& out) const
   }
   const std::size_t begin = out.size();
   merge_word(piece, out);
+  // Long pieces (a whole document when there is no pre-tokenizer) are not cached, as in HF.
+  if (piece.size() >= kMaxCachedPieceBytes) return;
   std::lock_guard<std::mutex> lock(cache_mutex_);
   if (cache_.size() >= kMaxCacheEntries) cache_.clear();
   cache_.try_emplace(std::string(piece), out.begin() + static_cast<std::ptrdiff_t>(begin),

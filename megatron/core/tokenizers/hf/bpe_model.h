@@ -25,7 +25,10 @@ namespace mg::tokenizers::hf {
 
 class BpeModel {
  public:
+  // The piece cache holds at most kMaxCacheEntries pieces (emptied when full), each shorter than
+  // kMaxCachedPieceBytes, so it stays under ~20 MB.
   static constexpr std::size_t kMaxCacheEntries = std::size_t{1} << 16;
+  static constexpr std::size_t kMaxCachedPieceBytes = 256;
 
   // model: the "model" object of tokenizer.json; file names it in errors.
   BpeModel(const nlohmann::json& model, const std::string& file);
