@@ -1,0 +1,88 @@
+// The platform the kernel benchmarks run on, and how one benchmark iteration is timed there.
+//   MG_BENCH_PLATFORM=cpu (default) or cuda: ops, device and tensors of that platform.
+// CPU: wall-clock time of one call (benchmarks use UseRealTime). GPU: work is asynchronous, so an
+// iteration queues kGpuCallsPerIteration calls between two device events on the current stream
+// and reports the mean time per call (UseManualTime): launch and host-side set-up overlap the
+// device work as they do in training, and a host-bound op shows up as a slower call.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/tensor/tensor.h"
+#include "megatron/plugin/platform.h"
+#include "megatron/plugin/registry.h"
+#include "megatron/runtime.h"
+
+namespace mg::bench {
+
+constexpr int kGpuCallsPerIteration = 10;
+
+struct BenchPlatform {
+  std::string name;
+  Device device;
+  plugin::Platform* platform = nullptr;
+  const ops::OpTable* ops = nullptr;
+  bool gpu() const { return !device.is_host(); }
+};
+
+inline const BenchPlatform& bench_platform() {
+  static const BenchPlatform p = [] {
+    init();
+    BenchPlatform b;
+    const char* env = std::getenv("MG_BENCH_PLATFORM");
+    b.name = env && *env ? env : "cpu";
+    auto& reg = plugin::global_registry();
+    b.platform = reg.find_platform(b.name);
+    MG_CHECK(b.platform, "MG_BENCH_PLATFORM=" << b.name << ": no such platform in this build");
+    const auto avail = b.platform->availability();
+    MG_CHECK(avail.available, "platform " << b.name << " unavailable: " << avail.reason);
+    b.device = b.name == "cpu" ? Device::cpu() : Device{b.platform->device_type(), 0};
+    b.ops = &reg.ops(b.name);
+    return b;
+  }();
+  return p;
+}
+
+// Runs fn once per benchmark iteration on the CPU, kGpuCallsPerIteration times on a GPU.
+template <typename F>
+void time_iterations(benchmark::State& state, F&& fn) {
+  const BenchPlatform& p = bench_platform();
+  if (!p.gpu()) {
+    for (auto _ : state) fn();
+    return;
+  }
+  auto& stream = p.platform->current_stream(p.device.index);
+  auto start = p.platform->create_event(p.device.index, true);
+  auto stop = p.platform->create_event(p.device.index, true);
+  fn();  // warm-up: handles, module load, allocator caches
+  p.platform->synchronize(p.device.index);
+  for (auto _ : state) {
+    start->record(stream);
+    for (int i = 0; i < kGpuCallsPerIteration; ++i) fn();
+    stop->record(stream);
+    stop->synchronize();
+    state.SetIterationTime(stop->elapsed_ms(*start) / 1e3 / kGpuCallsPerIteration);
+  }
+}
+
+// Whether MG_BENCH_PLATFORM names a GPU platform; read without mg::init(), so that benchmark
+// registration (static initialisation) may use it to pick timing and shapes.
+inline bool gpu_requested() {
+  const char* env = std::getenv("MG_BENCH_PLATFORM");
+  return env && *env && std::string(env) != "cpu";
+}
+
+// UseRealTime on the CPU, UseManualTime (device events) on a GPU.
+inline void set_timing(benchmark::internal::Benchmark* b) {
+  if (gpu_requested())
+    b->UseManualTime();
+  else
+    b->UseRealTime();
+}
+
+}  // namespace mg::bench
