@@ -181,6 +181,8 @@ void add_training_flags(ArgParser& p, TrainingConfig& tr, CheckpointConfig& c, L
   p.add("--exit-interval", tr.exit_interval, "exit when the iteration is a multiple of this");
   p.add("--exit-duration-in-mins", tr.exit_duration_in_mins, "exit after this many minutes");
   p.add("--seed", tr.seed, "random seed (1234)");
+  p.add_switch("--no-check-for-nan-in-loss-and-grad", tr.check_for_nan_in_loss_and_grad, false,
+               "count and skip NaN-loss iterations instead of stopping (bf16/fp32)");
   p.add("--save", c.save, "checkpoint directory to save to");
   p.add("--save-interval", c.save_interval, "iterations between checkpoints");
   p.add("--load", c.load, "checkpoint directory to load from");

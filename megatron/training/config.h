@@ -24,6 +24,9 @@ struct TrainingConfig {
   std::optional<int64_t> exit_interval;  // --exit-interval: stop when iteration % N == 0
   std::optional<double> exit_duration_in_mins;  // --exit-duration-in-mins: stop after this time
   uint64_t seed = 1234;                         // --seed (data order, init, dropout)
+  // --no-check-for-nan-in-loss-and-grad clears it: a NaN loss (bf16/fp32) then skips the step
+  // and counts a nan iteration instead of stopping the run.
+  bool check_for_nan_in_loss_and_grad = true;
 
   void validate() const;
   // gbs / (mbs * dp); validate() guarantees it divides.

@@ -1,0 +1,413 @@
+// pretrain / train / train_step / evaluate (training.h).
+#include "megatron/training/training.h"
+
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "megatron/core/common/error.h"
+#include "megatron/core/datasets/data_samplers.h"
+#include "megatron/core/models/gpt/gpt_flops.h"
+#include "megatron/core/optimizer/optimizer.h"
+#include "megatron/core/optimizer/optimizer_param_scheduler.h"
+#include "megatron/core/pipeline_parallel/schedules.h"
+#include "megatron/core/tokenizers/build_tokenizer.h"
+#include "megatron/runtime.h"
+#include "megatron/training/checkpointing.h"
+#include "megatron/training/training_log.h"
+
+namespace mg::training {
+namespace {
+
+using datasets::DataIterator;
+using datasets::DataIteratorOptions;
+
+models::GPTBatch to_batch(const datasets::MicroBatch& mb) {
+  models::GPTBatch b;
+  b.tokens = mb.tokens;
+  b.labels = mb.labels;
+  b.loss_mask = mb.loss_mask;
+  b.position_ids = mb.position_ids;
+  b.doc_ids = mb.doc_ids;
+  return b;
+}
+
+// Everything a run holds between the phases of pretrain().
+struct Run {
+  Run(const Arguments& a, std::ostream& l, const PretrainHooks& h) : args(a), log(l), hooks(h) {}
+  const Arguments& args;
+  std::ostream& log;
+  const PretrainHooks& hooks;
+  Runtime* rt = nullptr;
+  std::unique_ptr<models::GPTModel> model;
+  std::unique_ptr<optimizer::MegatronOptimizer> opt;
+  std::unique_ptr<optimizer::OptimizerParamScheduler> scheduler;
+  datasets::DatasetSplits splits;
+  std::unique_ptr<DataIterator> train_iter, valid_iter;
+  int64_t iteration = 0;
+  int64_t consumed_train = 0, consumed_valid = 0;
+  double flops_so_far = 0.0;
+  uint64_t rng_seed = 0;
+  int64_t train_iters = 0;
+  double flops_per_iter = 0.0;
+  Timers timers;
+  PretrainResult result;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+};
+
+std::unique_ptr<DataIterator> make_iterator(const Run& r, datasets::Split split, int64_t consumed,
+                                            bool cyclic) {
+  const auto& ds = r.splits[static_cast<std::size_t>(split)];
+  if (!ds || ds->size() == 0) return nullptr;
+  DataIteratorOptions o;
+  o.micro_batch_size = r.args.training.micro_batch_size;
+  o.data_parallel_size = r.args.training.data_parallel_size;
+  o.consumed_samples = cyclic ? consumed % ds->size() : consumed;
+  o.cyclic = cyclic;
+  if (!cyclic && consumed >= ds->size()) return nullptr;
+  return std::make_unique<DataIterator>(ds, o);
+}
+
+nlohmann::json given_args_json(const Arguments& args) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : args.given) j[k] = v;
+  return j;
+}
+
+void save(Run& r) {
+  const auto& c = r.args.checkpoint;
+  CheckpointState st;
+  st.iteration = r.iteration;
+  st.consumed_train_samples = r.consumed_train;
+  st.consumed_valid_samples = r.consumed_valid;
+  st.floating_point_operations_so_far = r.flops_so_far;
+  if (!c.no_save_optim) {
+    st.optimizer = r.opt->state_dict();
+    st.scheduler = r.scheduler->state_dict();
+  }
+  if (!c.no_save_rng) st.rng = nlohmann::json{{"seed", r.rng_seed}};
+  st.args = given_args_json(r.args);
+  r.timers.start("save-checkpoint");
+  save_checkpoint(*c.save, r.model->parameters(), st);
+  const double s = r.timers.stop("save-checkpoint");
+  r.log << "  successfully saved checkpoint from iteration " << std::setw(7) << r.iteration
+        << " to " << *c.save << " [ t " << std::fixed << std::setprecision(2) << s * 1000.0
+        << " ms ]" << std::defaultfloat << std::endl;
+  r.result.saved_iteration = r.iteration;
+}
+
+void load(Run& r) {
+  const auto& c = r.args.checkpoint;
+  if (!c.load) return;
+  const auto latest = read_latest_iteration(*c.load);
+  if (!latest) {
+    MG_CHECK(!c.exit_on_missing_checkpoint,
+             "--load " << *c.load << " has no checkpoint (" << kTrackerFile
+                       << " missing) and --exit-on-missing-checkpoint is set");
+    r.log << "WARNING: could not find the metadata file " << *c.load << "/" << kTrackerFile
+          << "; will not load any checkpoints and will start from random" << std::endl;
+    return;
+  }
+  LoadOptions o;
+  o.load_optimizer = !c.no_load_optim && !c.finetune;
+  o.load_rng = !c.no_load_rng && !c.finetune;
+  CheckpointState st = load_checkpoint(*c.load, r.model->parameters(), o);
+  if (st.optimizer)
+    r.opt->load_state_dict(*st.optimizer);
+  else
+    r.opt->reload_model_params();
+  if (st.scheduler) r.scheduler->load_state_dict(*st.scheduler);
+  if (st.rng) r.rng_seed = (*st.rng).at("seed").get<uint64_t>();
+  if (!c.finetune) {
+    r.iteration = st.iteration;
+    r.consumed_train = st.consumed_train_samples;
+    r.consumed_valid = st.consumed_valid_samples;
+    r.flops_so_far = st.floating_point_operations_so_far;
+  }
+  r.log << "  successfully loaded checkpoint from " << *c.load << " at iteration " << st.iteration
+        << (c.finetune ? " (--finetune: starting at iteration 0)" : "") << std::endl;
+}
+
+void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
+  const auto& m = *r.model;
+  auto& plat = *r.rt->platform;
+  r.log << "------------------------ Megatron-CPP pretrain_gpt ------------------------\n"
+        << "platform: " << plat.name() << " (" << plat.capabilities(r.rt->device.index).device_name
+        << ")\n"
+        << "tokenizer: " << tok.name() << ", vocab " << tok.vocab_size() << " (padded "
+        << m.padded_vocab_size() << ")\n"
+        << " > number of parameters: " << m.num_parameters() << "\n"
+        << "model config:\n"
+        << m.config().str() << "\n"
+        << "training: micro batch " << r.args.training.micro_batch_size << ", global batch "
+        << r.args.training.global_batch_size << " (" << r.args.training.num_microbatches()
+        << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed
+        << "\n"
+        << "optimizer: " << r.args.optimizer.optimizer << ", lr " << *r.args.optimizer.lr << " ("
+        << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
+        << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
+        << dtype_name(r.args.model.params_dtype) << "\n"
+        << "op table (" << plat.name() << "):";
+  int col = 0;
+  for (const auto& res : r.rt->registry->resolutions(plat.name())) {
+    if (col++ % 3 == 0) r.log << "\n ";
+    std::ostringstream cell;
+    cell << res.slot << "=" << (res.provider.empty() ? "MISSING" : res.provider);
+    r.log << " " << std::left << std::setw(40) << cell.str() << std::right;
+  }
+  r.log << "\n----------------------------------------------------------------------------"
+        << std::endl;
+}
+
+// Megatron's evaluate(): eval_iters iterations of gbs samples, forward only.
+std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
+  if (!it || r.args.training.eval_iters == 0) return std::nullopt;
+  double loss_sum = 0.0, tokens = 0.0;
+  const int64_t n_mb = r.args.training.num_microbatches();
+  for (int64_t i = 0; i < r.args.training.eval_iters; ++i) {
+    pipeline_parallel::ForwardBackwardConfig cfg;
+    cfg.forward_only = true;
+    auto next = [&] {
+      auto mb = it->next();
+      MG_CHECK(mb.has_value(), "evaluation data ran out");
+      return to_batch(*mb);
+    };
+    auto fb = pipeline_parallel::forward_backward_no_pipelining(
+        *r.model, next, n_mb, cfg, models::StepRng{r.rng_seed, r.iteration, 0});
+    loss_sum += fb.loss_sum;
+    tokens += fb.num_tokens;
+    if (consumed) *consumed += r.args.training.global_batch_size;
+  }
+  return tokens > 0 ? loss_sum / tokens : 0.0;
+}
+
+struct StepOutcome {
+  double lm_loss = 0.0;
+  double grad_norm = 0.0;
+  bool skipped = false;
+  bool nan = false;
+  double lr = 0.0;
+};
+
+// Megatron's train_step.
+StepOutcome train_step(Run& r) {
+  const auto& a = r.args;
+  StepOutcome out;
+  r.opt->zero_grad();
+  pipeline_parallel::ForwardBackwardConfig cfg;
+  cfg.calculate_per_token_loss = a.model.calculate_per_token_loss;
+  cfg.loss_scale = r.opt->loss_scale();
+  auto next = [&] {
+    auto mb = r.train_iter->next();
+    MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);
+    return to_batch(*mb);
+  };
+  auto fb = pipeline_parallel::forward_backward_no_pipelining(
+      *r.model, next, a.training.num_microbatches(), cfg,
+      models::StepRng{r.rng_seed, r.iteration, 0});
+  out.lm_loss = fb.lm_loss;
+  if (r.hooks.after_forward_backward)
+    r.hooks.after_forward_backward(r.iteration, out.lm_loss, *r.model);
+  out.nan = !std::isfinite(out.lm_loss);
+  out.lr = r.scheduler->lr();
+  if (out.nan && !a.optimizer.fp16) {
+    MG_CHECK(!a.training.check_for_nan_in_loss_and_grad,
+             "lm loss is " << out.lm_loss << " at iteration " << r.iteration + 1 << " (lr "
+                           << out.lr
+                           << "); stopping (Megatron's --check-for-nan-in-loss-and-grad). Lower "
+                              "--lr, raise --clip-grad protection, or pass "
+                              "--no-check-for-nan-in-loss-and-grad to skip such steps");
+    out.skipped = true;  // do not let NaN gradients reach the weights
+    return out;
+  }
+  const optimizer::StepResult s = r.opt->step(out.lr, r.scheduler->weight_decay());
+  out.skipped = !s.success;
+  out.grad_norm = s.grad_norm;
+  // Megatron: increment = num_microbatches * mbs * dp = the global batch, in samples.
+  if (s.success) r.scheduler->step(a.training.global_batch_size);
+  return out;
+}
+
+std::optional<double> mem_mb(Run& r, bool peak) {
+  auto st = r.rt->platform->memory_stats(r.rt->device.index);
+  const double b = static_cast<double>(peak ? st.peak_allocated_bytes : st.allocated_bytes);
+  return b / (1024.0 * 1024.0);
+}
+
+void train(Run& r) {
+  const auto& a = r.args;
+  const auto& tr = a.training;
+  const int64_t tokens_per_iter = tr.global_batch_size * a.model.seq_length;
+  std::optional<double> peak = a.logging.peak_tflops;
+  if (!peak)
+    peak = default_peak_tflops(r.rt->platform->capabilities(r.rt->device.index).device_name);
+
+  double interval_loss = 0.0;
+  int64_t interval_count = 0, interval_iters = 0, interval_skipped = 0, interval_nan = 0;
+  std::optional<double> last_grad_norm;
+  double last_lr = 0.0;
+  r.timers.start("interval-time");
+  r.timers.start("train");
+  while (r.iteration < r.train_iters) {
+    StepOutcome o = train_step(r);
+    ++r.iteration;
+    r.consumed_train += tr.global_batch_size;
+    r.flops_so_far += r.flops_per_iter;
+    r.result.train_losses.push_back(o.lm_loss);
+    r.result.grad_norms.push_back(o.skipped ? 0.0 : o.grad_norm);
+    ++interval_iters;
+    last_lr = o.lr;
+    if (o.skipped) ++interval_skipped, ++r.result.skipped_iters;
+    if (o.nan) ++interval_nan, ++r.result.nan_iters;
+    if (!o.skipped && !o.nan) {
+      interval_loss += o.lm_loss;
+      ++interval_count;
+      last_grad_norm = o.grad_norm;
+    }
+
+    if (r.iteration % a.logging.log_interval == 0) {
+      r.rt->platform->synchronize(r.rt->device.index);
+      const double secs = r.timers.elapsed("interval-time");
+      IntervalStats s;
+      s.iteration = r.iteration;
+      s.train_iters = r.train_iters;
+      s.consumed_samples = r.consumed_train;
+      s.elapsed_ms_per_iter = secs * 1000.0 / static_cast<double>(interval_iters);
+      s.flops_per_iter = r.flops_per_iter;
+      s.tokens_per_iter = tokens_per_iter;
+      s.world_size = tr.data_parallel_size;
+      s.peak_tflops = peak;
+      s.learning_rate = last_lr;
+      s.global_batch_size = tr.global_batch_size;
+      if (interval_count > 0) s.lm_loss = interval_loss / static_cast<double>(interval_count);
+      s.loss_scale = r.opt->loss_scale();
+      s.grad_norm = last_grad_norm;
+      s.skipped_iters = interval_skipped;
+      s.nan_iters = interval_nan;
+      s.mem_allocated_mb = mem_mb(r, false);
+      s.mem_max_allocated_mb = mem_mb(r, true);
+      r.log << format_training_log(s) << std::endl;
+      interval_loss = 0.0;
+      interval_count = interval_iters = interval_skipped = interval_nan = 0;
+    }
+
+    if (r.iteration % tr.eval_interval == 0 && r.valid_iter) {
+      auto v = evaluate(r, r.valid_iter.get(), &r.consumed_valid);
+      if (v) {
+        r.result.valid_loss = v;
+        r.log << format_evaluation("validation loss at iteration " + std::to_string(r.iteration),
+                                   *v)
+              << std::endl;
+      }
+      r.timers.elapsed("interval-time");  // evaluation time is not training time
+    }
+
+    const auto& c = a.checkpoint;
+    bool saved = false;
+    if (c.save && c.save_interval && r.iteration % *c.save_interval == 0) {
+      save(r);
+      saved = true;
+      r.timers.elapsed("interval-time");
+    }
+    std::string exit_reason;
+    const double minutes =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count() / 60.0;
+    if (tr.exit_duration_in_mins && minutes > *tr.exit_duration_in_mins)
+      exit_reason = "exit-duration";
+    if (tr.exit_interval && r.iteration % *tr.exit_interval == 0) exit_reason = "exit-interval";
+    if (!exit_reason.empty()) {
+      if (c.save && !saved) save(r);
+      r.log << " exiting program at iteration " << r.iteration << " (" << exit_reason << ")"
+            << std::endl;
+      r.result.exit_reason = exit_reason;
+      break;
+    }
+  }
+  r.timers.stop("interval-time");
+  r.result.train_seconds = r.timers.stop("train");
+  if (r.result.exit_reason.empty()) r.result.exit_reason = "train-iters";
+}
+
+}  // namespace
+
+PretrainResult pretrain(const Arguments& args, std::ostream& log, const PretrainHooks& hooks) {
+  Run r(args, log, hooks);
+  RuntimeOptions ro;
+  ro.platform = args.platform;
+  r.rt = &mg::init(ro);
+  r.rng_seed = args.training.seed;
+  r.train_iters = args.training.total_iters();
+
+  // Tokenizer, then the data config it completes (validated before any heavy work).
+  auto tokenizer = tokenizers::build_tokenizer(args.tokenizer);
+  datasets::DataConfig data = args.data;
+  data.eod_id = tokenizer->eod();
+  data.vocab_size = tokenizer->vocab_size();
+  data.validate();
+
+  // Model, optimizer, scheduler; then the checkpoint.
+  r.model = std::make_unique<models::GPTModel>(args.model, tokenizer->vocab_size(), *r.rt->ops,
+                                               r.rt->device);
+  r.model->init_weights(args.training.seed);
+  r.opt = std::make_unique<optimizer::MegatronOptimizer>(args.optimizer, r.model->parameters(),
+                                                         r.model->buffer(), *r.rt->ops);
+  r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
+      optimizer::scheduler_config_from_args(args.scheduler));
+  r.flops_per_iter = models::num_floating_point_operations(
+      r.model->config(), r.model->padded_vocab_size(), args.training.global_batch_size);
+  print_summary(r, *tokenizer);
+  load(r);
+
+  // Data: Megatron's split sizes, iterators from the checkpoint's position.
+  log << "> building train, validation, and test datasets ..." << std::endl;
+  const auto sizes = datasets::megatron_split_sizes(
+      args.training.train_iters.value_or(r.train_iters), args.training.global_batch_size,
+      args.training.eval_interval, args.training.eval_iters, args.training.train_samples);
+  r.splits = datasets::BlendedMegatronDatasetBuilder(data, sizes).build();
+  for (auto s : datasets::kSplits) {
+    const auto& ds = r.splits[static_cast<std::size_t>(s)];
+    log << "    " << datasets::split_name(s) << ": "
+        << (ds ? std::to_string(ds->size()) + " samples (" + std::string(ds->class_name()) + ")"
+               : std::string("none"))
+        << std::endl;
+  }
+  if (r.iteration < r.train_iters && !args.training.skip_train) {
+    r.train_iter = make_iterator(r, datasets::Split::train, r.consumed_train, false);
+    MG_CHECK(r.train_iter, "there is no training data (the train split is empty)");
+  }
+  r.valid_iter = make_iterator(r, datasets::Split::valid, r.consumed_valid, true);
+
+  const int64_t start_iteration = r.iteration;
+  if (!args.training.skip_train && r.iteration < r.train_iters) {
+    log << "> training ..." << std::endl;
+    train(r);
+  }
+  r.train_iter.reset();
+
+  // After training: validation and test (Megatron's evaluate_and_print_results), final save.
+  if (r.valid_iter && r.iteration % args.training.eval_interval != 0) {
+    if (auto v = evaluate(r, r.valid_iter.get(), &r.consumed_valid)) {
+      r.result.valid_loss = v;
+      log << format_evaluation("validation loss at iteration " + std::to_string(r.iteration) +
+                                   " on validation set",
+                               *v)
+          << std::endl;
+    }
+  }
+  if (auto test_iter = make_iterator(r, datasets::Split::test, 0, true)) {
+    if (auto v = evaluate(r, test_iter.get(), nullptr)) {
+      r.result.test_loss = v;
+      log << format_evaluation(
+                 "test loss at iteration " + std::to_string(r.iteration) + " on test set", *v)
+          << std::endl;
+    }
+  }
+  const auto& c = args.checkpoint;
+  if (c.save && r.iteration > start_iteration && r.result.saved_iteration != r.iteration) save(r);
+  r.result.iteration = r.iteration;
+  r.result.consumed_train_samples = r.consumed_train;
+  return r.result;
+}
+
+}  // namespace mg::training

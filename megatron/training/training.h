@@ -1,0 +1,60 @@
+// The training loop: Megatron's pretrain / train / train_step / evaluate
+// (megatron/training/training.py) for one process.
+//
+// pretrain(args): runtime and platform -> tokenizer -> model (init from --seed) -> optimizer and
+// LR scheduler -> --load (model; optimizer, scheduler, RNG unless --no-load-optim / --no-load-rng
+// / --finetune; the data position) -> start-up summary (parameters, config, platform, op table) ->
+// train/valid/test datasets (BlendedMegatronDatasetBuilder) and iterators starting at the
+// checkpoint's consumed samples -> train -> validation and test evaluation -> final save.
+//
+// train_step: zero grads -> forward_backward_no_pipelining over gbs / (mbs * dp) micro-batches
+// (dropout from StepRng{seed, iteration, microbatch}) -> NaN check -> optimizer step at the
+// scheduler's lr / wd -> scheduler.step(gbs) when the step succeeded. A non-finite loss is a nan
+// iteration (Megatron's rule): under fp16 the loss scaler skips the step (counted as skipped); in
+// bf16/fp32 the run stops with a message (Megatron's --check-for-nan-in-loss-and-grad), or with
+// --no-check-for-nan-in-loss-and-grad the step is skipped and counted.
+// Exit conditions: --train-iters / --train-samples reached, --exit-interval, --exit-duration-in-
+// mins (each saves first when --save is set). Evaluation every --eval-interval iterations on
+// --eval-iters batches of the validation split: lm loss and perplexity.
+// Determinism: on the CPU a run of N iterations equals N/2 + save + load + N/2 bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/training/arguments.h"
+
+namespace mg::training {
+
+// Test hooks (none needed in normal use).
+struct PretrainHooks {
+  // Called after forward-backward, before the NaN check and the optimizer step; may alter the
+  // reported loss and the model's gradients (a test injects NaN here).
+  std::function<void(int64_t iteration, double& lm_loss, models::GPTModel& model)>
+      after_forward_backward;
+};
+
+struct PretrainResult {
+  int64_t iteration = 0;  // the last finished iteration
+  int64_t consumed_train_samples = 0;
+  std::vector<double> train_losses;  // lm loss of every iteration run by this call
+  std::vector<double> grad_norms;    // pre-clip grad norm of every iteration (0 when skipped)
+  std::optional<double> valid_loss;  // the last validation lm loss
+  std::optional<double> test_loss;
+  int64_t skipped_iters = 0;  // over this call
+  int64_t nan_iters = 0;
+  double train_seconds = 0.0;              // wall time of the training loop
+  std::string exit_reason;                 // "train-iters", "exit-interval", "exit-duration", ...
+  std::optional<int64_t> saved_iteration;  // the last checkpoint written
+};
+
+// Runs everything; writes the log to `log`. Throws mg::Error on any failure.
+PretrainResult pretrain(const Arguments& args, std::ostream& log = std::cout,
+                        const PretrainHooks& hooks = {});
+
+}  // namespace mg::training
