@@ -330,6 +330,12 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
       : add_prefix_space_(get_or(j, "add_prefix_space", true)),
         use_regex_(get_or(j, "use_regex", true)) {
     if (use_regex_) regex_ = std::make_unique<Regex>(kByteLevelPattern, "pre_tokenizer ByteLevel");
+    for (int b = 0; b < 256; ++b) {
+      const std::string& c = byte_level_char(static_cast<unsigned char>(b));
+      map_[b].len = static_cast<uint8_t>(c.size());
+      map_[b].bytes[0] = c[0];
+      map_[b].bytes[1] = c.size() > 1 ? c[1] : '\0';
+    }
   }
   void pre_tokenize(std::vector<Piece>& pieces) const override {
     std::vector<Piece> out;
@@ -341,18 +347,30 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
       else if (!p.text.empty())
         out.push_back(std::move(p));
     }
+    std::string mapped;
     for (auto& p : out) {
-      std::string mapped;
-      mapped.reserve(p.text.size() * 2);
-      for (char c : p.text) mapped += byte_level_char(static_cast<unsigned char>(c));
+      mapped.resize(p.text.size() * 2);  // a byte maps to one or two UTF-8 bytes
+      char* o = mapped.data();
+      for (char c : p.text) {
+        const Mapped& m = map_[static_cast<unsigned char>(c)];
+        o[0] = m.bytes[0];
+        o[1] = m.bytes[1];
+        o += m.len;
+      }
+      mapped.resize(static_cast<std::size_t>(o - mapped.data()));
       p.text.swap(mapped);
     }
     pieces.swap(out);
   }
 
  private:
+  struct Mapped {
+    char bytes[2];
+    uint8_t len;
+  };
   bool add_prefix_space_, use_regex_;
   std::unique_ptr<Regex> regex_;
+  Mapped map_[256];
 };
 
 enum class PrependScheme { always, first, never };
