@@ -248,6 +248,37 @@ TEST(GPTModel, LogitsAreSequenceFirstAndMatchForwardLoss) {
   EXPECT_NEAR(sums.loss_sum, total, 1e-4);
 }
 
+// PITFALLS #12: packed documents with doc_ids and reset position ids give each token the loss it
+// has when its document runs alone.
+TEST(GPTModel, DocumentMaskEqualsSeparateDocuments) {
+  for (const bool llama : {false, true}) {
+    TransformerConfig c = llama ? tiny_llama_config(DType::f64) : tiny_gpt2_config(DType::f64);
+    GPTModel m(c, 50, cpu_ops(), Device::cpu());
+    m.init_weights(8);
+    const GPTBatch packed_src = random_batch(1, 8, 50, 9, /*with_mask=*/false);
+    GPTBatch packed = packed_src;
+    packed.doc_ids = Tensor::from_vector(std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1, 1}, {1, 8});
+    packed.position_ids = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 0, 1, 2, 3, 4}, {1, 8});
+    GPTForwardState st;
+    m.forward(packed, st, StepRng{}, false);
+    const auto together = m.token_losses(st).to_vector<double>();
+    const auto tok = packed_src.tokens.to_vector<int64_t>();
+    const auto lab = packed_src.labels.to_vector<int64_t>();
+    for (const auto [start, len] : {std::pair<int64_t, int64_t>{0, 3}, {3, 5}}) {
+      GPTBatch doc;
+      doc.tokens = Tensor::from_vector(
+          std::vector<int64_t>(tok.begin() + start, tok.begin() + start + len), {1, len});
+      doc.labels = Tensor::from_vector(
+          std::vector<int64_t>(lab.begin() + start, lab.begin() + start + len), {1, len});
+      GPTForwardState ds;
+      m.forward(doc, ds, StepRng{}, false);
+      const auto alone = m.token_losses(ds).to_vector<double>();
+      for (int64_t i = 0; i < len; ++i)
+        EXPECT_NEAR(together[start + i], alone[i], 1e-12) << (llama ? "llama" : "gpt2") << i;
+    }
+  }
+}
+
 TEST(GPTModel, RejectsBadBatches) {
   GPTModel m(tiny_gpt2_config(), 50, cpu_ops(), Device::cpu());
   GPTBatch batch = random_batch(2, 8, 50, 6);
