@@ -140,6 +140,33 @@ TEST(HuggingFaceTokenizer, IgnoreMergesFindsAWholeWordNoMergeReaches) {
   EXPECT_EQ(without.detokenize(ids), " xyzzy");
 }
 
+TEST(HuggingFaceTokenizer, OlderFileLayoutsGiveTheSameIds) {
+  // tokenizers < 0.20 wrote merges as "left right" strings; < 0.14 wrote Metaspace's
+  // add_prefix_space instead of prepend_scheme.
+  TempDir dir;
+  json j = read_json(kDir + "/gpt2_bytelevel/tokenizer.json");
+  for (auto& m : j["model"]["merges"]) m = m[0].get<std::string>() + " " + m[1].get<std::string>();
+  const HuggingFaceTokenizer strings(dir.write("tokenizer.json", j.dump()));
+  const HuggingFaceTokenizer pairs(kDir + "/gpt2_bytelevel/tokenizer.json");
+  json m = read_json(kDir + "/metaspace/tokenizer.json");
+  for (auto* part : {&m["pre_tokenizer"], &m["decoder"]}) {
+    part->erase("prepend_scheme");
+    (*part)["add_prefix_space"] = true;
+  }
+  std::filesystem::create_directories(dir.path() + "/old_metaspace");
+  const HuggingFaceTokenizer old_meta(dir.write("old_metaspace/tokenizer.json", m.dump()));
+  const HuggingFaceTokenizer meta(kDir + "/metaspace");
+  for (const auto& c : expected("gpt2_bytelevel").at("cases")) {
+    const auto text = c.at("text").get<std::string>();
+    EXPECT_EQ(strings.tokenize(text), pairs.tokenize(text)) << text;
+    // add_prefix_space = always: differs from "first" only after a special token.
+    if (text.find("<s>") == std::string::npos && text.find("</s>") == std::string::npos &&
+        text.find("<unk>") == std::string::npos) {
+      EXPECT_EQ(old_meta.tokenize(text), meta.tokenize(text)) << text;
+    }
+  }
+}
+
 TEST(HuggingFaceTokenizer, NormalizerAndPreTokenizerChangeTheIds) {
   // Without NFC the decomposed "é" of the Qwen2-style fixture encodes differently; without the
   // Split regex the digits are no longer single pieces. Shows the golden test would notice.
