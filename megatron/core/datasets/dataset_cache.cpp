@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "megatron/core/common/error.h"
@@ -440,12 +441,17 @@ NpyArray read_npy(const std::string& path) {
     a.shape.push_back(d);
   }
   const std::size_t data_start = hstart + hlen;
-  const uint64_t want = static_cast<uint64_t>(a.numel()) * info->size;
+  // The element count, checked against overflow (a hostile shape must not wrap to a small size).
+  uint64_t want = info->size;
+  for (int64_t d : a.shape)
+    MG_CHECK(!__builtin_mul_overflow(want, static_cast<uint64_t>(d), &want) &&
+                 want <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+             "read_npy: " << path << " has a shape whose size overflows: " << header);
   MG_CHECK(bytes.size() - data_start == want,
            "read_npy: " << path << " has " << bytes.size() - data_start
                         << " data bytes, its header says " << want);
   a.data.resize(want);
-  std::memcpy(a.data.data(), bytes.data() + data_start, want);
+  if (want > 0) std::memcpy(a.data.data(), bytes.data() + data_start, want);
   return a;
 }
 

@@ -93,6 +93,11 @@ TEST(Npy, RoundTripsAndRejectsCorruption) {
   NpyArray a = read_npy(p);
   EXPECT_EQ(a.descr, "<i2");
   EXPECT_EQ(a.to_int64(), v);
+  {  // Found by fuzz_npy: an empty array (memcpy from a null pointer before the fix).
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out << npy_bytes(make_npy("<i8", {0}, {}));
+  }
+  EXPECT_EQ(read_npy(p).numel(), 0);
   const std::string good = npy_bytes(make_npy("<u4", {2}, {1, 4294967295}));
   EXPECT_EQ(NpyArray(make_npy("<u4", {2}, {1, 4294967295})).to_int64(),
             (std::vector<int64_t>{1, 4294967295}));
@@ -116,6 +121,10 @@ TEST(Npy, RoundTripsAndRejectsCorruption) {
   f = good;
   f.replace(f.find("False"), 5, "True ");
   expect_error(f, "Fortran");
+  // Seen while fixing fuzz_npy's finding: a shape whose byte size overflows must not wrap.
+  f = good;
+  f.replace(f.find("(2,)"), 4, "(4611686018427387904, 4)");
+  expect_error(f, "overflows");
   f = good;
   f[8] = '\xff';
   f[9] = '\xff';
