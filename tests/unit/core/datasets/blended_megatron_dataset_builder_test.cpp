@@ -6,9 +6,11 @@
 #include "megatron/core/datasets/blended_megatron_dataset_builder.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -101,7 +103,7 @@ TEST(MakeGPTSample, ResetsMasksAndPads) {
   expect_error([&] { make_gpt_sample({1, 2}, 2, 1, plain); }, "expected S + x = 3");
 }
 
-TEST(BlendedMegatronDatasetBuilder, CachesUnderThePrefixByDefaultAndRejectsOverRequests) {
+TEST(BlendedMegatronDatasetBuilder, CachesUnderThePrefixByDefaultAndNeedsSizesForWeights) {
   const fs::path dir =
       fs::temp_directory_path() / ("mg_builder_test_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -143,6 +145,73 @@ TEST(BlendedMegatronDatasetBuilder, CachesUnderThePrefixByDefaultAndRejectsOverR
         BlendedMegatronDatasetBuilder(w, {100, std::nullopt, 5}).build();
       },
       "needs a sample count for every split");
+  fs::remove_all(dir);
+}
+
+TEST(BlendedMegatronDatasetBuilder, SeveralProcessesStartingTogetherShareOneCache) {
+  // Four "ranks" build the same splits into one --data-cache-path at once: one builds under the
+  // lock, the others load its files; all agree, and the folder holds exactly one complete entry
+  // per split (no temporaries, no duplicates).
+  const fs::path dir =
+      fs::temp_directory_path() / ("mg_builder_ranks_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string prefix = (dir / "corpus").string();
+  {
+    IndexedDatasetBuilder b(get_bin_path(prefix), IndexDType::int32);
+    for (int d = 0; d < 200; ++d) {
+      std::vector<int64_t> t(static_cast<std::size_t>(20 + d % 37), d);
+      b.add_item(std::span<const int64_t>(t));
+      b.end_document();
+    }
+    b.finalize(get_idx_path(prefix));
+  }
+  DataConfig c;
+  c.data_path = {"0.4", prefix, "0.6", prefix};
+  c.split = "90,10,0";
+  c.seq_length = 16;
+  c.data_cache_path = (dir / "cache").string();
+  std::vector<pid_t> kids;
+  for (int r = 0; r < 4; ++r) {
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 0;
+      try {
+        const DatasetSplits s = BlendedMegatronDatasetBuilder(c, {500, 50, 0}).build();
+        // Every rank writes what it read; the parent compares.
+        std::ofstream out(dir / ("rank" + std::to_string(r)));
+        out << s[0]->unique_description_hash() << " " << s[0]->size();
+        for (int64_t k = 0; k < s[0]->size(); k += 37) out << " " << s[0]->get(k).tokens[3];
+      } catch (...) {
+        code = 1;
+      }
+      ::_exit(code);
+    }
+    kids.push_back(pid);
+  }
+  for (pid_t pid : kids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  std::string first;
+  for (int r = 0; r < 4; ++r) {
+    std::ifstream in(dir / ("rank" + std::to_string(r)));
+    const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (r == 0) first = got;
+    EXPECT_FALSE(got.empty());
+    EXPECT_EQ(got, first) << "rank " << r;
+  }
+  int descriptions = 0;
+  for (const auto& e : fs::directory_iterator(dir / "cache")) {
+    const std::string f = e.path().filename().string();
+    EXPECT_EQ(f.find(".tmp"), std::string::npos) << f;
+    if (f.ends_with("-description.txt")) ++descriptions;
+  }
+  // GPTDataset train + valid for each of the 2 prefixes (same prefix, different num_samples),
+  // BlendedDataset train + valid; "90,10,0" has no test split.
+  EXPECT_EQ(descriptions, 6);
   fs::remove_all(dir);
 }
 
