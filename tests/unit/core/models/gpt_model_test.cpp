@@ -264,7 +264,7 @@ TEST(GPTModel, DocumentMaskEqualsSeparateDocuments) {
     const auto together = m.token_losses(st).to_vector<double>();
     const auto tok = packed_src.tokens.to_vector<int64_t>();
     const auto lab = packed_src.labels.to_vector<int64_t>();
-    for (const auto [start, len] : {std::pair<int64_t, int64_t>{0, 3}, {3, 5}}) {
+    for (const auto& [start, len] : {std::pair<int64_t, int64_t>{0, 3}, {3, 5}}) {
       GPTBatch doc;
       doc.tokens = Tensor::from_vector(
           std::vector<int64_t>(tok.begin() + start, tok.begin() + start + len), {1, len});
