@@ -6,8 +6,8 @@
 // Invariants: indices equal Megatron's bit for bit (same float64 error rule, t = max(s, 1),
 // strictly-greater argmax so the lowest index wins ties); dataset_index is int16 as in Megatron,
 // so at most 32767 datasets. Weights are normalised as w / numpy.sum(w) (pairwise summation).
-// Not done: cache files (<md5>-BlendedDataset-*), the description dict, building the child
-// datasets from prefixes (the caller builds GPTDatasets with blend_num_samples' counts).
+// Cache files, descriptions and building the children from prefixes are the builder's
+// (blended_megatron_dataset_builder.h, dataset_cache.h), which uses the index functions here.
 // Deviation: the exhaustive build never picks a dataset of size 0 (Megatron would overrun it).
 #pragma once
 

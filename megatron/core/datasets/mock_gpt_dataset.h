@@ -5,7 +5,8 @@
 // 100000, dtype=int32) bit for bit (numpy_pcg64.h); document i of length L is
 // [1 % V, 2 % V, ..., (L-1) % V, eod] as int64; the split is always "1,1,1", i.e. id ranges
 // [0,33333), [33333,66667), [66667,100000). Tokens are computed on read, never stored.
-// Not done: BlendedMegatronDatasetBuilder's choice of mock vs real data, cache files.
+// The choice of mock vs real data and the cache files are the builder's
+// (blended_megatron_dataset_builder.h).
 #pragma once
 
 #include <array>
