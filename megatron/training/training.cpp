@@ -129,6 +129,21 @@ void load(Run& r) {
         << (c.finetune ? " (--finetune: starting at iteration 0)" : "") << std::endl;
 }
 
+// "a 1\nb 2\n..." -> "\n  a=1, b=2, ..." wrapped at about 100 columns.
+std::string wrap_config(const std::string& lines) {
+  std::istringstream in(lines);
+  std::string line, out, cur;
+  while (std::getline(in, line)) {
+    const auto sp = line.find(' ');
+    const std::string item =
+        sp == std::string::npos ? line : line.substr(0, sp) + "=" + line.substr(sp + 1);
+    if (!cur.empty() && cur.size() + item.size() > 96) out += "\n  " + cur, cur.clear();
+    cur += (cur.empty() ? "" : ", ") + item;
+  }
+  if (!cur.empty()) out += "\n  " + cur;
+  return out;
+}
+
 void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
   const auto& m = *r.model;
   auto& plat = *r.rt->platform;
@@ -138,8 +153,7 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << "tokenizer: " << tok.name() << ", vocab " << tok.vocab_size() << " (padded "
         << m.padded_vocab_size() << ")\n"
         << " > number of parameters: " << m.num_parameters() << "\n"
-        << "model config:\n"
-        << m.config().str() << "\n"
+        << "model config:" << wrap_config(m.config().str()) << "\n"
         << "training: micro batch " << r.args.training.micro_batch_size << ", global batch "
         << r.args.training.global_batch_size << " (" << r.args.training.num_microbatches()
         << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed

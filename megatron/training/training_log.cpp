@@ -38,7 +38,10 @@ std::string format_training_log(const IntervalStats& s) {
   l += fmt(" elapsed time per iteration (ms): %.1f |", s.elapsed_ms_per_iter);
   const double secs = s.elapsed_ms_per_iter / 1000.0;
   const double tflops = secs > 0 ? s.flops_per_iter / secs / 1e12 / s.world_size : 0.0;
-  l += fmt(" throughput per GPU (TFLOP/s/GPU): %.1f |", tflops);
+  // Megatron prints %.1f; small CPU runs would always read 0.0, so below 1 show 3 decimals.
+  l += fmt(tflops >= 1.0 ? " throughput per GPU (TFLOP/s/GPU): %.1f |"
+                         : " throughput per GPU (TFLOP/s/GPU): %.3f |",
+           tflops);
   const double tps = secs > 0 ? static_cast<double>(s.tokens_per_iter) / secs / s.world_size : 0.0;
   l += fmt(" tokens per second per GPU: %.1f |", tps);
   if (s.peak_tflops)
