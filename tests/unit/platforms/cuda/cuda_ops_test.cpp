@@ -168,7 +168,10 @@ TEST_P(CudaOps, AttentionOverSeveralKeyTilesMatchesCpu) {
 TEST_P(CudaOps, RowOpsOnWideRowsAndManyRowsMatchCpu) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   // 3001 features: more than a block's threads; 70001 rows: more than a 1-D grid's 65535 blocks.
-  for (Shape shape : {Shape{5, 3001}, Shape{70001, 3}}) {
+  // The many rows are 8 wide: rows of 3 random values often have a tiny variance (rstd up to ~80),
+  // and LayerNorm's dx then cancels so badly that the CPU's own f32 result is 7x the f32 tolerance
+  // away from f64 (4 elements of 70001 x 3); at width 8 it stays under 0.06x of it.
+  for (Shape shape : {Shape{5, 3001}, Shape{70001, 8}}) {
     const int64_t h = shape[1], rows = shape[0];
     auto x = random_pair(shape, dtype(), 12);
     auto dy = random_pair(shape, dtype(), 13);
