@@ -25,11 +25,13 @@ using mg::Tensor;
 constexpr int64_t kHeadDim = 64;
 
 Tensor random_tensor(const mg::Shape& shape, DType dtype, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(mg::shape_numel(shape)));
-  for (auto& x : v) x = dist(gen);
-  return Tensor::from_vector(v, shape, dtype).to(mg::bench::bench_platform().device);
+  return mg::bench::cached_tensor(shape, dtype, seed, [&] {
+    std::mt19937_64 gen(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> v(static_cast<std::size_t>(mg::shape_numel(shape)));
+    for (auto& x : v) x = dist(gen);
+    return Tensor::from_vector(v, shape, dtype);
+  });
 }
 
 // Arguments: S, B, NH, NG, dtype (0 f32, 1 bf16), with_backward (0/1).

@@ -9,8 +9,10 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
@@ -46,6 +48,20 @@ inline const BenchPlatform& bench_platform() {
     return b;
   }();
   return p;
+}
+
+// The tensor make() returns for (shape, dtype, seed), made once per process on the benchmark
+// platform's device: Google Benchmark runs a benchmark's body again for every iteration-count
+// probe and repetition, and drawing 8192 x 16384 random values on the host takes seconds (seen on
+// the H100 machine: set-up, not the GEMMs, used up a 450 s call). Outputs may be shared too:
+// their contents do not change the time.
+template <typename Make>
+Tensor cached_tensor(const Shape& shape, DType dtype, uint64_t seed, Make&& make) {
+  static std::map<std::tuple<Shape, DType, uint64_t>, Tensor> cache;
+  auto key = std::make_tuple(shape, dtype, seed);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, make().to(bench_platform().device)).first;
+  return it->second;
 }
 
 // Runs fn once per benchmark iteration on the CPU, kGpuCallsPerIteration times on a GPU.

@@ -23,11 +23,13 @@ using mg::DType;
 using mg::Tensor;
 
 Tensor random_tensor(const mg::Shape& shape, DType dtype, uint64_t seed) {
-  std::mt19937_64 gen(seed);
-  std::uniform_real_distribution<float> u(0.1f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(mg::shape_numel(shape)));
-  for (auto& x : v) x = (gen() & 1) ? u(gen) : -u(gen);
-  return Tensor::from_vector(v, shape, dtype).to(mg::bench::bench_platform().device);
+  return mg::bench::cached_tensor(shape, dtype, seed, [&] {
+    std::mt19937_64 gen(seed);
+    std::uniform_real_distribution<float> u(0.1f, 1.0f);
+    std::vector<float> v(static_cast<std::size_t>(mg::shape_numel(shape)));
+    for (auto& x : v) x = (gen() & 1) ? u(gen) : -u(gen);
+    return Tensor::from_vector(v, shape, dtype);
+  });
 }
 
 // args: M, N, K, trans_a, trans_b, beta (0/1); dtype of A and B, dtype of C.
