@@ -353,6 +353,12 @@ PretrainResult pretrain(const Arguments& args, std::ostream& log, const Pretrain
   r.rng_seed = args.training.seed;
   r.train_iters = args.training.total_iters();
 
+  // A missing or malformed --load is an error before any work (with --exit-on-missing-checkpoint).
+  if (args.checkpoint.load && args.checkpoint.exit_on_missing_checkpoint)
+    MG_CHECK(read_latest_iteration(*args.checkpoint.load).has_value(),
+             "--load " << *args.checkpoint.load << " has no checkpoint (" << kTrackerFile
+                       << " missing) and --exit-on-missing-checkpoint is set");
+
   // Tokenizer, then the data config it completes (validated before any heavy work).
   auto tokenizer = tokenizers::build_tokenizer(args.tokenizer);
   datasets::DataConfig data = args.data;

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "megatron/core/datasets/indexed_dataset.h"
+#include "megatron/training/checkpointing.h"
 #include "megatron/training/training_log.h"
 #include "tests/unit/test_util.h"
 
@@ -208,6 +209,16 @@ TEST(Training, NaNUnderFp16IsSkippedByTheLossScaler) {
   EXPECT_EQ(r.skipped_iters, 1);
   for (std::size_t i = 3; i < r.train_losses.size(); ++i)
     EXPECT_TRUE(std::isfinite(r.train_losses[i])) << i;  // the weights stayed finite
+}
+
+TEST(Training, ExitDurationSavesAndStops) {
+  test::ensure_runtime();
+  const auto dir = temp_dir("duration");
+  PretrainResult r = run(tiny_mock(8), {"--exit-duration-in-mins", "1e-9", "--save", dir});
+  EXPECT_EQ(r.exit_reason, "exit-duration");
+  EXPECT_EQ(r.iteration, 1);
+  EXPECT_EQ(r.saved_iteration, 1);
+  EXPECT_EQ(read_latest_iteration(dir), 1);
 }
 
 TEST(Training, LogLineHasMegatronsFields) {
