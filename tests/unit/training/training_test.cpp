@@ -82,15 +82,23 @@ std::string file_bytes(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(f)), {});
 }
 
-TEST(Training, ResumeIsBitExact) {
+// fp32, bf16 (fp32 master weights in the optimizer state) and fp16 (the grad scaler's state).
+class ResumeTest : public ::testing::TestWithParam<std::vector<std::string>> {};
+
+TEST_P(ResumeTest, IsBitExact) {
   test::ensure_runtime();
+  const std::vector<std::string> precision = GetParam();
+  auto flags = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), precision.begin(), precision.end());
+    return extra;
+  };
   const auto full_dir = temp_dir("full"), split_dir = temp_dir("split");
-  PretrainResult full = run(tiny_mock(8), {"--save", full_dir});
+  PretrainResult full = run(tiny_mock(8), flags({"--save", full_dir}));
   ASSERT_EQ(full.train_losses.size(), 8u);
-  PretrainResult first = run(tiny_mock(8), {"--save", split_dir, "--exit-interval", "4"});
+  PretrainResult first = run(tiny_mock(8), flags({"--save", split_dir, "--exit-interval", "4"}));
   EXPECT_EQ(first.exit_reason, "exit-interval");
   ASSERT_EQ(first.train_losses.size(), 4u);
-  PretrainResult second = run(tiny_mock(8), {"--save", split_dir, "--load", split_dir});
+  PretrainResult second = run(tiny_mock(8), flags({"--save", split_dir, "--load", split_dir}));
   ASSERT_EQ(second.train_losses.size(), 4u);
   EXPECT_EQ(second.iteration, 8);
   EXPECT_EQ(second.consumed_train_samples, 32);
@@ -108,6 +116,11 @@ TEST(Training, ResumeIsBitExact) {
   // The losses moved (the test would pass trivially on a frozen model otherwise).
   EXPECT_NE(full.train_losses[0], full.train_losses[7]);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Training, ResumeTest,
+    ::testing::Values(std::vector<std::string>{}, std::vector<std::string>{"--bf16"},
+                      std::vector<std::string>{"--fp16", "--initial-loss-scale", "4096"}));
 
 TEST(Training, FinetuneAndNoLoadOptimStartFresh) {
   test::ensure_runtime();
