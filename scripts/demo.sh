@@ -69,10 +69,14 @@ common=(
   --train-iters 330 --log-interval 30 --eval-interval 150 --eval-iters 4
   --save "$work/checkpoints" --save-interval 150
 )
-"$build/bin/pretrain_gpt" "${common[@]}" --exit-interval 300
+"$build/bin/pretrain_gpt" "${common[@]}" --exit-interval 300 | tee "$work/train.log"
 
 echo "== 5/5 resume from the checkpoint at iteration 300 and finish (exact resume) =="
-"$build/bin/pretrain_gpt" "${common[@]}" --load "$work/checkpoints" | grep -E "loaded|iteration  *3[0-9][0-9]/|saved"
+"$build/bin/pretrain_gpt" "${common[@]}" --load "$work/checkpoints" | tee -a "$work/train.log" |
+  grep -E "loaded|iteration  *3[0-9][0-9]/|saved"
 echo
+awk -F'lm loss: ' '/ iteration .*lm loss: / { split($2, v, " "); if (first == "") first = v[1]; last = v[1] }
+  END { printf "training loss: %.3f (first log line) -> %.3f (last); uniform over 2000 tokens: %.3f\n",
+        first, last, log(2000) }' "$work/train.log"
 echo "checkpoints: $(ls -d "$work"/checkpoints/iter_* | xargs -n1 basename | tr '\n' ' ')"
 echo "latest: $(cat "$work/checkpoints/latest_checkpointed_iteration.txt")"
