@@ -241,11 +241,10 @@ TEST(Training, LogLineHasMegatronsFields) {
   for (const char* field :
        {"] iteration        3/       3 |", " consumed samples:           12 |",
         " elapsed time per iteration (ms): ", " throughput per GPU (TFLOP/s/GPU): ",
-        " tokens per second per GPU: ", " MFU: n/a |",
-        " learning rate: ", " global batch size:     4 |", " lm loss: ", " loss scale: 1.0 |",
-        " grad norm: ", " number of skipped iterations:   0 |", " number of nan iterations:   0 |",
-        " mem allocated (MB): ", " > number of parameters: ", "op table (cpu):",
-        " validation loss at iteration 3 | lm loss value: ", "lm loss PPL: "})
+        " tokens per second per GPU: ", " MFU: ", " learning rate: ", " global batch size:     4 |",
+        " lm loss: ", " loss scale: 1.0 |", " grad norm: ", " number of skipped iterations:   0 |",
+        " number of nan iterations:   0 |", " mem allocated (MB): ", " > number of parameters: ",
+        "op table (", " validation loss at iteration 3 | lm loss value: ", "lm loss PPL: "})
     EXPECT_NE(log.find(field), std::string::npos) << field << "\n" << log;
 }
 
