@@ -6,10 +6,13 @@
 //
 // Semantics (all backends):
 //   - Every collective is called by every member of the group, in the same order.
-//   - In-place where it says so; otherwise `out` must not overlap `in`.
+//   - In-place where it says so. all_gather with `in` = out's chunk rank() and reduce_scatter with
+//     `out` = in's chunk rank() (the distributed optimizer's layout) are supported in place; any
+//     other overlap of `out` and `in` is staged through a copy (correct, slower).
 //   - Tensors are contiguous; the dtype of in and out must match; sizes are checked and a mismatch
 //     is a clear error naming the op, the group and the shapes.
-//   - Async: each call returns a Work handle; `wait()` blocks until the result may be read (for NCCL:
+//   - Async: each call returns a Work handle; `wait()` blocks until the result may be read (for
+//   NCCL:
 //     until the compute stream is ordered after the collective). A Work that is destroyed without
 //     wait() is waited on in its destructor. `Work::wait` honours the group's timeout: a collective
 //     that does not finish in time throws mg::Error naming the group, the op and the ranks that did
@@ -19,9 +22,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "megatron/core/tensor/tensor.h"
@@ -29,6 +35,11 @@
 namespace mg::comm {
 
 enum class ReduceOp : uint8_t { sum, avg, max, min };
+std::string_view reduce_op_name(ReduceOp op);  // "sum", "avg", "max", "min"
+
+// Work::wait timeout of a new group unless set otherwise: Megatron's --distributed-timeout-minutes
+// default (10 minutes).
+inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(10);
 
 // A pending operation. wait() returns when the op's outputs are ready (or throws on timeout/error).
 class Work {
@@ -70,7 +81,8 @@ class ProcessGroup {
   // out chunk j (dim 0) = chunk rank() of member j's in; equal splits.
   virtual WorkPtr all_to_all(Tensor& out, const Tensor& in) = 0;
   // Uneven all-to-all on the flat element ranges: send_counts[j] elements of in go to member j,
-  // recv_counts[j] elements of out come from member j (counts in elements, laid out in member order).
+  // recv_counts[j] elements of out come from member j (counts in elements, laid out in member
+  // order).
   virtual WorkPtr all_to_all_v(Tensor& out, const Tensor& in, std::span<const int64_t> send_counts,
                                std::span<const int64_t> recv_counts) = 0;
   virtual WorkPtr send(const Tensor& x, int peer, int tag = 0) = 0;
@@ -97,11 +109,39 @@ class Communicator {
   // its own rank, named `name`, or nullptr when it is in none (MPI_Comm_split semantics).
   virtual ProcessGroupPtr new_groups(const std::vector<std::vector<int>>& groups,
                                      const std::string& name) = 0;
+
+  // Timeout given to the groups created after this call (new_groups); world() is updated too.
+  // Default kDefaultTimeout; ProcessGroup::set_timeout changes one group.
+  void set_default_timeout(std::chrono::milliseconds timeout) {
+    default_timeout_ = timeout;
+    world()->set_timeout(timeout);
+  }
+  std::chrono::milliseconds default_timeout() const { return default_timeout_; }
+
+ protected:
+  std::chrono::milliseconds default_timeout_ = kDefaultTimeout;
 };
 
 // backend "": MPI when launched by mpirun/srun (OMPI_COMM_WORLD_SIZE / PMI_SIZE / SLURM_NTASKS set)
 // and the build has MPI, else the single-rank backend; "mpi", "single" force one (an unknown or
 // unavailable name is an error listing the valid ones). "nccl" comes from the CUDA platform.
 std::unique_ptr<Communicator> init_communicator(std::string_view backend = "");
+
+// The backends init_communicator can create in this process: "single", "mpi" (when built with MPI),
+// and any registered by a platform ("nccl").
+std::vector<std::string> available_backends();
+// True when this process was started by mpirun/srun (one of OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+// PMIX_RANK, SLURM_NTASKS is set).
+bool launched_by_mpi_launcher();
+// A platform adds a backend by name (the CUDA platform: "nccl"); replaces one of the same name.
+using CommunicatorFactory = std::function<std::unique_ptr<Communicator>()>;
+void register_communicator_backend(const std::string& name, CommunicatorFactory factory);
+
+// The top-level handler of tools' main (and of the multi-rank tests): prints
+// "<program>: error: [rank R of N] <message>" on stderr and ends the whole job, never a hang:
+// MPI_Abort(MPI_COMM_WORLD) when MPI runs with more than one rank, else exit(1).
+//   int main(...) { try { ... } catch (const std::exception& e) { mg::comm::abort_on_error(e, "x");
+//   } }
+[[noreturn]] void abort_on_error(const std::exception& e, std::string_view program);
 
 }  // namespace mg::comm

@@ -1,0 +1,760 @@
+// The MPI backend (OpenMPI): host tensors, non-blocking MPI collectives and point-to-point.
+//
+//   - MPI is initialised (MPI_THREAD_MULTIPLE requested) by the first MPI communicator and
+//   finalised
+//     at process exit; communicators (MPI_Comm_dup / MPI_Comm_split) are RAII-owned by groups.
+//   - Reductions of f64, f32, i32, i64 and u8 use MPI's built-in ops on the tensor itself; narrow
+//     floats (bf16, f16, fp8) are reduced in an f32 copy and rounded once at the end. avg = sum,
+//     then divide by the group size in the reduction type. For a fixed group size and tensor size
+//     OpenMPI runs the same algorithm, so results are bit-identical across ranks and runs.
+//   - Work::wait polls MPI_Testall (the progress engine runs inside those calls) until the group's
+//     timeout, counted from when the op was issued, then throws naming the group, the op and the
+//     members that did not arrive. Arrival is tracked cheaply through a node-local shared-memory
+//     window: each process counts the collectives it entered per group; on timeout, members on this
+//     node whose count is behind ours are named, members on other nodes are reported as unknown.
+//   - Does not: carry device tensors (that is the NCCL backend), or chunk tensors of more than
+//     2^31 - 1 elements (an error says so).
+#include "megatron/core/comm/backends.h"
+
+#if MG_WITH_MPI
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "megatron/core/comm/checks.h"
+
+#define MG_MPI_CHECK(call, ...)                                                                 \
+  do {                                                                                          \
+    const int mg_mpi_rc_ = (call);                                                              \
+    if (mg_mpi_rc_ != MPI_SUCCESS) {                                                            \
+      MG_THROW(#call << " failed: " << ::mg::comm::detail::mpi_error_string(mg_mpi_rc_) << "; " \
+                     << __VA_ARGS__);                                                           \
+    }                                                                                           \
+  } while (0)
+
+namespace mg::comm::detail {
+namespace {
+
+std::string mpi_error_string(int rc) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, buf, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+bool mpi_finalized() {
+  int f = 0;
+  MPI_Finalized(&f);
+  return f != 0;
+}
+
+// MPI for the whole process: initialised once, finalised when the last holder goes (at exit: the
+// static reference below is the last one).
+class MpiEnv {
+ public:
+  MpiEnv() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    MG_CHECK(!mpi_finalized(), "MPI was already finalised in this process; cannot start it again");
+    if (!initialized) {
+      int provided = 0;
+      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      MG_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed: " << mpi_error_string(rc));
+      owns_ = true;
+    }
+  }
+  ~MpiEnv() {
+    if (owns_ && !mpi_finalized()) MPI_Finalize();
+  }
+  MpiEnv(const MpiEnv&) = delete;
+  MpiEnv& operator=(const MpiEnv&) = delete;
+
+  static std::shared_ptr<MpiEnv> get() {
+    static std::mutex mu;
+    static std::shared_ptr<MpiEnv> env;
+    std::lock_guard lock(mu);
+    if (!env) env = std::make_shared<MpiEnv>();
+    return env;
+  }
+
+ private:
+  bool owns_ = false;
+};
+
+// An owned MPI communicator (freed before MPI is finalised: it holds the environment).
+class MpiComm {
+ public:
+  MpiComm(MPI_Comm comm, std::shared_ptr<MpiEnv> env) : comm_(comm), env_(std::move(env)) {}
+  ~MpiComm() {
+    if (comm_ != MPI_COMM_NULL && !mpi_finalized()) MPI_Comm_free(&comm_);
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+  MPI_Comm get() const { return comm_; }
+
+ private:
+  MPI_Comm comm_;
+  std::shared_ptr<MpiEnv> env_;
+};
+
+// Node-local shared memory: one entry counter per (process on this node, group index). Written by
+// its owner, read by anyone on the node after a timeout. Never freed before MPI_Finalize (freeing a
+// window is collective, and a rank leaving early must not hang the others).
+class ArrivalBoard {
+ public:
+  static constexpr int kMaxGroups = 512;
+
+  // Collective over the world; on failure (no shared memory) tracking is off, nothing else changes.
+  explicit ArrivalBoard(MPI_Comm world) {
+    const int rc_split = MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_);
+    if (rc_split != MPI_SUCCESS) return;
+    MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
+    int node_size = 0, world_size = 0;
+    MPI_Comm_size(node_, &node_size);
+    MPI_Comm_size(world, &world_size);
+    int64_t* base = nullptr;
+    MPI_Win win = MPI_WIN_NULL;
+    const MPI_Aint bytes = static_cast<MPI_Aint>(kMaxGroups * sizeof(int64_t));
+    if (MPI_Win_allocate_shared(bytes, sizeof(int64_t), MPI_INFO_NULL, node_, &base, &win) !=
+        MPI_SUCCESS) {
+      return;
+    }
+    std::memset(base, 0, static_cast<std::size_t>(bytes));
+    MPI_Barrier(node_);  // every slot zeroed before anyone counts
+    slots_.assign(static_cast<std::size_t>(world_size), nullptr);
+    MPI_Group world_group, node_group;
+    MPI_Comm_group(world, &world_group);
+    MPI_Comm_group(node_, &node_group);
+    std::vector<int> world_ranks(static_cast<std::size_t>(world_size)),
+        node_ranks(world_ranks.size());
+    for (int i = 0; i < world_size; ++i) world_ranks[static_cast<std::size_t>(i)] = i;
+    MPI_Group_translate_ranks(world_group, world_size, world_ranks.data(), node_group,
+                              node_ranks.data());
+    for (int i = 0; i < world_size; ++i) {
+      const int nr = node_ranks[static_cast<std::size_t>(i)];
+      if (nr == MPI_UNDEFINED) continue;
+      MPI_Aint size = 0;
+      int disp = 0;
+      int64_t* ptr = nullptr;
+      if (MPI_Win_shared_query(win, nr, &size, &disp, &ptr) == MPI_SUCCESS) {
+        slots_[static_cast<std::size_t>(i)] = ptr;
+      }
+    }
+    MPI_Group_free(&world_group);
+    MPI_Group_free(&node_group);
+    int me = 0;
+    MPI_Comm_rank(world, &me);
+    mine_ = slots_[static_cast<std::size_t>(me)];
+  }
+
+  bool tracks(int group_index) const {
+    return mine_ != nullptr && group_index >= 0 && group_index < kMaxGroups;
+  }
+  // Called when this process enters a collective of the group; returns the collective's number.
+  int64_t enter(int group_index) {
+    if (!tracks(group_index)) return 0;
+    int64_t* slot = mine_ + group_index;
+    const int64_t seq = __atomic_load_n(slot, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(slot, seq, __ATOMIC_RELEASE);
+    return seq;
+  }
+  // The entry count of global rank r for the group, or -1 when r is not on this node.
+  int64_t count(int global_rank, int group_index) const {
+    if (!tracks(group_index)) return -1;
+    const int64_t* base = slots_[static_cast<std::size_t>(global_rank)];
+    return base ? __atomic_load_n(base + group_index, __ATOMIC_ACQUIRE) : -1;
+  }
+
+ private:
+  MPI_Comm node_ = MPI_COMM_NULL;
+  std::vector<int64_t*> slots_;  // by global rank; nullptr off this node
+  int64_t* mine_ = nullptr;
+};
+
+// What a Work needs to explain a timeout, shared by the group and its pending works.
+struct GroupInfo {
+  std::string description;  // describe(group)
+  std::vector<int> ranks;   // global ranks in group order
+  int index = -1;           // arrival-board slot
+  std::shared_ptr<ArrivalBoard> board;
+};
+
+class MpiWork final : public Work {
+ public:
+  MpiWork(std::string op, std::shared_ptr<const GroupInfo> info, std::shared_ptr<MpiComm> comm,
+          std::chrono::milliseconds timeout)
+      : op_(std::move(op)),
+        info_(std::move(info)),
+        comm_(std::move(comm)),
+        timeout_(timeout),
+        start_(std::chrono::steady_clock::now()) {}
+
+  ~MpiWork() override {
+    if (state_ == State::failed) {
+      // MPI may still write into the buffers of an op that timed out (a late member can still
+      // complete it): keep them alive for the rest of the process.
+      static std::mutex mu;
+      static auto* abandoned =
+          new std::vector<std::pair<std::vector<Tensor>, std::function<void()>>>();
+      std::lock_guard lock(mu);
+      abandoned->emplace_back(std::move(keep_alive), std::move(finish));
+      return;
+    }
+    if (state_ != State::pending) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      // A destructor cannot throw: the job cannot continue consistently, so end it with the
+      // message.
+      abort_on_error(e, "megatron");
+    }
+  }
+
+  std::vector<MPI_Request> requests;
+  std::vector<Tensor> keep_alive;  // buffers MPI reads or writes until completion
+  std::function<void()> finish;    // runs once, after completion (unstage, divide, check counts)
+  int64_t seq = 0;                 // collective number on the arrival board (0: p2p / untracked)
+  std::vector<int> peers;          // p2p: the group ranks this op waits for
+
+  void wait() override {
+    if (state_ == State::done) return;
+    MG_CHECK(state_ != State::failed,
+             op_ << " on " << info_->description << ": wait() after the op already failed");
+    int spins = 0;
+    auto sleep = std::chrono::microseconds(1);
+    while (!test()) {
+      if (std::chrono::steady_clock::now() - start_ > timeout_) {
+        state_ = State::failed;
+        MG_THROW(timeout_message());
+      }
+      if (++spins < 64) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(sleep);
+        sleep = std::min(sleep * 2, std::chrono::microseconds(200));
+      }
+    }
+  }
+  bool is_completed() override {
+    if (state_ == State::done) return true;
+    if (state_ == State::failed) return false;
+    return test();
+  }
+
+ private:
+  enum class State { pending, done, failed };
+
+  bool test() {
+    if (!requests.empty()) {
+      int flag = 0;
+      statuses_.resize(requests.size());
+      const int rc =
+          MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, statuses_.data());
+      if (rc != MPI_SUCCESS) {
+        state_ = State::failed;
+        int code = rc;
+        if (rc == MPI_ERR_IN_STATUS) {
+          for (const MPI_Status& s : statuses_) {
+            if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) code = s.MPI_ERROR;
+          }
+        }
+        MG_THROW(op_ << " on " << info_->description << " failed: " << mpi_error_string(code));
+      }
+      if (!flag) return false;
+    }
+    state_ = State::done;
+    if (finish) {
+      auto f = std::move(finish);
+      f();
+    }
+    keep_alive.clear();
+    return true;
+  }
+
+  std::string timeout_message() const {
+    std::ostringstream os;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count();
+    os << op_ << " on " << info_->description << " did not finish within " << ms
+       << " ms (--distributed-timeout-minutes)";
+    const auto& ranks = info_->ranks;
+    if (!peers.empty()) {
+      std::vector<int> g;
+      for (int p : peers) g.push_back(ranks[static_cast<std::size_t>(p)]);
+      os << "; waiting for global rank(s) " << ranks_str(g);
+    } else if (seq > 0) {
+      std::vector<int> missing, unknown;
+      for (int r : ranks) {
+        const int64_t c = info_->board->count(r, info_->index);
+        if (c < 0) {
+          unknown.push_back(r);
+        } else if (c < seq) {
+          missing.push_back(r);
+        }
+      }
+      os << "; ranks that did not arrive: " << ranks_str(missing);
+      if (!unknown.empty()) os << " (not visible from this node: " << ranks_str(unknown) << ")";
+    } else {
+      os << "; which ranks did not arrive is unknown";
+    }
+    return os.str();
+  }
+
+  std::string op_;
+  std::shared_ptr<const GroupInfo> info_;
+  std::shared_ptr<MpiComm> comm_;
+  std::chrono::milliseconds timeout_;
+  std::chrono::steady_clock::time_point start_;
+  std::vector<MPI_Status> statuses_;
+  State state_ = State::pending;
+};
+
+// Element type for moving bytes (no arithmetic): an unsigned integer of the element's size.
+MPI_Datatype copy_type(DType t) {
+  switch (dtype_size(t)) {
+    case 1:
+      return MPI_UINT8_T;
+    case 2:
+      return MPI_UINT16_T;
+    case 4:
+      return MPI_UINT32_T;
+    case 8:
+      return MPI_UINT64_T;
+  }
+  MG_THROW("no MPI copy type for dtype " << dtype_name(t));
+}
+
+// Element type for reductions; MPI_DATATYPE_NULL for the narrow floats (reduced in f32).
+MPI_Datatype reduce_type(DType t) {
+  switch (t) {
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
+    default:
+      return MPI_DATATYPE_NULL;
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// x /= n in x's dtype (f64 or f32: the reduction types of floats).
+void divide(Tensor& x, int n) {
+  if (x.dtype() == DType::f64) {
+    double* p = x.data<double>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] /= n;
+  } else {
+    float* p = x.data<float>();
+    const auto fn = static_cast<float>(n);
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] /= fn;
+  }
+}
+
+class MpiGroup final : public ProcessGroup {
+ public:
+  MpiGroup(std::shared_ptr<MpiComm> comm, std::string name, std::vector<int> ranks, int index,
+           std::shared_ptr<ArrivalBoard> board, std::chrono::milliseconds timeout)
+      : comm_(std::move(comm)),
+        name_(std::move(name)),
+        ranks_(std::move(ranks)),
+        timeout_(timeout) {
+    MPI_Comm_rank(comm_->get(), &rank_);
+    MPI_Comm_size(comm_->get(), &size_);
+    auto info = std::make_shared<GroupInfo>();
+    info->description = describe(*this);
+    info->ranks = ranks_;
+    info->index = index;
+    info->board = std::move(board);
+    info_ = std::move(info);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<int>& ranks() const override { return ranks_; }
+  const std::string& name() const override { return name_; }
+  std::string_view backend() const override { return "mpi"; }
+  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+  WorkPtr all_reduce(Tensor& x, ReduceOp op) override {
+    check_all_reduce(*this, x, op);
+    check_host("all_reduce", x);
+    auto w = collective("all_reduce(" + std::string(reduce_op_name(op)) + ")");
+    if (x.numel() == 0) return w;
+    const int n = count("all_reduce", x.numel());
+    const MPI_Datatype native = reduce_type(x.dtype());
+    Tensor buf = native != MPI_DATATYPE_NULL ? x : x.to(DType::f32);
+    const MPI_Datatype type = native != MPI_DATATYPE_NULL ? native : MPI_FLOAT;
+    w->requests.emplace_back();
+    MG_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), n, type, mpi_op(op), comm(),
+                                &w->requests.back()),
+                 "all_reduce on " << info_->description << " of " << x.str());
+    w->keep_alive = {buf, x};
+    if (op == ReduceOp::avg || !buf.shares_storage_with(x)) {
+      const int size = size_;
+      w->finish = [buf, x, op, size]() mutable {
+        if (op == ReduceOp::avg) divide(buf, size);
+        if (!buf.shares_storage_with(x)) x.copy_(buf);
+      };
+    }
+    return w;
+  }
+
+  WorkPtr all_gather(Tensor& out, const Tensor& in) override {
+    check_all_gather(*this, out, in);
+    check_host("all_gather", out);
+    auto w = collective("all_gather");
+    if (in.numel() == 0) return w;
+    const int n = count("all_gather", in.numel());
+    const MPI_Datatype type = copy_type(in.dtype());
+    const void* send = in.raw_data();
+    Tensor src = in;
+    if (out.shares_storage_with(in) &&
+        in.offset_bytes() == out.offset_bytes() + static_cast<std::size_t>(rank_) * in.nbytes()) {
+      send = MPI_IN_PLACE;  // in is exactly this member's chunk of out
+    } else if (overlaps(out, in)) {
+      src = in.clone();
+      send = src.raw_data();
+    }
+    w->requests.emplace_back();
+    MG_MPI_CHECK(
+        MPI_Iallgather(send, n, type, out.raw_data(), n, type, comm(), &w->requests.back()),
+        "all_gather on " << info_->description << " of " << in.str());
+    w->keep_alive = {src, out};
+    return w;
+  }
+
+  WorkPtr reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) override {
+    check_reduce_scatter(*this, out, in, op);
+    check_host("reduce_scatter", out);
+    auto w = collective("reduce_scatter(" + std::string(reduce_op_name(op)) + ")");
+    if (out.numel() == 0) return w;
+    const int n = count("reduce_scatter", out.numel());
+    const MPI_Datatype native = reduce_type(in.dtype());
+    const bool staged = native == MPI_DATATYPE_NULL || overlaps(out, in);
+    Tensor src = native != MPI_DATATYPE_NULL ? in : in.to(DType::f32);
+    Tensor dst = staged ? Tensor::empty({out.numel()}, src.dtype()) : out;
+    const MPI_Datatype type = native != MPI_DATATYPE_NULL ? native : MPI_FLOAT;
+    w->requests.emplace_back();
+    MG_MPI_CHECK(MPI_Ireduce_scatter_block(src.raw_data(), dst.raw_data(), n, type, mpi_op(op),
+                                           comm(), &w->requests.back()),
+                 "reduce_scatter on " << info_->description << " of " << in.str());
+    w->keep_alive = {src, dst, out};
+    if (op == ReduceOp::avg || staged) {
+      const int size = size_;
+      w->finish = [dst, out, op, size, staged]() mutable {
+        if (op == ReduceOp::avg) divide(dst, size);
+        if (staged) out.copy_(dst);
+      };
+    }
+    return w;
+  }
+
+  WorkPtr broadcast(Tensor& x, int root) override {
+    check_broadcast(*this, x, root);
+    check_host("broadcast", x);
+    auto w = collective("broadcast(root " + std::to_string(root) + ")");
+    if (x.numel() == 0) return w;
+    const int n = count("broadcast", x.numel());
+    w->requests.emplace_back();
+    MG_MPI_CHECK(
+        MPI_Ibcast(x.raw_data(), n, copy_type(x.dtype()), root, comm(), &w->requests.back()),
+        "broadcast on " << info_->description << " of " << x.str());
+    w->keep_alive = {x};
+    return w;
+  }
+
+  WorkPtr all_to_all(Tensor& out, const Tensor& in) override {
+    check_all_to_all(*this, out, in);
+    check_host("all_to_all", out);
+    auto w = collective("all_to_all");
+    if (in.numel() == 0) return w;
+    const int n = count("all_to_all", in.numel() / size_);
+    const Tensor src = overlaps(out, in) ? in.clone() : in;
+    const MPI_Datatype type = copy_type(in.dtype());
+    w->requests.emplace_back();
+    MG_MPI_CHECK(MPI_Ialltoall(src.raw_data(), n, type, out.raw_data(), n, type, comm(),
+                               &w->requests.back()),
+                 "all_to_all on " << info_->description << " of " << in.str());
+    w->keep_alive = {src, out};
+    return w;
+  }
+
+  WorkPtr all_to_all_v(Tensor& out, const Tensor& in, std::span<const int64_t> send_counts,
+                       std::span<const int64_t> recv_counts) override {
+    check_all_to_all_v(*this, out, in, send_counts, recv_counts);
+    check_host("all_to_all_v", out);
+    auto w = collective("all_to_all_v");
+    auto to_int = [this](std::span<const int64_t> c, std::vector<int>& counts,
+                         std::vector<int>& displs) {
+      int64_t d = 0;
+      for (int64_t v : c) {
+        counts.push_back(count("all_to_all_v", v));
+        displs.push_back(count("all_to_all_v", d));
+        d += v;
+      }
+    };
+    auto counts = std::make_shared<std::vector<int>[]>(4);  // MPI may read them until completion
+    to_int(send_counts, counts[0], counts[1]);
+    to_int(recv_counts, counts[2], counts[3]);
+    const Tensor src = overlaps(out, in) ? in.clone() : in;
+    const MPI_Datatype type = copy_type(in.dtype());
+    w->requests.emplace_back();
+    MG_MPI_CHECK(
+        MPI_Ialltoallv(src.raw_data(), counts[0].data(), counts[1].data(), type, out.raw_data(),
+                       counts[2].data(), counts[3].data(), type, comm(), &w->requests.back()),
+        "all_to_all_v on " << info_->description << " of " << in.str());
+    w->keep_alive = {src, out};
+    w->finish = [counts]() {};  // keeps the count arrays alive until completion
+    return w;
+  }
+
+  WorkPtr send(const Tensor& x, int peer, int tag) override {
+    check_p2p(*this, "send", x, peer, tag);
+    check_host("send", x);
+    auto w = p2p("send to group rank " + std::to_string(peer), peer);
+    post_send(*w, x, peer, tag);
+    return w;
+  }
+
+  WorkPtr recv(Tensor& x, int peer, int tag) override {
+    check_p2p(*this, "recv", x, peer, tag);
+    check_host("recv", x);
+    auto w = p2p("recv from group rank " + std::to_string(peer), peer);
+    post_recv(*w, x, peer, tag);
+    return w;
+  }
+
+  WorkPtr batch_isend_irecv(std::span<const P2POp> ops) override {
+    std::ostringstream name;
+    name << "batch_isend_irecv(" << ops.size() << " ops)";
+    auto w = p2p(name.str(), -1);
+    for (const P2POp& op : ops) {
+      const bool is_send = op.kind == P2POp::Kind::send;
+      check_p2p(*this, is_send ? "batch_isend_irecv send" : "batch_isend_irecv recv", op.tensor,
+                op.peer, op.tag);
+      check_host("batch_isend_irecv", op.tensor);
+      w->peers.push_back(op.peer);
+    }
+    // Receives first, so that every send finds its receive already posted.
+    for (const P2POp& op : ops) {
+      if (op.kind == P2POp::Kind::recv) post_recv(*w, op.tensor, op.peer, op.tag);
+    }
+    for (const P2POp& op : ops) {
+      if (op.kind == P2POp::Kind::send) post_send(*w, op.tensor, op.peer, op.tag);
+    }
+    std::sort(w->peers.begin(), w->peers.end());
+    w->peers.erase(std::unique(w->peers.begin(), w->peers.end()), w->peers.end());
+    return w;
+  }
+
+  void barrier() override {
+    auto w = collective("barrier");
+    w->requests.emplace_back();
+    MG_MPI_CHECK(MPI_Ibarrier(comm(), &w->requests.back()), "barrier on " << info_->description);
+    w->wait();
+  }
+
+ private:
+  MPI_Comm comm() const { return comm_->get(); }
+
+  void check_host(const char* op, const Tensor& t) const {
+    MG_CHECK(t.is_host(), op << " on " << info_->description << ": the MPI backend carries host "
+                             << "tensors, got " << t.str()
+                             << " (use --distributed-backend nccl for device tensors)");
+  }
+
+  int count(const char* op, int64_t n) const {
+    MG_CHECK(n <= INT_MAX, op << " on " << info_->description << ": " << n
+                              << " elements exceed MPI's int count (2^31 - 1); split the tensor");
+    return static_cast<int>(n);
+  }
+
+  std::unique_ptr<MpiWork> collective(std::string op) {
+    auto w = std::make_unique<MpiWork>(std::move(op), info_, comm_, timeout_);
+    if (info_->board) w->seq = info_->board->enter(info_->index);
+    return w;
+  }
+
+  std::unique_ptr<MpiWork> p2p(std::string op, int peer) {
+    auto w = std::make_unique<MpiWork>(std::move(op), info_, comm_, timeout_);
+    if (peer >= 0) w->peers.push_back(peer);
+    return w;
+  }
+
+  void post_send(MpiWork& w, const Tensor& x, int peer, int tag) {
+    const int n = count("send", x.numel());
+    w.requests.emplace_back();
+    MG_MPI_CHECK(
+        MPI_Isend(x.raw_data(), n, copy_type(x.dtype()), peer, tag, comm(), &w.requests.back()),
+        "send of " << x.str() << " to group rank " << peer << " on " << info_->description);
+    w.keep_alive.push_back(x);
+  }
+
+  void post_recv(MpiWork& w, const Tensor& x, int peer, int tag) {
+    const int n = count("recv", x.numel());
+    w.requests.emplace_back();
+    MG_MPI_CHECK(
+        MPI_Irecv(x.raw_data(), n, copy_type(x.dtype()), peer, tag, comm(), &w.requests.back()),
+        "recv of " << x.str() << " from group rank " << peer << " on " << info_->description);
+    w.keep_alive.push_back(x);
+  }
+
+  std::shared_ptr<MpiComm> comm_;
+  std::string name_;
+  std::vector<int> ranks_;
+  std::chrono::milliseconds timeout_;
+  int rank_ = 0, size_ = 0;
+  std::shared_ptr<const GroupInfo> info_;
+};
+
+// FNV-1a over the partition, to check that every process passed the same one.
+uint64_t partition_hash(const std::vector<std::vector<int>>& groups) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    h ^= v;
+    h *= 1099511628211ull;
+  };
+  for (const auto& g : groups) {
+    mix(0xffffffffull);
+    for (int r : g) mix(static_cast<uint64_t>(r));
+  }
+  return h;
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator() : env_(MpiEnv::get()) {
+    MPI_Comm dup = MPI_COMM_NULL;
+    MG_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "creating the world communicator");
+    world_comm_ = std::make_shared<MpiComm>(dup, env_);
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(dup, &rank_);
+    MPI_Comm_size(dup, &size_);
+    board_ = std::make_shared<ArrivalBoard>(dup);
+    std::vector<int> all(static_cast<std::size_t>(size_));
+    for (int i = 0; i < size_; ++i) all[static_cast<std::size_t>(i)] = i;
+    world_ = std::make_shared<MpiGroup>(world_comm_, "world", all, next_index_++, board_,
+                                        default_timeout_);
+  }
+
+  int world_rank() const override { return rank_; }
+  int world_size() const override { return size_; }
+  std::string_view backend() const override { return "mpi"; }
+  ProcessGroupPtr world() override { return world_; }
+
+  ProcessGroupPtr new_groups(const std::vector<std::vector<int>>& groups,
+                             const std::string& name) override {
+    check_partition(groups, size_, name);
+    const int index = next_index_++;
+    // Every process must pass the same partition: compare a hash (max == min over the world).
+    uint64_t h[2] = {partition_hash(groups), ~partition_hash(groups)};
+    uint64_t r[2] = {0, 0};
+    MG_MPI_CHECK(MPI_Allreduce(h, r, 2, MPI_UINT64_T, MPI_MAX, world_comm_->get()),
+                 "new_groups '" << name << "'");
+    MG_CHECK(r[0] == h[0] && r[1] == h[1],
+             "new_groups '" << name << "': the processes passed different partitions of the world "
+                            << "(this rank " << rank_ << " passed " << groups.size()
+                            << " groups); every rank must pass the same list");
+    int color = MPI_UNDEFINED, key = 0;
+    const std::vector<int>* mine = nullptr;
+    for (std::size_t i = 0; i < groups.size() && !mine; ++i) {
+      for (std::size_t j = 0; j < groups[i].size(); ++j) {
+        if (groups[i][j] == rank_) {
+          color = static_cast<int>(i);
+          key = static_cast<int>(j);
+          mine = &groups[i];
+          break;
+        }
+      }
+    }
+    MPI_Comm split = MPI_COMM_NULL;
+    MG_MPI_CHECK(MPI_Comm_split(world_comm_->get(), color, key, &split),
+                 "new_groups '" << name << "'");
+    if (split == MPI_COMM_NULL) return nullptr;
+    MPI_Comm_set_errhandler(split, MPI_ERRORS_RETURN);
+    auto comm = std::make_shared<MpiComm>(split, env_);
+    return std::make_shared<MpiGroup>(comm, name, *mine, index, board_, default_timeout_);
+  }
+
+ private:
+  std::shared_ptr<MpiEnv> env_;
+  std::shared_ptr<MpiComm> world_comm_;
+  std::shared_ptr<ArrivalBoard> board_;
+  int rank_ = 0, size_ = 1;
+  int next_index_ = 0;
+  ProcessGroupPtr world_;
+};
+
+}  // namespace
+
+bool mpi_built() {
+  return true;
+}
+
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  return std::make_unique<MpiCommunicator>();
+}
+
+void mpi_abort_if_running(int code) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized || mpi_finalized()) return;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+std::pair<int, int> mpi_world_rank_size() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized || mpi_finalized()) return {0, 1};
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return {rank, size};
+}
+
+}  // namespace mg::comm::detail
+
+#else  // !MG_WITH_MPI
+
+namespace mg::comm::detail {
+
+bool mpi_built() {
+  return false;
+}
+std::unique_ptr<Communicator> make_mpi_communicator() {
+  MG_THROW("this build has no MPI (OpenMPI was not found at configure time)");
+}
+void mpi_abort_if_running(int) {}
+std::pair<int, int> mpi_world_rank_size() {
+  return {0, 1};
+}
+
+}  // namespace mg::comm::detail
+
+#endif
