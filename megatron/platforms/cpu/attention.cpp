@@ -28,7 +28,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -44,6 +43,7 @@
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
+#include "megatron/platforms/cpu/vec_math.h"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cpu {
@@ -177,50 +177,12 @@ inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double 
               static_cast<blasint>(ldc));
 }
 
-// f32 lanes as GCC vector extensions (8 with AVX, else 4, so no function passes a vector wider
-// than the target's registers): the exp and the row reductions below are written on them, since
-// the loops would not vectorise otherwise (-ftrapping-math keeps GCC from turning the range checks
-// into selects).
-#ifdef __AVX__
-constexpr int64_t kLanes = 8;
-#else
-constexpr int64_t kLanes = 4;
-#endif
-using FV = float __attribute__((vector_size(4 * kLanes)));
-using IV = int32_t __attribute__((vector_size(4 * kLanes)));
-
-inline FV load_v(const float* p) {
-  FV v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store_v(float* p, FV v) {
-  std::memcpy(p, &v, sizeof v);
-}
-
-// e^x lane-wise: Cephes' expf (x = n ln2 + r, |r| <= ln2/2, degree-7 polynomial; about 1 ulp).
-// Below -87 (a masked -inf score included) it gives 0: such a term is under 2^-125 of the row's
-// largest, which is 1. NaN stays NaN.
-inline FV exp_v(FV x) {
-  const IV keep = ~(x < -87.0f);  // all ones unless the result underflows
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const FV t = x * 1.44269504088896341f + kRound;
-  const FV n = t - kRound;
-  FV r = x - n * 0.693359375f;  // ln2 in two parts, so n ln2 loses nothing
-  r = r - n * -2.12194440e-4f;
-  FV p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const FV y = p * r * r + r + 1.0f;
-  const IV ni = std::bit_cast<IV>(t) - std::bit_cast<int32_t>(kRound);
-  const IV two_n = (ni + 127) << 23;
-  const IV v = std::bit_cast<IV>(y * std::bit_cast<FV>(two_n)) & keep;
-  return std::bit_cast<FV>(v);
-}
+// f32 vectors and e^x: vec_math.h.
+using vec::FV;
+using vec::kLanes;
+using vec::load_v;
+using vec::store_v;
+using vec::exp_v;
 
 // The n < kLanes elements of x as a vector, -inf in the lanes past the end.
 inline FV tail_v(const float* x, int64_t n) {
