@@ -10,13 +10,18 @@
 //              y [N, F] = silu(gate) * up, silu(a) = a * sigmoid(a);
 //              d gate = dy * up * s (1 + a (1 - s)), d up = dy * silu(a), s = sigmoid(a)
 //   sq. relu   y = max(x, 0)^2;  y' = 2 max(x, 0)
+// f32 tanh GELU runs on vec_math.h lanes as y = x sigmoid(2u) (= 0.5 x (1 + tanh u)) and
+// y' = s + 2 x s (1 - s) du/dx, s = sigmoid(2u), with the polynomial e^x (no tanhf/expm1f calls).
 // Math in f32 (f64 for f64). Element-wise ops accept any shapes with equal element counts (dx may
 // alias dy: every element is read before it is written).
 // Not here: fused bias add (the bias_add op plus these), GEGLU, or other activations.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cpu/kernel_util.h"
+#include "megatron/platforms/cpu/vec_math.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
 
@@ -85,9 +90,41 @@ void map_grad(const char* op, Tensor& dx, const Tensor& dy, const Tensor& x, F&&
   });
 }
 
+// f32 tanh GELU on vec_math.h lanes: 0.5 (1 + tanh u) = sigmoid(2u), so y = x sigmoid(2u) and
+// y' = s + 2 x s (1 - s) du/dx with s = sigmoid(2u) (the same functions as the scalar forms above,
+// without tanhf's cost). Lane-wise, so results do not depend on the thread count.
+inline vec::FV gelu_tanh_sigmoid_v(vec::FV x) {
+  using C = GeluConst<float>;
+  const vec::FV u = C::kSqrt2OverPi * (x + C::kCubic * x * x * x);
+  return 1.0f / (1.0f + vec::exp_v(-2.0f * u));
+}
+
+// out[i] = f(x[i], g[i]) (g = 0 when null) over n f32 elements, kLanes at a time.
+template <typename F>
+void map_f32_v(float* out, const float* x, const float* g, int64_t n, F&& f) {
+  using namespace vec;
+  const int64_t blocks = (n + kLanes - 1) / kLanes;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i = b * kLanes, m = std::min<int64_t>(kLanes, n - i);
+    if (m == kLanes) {
+      store_v(out + i, f(load_v(x + i), g ? load_v(g + i) : FV{}));
+    } else {
+      store_partial_v(out + i, f(partial_v(x + i, m, 0.0f), g ? partial_v(g + i, m, 0.0f) : FV{}),
+                      m);
+    }
+  }
+}
+
 // y = gelu(x)
 void gelu_fwd(Tensor& y, const Tensor& x, GeluApprox approx) {
   ops::validate_unary(kOnHost, "gelu_fwd", "y", y, "x", x);
+  if (approx == GeluApprox::tanh && x.dtype() == DType::f32) {
+    map_f32_v(y.data<float>(), x.data<float>(), nullptr, x.numel(), [](vec::FV v, vec::FV) {
+      return v * gelu_tanh_sigmoid_v(v);
+    });
+    return;
+  }
   map_unary("gelu_fwd", y, x, [approx](auto v) { return gelu(v, approx); });
 }
 
@@ -95,6 +132,16 @@ void gelu_fwd(Tensor& y, const Tensor& x, GeluApprox approx) {
 void gelu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x, GeluApprox approx) {
   ops::validate_unary(kOnHost, "gelu_bwd", "dx", dx, "x", x);
   ops::validate_unary(kOnHost, "gelu_bwd", "dy", dy, "x", x);
+  if (approx == GeluApprox::tanh && x.dtype() == DType::f32) {
+    map_f32_v(dx.data<float>(), x.data<float>(), dy.data<float>(), x.numel(),
+              [](vec::FV v, vec::FV g) {
+                using C = GeluConst<float>;
+                const vec::FV sg = gelu_tanh_sigmoid_v(v);
+                const vec::FV du = C::kSqrt2OverPi * (1.0f + 3.0f * C::kCubic * v * v);
+                return g * (sg + 2.0f * v * sg * (1.0f - sg) * du);
+              });
+    return;
+  }
   map_grad("gelu_bwd", dx, dy, x, [approx](auto v) { return gelu_grad(v, approx); });
 }
 
