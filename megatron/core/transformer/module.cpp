@@ -9,16 +9,24 @@ namespace mg::transformer {
 
 void ParamBuilder::add(Weight& w, const std::string& name, const Shape& shape, InitRule init,
                        int tp_dim) {
+  add(w, name, shape, init, tensor_parallel::Partition{tp_dim, 1, 0, 1});
+}
+
+void ParamBuilder::add(Weight& w, const std::string& name, const Shape& global_shape, InitRule init,
+                       const tensor_parallel::Partition& part, bool sequence_parallel) {
   for (const auto& p : params_) MG_CHECK(p.name != name, "parameter " << name << " declared twice");
   Parameter p;
   p.name = name;
-  p.global_shape = shape;
+  p.global_shape = global_shape;
   // Megatron's no-weight-decay rule: biases and 1-D (norm) parameters.
-  p.no_weight_decay = shape.size() == 1 || name.ends_with(".bias");
-  p.tensor_parallel_dim = tp_dim;
+  p.no_weight_decay = global_shape.size() == 1 || name.ends_with(".bias");
+  p.tensor_parallel_dim = part.dim;
+  p.partition_stride = part.stride;
+  p.sequence_parallel = sequence_parallel;
   w.index = static_cast<int>(params_.size());
+  shapes_.push_back(tensor_parallel::local_shape(global_shape, part));
   params_.push_back(std::move(p));
-  decls_.push_back(ParamDecl{init});
+  decls_.push_back(ParamDecl{init, part});
   weights_.push_back(&w);
 }
 
@@ -26,22 +34,23 @@ void ParamBuilder::finish(std::vector<Parameter>& params, ParamAndGradBuffer& bu
                           std::vector<ParamDecl>& decls) {
   // Reverse order of first use: the last-declared parameter sits at offset 0.
   int64_t total = 0;
-  for (auto it = params_.rbegin(); it != params_.rend(); ++it) {
-    it->buffer_offset = total;
-    total += shape_numel(it->global_shape);
+  for (std::size_t i = params_.size(); i-- > 0;) {
+    params_[i].buffer_offset = total;
+    total += shape_numel(shapes_[i]);
   }
   buffer.params = Tensor::zeros({total}, ctx_.dtype, ctx_.device);
   buffer.grads = Tensor::zeros({total}, ctx_.grad_dtype, ctx_.device);
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = params_[i];
-    const int64_t n = shape_numel(p.global_shape);
-    p.param = buffer.params.slice(p.buffer_offset, n).view(p.global_shape);
-    p.main_grad = buffer.grads.slice(p.buffer_offset, n).view(p.global_shape);
+    const int64_t n = shape_numel(shapes_[i]);
+    p.param = buffer.params.slice(p.buffer_offset, n).view(shapes_[i]);
+    p.main_grad = buffer.grads.slice(p.buffer_offset, n).view(shapes_[i]);
     weights_[i]->value = p.param;
     weights_[i]->grad = p.main_grad;
   }
   params = std::move(params_);
   decls = std::move(decls_);
+  shapes_.clear();
   weights_.clear();
 }
 

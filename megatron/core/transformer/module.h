@@ -18,6 +18,7 @@
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
+#include "megatron/core/tensor_parallel/sharding.h"
 #include "megatron/core/transformer/parameter.h"
 #include "megatron/core/transformer/transformer_config.h"
 
@@ -53,6 +54,7 @@ struct Weight {
 
 struct ParamDecl {
   InitRule init = InitRule::normal;
+  tensor_parallel::Partition partition;  // this rank's shard of the full tensor (sharding.h)
 };
 
 class ParamBuilder {
@@ -61,6 +63,10 @@ class ParamBuilder {
   // Declares a parameter in order of first use in forward; `w` is bound at finish().
   // tp_dim: the dim a tensor-parallel layout splits (-1: replicated).
   void add(Weight& w, const std::string& name, const Shape& shape, InitRule init, int tp_dim = -1);
+  // A tensor-parallel shard: the parameter is local_shape(global_shape, part); its Parameter
+  // records global_shape, part.dim and part.stride, and sequence_parallel (grad summed over TP).
+  void add(Weight& w, const std::string& name, const Shape& global_shape, InitRule init,
+           const tensor_parallel::Partition& part, bool sequence_parallel = false);
   // Allocates the buffers and binds every declared Weight.
   void finish(std::vector<Parameter>& params, ParamAndGradBuffer& buffer,
               std::vector<ParamDecl>& decls);
@@ -69,6 +75,7 @@ class ParamBuilder {
   const ModuleContext& ctx_;
   std::vector<Parameter> params_;
   std::vector<ParamDecl> decls_;
+  std::vector<Shape> shapes_;  // local (shard) shapes
   std::vector<Weight*> weights_;
 };
 
