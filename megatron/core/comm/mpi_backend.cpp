@@ -223,6 +223,14 @@ class MpiWork final : public Work {
   std::function<void()> finish;    // runs once, after completion (unstage, divide, check counts)
   int64_t seq = 0;                 // collective number on the arrival board (0: p2p / untracked)
   std::vector<int> peers;          // p2p: the group ranks this op waits for
+  struct RecvCheck {
+    std::size_t request;  // index in requests
+    int count;            // elements expected
+    MPI_Datatype type;
+    int peer;
+    std::string what;  // the destination tensor
+  };
+  std::vector<RecvCheck> recv_checks;  // a shorter message than the tensor is an error
 
   void wait() override {
     if (state_ == State::done) return;
@@ -271,6 +279,13 @@ class MpiWork final : public Work {
       if (!flag) return false;
     }
     state_ = State::done;
+    for (const RecvCheck& r : recv_checks) {
+      int got = 0;
+      MPI_Get_count(&statuses_[r.request], r.type, &got);
+      MG_CHECK(got == r.count, op_ << " on " << info_->description << ": received " << got
+                                   << " elements from group rank " << r.peer << " into " << r.what
+                                   << " (" << r.count << " elements); sizes must match");
+    }
     if (finish) {
       auto f = std::move(finish);
       f();
@@ -616,6 +631,7 @@ class MpiGroup final : public ProcessGroup {
 
   void post_recv(MpiWork& w, const Tensor& x, int peer, int tag) {
     const int n = count("recv", x.numel());
+    w.recv_checks.push_back({w.requests.size(), n, copy_type(x.dtype()), peer, x.str()});
     w.requests.emplace_back();
     MG_MPI_CHECK(
         MPI_Irecv(x.raw_data(), n, copy_type(x.dtype()), peer, tag, comm(), &w.requests.back()),

@@ -263,6 +263,22 @@ TEST(Collectives, BatchedP2PRing) {
   g.barrier();
 }
 
+TEST(Collectives, RecvOfAShorterMessageIsAnError) {
+  ProcessGroup& g = world();
+  if (g.size() < 2) GTEST_SKIP() << "needs two ranks (run under mpirun)";
+  const int n = g.size(), me = g.rank();
+  Tensor small = Tensor::zeros({3}, DType::f32), big = Tensor::zeros({4}, DType::f32);
+  auto s = g.send(small, (me + 1) % n, 3);
+  try {
+    g.recv(big, (me + n - 1) % n, 3)->wait();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("received 3 elements"), std::string::npos) << e.message();
+  }
+  s->wait();
+  g.barrier();
+}
+
 TEST(Collectives, NewGroupsSplitsAndOrders) {
   Communicator& c = comm();
   const int n = c.world_size(), me = c.world_rank();
