@@ -226,6 +226,12 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   add_optimizer_flags(p, a.optimizer, a.scheduler, x);
   add_data_flags(p, a.data, a.tokenizer);
   add_training_flags(p, a.training, a.checkpoint, a.logging, a.platform, x);
+  p.add_choice(
+      "--distributed-backend", {"nccl", "mpi", "single"},
+      [&a](const std::string& v) { a.distributed_backend = v; },
+      "communication backend (default: mpi under mpirun/srun, else a single rank)");
+  p.add("--distributed-timeout-minutes", a.distributed_timeout_minutes,
+        "minutes a collective may wait for every rank before the job aborts (10)");
   a.help_text = p.help();
 
   std::vector<std::string> args;
@@ -302,6 +308,8 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   if (a.training.global_batch_size == 0)
     a.training.global_batch_size = a.training.micro_batch_size * a.training.data_parallel_size;
   a.training.validate();
+  MG_CHECK(a.distributed_timeout_minutes > 0,
+           "--distributed-timeout-minutes must be > 0, got " << a.distributed_timeout_minutes);
   a.checkpoint.validate();
   a.logging.validate();
 

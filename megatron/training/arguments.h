@@ -38,6 +38,12 @@ struct Arguments {
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   std::string platform;  // --platform: cuda | musa | txda | cpu; "" -> MG_PLATFORM, else auto
+  // --distributed-backend: nccl | mpi | single; "" -> comm::init_communicator's choice (MPI under
+  // mpirun/srun, else one rank; the training loop may prefer nccl on CUDA).
+  std::string distributed_backend;
+  // --distributed-timeout-minutes: how long Work::wait waits for a collective before it throws
+  // (and the job aborts); Megatron's default 10.
+  int32_t distributed_timeout_minutes = 10;
 
   bool help = false;      // --help / -h: print help_text and exit 0
   std::string help_text;  // every flag, one per line
