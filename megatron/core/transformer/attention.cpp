@@ -10,25 +10,36 @@ SelfAttention::SelfAttention(const ModuleContext& ctx, ParamBuilder& pb, const s
                              const SelfAttentionSpec& spec)
     : ctx_(ctx) {
   const TransformerConfig& c = *ctx.config;
-  nh_ = c.num_attention_heads;
-  ng_ = c.num_query_groups;
+  // This TP rank's heads: whole KV groups (an error naming the values when TP does not divide).
+  const tensor_parallel::AttentionPartition ap = tensor_parallel::attention_partition(
+      c.num_attention_heads, c.num_query_groups, ctx.tp_rank(), ctx.tp_size());
+  nh_ = ap.heads;
+  ng_ = ap.groups;
   hd_ = c.kv_channels;
   h_ = c.hidden_size;
   rope_ = c.position_embedding_type == PositionEmbeddingType::rope;
-  pb.add(qkv_w_, prefix + "linear_qkv.weight", {c.qkv_projection_size(), h_}, InitRule::normal, 0);
+  // Column-parallel QKV: contiguous rows = whole groups in the grouped layout (FORMATS.md §6.2).
+  pb.add(qkv_w_, prefix + "linear_qkv.weight", {c.qkv_projection_size(), h_}, InitRule::normal,
+         ctx.tp_partition(0));
   if (c.add_bias_linear || c.add_qkv_bias)
-    pb.add(qkv_b_, prefix + "linear_qkv.bias", {c.qkv_projection_size()}, InitRule::zeros, 0);
+    pb.add(qkv_b_, prefix + "linear_qkv.bias", {c.qkv_projection_size()}, InitRule::zeros,
+           ctx.tp_partition(0));
   if (c.qk_layernorm) {
     MG_CHECK(spec.q_layernorm != NormSlot::identity && spec.k_layernorm != NormSlot::identity,
              "qk_layernorm is set but the layer spec has no q/k layernorm slot");
+    // Each rank normalises only its heads: the grads are partial sums over TP.
     q_norm_ = std::make_unique<Norm>(ctx, pb, prefix + "q_layernorm.weight",
-                                     prefix + "q_layernorm.bias", hd_);
+                                     prefix + "q_layernorm.bias", hd_, true);
     k_norm_ = std::make_unique<Norm>(ctx, pb, prefix + "k_layernorm.weight",
-                                     prefix + "k_layernorm.bias", hd_);
+                                     prefix + "k_layernorm.bias", hd_, true);
   }
+  // Row-parallel linear_proj; its replicated bias is added by the layer's bias-dropout-add, on
+  // sequence shards under SP (grads then summed over TP).
   pb.add(proj_w_, prefix + "linear_proj.weight", {h_, c.query_projection_size()},
-         InitRule::scaled_normal, 1);
-  if (c.add_bias_linear) pb.add(proj_b_, prefix + "linear_proj.bias", {h_}, InitRule::zeros);
+         InitRule::scaled_normal, ctx.tp_partition(1));
+  if (c.add_bias_linear)
+    pb.add(proj_b_, prefix + "linear_proj.bias", {h_}, InitRule::zeros,
+           tensor_parallel::Partition{}, ctx.sequence_parallel && ctx.tp_size() > 1);
 }
 
 void SelfAttention::ungroup(const Tensor& grouped, Tensor& q, Tensor& k, Tensor& v) const {
@@ -77,7 +88,10 @@ ops::RopeArgs SelfAttention::rope_args(const AttentionInputs& in) const {
 Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInputs& in,
                               const ops::DropoutArgs& attn_dropout, bool keep_core_out) const {
   const int64_t s = in.s, b = in.b, n = s * b;
-  const Tensor x2 = x.view({n, h_});  // [N, H]
+  // TP region: x [S/TP, B, H] (SP) or [S, B, H] -> the full [S, B, H] on every TP rank.
+  const Tensor xt = tp_region_enter(ctx_, x);
+  if (ctx_.tp_size() > 1) saved.input = xt;
+  const Tensor x2 = xt.view({n, h_});  // [N, H]
   // Weight (and bias) rows regrouped as [q-all; k-all; v-all].
   Tensor w = ctx_.empty(qkv_w_.value.shape());
   Tensor wq = w.slice(0, nh_ * hd_), wk = w.slice(nh_ * hd_, ng_ * hd_),
@@ -120,7 +134,7 @@ Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInpu
     saved.out = out;
     saved.lse = lse;
   }
-  return y.view({s, b, h_});
+  return tp_region_exit(ctx_, y.view({s, b, h_}));  // partial sums over TP -> reduced
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
@@ -133,8 +147,9 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
     ctx_.op().attention_fwd(saved.out, saved.lse, saved.q, saved.k, saved.v, aa);
   }
   // linear_proj: d(out) [N, NH HD], dW_proj += dy^T out.
+  const Tensor dyt = tp_region_exit_bwd(ctx_, dy);  // [S, B, H]
   Tensor dout = ctx_.empty({n, nh_ * hd_});
-  linear_bwd(ctx_, dout, proj_w_.grad, dy.view({n, h_}), saved.out.view({n, nh_ * hd_}),
+  linear_bwd(ctx_, dout, proj_w_.grad, dyt.view({n, h_}), saved.out.view({n, nh_ * hd_}),
              proj_w_.value);
   Tensor dq = ctx_.empty({s, b, nh_, hd_});
   Tensor dk = ctx_.empty({s, b, ng_, hd_});
@@ -156,7 +171,8 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
     dk2 = k_norm_->backward(dk.view({n * ng_, hd_}), saved.k_pre.view({n * ng_, hd_}), saved.k_norm)
               .view({n, ng_ * hd_});
   }
-  const Tensor x2 = x.view({n, h_});
+  const Tensor x2 = (saved.input.defined() ? saved.input : x).view({n, h_});
+  saved.input = Tensor();
   // qkv weight gradient in [q-all; k-all; v-all] order, then added into the grouped main_grad.
   const int64_t rq = nh_ * hd_, rk = ng_ * hd_;
   Tensor dw = Tensor::empty(qkv_w_.grad.shape(), ctx_.grad_dtype, ctx_.device);
@@ -182,7 +198,7 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
   ctx_.op().gemm(dx, dq2, wq, ops::GemmArgs{});
   ctx_.op().gemm(dx, dk2, wk, ops::GemmArgs{.beta = 1.0f});
   ctx_.op().gemm(dx, dv2, wv, ops::GemmArgs{.beta = 1.0f});
-  return dx.view({s, b, h_});
+  return tp_region_enter_bwd(ctx_, dx.view({s, b, h_}));  // summed over TP (or reduce-scattered)
 }
 
 }  // namespace mg::transformer

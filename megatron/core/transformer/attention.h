@@ -7,6 +7,10 @@
 // and runs three gemms; backward computes the weight gradient in that order and adds each row block
 // back into the grouped main_grad. The activations are never permuted.
 // linear_proj's bias is not added here: the layer's bias-dropout-add does it (as Megatron).
+// Tensor parallelism (ctx.tp_group): this rank holds NH/TP heads and NG/TP whole KV groups
+// (linear_qkv rows, column-parallel) and the matching linear_proj columns (row-parallel); the
+// input enters the TP region by copy (or SP all-gather) and the output leaves by all-reduce (or
+// SP reduce-scatter), tensor_parallel/mappings.h. NH and NH/NG below are this rank's.
 #pragma once
 
 #include <memory>
@@ -32,6 +36,7 @@ class SelfAttention {
     Tensor q_pre, k_pre;  // before q/k layernorm (qk_layernorm only)
     Norm::Saved q_norm, k_norm;
     Tensor out, lse;  // core attention [S, B, NH, HD], [B, NH, S]; empty when recomputed
+    Tensor input;     // TP > 1: the input gathered/copied into the TP region [S, B, H]
   };
 
   // prefix: "decoder.layers.N.self_attention."

@@ -2,6 +2,9 @@
 // bias-dropout-add). SwiGLU's linear_fc1.weight is [2F, H] = [gate; up] (FORMATS.md §6.3), so the
 // fc1 output [N, 2F] is [gate | up] along its last dim, which is the swiglu op's input layout.
 // GELU is the exact erf form, or the tanh approximation under config.bias_activation_fusion.
+// Tensor parallelism (ctx.tp_group): fc1 column-parallel (SwiGLU rank r holds [gate_r; up_r],
+// partition_stride 2), fc2 row-parallel; F below is this rank's F/TP. The input enters the TP
+// region by copy (or SP all-gather), the output leaves by all-reduce (or SP reduce-scatter).
 #pragma once
 
 #include <string>
@@ -16,6 +19,7 @@ class MLP {
   struct Saved {
     Tensor fc1_out;  // [N, F] or [N, 2F], after bias (activation input)
     Tensor act_out;  // [N, F]
+    Tensor input;    // TP > 1: the input gathered/copied into the TP region [S, B, H]
   };
   // prefix: "decoder.layers.N.mlp."
   MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix, const MlpSpec& spec);

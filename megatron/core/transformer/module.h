@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/tensor_parallel/sharding.h"
@@ -30,7 +31,16 @@ struct ModuleContext {
   const TransformerConfig* config = nullptr;
   DType dtype = DType::f32;       // P: params and activations
   DType grad_dtype = DType::f32;  // G: main_grad
+  // Tensor parallelism (tensor_parallel/): the TP group (null: one rank, no communication) and
+  // whether activations outside the TP regions are sequence shards [S/TP, B, H].
+  comm::ProcessGroup* tp_group = nullptr;
+  bool sequence_parallel = false;
   const ops::OpTable& op() const { return *ops; }
+  int64_t tp_rank() const { return tp_group ? tp_group->rank() : 0; }
+  int64_t tp_size() const { return tp_group ? tp_group->size() : 1; }
+  tensor_parallel::Partition tp_partition(int dim, int stride = 1) const {
+    return tensor_parallel::Partition{dim, stride, tp_rank(), tp_size()};
+  }
   Tensor empty(const Shape& s) const { return Tensor::empty(s, dtype, device); }
   Tensor zeros(const Shape& s) const { return Tensor::zeros(s, dtype, device); }
   // Per-row statistics (norm mean/rstd, attention lse, loss): f64 for f64, else f32.
@@ -78,6 +88,17 @@ class ParamBuilder {
   std::vector<Shape> shapes_;  // local (shard) shapes
   std::vector<Weight*> weights_;
 };
+
+// Entry and exit of a tensor-parallel region (attention, MLP), as conjugate pairs of
+// tensor_parallel/mappings.h; the identity on one rank.
+//   enter: copy_to_tensor_model_parallel_region, or under SP gather_from_sequence_parallel_region
+//          ([S/TP, B, H] -> [S, B, H]); enter_bwd: all-reduce, or reduce-scatter to [S/TP, B, H].
+//   exit : reduce_from_tensor_model_parallel_region (all-reduce), or under SP
+//          reduce_scatter_to_sequence_parallel_region; exit_bwd: identity, or all-gather.
+Tensor tp_region_enter(const ModuleContext& ctx, const Tensor& x);
+Tensor tp_region_enter_bwd(const ModuleContext& ctx, const Tensor& dx);
+Tensor tp_region_exit(const ModuleContext& ctx, const Tensor& y);
+Tensor tp_region_exit_bwd(const ModuleContext& ctx, const Tensor& dy);
 
 // y [N, out] = x [N, in] @ w [out, in]^T (the bias, if any, is the caller's: bias_add or bda).
 Tensor linear_fwd(const ModuleContext& ctx, const Tensor& x, const Tensor& w);

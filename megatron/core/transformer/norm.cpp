@@ -4,13 +4,15 @@
 namespace mg::transformer {
 
 Norm::Norm(const ModuleContext& ctx, ParamBuilder& pb, const std::string& weight_name,
-           const std::string& bias_name, int64_t h)
+           const std::string& bias_name, int64_t h, bool sum_grads_over_tp)
     : ctx_(ctx), layernorm_(ctx.config->normalization == Normalization::layernorm) {
   args_.eps = static_cast<float>(ctx.config->norm_epsilon);
   args_.zero_centered_gamma = ctx.config->apply_layernorm_1p;
   const InitRule w_init = args_.zero_centered_gamma ? InitRule::zeros : InitRule::ones;
-  pb.add(weight_, weight_name, {h}, w_init);
-  if (layernorm_) pb.add(bias_, bias_name, {h}, InitRule::zeros);
+  const tensor_parallel::Partition replicated{};
+  const bool sum = sum_grads_over_tp && ctx.tp_size() > 1;
+  pb.add(weight_, weight_name, {h}, w_init, replicated, sum);
+  if (layernorm_) pb.add(bias_, bias_name, {h}, InitRule::zeros, replicated, sum);
 }
 
 Tensor Norm::forward(const Tensor& x, Saved& saved) const {

@@ -14,9 +14,12 @@ class Norm {
   struct Saved {
     Tensor mean, rstd;  // [rows] stat dtype (mean: LayerNorm only)
   };
-  // Declares `weight_name` [h] (and `bias_name` [h] for LayerNorm).
+  // Declares `weight_name` [h] (and `bias_name` [h] for LayerNorm). sum_grads_over_tp: the
+  // parameters are TP-replicated but each rank sees only part of the rows (sequence-parallel
+  // shards, or q/k layernorm over this rank's heads): marked sequence_parallel, so
+  // tensor_parallel::all_reduce_sequence_parallel_grads sums their grads over TP.
   Norm(const ModuleContext& ctx, ParamBuilder& pb, const std::string& weight_name,
-       const std::string& bias_name, int64_t h);
+       const std::string& bias_name, int64_t h, bool sum_grads_over_tp = false);
 
   // y [.., h] = norm(x [.., h]).
   Tensor forward(const Tensor& x, Saved& saved) const;

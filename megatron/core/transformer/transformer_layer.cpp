@@ -2,9 +2,34 @@
 // Gradient rule: parameter gradients +=, activation gradients =.
 #include "megatron/core/transformer/transformer_layer.h"
 
+#include "megatron/core/tensor_parallel/random.h"
+
 namespace mg::transformer {
 
 namespace {
+
+// Hidden dropout (bias-dropout-add) on `x`: under sequence parallelism x is this rank's sequence
+// shard, drawn at the offset of its first element in the full [S, B, H] tensor, so its mask is the
+// slice of the unsharded mask (tensor_parallel/random.h): SP on and off drop the same elements.
+ops::DropoutArgs hidden_dropout(const ModuleContext& ctx, const DropoutCtx& rng, double p,
+                                int64_t layer, DropoutSite site, const Tensor& x) {
+  ops::DropoutArgs a = rng.args(p, layer, site);
+  if (ctx.sequence_parallel && a.p > 0.0f)
+    a.offset = static_cast<uint64_t>(ctx.tp_rank() * x.numel());
+  return a;
+}
+
+// Attention-probability dropout acts on this rank's heads: with TP > 1 it draws from Megatron's
+// model-parallel region (seed + 2718 + tp_rank), so ranks do not repeat each other's masks. One
+// rank keeps the data-parallel seed (single-rank results unchanged; Megatron forks even at TP 1).
+ops::DropoutArgs attention_dropout(const ModuleContext& ctx, const DropoutCtx& rng, double p,
+                                   int64_t layer) {
+  DropoutCtx r = rng;
+  if (ctx.tp_size() > 1)
+    r.seed =
+        rng.seed + tensor_parallel::kModelParallelSeedOffset + static_cast<uint64_t>(ctx.tp_rank());
+  return r.args(p, layer, DropoutSite::attention_probs);
+}
 
 // The norm module of a slot, named as the spec says (TE-fused or separate), or null (identity).
 std::unique_ptr<Norm> make_norm(const ModuleContext& ctx, ParamBuilder& pb, NormSlot slot,
@@ -15,10 +40,11 @@ std::unique_ptr<Norm> make_norm(const ModuleContext& ctx, ParamBuilder& pb, Norm
       return nullptr;
     case NormSlot::norm:
       return std::make_unique<Norm>(ctx, pb, separate_prefix + "weight", separate_prefix + "bias",
-                                    ctx.config->hidden_size);
+                                    ctx.config->hidden_size, ctx.sequence_parallel);
     case NormSlot::fused_into_linear:
       return std::make_unique<Norm>(ctx, pb, fused_prefix + "layer_norm_weight",
-                                    fused_prefix + "layer_norm_bias", ctx.config->hidden_size);
+                                    fused_prefix + "layer_norm_bias", ctx.config->hidden_size,
+                                    ctx.sequence_parallel);
   }
   return nullptr;
 }
@@ -42,18 +68,19 @@ Tensor TransformerLayer::forward(const Tensor& x, Saved& saved, const AttentionI
   const TransformerConfig& c = *ctx_.config;
   saved.x = x;
   saved.ln1 = norm1_ ? norm1_->forward(x, saved.norm1) : x;
-  const ops::DropoutArgs probs =
-      rng.args(c.attention_dropout, layer_, DropoutSite::attention_probs);
+  const ops::DropoutArgs probs = attention_dropout(ctx_, rng, c.attention_dropout, layer_);
   Tensor y = attn_->forward(saved.ln1, saved.attn, in, probs, keep_core_attention);
   Tensor h = ctx_.empty(x.shape());
-  ctx_.op().bias_dropout_add_fwd(h, y, attn_->proj_bias().value, x,
-                                 rng.args(c.hidden_dropout, layer_, DropoutSite::attention_bda));
+  ctx_.op().bias_dropout_add_fwd(
+      h, y, attn_->proj_bias().value, x,
+      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::attention_bda, x));
   saved.h = h;
   saved.ln2 = norm2_ ? norm2_->forward(h, saved.norm2) : h;
   Tensor z = mlp_->forward(saved.ln2, saved.mlp);
   Tensor out = ctx_.empty(x.shape());
-  ctx_.op().bias_dropout_add_fwd(out, z, mlp_->fc2_bias().value, h,
-                                 rng.args(c.hidden_dropout, layer_, DropoutSite::mlp_bda));
+  ctx_.op().bias_dropout_add_fwd(
+      out, z, mlp_->fc2_bias().value, h,
+      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::mlp_bda, x));
   saved.complete = true;
   return out;
 }
@@ -63,17 +90,18 @@ Tensor TransformerLayer::backward(const Tensor& dout, Saved& saved, const Attent
   const TransformerConfig& c = *ctx_.config;
   // mlp_bda: dz = dropout'(dout), d(fc2 bias) += sum; the residual passes dout through.
   Tensor dz = ctx_.empty(dout.shape());
-  ctx_.op().bias_dropout_add_bwd(dz, mlp_->fc2_bias().grad, dout,
-                                 rng.args(c.hidden_dropout, layer_, DropoutSite::mlp_bda));
+  ctx_.op().bias_dropout_add_bwd(
+      dz, mlp_->fc2_bias().grad, dout,
+      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::mlp_bda, dout));
   Tensor dln2 = mlp_->backward(dz, saved.ln2, saved.mlp);
   Tensor dh = norm2_ ? norm2_->backward(dln2, saved.h, saved.norm2) : dln2;
   ctx_.op().axpy(dh, dout, 1.0f);
   // self_attn_bda
   Tensor dy = ctx_.empty(dh.shape());
-  ctx_.op().bias_dropout_add_bwd(dy, attn_->proj_bias().grad, dh,
-                                 rng.args(c.hidden_dropout, layer_, DropoutSite::attention_bda));
-  const ops::DropoutArgs probs =
-      rng.args(c.attention_dropout, layer_, DropoutSite::attention_probs);
+  ctx_.op().bias_dropout_add_bwd(
+      dy, attn_->proj_bias().grad, dh,
+      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::attention_bda, dout));
+  const ops::DropoutArgs probs = attention_dropout(ctx_, rng, c.attention_dropout, layer_);
   Tensor dln1 = attn_->backward(dy, saved.ln1, saved.attn, in, probs);
   Tensor dx = norm1_ ? norm1_->backward(dln1, saved.x, saved.norm1) : dln1;
   ctx_.op().axpy(dx, dh, 1.0f);

@@ -5,6 +5,10 @@
 //
 // Tensors [S, B, H]. Dropout seeds come from (iteration, micro-batch, layer, site), so a recomputed
 // forward replays the same masks.
+// Tensor parallelism (ctx.tp_group): attention and MLP are TP regions (heads and F split across
+// ranks); under sequence parallelism the layer's input, output, norms and bias-dropout-adds work on
+// [S/TP, B, H] shards, hidden dropout drawing at the shard's offset so SP on/off drop the same
+// elements; attention-probability dropout uses Megatron's model-parallel seed when TP > 1.
 #pragma once
 
 #include <memory>
