@@ -1,7 +1,7 @@
 // pretrain_gpt: Megatron-LM's pretrain_gpt.py in C++. Takes Megatron's flags (see
 // `pretrain_gpt --help`, megatron/training/arguments.h) or a --yaml-cfg of them, builds a GPT
 // model, the optimizer and the datasets, and trains with checkpoints and Megatron-format log lines
-// (megatron/training/training.h). Errors print one line and exit 1.
+// (megatron/training/training.h). Errors print one line and exit 1 (under mpirun: every rank ends).
 //
 //   build/bin/pretrain_gpt --num-layers 2 --hidden-size 128 --num-attention-heads 4
 //     --seq-length 128 --micro-batch-size 4 --global-batch-size 8 --train-iters 100 --lr 1e-3
@@ -10,6 +10,7 @@
 #include <exception>
 #include <iostream>
 
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/common/error.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/training.h"
@@ -23,12 +24,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     mg::training::pretrain(args);
-  } catch (const mg::Error& e) {
-    std::fprintf(stderr, "pretrain_gpt: error: %s\n", e.message().c_str());
-    return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pretrain_gpt: error: %s\n", e.what());
-    return 1;
+    // One line on stderr, exit 1; under mpirun the message names the rank and MPI_Abort ends
+    // every rank (never a hang).
+    mg::comm::abort_on_error(e, "pretrain_gpt");
   }
   return 0;
 }
