@@ -168,6 +168,18 @@ void add_data_flags(ArgParser& p, datasets::DataConfig& d, tokenizers::Tokenizer
   p.add("--vocab-size", t.vocab_size, "NullTokenizer vocabulary size");
 }
 
+void add_ddp_flags(ArgParser& p, distributed::DistributedDataParallelConfig& d) {
+  p.add_switch("--use-distributed-optimizer", d.use_distributed_optimizer, true,
+               "shard optimizer state over data-parallel ranks (ZeRO-1)");
+  p.add_switch("--overlap-grad-reduce", d.overlap_grad_reduce, true,
+               "reduce gradient buckets during the last micro-batch's backward");
+  p.add("--ddp-bucket-size", d.bucket_size, "elements per gradient bucket");
+  p.add_switch("--accumulate-allreduce-grads-in-fp32", d.grad_reduce_in_fp32, true,
+               "accumulate and reduce grads in fp32 (always so in this build)");
+  p.add_switch("--ddp-average-in-collective", d.average_in_collective, true,
+               "average in the collective instead of pre-scaling grads by 1/dp");
+}
+
 void add_training_flags(ArgParser& p, TrainingConfig& tr, CheckpointConfig& c, LoggingConfig& l,
                         std::string& platform, Pending& x) {
   p.add("--micro-batch-size", tr.micro_batch_size, "samples per micro-batch per rank");
@@ -232,6 +244,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       "communication backend (default: mpi under mpirun/srun, else a single rank)");
   p.add("--distributed-timeout-minutes", a.distributed_timeout_minutes,
         "minutes a collective may wait for every rank before the job aborts (10)");
+  add_ddp_flags(p, a.ddp);
   a.help_text = p.help();
 
   std::vector<std::string> args;
@@ -310,6 +323,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   a.training.validate();
   MG_CHECK(a.distributed_timeout_minutes > 0,
            "--distributed-timeout-minutes must be > 0, got " << a.distributed_timeout_minutes);
+  a.ddp.validate();
   a.checkpoint.validate();
   a.logging.validate();
 

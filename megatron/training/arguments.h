@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "megatron/core/datasets/blended_megatron_dataset_builder.h"
+#include "megatron/core/distributed/distributed_data_parallel_config.h"
 #include "megatron/core/optimizer/optimizer_config.h"
 #include "megatron/core/optimizer/optimizer_param_scheduler.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
@@ -37,6 +38,9 @@ struct Arguments {
   TrainingConfig training;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  // --use-distributed-optimizer, --overlap-grad-reduce, --ddp-bucket-size,
+  // --accumulate-allreduce-grads-in-fp32, --ddp-average-in-collective
+  distributed::DistributedDataParallelConfig ddp;
   std::string platform;  // --platform: cuda | musa | txda | cpu; "" -> MG_PLATFORM, else auto
   // --distributed-backend: nccl | mpi | single; "" -> comm::init_communicator's choice (MPI under
   // mpirun/srun, else one rank; the training loop may prefer nccl on CUDA).

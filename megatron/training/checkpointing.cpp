@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "megatron/core/common/error.h"
@@ -86,6 +87,12 @@ json tensor_records(const std::vector<std::pair<std::string, Tensor>>& tensors) 
   return j;
 }
 
+std::string optimizer_shard_file(int rank) {
+  char name[48];
+  std::snprintf(name, sizeof(name), "optimizer_rank_%05d.safetensors", rank);
+  return name;
+}
+
 }  // namespace
 
 std::string checkpoint_dir(const std::string& root, int64_t iteration) {
@@ -95,16 +102,30 @@ std::string checkpoint_dir(const std::string& root, int64_t iteration) {
 }
 
 void save_checkpoint(const std::string& root, const std::vector<transformer::Parameter>& params,
-                     const CheckpointState& state) {
+                     const CheckpointState& state, const CheckpointRanks& ranks) {
   MG_CHECK(state.iteration >= 0, "save_checkpoint: iteration " << state.iteration << " < 0");
+  const bool writer = !ranks.group || ranks.group->rank() == 0;  // shared files, renames
+  auto barrier = [&] {
+    if (ranks.group) ranks.group->barrier();
+  };
   std::error_code ec;
-  fs::create_directories(root, ec);
-  MG_CHECK(!ec, "cannot create checkpoint directory '" << root << "': " << ec.message());
   const fs::path final_dir = checkpoint_dir(root, state.iteration);
-  const fs::path tmp_dir = final_dir.string() + ".tmp." + std::to_string(::getpid());
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  MG_CHECK(!ec, "cannot create '" << tmp_dir.string() << "': " << ec.message());
+  // One temporary directory for all ranks: rank 0's pid names it.
+  std::string tmp_tag = std::to_string(::getpid());
+  if (ranks.group && ranks.group->size() > 1) {
+    Tensor pid = Tensor::from_vector(std::vector<int64_t>{::getpid()}, {1}, DType::i64);
+    ranks.group->broadcast(pid, 0)->wait();
+    tmp_tag = std::to_string(pid.to_vector<int64_t>()[0]);
+  }
+  const fs::path tmp_dir = final_dir.string() + ".tmp." + tmp_tag;
+  if (writer) {
+    fs::create_directories(root, ec);
+    MG_CHECK(!ec, "cannot create checkpoint directory '" << root << "': " << ec.message());
+    fs::remove_all(tmp_dir, ec);
+    fs::create_directories(tmp_dir, ec);
+    MG_CHECK(!ec, "cannot create '" << tmp_dir.string() << "': " << ec.message());
+  }
+  barrier();
 
   json meta = {{"format", kCheckpointFormat},
                {"format_version", kCheckpointFormatVersion},
@@ -125,21 +146,41 @@ void save_checkpoint(const std::string& root, const std::vector<transformer::Par
                  << shape_str(p.global_shape) << "; sharded checkpoints are not supported yet");
     model.emplace_back(p.name, p.param);
   }
-  dist_checkpointing::save_safetensors((tmp_dir / kModelFile).string(), model,
-                                       {{"format", kCheckpointFormat}});
+  if (writer)
+    dist_checkpointing::save_safetensors((tmp_dir / kModelFile).string(), model,
+                                         {{"format", kCheckpointFormat}});
   meta["files"][kModelFile] = tensor_records(model);
 
   if (state.optimizer) {
     std::vector<std::pair<std::string, Tensor>> opt(state.optimizer->tensors.begin(),
                                                     state.optimizer->tensors.end());
-    dist_checkpointing::save_safetensors((tmp_dir / kOptimizerFile).string(), opt,
-                                         {{"format", kCheckpointFormat}});
-    meta["files"][kOptimizerFile] = tensor_records(opt);
+    if (ranks.optimizer_sharded) {
+      // Every rank its own shard; the shard's ranges travel in the file's metadata.
+      const int rank = ranks.group ? ranks.group->rank() : 0;
+      const int size = ranks.group ? ranks.group->size() : 1;
+      std::map<std::string, std::string> file_meta = {{"format", kCheckpointFormat}};
+      for (const auto& [k, v] : state.optimizer->strings) file_meta[k] = v;
+      dist_checkpointing::save_safetensors((tmp_dir / optimizer_shard_file(rank)).string(), opt,
+                                           file_meta);
+      meta["optimizer_shards"] = size;
+      for (int r = 0; r < size; ++r) meta["files"][optimizer_shard_file(r)] = json::object();
+      meta["files"][optimizer_shard_file(rank)] = tensor_records(opt);
+    } else {
+      if (writer)
+        dist_checkpointing::save_safetensors((tmp_dir / kOptimizerFile).string(), opt,
+                                             {{"format", kCheckpointFormat}});
+      meta["files"][kOptimizerFile] = tensor_records(opt);
+    }
     meta["optimizer"] = state_dict_scalars(*state.optimizer);
   }
   if (state.scheduler) meta["opt_param_scheduler"] = state_dict_scalars(*state.scheduler);
   if (state.rng) meta["rng_state"] = *state.rng;
 
+  barrier();  // every rank's files are written (save_safetensors fsyncs) before metadata.json
+  if (!writer) {
+    barrier();  // rank 0 has renamed the directory and replaced the tracker
+    return;
+  }
   // metadata.json last: its presence marks the directory complete (as Megatron's torch_dist).
   write_file_atomic(tmp_dir / kMetadataFile, meta.dump(2));
   fsync_path(tmp_dir);
@@ -158,6 +199,7 @@ void save_checkpoint(const std::string& root, const std::vector<transformer::Par
   write_file_atomic(fs::path(root) / kTrackerFile, std::to_string(state.iteration));
   fsync_path(root);
   if (had_old) fs::remove_all(old_dir, ec);
+  barrier();
 }
 
 std::optional<int64_t> read_latest_iteration(const std::string& root) {
@@ -186,7 +228,7 @@ std::optional<int64_t> read_latest_iteration(const std::string& root) {
 
 CheckpointState load_checkpoint(const std::string& root,
                                 std::vector<transformer::Parameter>& params,
-                                const LoadOptions& options) {
+                                const LoadOptions& options, const CheckpointRanks& ranks) {
   std::optional<int64_t> iteration = options.iteration;
   bool release = false;
   if (!iteration) {
@@ -250,9 +292,26 @@ CheckpointState load_checkpoint(const std::string& root,
 
     if (options.load_optimizer && meta.contains("optimizer")) {
       optimizer::StateDict sd = scalars_to_state_dict(meta["optimizer"], where + " optimizer");
-      const std::string opt_path = (dir / kOptimizerFile).string();
+      const int rank = ranks.group ? ranks.group->rank() : 0;
+      const int size = ranks.group ? ranks.group->size() : 1;
+      const int shards = meta.value("optimizer_shards", 0);
+      std::string opt_path = (dir / kOptimizerFile).string();
+      if (shards > 0) {
+        MG_CHECK(
+            ranks.optimizer_sharded && shards == size,
+            "checkpoint '" << dir.string() << "' holds distributed-optimizer state of " << shards
+                           << " data-parallel ranks; this run has " << size
+                           << (ranks.optimizer_sharded ? ""
+                                                       : " without --use-distributed-optimizer")
+                           << " (load it with the same layout, or pass --no-load-optim)");
+        opt_path = (dir / optimizer_shard_file(rank)).string();
+      }
       dist_checkpointing::SafetensorsFile opt(opt_path);
       for (const auto& n : opt.names()) sd.tensors[n] = opt.tensor(n);
+      if (shards > 0)  // this rank's ranges (rank 0's were in metadata.json)
+        for (const auto& [k, v] : opt.metadata())
+          if (k != "format" && sd.strings.count(k)) sd.strings[k] = v;
+      if (shards > 0) sd.numbers["shard.rank"] = rank;
       st.optimizer = std::move(sd);
     }
     if (options.load_optimizer && meta.contains("opt_param_scheduler"))

@@ -13,7 +13,16 @@
 // any point leaves the previous tracker and checkpoint intact; a directory without metadata.json
 // is never treated as a checkpoint. Loading validates every file (safetensors strictly, shapes
 // against the model) and names the file and tensor in every error.
-// Not done: sharded (TP/PP/DP) layouts and resharding, async save, torch_dist interop.
+//
+// Data parallel (CheckpointRanks with a group): every rank of the group calls save/load with the
+// same state. Rank 0 writes the shared files (model, replicated optimizer state, metadata) and does
+// the renames; under the distributed optimizer each rank also writes its own shard
+//   <root>/iter_0000100/optimizer_rank_00003.safetensors   (flat shards + their ranges)
+// Barriers order it: the temporary directory exists before anyone writes, every rank has written
+// (and fsynced) before metadata.json and the rename, and no rank returns before the tracker names
+// the new checkpoint. A sharded checkpoint loads only with the same data-parallel size and
+// buckets (an error naming both layouts otherwise).
+// Not done: TP/PP layouts and resharding, async save, torch_dist interop.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/optimizer/state_dict.h"
 #include "megatron/core/transformer/parameter.h"
 
@@ -44,6 +54,12 @@ struct CheckpointState {
   nlohmann::json extra = nlohmann::json::object();  // anything else the caller keeps
 };
 
+// The ranks taking part in a save or load (data parallel). Default: this process alone.
+struct CheckpointRanks {
+  comm::ProcessGroupPtr group;     // null: single process
+  bool optimizer_sharded = false;  // --use-distributed-optimizer: one optimizer file per rank
+};
+
 // <root>/iter_0000100 (Megatron's iter_%07d).
 std::string checkpoint_dir(const std::string& root, int64_t iteration);
 
@@ -51,7 +67,7 @@ std::string checkpoint_dir(const std::string& root, int64_t iteration);
 // under their names with their global shapes. An existing checkpoint of the same iteration is
 // replaced.
 void save_checkpoint(const std::string& root, const std::vector<transformer::Parameter>& params,
-                     const CheckpointState& state);
+                     const CheckpointState& state, const CheckpointRanks& ranks = {});
 
 // The iteration named by <root>/latest_checkpointed_iteration.txt: nullopt when the tracker file
 // is absent; 0 for "release". A malformed tracker throws showing its content.
@@ -70,6 +86,6 @@ struct LoadOptions {
 // saved. Throws naming the directory, file and tensor when anything is missing or corrupt.
 CheckpointState load_checkpoint(const std::string& root,
                                 std::vector<transformer::Parameter>& params,
-                                const LoadOptions& options = {});
+                                const LoadOptions& options = {}, const CheckpointRanks& ranks = {});
 
 }  // namespace mg::training

@@ -4,10 +4,15 @@
 #include <chrono>
 #include <cmath>
 #include <iomanip>
+#include <optional>
+#include <span>
 #include <sstream>
+#include <utility>
 
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/common/error.h"
 #include "megatron/core/datasets/data_samplers.h"
+#include "megatron/core/distributed/distributed_data_parallel.h"
 #include "megatron/core/models/gpt/gpt_flops.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer/optimizer_param_scheduler.h"
@@ -33,14 +38,25 @@ models::GPTBatch to_batch(const datasets::MicroBatch& mb) {
   return b;
 }
 
+// The process's communicator, created on first use (MPI under mpirun/srun, else single rank) and
+// kept for the life of the process: MPI may be initialised only once.
+comm::Communicator& world_communicator() {
+  static std::unique_ptr<comm::Communicator> c = comm::init_communicator("");
+  return *c;
+}
+
 // Everything a run holds between the phases of pretrain().
 struct Run {
-  Run(const Arguments& a, std::ostream& l, const PretrainHooks& h) : args(a), log(l), hooks(h) {}
+  Run(const Arguments& a, std::ostream& l, std::ostream& last, const PretrainHooks& h)
+      : args(a), log(l), log_last(last), hooks(h) {}
   const Arguments& args;
-  std::ostream& log;
+  std::ostream& log;       // Megatron's print_rank_0: data-parallel rank 0 only
+  std::ostream& log_last;  // print_rank_last (iteration and evaluation lines): the last rank only
   const PretrainHooks& hooks;
   Runtime* rt = nullptr;
+  comm::ProcessGroupPtr dp_group;
   std::unique_ptr<models::GPTModel> model;
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
   std::unique_ptr<optimizer::OptimizerParamScheduler> scheduler;
   datasets::DatasetSplits splits;
@@ -63,6 +79,7 @@ std::unique_ptr<DataIterator> make_iterator(const Run& r, datasets::Split split,
   DataIteratorOptions o;
   o.micro_batch_size = r.args.training.micro_batch_size;
   o.data_parallel_size = r.args.training.data_parallel_size;
+  o.data_parallel_rank = r.dp_group->rank();
   o.consumed_samples = cyclic ? consumed % ds->size() : consumed;
   o.cyclic = cyclic;
   if (!cyclic && consumed >= ds->size()) return nullptr;
@@ -73,6 +90,13 @@ nlohmann::json given_args_json(const Arguments& args) {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [k, v] : args.given) j[k] = v;
   return j;
+}
+
+CheckpointRanks checkpoint_ranks(const Run& r) {
+  CheckpointRanks ranks;
+  ranks.group = r.dp_group;
+  ranks.optimizer_sharded = r.args.ddp.use_distributed_optimizer;
+  return ranks;
 }
 
 void save(Run& r) {
@@ -89,7 +113,7 @@ void save(Run& r) {
   if (!c.no_save_rng) st.rng = nlohmann::json{{"seed", r.rng_seed}};
   st.args = given_args_json(r.args);
   r.timers.start("save-checkpoint");
-  save_checkpoint(*c.save, r.model->parameters(), st);
+  save_checkpoint(*c.save, r.model->parameters(), st, checkpoint_ranks(r));
   const double s = r.timers.stop("save-checkpoint");
   r.log << "  successfully saved checkpoint from iteration " << std::setw(7) << r.iteration
         << " to " << *c.save << " [ t " << std::fixed << std::setprecision(2) << s * 1000.0
@@ -112,7 +136,7 @@ void load(Run& r) {
   LoadOptions o;
   o.load_optimizer = !c.no_load_optim && !c.finetune;
   o.load_rng = !c.no_load_rng && !c.finetune;
-  CheckpointState st = load_checkpoint(*c.load, r.model->parameters(), o);
+  CheckpointState st = load_checkpoint(*c.load, r.model->parameters(), o, checkpoint_ranks(r));
   if (st.optimizer)
     r.opt->load_state_dict(*st.optimizer);
   else
@@ -174,6 +198,15 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << std::endl;
 }
 
+// Megatron's loss reporting: (loss sum, token count) summed over the data-parallel group.
+std::pair<double, double> reduce_loss(Run& r, double loss_sum, double num_tokens) {
+  if (r.dp_group->size() == 1) return {loss_sum, num_tokens};
+  Tensor t = Tensor::from_vector(std::vector<double>{loss_sum, num_tokens}, {2}, DType::f64);
+  r.dp_group->all_reduce(t, comm::ReduceOp::sum)->wait();
+  const auto v = t.to_vector<double>();
+  return {v[0], v[1]};
+}
+
 // Megatron's evaluate(): eval_iters iterations of gbs samples, forward only.
 std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
   if (!it || r.args.training.eval_iters == 0) return std::nullopt;
@@ -189,8 +222,9 @@ std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
     };
     auto fb = pipeline_parallel::forward_backward_no_pipelining(
         *r.model, next, n_mb, cfg, models::StepRng{r.rng_seed, r.iteration, 0});
-    loss_sum += fb.loss_sum;
-    tokens += fb.num_tokens;
+    const auto [sum, n] = reduce_loss(r, fb.loss_sum, fb.num_tokens);
+    loss_sum += sum;
+    tokens += n;
     if (consumed) *consumed += r.args.training.global_batch_size;
   }
   return tokens > 0 ? loss_sum / tokens : 0.0;
@@ -208,10 +242,16 @@ struct StepOutcome {
 StepOutcome train_step(Run& r) {
   const auto& a = r.args;
   StepOutcome out;
-  r.opt->zero_grad();
+  r.ddp->zero_grad_buffer();
+  const bool dp = r.dp_group->size() > 1;
   pipeline_parallel::ForwardBackwardConfig cfg;
   cfg.calculate_per_token_loss = a.model.calculate_per_token_loss;
   cfg.loss_scale = r.opt->loss_scale();
+  // Data parallel with per-token loss: DDP sums the grads; they are divided by the global token
+  // count below (Megatron's finalize_model_grads).
+  cfg.finalize_per_token_grads = !dp;
+  if (a.ddp.overlap_grad_reduce)
+    cfg.set_is_last_microbatch = [&r](bool last) { r.ddp->set_is_last_microbatch(last); };
   auto next = [&] {
     auto mb = r.train_iter->next();
     MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);
@@ -220,7 +260,18 @@ StepOutcome train_step(Run& r) {
   auto fb = pipeline_parallel::forward_backward_no_pipelining(
       *r.model, next, a.training.num_microbatches(), cfg,
       models::StepRng{r.rng_seed, r.iteration, 0});
+  r.ddp->finish_grad_sync();
   out.lm_loss = fb.lm_loss;
+  if (dp) {
+    const auto [sum, tokens] = reduce_loss(r, fb.loss_sum, fb.num_tokens);
+    out.lm_loss = tokens > 0.0 ? sum / tokens : 0.0;
+    if (cfg.calculate_per_token_loss) {
+      MG_CHECK(tokens > 0.0, "calculate_per_token_loss: the global batch has no unmasked token");
+      Tensor grads = r.model->buffer().grads;
+      Tensor none;
+      r.model->ops().multi_tensor_scale(std::span<Tensor>(&grads, 1), 1.0 / tokens, none);
+    }
+  }
   if (r.hooks.after_forward_backward)
     r.hooks.after_forward_backward(r.iteration, out.lm_loss, *r.model);
   out.nan = !std::isfinite(out.lm_loss);
@@ -301,7 +352,7 @@ void train(Run& r) {
       s.nan_iters = interval_nan;
       s.mem_allocated_mb = mem_mb(r, false);
       s.mem_max_allocated_mb = mem_mb(r, true);
-      r.log << format_training_log(s) << std::endl;
+      r.log_last << format_training_log(s) << std::endl;
       interval_loss = 0.0;
       interval_count = interval_iters = interval_skipped = interval_nan = 0;
     }
@@ -310,9 +361,9 @@ void train(Run& r) {
       auto v = evaluate(r, r.valid_iter.get(), &r.consumed_valid);
       if (v) {
         r.result.valid_loss = v;
-        r.log << format_evaluation("validation loss at iteration " + std::to_string(r.iteration),
-                                   *v)
-              << std::endl;
+        r.log_last << format_evaluation(
+                          "validation loss at iteration " + std::to_string(r.iteration), *v)
+                   << std::endl;
       }
       r.timers.elapsed("interval-time");  // evaluation time is not training time
     }
@@ -345,8 +396,32 @@ void train(Run& r) {
 
 }  // namespace
 
-PretrainResult pretrain(const Arguments& args, std::ostream& log, const PretrainHooks& hooks) {
-  Run r(args, log, hooks);
+PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
+                        const PretrainHooks& hooks) {
+  // Data parallelism: every rank of the group is a DP rank (no TP/PP/CP yet), so dp = group size;
+  // gbs defaults to mbs * dp and must divide by it (Megatron's validate_args).
+  comm::ProcessGroupPtr dp_group =
+      hooks.data_parallel_group ? hooks.data_parallel_group : world_communicator().world();
+  Arguments args = given_args;
+  {
+    auto& tr = args.training;
+    tr.data_parallel_size = dp_group->size();
+    bool gbs_given = false;
+    for (const auto& [flag, values] : args.given) gbs_given |= flag == "--global-batch-size";
+    if (!gbs_given) tr.global_batch_size = tr.micro_batch_size * tr.data_parallel_size;
+    MG_CHECK(tr.global_batch_size % (tr.micro_batch_size * tr.data_parallel_size) == 0,
+             "--global-batch-size "
+                 << tr.global_batch_size << " must be a multiple of --micro-batch-size "
+                 << tr.micro_batch_size << " x data-parallel size " << tr.data_parallel_size);
+    args.scheduler.global_batch_size = tr.global_batch_size;
+    args.ddp.check_for_nan_in_grad = tr.check_for_nan_in_loss_and_grad && tr.data_parallel_size > 1;
+    args.ddp.calculate_per_token_loss = args.model.calculate_per_token_loss;
+  }
+  std::ostream null_log(nullptr);
+  const bool first = dp_group->rank() == 0, last = dp_group->rank() == dp_group->size() - 1;
+  std::ostream& log = first ? out_log : null_log;
+  Run r(args, log, last ? out_log : null_log, hooks);
+  r.dp_group = dp_group;
   RuntimeOptions ro;
   ro.platform = args.platform;
   r.rt = &mg::init(ro);
@@ -370,8 +445,23 @@ PretrainResult pretrain(const Arguments& args, std::ostream& log, const Pretrain
   r.model = std::make_unique<models::GPTModel>(args.model, tokenizer->vocab_size(), *r.rt->ops,
                                                r.rt->device);
   r.model->init_weights(args.training.seed);
-  r.opt = std::make_unique<optimizer::MegatronOptimizer>(args.optimizer, r.model->parameters(),
-                                                         r.model->buffer(), *r.rt->ops);
+  r.ddp = std::make_unique<distributed::DistributedDataParallel>(
+      args.ddp, r.model->parameters(), r.model->buffer(), *r.rt->ops, dp_group);
+  if (args.ddp.overlap_grad_reduce)
+    r.model->set_grad_ready_hook([&r](std::size_t i) { r.ddp->param_grad_ready(i); });
+  std::optional<optimizer::ShardOptions> shard;
+  if (args.ddp.use_distributed_optimizer) {
+    shard.emplace();
+    shard->ranges = r.ddp->optimizer_shard_ranges();
+    shard->group = dp_group;
+    shard->gather_params = [&r] {
+      r.ddp->start_param_sync();
+      r.ddp->finish_param_sync();
+    };
+  }
+  r.opt = std::make_unique<optimizer::MegatronOptimizer>(
+      args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
+      optimizer::ParamGroupOptions{}, std::move(shard));
   r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
       optimizer::scheduler_config_from_args(args.scheduler));
   r.flops_per_iter = models::num_floating_point_operations(
@@ -409,18 +499,19 @@ PretrainResult pretrain(const Arguments& args, std::ostream& log, const Pretrain
   if (r.valid_iter && r.iteration % args.training.eval_interval != 0) {
     if (auto v = evaluate(r, r.valid_iter.get(), &r.consumed_valid)) {
       r.result.valid_loss = v;
-      log << format_evaluation("validation loss at iteration " + std::to_string(r.iteration) +
-                                   " on validation set",
-                               *v)
-          << std::endl;
+      r.log_last << format_evaluation("validation loss at iteration " +
+                                          std::to_string(r.iteration) + " on validation set",
+                                      *v)
+                 << std::endl;
     }
   }
   if (auto test_iter = make_iterator(r, datasets::Split::test, 0, true)) {
     if (auto v = evaluate(r, test_iter.get(), nullptr)) {
       r.result.test_loss = v;
-      log << format_evaluation(
-                 "test loss at iteration " + std::to_string(r.iteration) + " on test set", *v)
-          << std::endl;
+      r.log_last << format_evaluation(
+                        "test loss at iteration " + std::to_string(r.iteration) + " on test set",
+                        *v)
+                 << std::endl;
     }
   }
   const auto& c = args.checkpoint;

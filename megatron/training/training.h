@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/arguments.h"
 
@@ -37,6 +38,9 @@ struct PretrainHooks {
   // reported loss and the model's gradients (a test injects NaN here).
   std::function<void(int64_t iteration, double& lm_loss, models::GPTModel& model)>
       after_forward_backward;
+  // Train on this data-parallel group instead of the process's world (a test runs several layouts
+  // in one mpirun job); null: the world of the communicator (MPI under mpirun, else one rank).
+  comm::ProcessGroupPtr data_parallel_group;
 };
 
 struct PretrainResult {

@@ -16,13 +16,22 @@ namespace mg::optimizer {
 
 using transformer::Parameter;
 
+// A piece: a parameter, or (sharded) its intersection with one owned range as a 1-D view.
+struct Piece {
+  std::size_t param = 0;  // index into the Parameter vector
+  int64_t offset = 0;     // element offset in the flat buffer
+  Tensor master, grad, exp_avg, exp_avg_sq, momentum;
+  Tensor model_param;  // the model weight piece (written by adamw_step when master is separate)
+};
+
 struct MegatronOptimizer::State {
   bool separate_master = false;  // bf16/fp16 model: f32 master weights of their own
-  Tensor master_flat;            // [P] f32 (or the params buffer itself)
-  Tensor exp_avg_flat, exp_avg_sq_flat, momentum_flat;
+  Tensor master_flat;            // [P] f32 (or the params buffer itself); sharded: [owned] f32
+  Tensor exp_avg_flat, exp_avg_sq_flat, momentum_flat;  // [P] or sharded [owned]
   bool momentum_initialized = false;  // torch SGD creates the buffer on the first step
-  std::vector<Tensor> master, exp_avg, exp_avg_sq, momentum, grads;  // per Parameter
-  Tensor found_inf;                                                  // [1] f32
+  std::vector<Piece> pieces;          // unsharded: one per Parameter, in order
+  std::vector<std::vector<std::size_t>> group_pieces;  // per ParamGroup: indices into pieces
+  Tensor found_inf;                                    // [1] f32
 };
 
 namespace {
@@ -61,12 +70,14 @@ bool any_nonfinite(double x) {
 
 MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<Parameter>& params,
                                      transformer::ParamAndGradBuffer& buffer,
-                                     const ops::OpTable& ops, const ParamGroupOptions& group_opts)
+                                     const ops::OpTable& ops, const ParamGroupOptions& group_opts,
+                                     std::optional<ShardOptions> shard)
     : config_(config),
       params_(params),
       buffer_(buffer),
       ops_(ops),
-      state_(std::make_unique<State>()) {
+      state_(std::make_unique<State>()),
+      shard_(std::move(shard)) {
   config_.validate();
   MG_CHECK(buffer_.params.defined() && buffer_.grads.defined() && buffer_.params.dim() == 1 &&
                buffer_.grads.dim() == 1 && buffer_.params.numel() == buffer_.grads.numel(),
@@ -128,16 +139,60 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
     groups_[it->second].params.push_back(i);
   }
 
-  // Master weights and optimizer state: flat buffers beside the model's, viewed per parameter.
+  // Master weights and optimizer state: flat buffers beside the model's, viewed per piece.
   State& s = *state_;
   const Device dev = buffer_.params.device();
-  const int64_t n = buffer_.params.numel();
   s.separate_master = config_.params_dtype == DType::bf16 || config_.params_dtype == DType::f16;
   const DType master_dtype = s.separate_master ? DType::f32 : config_.params_dtype;
+  if (!shard_) {
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      s.pieces.push_back(
+          {i, params_[i].buffer_offset, {}, params_[i].main_grad, {}, {}, {}, params_[i].param});
+  } else {
+    const int64_t total = buffer_.params.numel();
+    int64_t prev_end = 0;
+    for (const auto& [a, b] : shard_->ranges) {
+      MG_CHECK(a >= prev_end && a <= b && b <= total,
+               "optimizer: shard ranges must be ascending, disjoint and within [0, "
+                   << total << "), got [" << a << ", " << b << ") after " << prev_end);
+      prev_end = b;
+    }
+    MG_CHECK(shard_->group, "optimizer: ShardOptions needs the shard group");
+    // Pieces in buffer order (ranges ascending, params by offset within each range).
+    std::vector<std::size_t> order(params_.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+      return params_[x].buffer_offset < params_[y].buffer_offset;
+    });
+    for (const auto& [a, b] : shard_->ranges)
+      for (std::size_t i : order) {
+        const Parameter& p = params_[i];
+        const int64_t lo = std::max(a, p.buffer_offset);
+        const int64_t hi = std::min(b, p.buffer_offset + p.param.numel());
+        if (lo >= hi) continue;
+        s.pieces.push_back({i,
+                            lo,
+                            {},
+                            buffer_.grads.slice(lo, hi - lo),
+                            {},
+                            {},
+                            {},
+                            buffer_.params.slice(lo, hi - lo)});
+      }
+  }
+  // Piece k sits at element `pos[k]` of the state buffers (the flat buffer offset unsharded).
+  std::vector<int64_t> pos;
+  int64_t n = buffer_.params.numel();
+  if (shard_) {
+    n = 0;
+    for (const Piece& pc : s.pieces) pos.push_back(n), n += pc.grad.numel();
+  } else {
+    for (const Piece& pc : s.pieces) pos.push_back(pc.offset);
+  }
   if (s.separate_master) {
     s.master_flat = Tensor::empty({n}, DType::f32, dev);
-    s.master_flat.copy_(buffer_.params);
-  } else {
+    if (!shard_) s.master_flat.copy_(buffer_.params);
+  } else if (!shard_) {
     s.master_flat = buffer_.params;
   }
   if (config_.optimizer == "adam") {
@@ -146,17 +201,26 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
   } else {
     s.momentum_flat = Tensor::zeros({n}, master_dtype, dev);
   }
-  for (const Parameter& p : params_) {
-    const Shape& shape = p.param.shape();
-    s.master.push_back(view_of(s.master_flat, p.buffer_offset, shape));
-    s.grads.push_back(p.main_grad);
+  for (std::size_t k = 0; k < s.pieces.size(); ++k) {
+    Piece& pc = s.pieces[k];
+    const Shape shape = pc.grad.shape();
+    if (s.separate_master || !shard_)
+      pc.master = view_of(s.master_flat, pos[k], shape);
+    else
+      pc.master = pc.model_param;  // f32/f64 model sharded: the params are their own master
+    if (shard_ && s.separate_master) pc.master.copy_(pc.model_param);
     if (s.exp_avg_flat.defined()) {
-      s.exp_avg.push_back(view_of(s.exp_avg_flat, p.buffer_offset, shape));
-      s.exp_avg_sq.push_back(view_of(s.exp_avg_sq_flat, p.buffer_offset, shape));
+      pc.exp_avg = view_of(s.exp_avg_flat, pos[k], shape);
+      pc.exp_avg_sq = view_of(s.exp_avg_sq_flat, pos[k], shape);
     }
-    if (s.momentum_flat.defined())
-      s.momentum.push_back(view_of(s.momentum_flat, p.buffer_offset, shape));
+    if (s.momentum_flat.defined()) pc.momentum = view_of(s.momentum_flat, pos[k], shape);
   }
+  std::vector<std::size_t> group_of_param(params_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t i : groups_[g].params) group_of_param[i] = g;
+  s.group_pieces.resize(groups_.size());
+  for (std::size_t k = 0; k < s.pieces.size(); ++k)
+    s.group_pieces[group_of_param[s.pieces[k].param]].push_back(k);
   s.found_inf = Tensor::zeros({1}, DType::f32, dev);
   scaler_ = make_grad_scaler(config_);
 }
@@ -170,11 +234,32 @@ float MegatronOptimizer::loss_scale() const {
 Tensor MegatronOptimizer::master_param(std::size_t i) const {
   MG_CHECK(i < params_.size(),
            "optimizer: master_param(" << i << ") of " << params_.size() << " parameters");
-  return state_->master[i];
+  MG_CHECK(!shard_, "optimizer: master_param(" << i
+                                               << ") of a sharded (distributed) optimizer; its "
+                                                  "master weights are per-rank pieces");
+  return state_->pieces[i].master;
+}
+
+int64_t MegatronOptimizer::state_bytes() const {
+  const State& s = *state_;
+  int64_t bytes = 0;
+  for (const Tensor* t : {&s.exp_avg_flat, &s.exp_avg_sq_flat, &s.momentum_flat})
+    if (t->defined()) bytes += t->numel() * static_cast<int64_t>(dtype_size(t->dtype()));
+  if (s.separate_master)
+    bytes += s.master_flat.numel() * static_cast<int64_t>(dtype_size(s.master_flat.dtype()));
+  return bytes;
 }
 
 void MegatronOptimizer::zero_grad() {
   buffer_.grads.zero_();
+}
+
+// Sum of a host value over the shard group (identity unsharded).
+double MegatronOptimizer::reduce_over_shards(double x, comm::ReduceOp op) const {
+  if (!shard_ || shard_->group->size() == 1) return x;
+  Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
+  shard_->group->all_reduce(t, op)->wait();
+  return t.to_vector<double>()[0];
 }
 
 StepResult MegatronOptimizer::step(double lr, double weight_decay) {
@@ -183,15 +268,17 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   State& s = *state_;
   StepResult r;
   std::vector<Tensor> grads;
-  for (const Tensor& g : s.grads)
-    if (g.numel() > 0) grads.push_back(g);
+  for (const Piece& pc : s.pieces)
+    if (pc.grad.numel() > 0) grads.push_back(pc.grad);
 
   // Unscale and check for inf/nan (Megatron's prepare_grads): only with a scaler, and then an
-  // overflow skips the step whatever the precision.
+  // overflow skips the step whatever the precision. Sharded: found-inf is the max over shards.
   if (scaler_) {
     ops_.fill(s.found_inf, 0.0);
-    ops_.multi_tensor_scale(grads, static_cast<double>(scaler_->inv_scale()), s.found_inf);
-    const bool found_inf = s.found_inf.to_vector<float>()[0] > 0.0f;
+    if (!grads.empty())
+      ops_.multi_tensor_scale(grads, static_cast<double>(scaler_->inv_scale()), s.found_inf);
+    const double local_inf = s.found_inf.to_vector<float>()[0] > 0.0f ? 1.0 : 0.0;
+    const bool found_inf = reduce_over_shards(local_inf, comm::ReduceOp::max) > 0.0;
     scaler_->update(found_inf);
     if (found_inf) {
       r.found_inf = true;
@@ -200,27 +287,47 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   }
 
   // Pre-clip norm over every parameter once; computed even without clipping, for the log.
+  // Sharded: each rank's sum of squares over its pieces, summed over the shard group (the pieces
+  // of all ranks partition the buffer), then Megatron's clip_grad_norm_fp32 coefficient.
   const std::span<const Tensor> cgrads(grads.data(), grads.size());
-  r.grad_norm = config_.clip_grad > 0.0 ? ops_.clip_grad_norm(grads, config_.clip_grad)
-                                        : ops_.grad_norm(cgrads);
+  if (!shard_) {
+    r.grad_norm = config_.clip_grad > 0.0 ? ops_.clip_grad_norm(grads, config_.clip_grad)
+                                          : ops_.grad_norm(cgrads);
+  } else {
+    double sum_sq = 0.0;
+    if (!grads.empty()) {
+      Tensor out = Tensor::empty({1}, DType::f64, buffer_.grads.device());
+      ops_.l2_norm_sq(out, cgrads);
+      sum_sq = out.to_vector<double>()[0];
+    }
+    r.grad_norm = std::sqrt(reduce_over_shards(sum_sq, comm::ReduceOp::sum));
+    if (config_.clip_grad > 0.0) {
+      const double coeff = config_.clip_grad / (r.grad_norm + 1.0e-6);
+      Tensor none;
+      if (coeff < 1.0 && !grads.empty()) ops_.multi_tensor_scale(grads, coeff, none);
+    }
+  }
   r.found_inf = any_nonfinite(r.grad_norm);
   if (config_.log_num_zeros_in_grad) {
     int64_t zeros = 0;
     for (const Tensor& g : grads)
       for (float v : g.to_vector<float>()) zeros += v == 0.0f;
-    r.num_zeros_in_grad = zeros;
+    r.num_zeros_in_grad =
+        static_cast<int64_t>(reduce_over_shards(static_cast<double>(zeros), comm::ReduceOp::sum));
   }
 
   const int64_t step = step_ + 1;
-  for (ParamGroup& g : groups_) {
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    ParamGroup& g = groups_[gi];
     g.lr = lr * g.lr_mult;
     g.weight_decay = weight_decay * g.wd_mult;
     if (config_.optimizer == "adam") {
       std::vector<ops::AdamParam> list;
-      for (std::size_t i : g.params) {
-        if (s.master[i].numel() == 0) continue;
-        list.push_back({s.master[i], s.grads[i], s.exp_avg[i], s.exp_avg_sq[i],
-                        s.separate_master ? params_[i].param : Tensor()});
+      for (std::size_t k : s.group_pieces[gi]) {
+        Piece& pc = s.pieces[k];
+        if (pc.master.numel() == 0) continue;
+        list.push_back({pc.master, pc.grad, pc.exp_avg, pc.exp_avg_sq,
+                        s.separate_master ? pc.model_param : Tensor()});
       }
       ops::AdamArgs a;
       a.lr = static_cast<float>(g.lr);
@@ -237,13 +344,13 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
       // momentum * buf + d; p -= lr * buf. The decay term is added to main_grad in place (the
       // loop zeroes the gradients before the next backward anyway).
       const double momentum = config_.sgd_momentum;
-      std::vector<Tensor> bufs;
-      for (std::size_t i : g.params) {
-        if (s.master[i].numel() == 0) continue;
-        Tensor& grad = s.grads[i];
-        if (g.weight_decay != 0.0) ops_.axpy(grad, s.master[i], static_cast<float>(g.weight_decay));
+      for (std::size_t k : s.group_pieces[gi]) {
+        Piece& pc = s.pieces[k];
+        if (pc.master.numel() == 0) continue;
+        Tensor& grad = pc.grad;
+        if (g.weight_decay != 0.0) ops_.axpy(grad, pc.master, static_cast<float>(g.weight_decay));
         if (momentum != 0.0) {
-          Tensor& buf = s.momentum[i];
+          Tensor& buf = pc.momentum;
           if (!s.momentum_initialized) {
             buf.copy_(grad);
           } else {
@@ -252,37 +359,68 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
             ops_.multi_tensor_scale(one, momentum, none);
             ops_.axpy(buf, grad, 1.0f);
           }
-          ops_.axpy(s.master[i], buf, static_cast<float>(-g.lr));
+          ops_.axpy(pc.master, buf, static_cast<float>(-g.lr));
         } else {
-          ops_.axpy(s.master[i], grad, static_cast<float>(-g.lr));
+          ops_.axpy(pc.master, grad, static_cast<float>(-g.lr));
         }
       }
     }
   }
   if (config_.optimizer == "sgd") {
     s.momentum_initialized = config_.sgd_momentum != 0.0;
-    if (s.separate_master) buffer_.params.copy_(s.master_flat);  // master -> model
+    if (s.separate_master) {  // master -> model
+      if (!shard_)
+        buffer_.params.copy_(s.master_flat);
+      else
+        for (Piece& pc : s.pieces) pc.model_param.copy_(pc.master);
+    }
   }
+  if (shard_ && shard_->gather_params) shard_->gather_params();
   step_ = step;
   r.success = true;
   return r;
 }
+
+namespace {
+
+std::string ranges_str(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  std::string out;
+  for (const auto& [a, b] : ranges)
+    out += (out.empty() ? "" : ",") + std::to_string(a) + ":" + std::to_string(b);
+  return out;
+}
+
+}  // namespace
 
 StateDict MegatronOptimizer::state_dict() const {
   const State& s = *state_;
   StateDict sd;
   sd.strings["optimizer"] = config_.optimizer;
   sd.numbers["step"] = static_cast<double>(step_);
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    const std::string& name = params_[i].name;
+  if (shard_) {
+    const std::string prefix = "optimizer.shard.";
     if (config_.optimizer == "adam") {
-      sd.tensors[kStatePrefix + std::string("exp_avg.") + name] = s.exp_avg[i];
-      sd.tensors[kStatePrefix + std::string("exp_avg_sq.") + name] = s.exp_avg_sq[i];
+      sd.tensors[prefix + "exp_avg"] = s.exp_avg_flat;
+      sd.tensors[prefix + "exp_avg_sq"] = s.exp_avg_sq_flat;
     } else if (s.momentum_initialized) {
-      sd.tensors[kStatePrefix + std::string("momentum_buffer.") + name] = s.momentum[i];
+      sd.tensors[prefix + "momentum_buffer"] = s.momentum_flat;
     }
-    if (s.separate_master)
-      sd.tensors[kStatePrefix + std::string("fp32_param.") + name] = s.master[i];
+    if (s.separate_master) sd.tensors[prefix + "fp32_param"] = s.master_flat;
+    sd.strings["shard.ranges"] = ranges_str(shard_->ranges);
+    sd.numbers["shard.rank"] = shard_->group->rank();
+    sd.numbers["shard.size"] = shard_->group->size();
+  } else {
+    for (const Piece& pc : s.pieces) {
+      const std::string& name = params_[pc.param].name;
+      if (config_.optimizer == "adam") {
+        sd.tensors[kStatePrefix + std::string("exp_avg.") + name] = pc.exp_avg;
+        sd.tensors[kStatePrefix + std::string("exp_avg_sq.") + name] = pc.exp_avg_sq;
+      } else if (s.momentum_initialized) {
+        sd.tensors[kStatePrefix + std::string("momentum_buffer.") + name] = pc.momentum;
+      }
+      if (s.separate_master)
+        sd.tensors[kStatePrefix + std::string("fp32_param.") + name] = pc.master;
+    }
   }
   if (scaler_) sd.merge("grad_scaler.", scaler_->state_dict());
   return sd;
@@ -298,8 +436,8 @@ void MegatronOptimizer::load_state_dict(const StateDict& sd) {
   const double step = sd.number("step");
   MG_CHECK(step >= 0 && step == std::floor(step),
            "optimizer: checkpoint step must be a whole number >= 0, got " << step);
-  auto load = [&](const std::string& kind, std::size_t i, Tensor& dst) {
-    const std::string key = kStatePrefix + kind + "." + params_[i].name;
+  const bool has_momentum = config_.optimizer == "sgd" && step > 0 && config_.sgd_momentum != 0.0;
+  auto copy_in = [&](const std::string& key, Tensor& dst) {
     MG_CHECK(sd.has_tensor(key), "optimizer: the checkpoint has no '"
                                      << key
                                      << "' (load the model without optimizer state: "
@@ -310,15 +448,41 @@ void MegatronOptimizer::load_state_dict(const StateDict& sd) {
                                              << ", the model has " << shape_str(dst.shape()));
     dst.copy_(src);
   };
-  const bool has_momentum = config_.optimizer == "sgd" && step > 0 && config_.sgd_momentum != 0.0;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
+  if (shard_) {
+    const bool was_sharded = sd.has_string("shard.ranges");
+    MG_CHECK(was_sharded,
+             "optimizer: the checkpoint holds unsharded optimizer state but this run "
+             "uses --use-distributed-optimizer (resharding is not supported yet)");
+    const std::string mine = ranges_str(shard_->ranges);
+    MG_CHECK(sd.string("shard.ranges") == mine && sd.number("shard.size") == shard_->group->size(),
+             "optimizer: the checkpoint's shard of data-parallel rank "
+                 << sd.number("shard.rank") << " of " << sd.number("shard.size") << " covers "
+                 << sd.string("shard.ranges") << " but this rank " << shard_->group->rank()
+                 << " of " << shard_->group->size() << " owns " << mine
+                 << " (load with the same data-parallel size and --ddp-bucket-size)");
+    const std::string prefix = "optimizer.shard.";
     if (config_.optimizer == "adam") {
-      load("exp_avg", i, s.exp_avg[i]);
-      load("exp_avg_sq", i, s.exp_avg_sq[i]);
+      copy_in(prefix + "exp_avg", s.exp_avg_flat);
+      copy_in(prefix + "exp_avg_sq", s.exp_avg_sq_flat);
     } else if (has_momentum) {
-      load("momentum_buffer", i, s.momentum[i]);
+      copy_in(prefix + "momentum_buffer", s.momentum_flat);
     }
-    if (s.separate_master) load("fp32_param", i, s.master[i]);
+    if (s.separate_master) copy_in(prefix + "fp32_param", s.master_flat);
+  } else {
+    MG_CHECK(!sd.has_string("shard.ranges"),
+             "optimizer: the checkpoint holds distributed-optimizer shards ("
+                 << sd.string("shard.ranges")
+                 << "); load it with --use-distributed-optimizer and the same layout");
+    for (Piece& pc : s.pieces) {
+      const std::string& name = params_[pc.param].name;
+      if (config_.optimizer == "adam") {
+        copy_in(kStatePrefix + std::string("exp_avg.") + name, pc.exp_avg);
+        copy_in(kStatePrefix + std::string("exp_avg_sq.") + name, pc.exp_avg_sq);
+      } else if (has_momentum) {
+        copy_in(kStatePrefix + std::string("momentum_buffer.") + name, pc.momentum);
+      }
+      if (s.separate_master) copy_in(kStatePrefix + std::string("fp32_param.") + name, pc.master);
+    }
   }
   s.momentum_initialized = has_momentum;
   step_ = static_cast<int64_t>(step);
@@ -329,7 +493,13 @@ void MegatronOptimizer::load_state_dict(const StateDict& sd) {
 }
 
 void MegatronOptimizer::reload_model_params() {
-  if (state_->separate_master) state_->master_flat.copy_(buffer_.params);
+  State& s = *state_;
+  if (!s.separate_master) return;
+  if (!shard_) {
+    s.master_flat.copy_(buffer_.params);
+  } else {
+    for (Piece& pc : s.pieces) pc.master.copy_(pc.model_param);
+  }
 }
 
 }  // namespace mg::optimizer

@@ -14,8 +14,14 @@
 // buffer's length on the buffer's device, viewed at each Parameter's buffer_offset, so ZeRO later
 // is offset arithmetic. Param groups follow Megatron's _get_param_groups: one group per distinct
 // (wd_mult, lr_mult), wd_mult = 0 for no_weight_decay params (biases, norm weights).
-// Not here: DP/TP reductions (the op table's grad_norm counts what it is given), ZeRO sharding,
-// CPU offload.
+// Distributed optimizer (ZeRO-1, ShardOptions): the optimizer owns only some element ranges of the
+// flat buffer (this DP rank's chunk of every DDP bucket, megatron/core/distributed/); master
+// weights and moments exist for those ranges only (one flat shard buffer, viewed per piece = a
+// parameter's intersection with an owned range); unscale / found-inf, the grad norm and the zero
+// count are reduced over the shard group so every element is counted exactly once; after a
+// successful step `gather_params` all-gathers the updated model weights. Without ShardOptions
+// every parameter is one piece and nothing is communicated (the grads are already all-reduced).
+// Not here: TP reductions, CPU offload.
 #pragma once
 
 #include <cstdint>
@@ -23,8 +29,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer_config.h"
@@ -59,6 +67,14 @@ struct StepResult {
   std::optional<int64_t> num_zeros_in_grad;  // with config.log_num_zeros_in_grad
 };
 
+// ZeRO-1 sharding of the optimizer state (see the file comment).
+struct ShardOptions {
+  // Disjoint [start, end) element ranges of the flat buffer this rank steps, ascending.
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  comm::ProcessGroupPtr group;          // the ranks whose ranges partition the buffer (dp-cp)
+  std::function<void()> gather_params;  // after a successful step: all-gather the model weights
+};
+
 class MegatronOptimizer {
  public:
   // `params` and `buffer` must outlive the optimizer; every param / main_grad must be a view of
@@ -66,7 +82,7 @@ class MegatronOptimizer {
   // config.validate() is called; params_dtype must equal the buffer's dtype.
   MegatronOptimizer(const OptimizerConfig& config, std::vector<transformer::Parameter>& params,
                     transformer::ParamAndGradBuffer& buffer, const ops::OpTable& ops,
-                    const ParamGroupOptions& groups = {});
+                    const ParamGroupOptions& groups = {}, std::optional<ShardOptions> shard = {});
   ~MegatronOptimizer();
   MegatronOptimizer(const MegatronOptimizer&) = delete;
   MegatronOptimizer& operator=(const MegatronOptimizer&) = delete;
@@ -83,12 +99,17 @@ class MegatronOptimizer {
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   int64_t num_steps() const { return step_; }  // successful steps so far (Adam's step count)
   const OptimizerConfig& config() const { return config_; }
-  // Master weights of parameter i (the param itself for f32/f64 models).
+  // Master weights of parameter i (the param itself for f32/f64 models); not with ShardOptions.
   Tensor master_param(std::size_t i) const;
+  bool sharded() const { return shard_.has_value(); }
+  // Bytes of optimizer state this rank holds (separate master weights and moments / momentum).
+  int64_t state_bytes() const;
 
   // Tensors "optimizer.state.{exp_avg,exp_avg_sq,fp32_param,momentum_buffer}.<param name>"
   // (fp32_param only when the master weights are separate; views of live state, see
-  // state_dict.h), numbers "step", "grad_scaler.{scale,growth_tracker,hysteresis_tracker}"
+  // state_dict.h); sharded: the flat shards "optimizer.shard.{exp_avg,...}" instead, with string
+  // "shard.ranges" and numbers "shard.rank" / "shard.size" (a load checks the same layout);
+  // numbers "step", "grad_scaler.{scale,growth_tracker,hysteresis_tracker}"
   // (when there is a scaler), string "optimizer" (adam | sgd).
   StateDict state_dict() const;
   // Copies every entry back (converting dtype/device); missing or mis-shaped entries throw naming
@@ -107,7 +128,9 @@ class MegatronOptimizer {
   std::unique_ptr<GradScaler> scaler_;
   std::vector<ParamGroup> groups_;
   std::unique_ptr<State> state_;
+  std::optional<ShardOptions> shard_;
   int64_t step_ = 0;
+  double reduce_over_shards(double x, comm::ReduceOp op) const;
 };
 
 }  // namespace mg::optimizer

@@ -34,6 +34,7 @@ ForwardBackwardResult forward_backward_no_pipelining(models::GPTModel& model,
                                                      << "sums to 0): its mean loss is undefined");
       dloss /= sums.num_tokens * static_cast<double>(num_microbatches);
     }
+    if (config.set_is_last_microbatch) config.set_is_last_microbatch(i == num_microbatches - 1);
     model.backward(state, dloss);
   }
   r.lm_loss = r.num_tokens > 0.0 ? r.loss_sum / r.num_tokens : 0.0;

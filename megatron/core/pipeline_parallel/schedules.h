@@ -28,6 +28,9 @@ struct ForwardBackwardConfig {
   // Divide the grads by the total token count at the end under calculate_per_token_loss. Turn it
   // off when the caller reduces token counts across data-parallel ranks first and scales itself.
   bool finalize_per_token_grads = true;
+  // Megatron's no_sync_func: called before each micro-batch's backward with whether it is the
+  // last one (DDP then launches bucket reductions from the grad-ready hook only in that backward).
+  std::function<void(bool is_last_microbatch)> set_is_last_microbatch;
 };
 
 struct ForwardBackwardResult {

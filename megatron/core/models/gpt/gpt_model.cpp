@@ -64,6 +64,16 @@ struct GPTModel::Impl {
   std::unique_ptr<Norm> final_norm;
   // Full recompute: [start, end) layer ranges whose activations are rebuilt in backward.
   std::vector<std::pair<int64_t, int64_t>> recompute_chunks;
+  // Grad-ready hook and the parameter indices each backward stage completes.
+  GPTModel::GradReadyHook grad_ready;
+  std::vector<std::vector<std::size_t>> layer_params;  // per layer
+  std::vector<std::size_t> head_params;                // output layer (untied) and final norm
+  std::vector<std::size_t> embedding_params;           // the rest: embeddings
+
+  void report_ready(const std::vector<std::size_t>& indices) const {
+    if (grad_ready)
+      for (std::size_t i : indices) grad_ready(i);
+  }
 
   DType logits_dtype() const { return ctx.dtype == DType::f64 ? DType::f64 : DType::f32; }
   const Weight& output_weight() const { return output.defined() ? output : word; }
@@ -116,6 +126,20 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   if (c.untie_embeddings_and_output_weights)
     pb.add(m.output, "output_layer.weight", {m.vocab_padded, c.hidden_size}, InitRule::normal, 0);
   pb.finish(m.params, m.buffer, m.decls);
+  m.layer_params.resize(static_cast<std::size_t>(c.num_layers));
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    const std::string& name = m.params[i].name;
+    const std::string layers = "decoder.layers.";
+    if (name.rfind(layers, 0) == 0) {
+      const auto l = std::stoll(name.substr(layers.size()));
+      m.layer_params.at(static_cast<std::size_t>(l)).push_back(i);
+    } else if (name.rfind("output_layer.", 0) == 0 ||
+               name.rfind("decoder.final_layernorm.", 0) == 0) {
+      m.head_params.push_back(i);
+    } else {
+      m.embedding_params.push_back(i);
+    }
+  }
 
   if (c.recompute_granularity == transformer::RecomputeGranularity::full) {
     const int64_t k = c.recompute_num_layers;
@@ -357,6 +381,7 @@ void GPTModel::backward(GPTForwardState& state, double dloss) {
   Tensor dx = m.final_norm ? m.final_norm->backward(dln, st.decoder_out, st.final_norm) : dln;
   st.final_ln = Tensor();
   st.decoder_out = Tensor();
+  m.report_ready(m.head_params);
 
   // Decoder, last layer first; a recompute chunk is rebuilt from its input when reached.
   for (int64_t l = static_cast<int64_t>(m.layers.size()) - 1; l >= 0; --l) {
@@ -372,6 +397,7 @@ void GPTModel::backward(GPTForwardState& state, double dloss) {
         x = m.layers[r]->forward(x, st.layers[r], st.in, st.rng, !selective);
     }
     dx = m.layers[l]->backward(dx, ls, st.in, st.rng);
+    m.report_ready(m.layer_params[static_cast<std::size_t>(l)]);
   }
 
   // Embedding: dropout', then scatter-add into the word (and position) tables.
@@ -380,6 +406,11 @@ void GPTModel::backward(GPTForwardState& state, double dloss) {
   ops.embedding_bwd(m.word.grad, demb, st.tokens, 0);
   if (m.position.defined()) ops.embedding_bwd(m.position.grad, demb, st.positions, 0);
   state.saved_.reset();
+  m.report_ready(m.embedding_params);
+}
+
+void GPTModel::set_grad_ready_hook(GradReadyHook hook) {
+  impl_->grad_ready = std::move(hook);
 }
 
 Tensor GPTModel::logits(const GPTBatch& batch) {

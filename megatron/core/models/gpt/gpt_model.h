@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -121,6 +122,15 @@ class GPTModel {
   // dloss is the weight of every masked token's loss (e.g. 1 / num_tokens / num_microbatches times
   // the fp16 loss scale). Consumes `state`.
   void backward(GPTForwardState& state, double dloss);
+
+  // Called once per parameter (its index in parameters()) during backward(), as soon as that
+  // parameter's gradient contribution of the micro-batch is complete: after the output layer (when
+  // untied), the final norm, each layer (last first), then the embeddings (the tied word
+  // embedding last, since the output layer and the embedding both add to it). DDP's
+  // --overlap-grad-reduce launches bucket reductions from it (Megatron's grad-accumulation hooks).
+  // Empty by default; it observes and never changes what backward computes.
+  using GradReadyHook = std::function<void(std::size_t param_index)>;
+  void set_grad_ready_hook(GradReadyHook hook);
 
   // Logits [S, B, V_pad] (f32 under bf16/f16, else the params dtype) without dropout, for tests and
   // generation; labels are not needed.

@@ -1,0 +1,96 @@
+// DistributedDataParallel: Megatron-Core's DDP (megatron/core/distributed/
+// distributed_data_parallel.py) over the model's flat gradient buffer, without wrapping the model:
+// the model keeps its own forward/backward and calls param_grad_ready() from its grad-ready hook
+// (GPTModel::set_grad_ready_hook) when --overlap-grad-reduce is on.
+//
+// Per bucket (param_and_grad_buffer.h) over the data-parallel (dp-cp) group: grads scaled by 1/dp
+// (or the collective's avg), then all-reduced in place, or reduce-scattered under the distributed
+// optimizer (each rank's chunk of the bucket then holds the averaged grads; the rest of the buffer
+// keeps this rank's local grads and must not be read). With overlap, a bucket's collective is
+// launched asynchronously as soon as all its params' grads are final in the LAST micro-batch's
+// backward (set_is_last_microbatch, Megatron's no_sync); finish_grad_sync() launches what is left
+// and waits. After the distributed optimizer's step, start/finish_param_sync() all-gather every
+// bucket's parameter chunks.
+//
+// Invariants: every rank builds the same buckets and launches the same collectives in the same
+// order (backward is deterministic); a group of one rank communicates nothing and scales nothing,
+// so single-rank training is bit-identical to running without DDP.
+// Not here: --overlap-param-gather (the gather is synchronous after the step), FSDP, bucket
+// groups of several buckets, per-expert DP groups.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "megatron/core/comm/process_group.h"
+#include "megatron/core/distributed/distributed_data_parallel_config.h"
+#include "megatron/core/distributed/param_and_grad_buffer.h"
+#include "megatron/core/ops/ops.h"
+#include "megatron/core/transformer/parameter.h"
+
+namespace mg::distributed {
+
+class DistributedDataParallel {
+ public:
+  // `params` and `buffer` (the model's) must outlive this; dp_group is the data-parallel group
+  // (dp-cp with context parallelism). config.validate() is called.
+  DistributedDataParallel(const DistributedDataParallelConfig& config,
+                          std::vector<transformer::Parameter>& params,
+                          transformer::ParamAndGradBuffer& buffer, const ops::OpTable& ops,
+                          comm::ProcessGroupPtr dp_group);
+  ~DistributedDataParallel();  // waits for collectives still in flight
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  const DistributedDataParallelConfig& config() const { return config_; }
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  const comm::ProcessGroupPtr& data_parallel_group() const { return dp_group_; }
+
+  // Megatron's no_sync(): false while earlier micro-batches run their backward (grad-ready calls
+  // are then ignored); true (the default) for the last one.
+  void set_is_last_microbatch(bool last) { is_last_microbatch_ = last; }
+  // The model's grad-ready hook: parameter `param_index`'s gradient of this micro-batch is final.
+  // With overlap on the last micro-batch, a bucket whose params are all ready is launched. A
+  // parameter reported twice in one backward is an error.
+  void param_grad_ready(std::size_t param_index);
+  // Launches every bucket not launched yet (all of them without overlap).
+  void start_grad_sync();
+  // Launches what is left and waits for every bucket; afterwards the grads (this rank's chunks
+  // under the distributed optimizer) hold the average over the dp group.
+  void finish_grad_sync();
+  // Zeroes the gradient buffer and resets the readiness of every bucket.
+  void zero_grad_buffer();
+
+  // Distributed optimizer: this rank's element ranges (its chunk of every bucket), ascending.
+  std::vector<std::pair<int64_t, int64_t>> optimizer_shard_ranges() const;
+  // Distributed optimizer: all-gather each bucket's parameter chunks (after the step).
+  void start_param_sync();
+  void finish_param_sync();
+
+  // Buckets launched by param_grad_ready (during backward) vs by start_grad_sync, since
+  // construction: tells a test that overlap really overlaps.
+  int64_t buckets_launched_in_backward() const { return launched_in_backward_; }
+  int64_t buckets_launched_after_backward() const { return launched_after_backward_; }
+
+ private:
+  struct BucketState;
+  void launch(std::size_t bucket);
+  void reset_readiness();
+
+  DistributedDataParallelConfig config_;
+  std::vector<transformer::Parameter>& params_;
+  transformer::ParamAndGradBuffer& buffer_;
+  const ops::OpTable& ops_;
+  comm::ProcessGroupPtr dp_group_;
+  std::vector<GradBucket> buckets_;
+  std::vector<BucketState> state_;
+  std::vector<std::vector<std::size_t>> buckets_of_param_;
+  std::vector<bool> param_ready_;
+  bool is_last_microbatch_ = true;
+  int64_t launched_in_backward_ = 0, launched_after_backward_ = 0;
+  std::vector<comm::WorkPtr> param_gather_work_;
+};
+
+}  // namespace mg::distributed
