@@ -9,6 +9,9 @@
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/models/gpt/gpt_layer_specs.h"
+#include "megatron/core/tensor_parallel/cross_entropy.h"
+#include "megatron/core/tensor_parallel/mappings.h"
+#include "megatron/core/tensor_parallel/sharding.h"
 #include "megatron/core/transformer/module.h"
 #include "megatron/core/transformer/norm.h"
 #include "megatron/core/transformer/transformer_layer.h"
@@ -33,7 +36,8 @@ struct GPTSaved {
   AttentionInputs in;
   DropoutCtx rng;
   std::vector<TransformerLayer::Saved> layers;
-  Tensor decoder_out, final_ln;  // [S, B, H]
+  Tensor decoder_out, final_ln;  // [S, B, H] ([S/TP, B, H] under SP)
+  Tensor final_ln_total;         // TP > 1: the output layer's input, gathered under SP [S, B, H]
   Norm::Saved final_norm;
   Tensor logits, max, sum_exp, loss;  // [N, V_pad]; [N] x3
 };
@@ -56,6 +60,8 @@ struct GPTModel::Impl {
   transformer::TransformerLayerSpec spec;
   transformer::ModuleContext ctx;
   int64_t vocab = 0, vocab_padded = 0;
+  GPTModelParallel parallel;
+  tensor_parallel::VocabRange vocab_shard;  // this rank's rows of the padded vocabulary
   std::vector<transformer::Parameter> params;
   std::vector<transformer::ParamDecl> decls;
   transformer::ParamAndGradBuffer buffer;
@@ -73,6 +79,14 @@ struct GPTModel::Impl {
   void report_ready(const std::vector<std::size_t>& indices) const {
     if (grad_ready)
       for (std::size_t i : indices) grad_ready(i);
+  }
+
+  // Embedding dropout; under SP on this rank's sequence shard at its offset in the full tensor.
+  ops::DropoutArgs embedding_dropout(const DropoutCtx& rng, const Tensor& shard) const {
+    ops::DropoutArgs a = rng.args(config.hidden_dropout, -1, DropoutSite::embedding);
+    if (ctx.sequence_parallel && a.p > 0.0f)
+      a.offset = static_cast<uint64_t>(ctx.tp_rank() * shard.numel());
+    return a;
   }
 
   DType logits_dtype() const { return ctx.dtype == DType::f64 ? DType::f64 : DType::f32; }
@@ -98,6 +112,11 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
 
 GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const ops::OpTable& ops,
                    Device device, const transformer::TransformerLayerSpec& spec)
+    : GPTModel(config, vocab_size, ops, device, spec, GPTModelParallel{}) {}
+
+GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const ops::OpTable& ops,
+                   Device device, const transformer::TransformerLayerSpec& spec,
+                   const GPTModelParallel& parallel)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.config = config;
@@ -109,12 +128,18 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   m.ctx.config = &m.config;
   m.ctx.dtype = c.params_dtype;
   m.ctx.grad_dtype = c.grad_dtype();
+  m.parallel = parallel;
+  MG_CHECK(!parallel.sequence_parallel || parallel.tp_group != nullptr,
+           "sequence parallelism needs a tensor-parallel group");
+  m.ctx.tp_group = parallel.tp_group;
+  m.ctx.sequence_parallel = parallel.sequence_parallel && m.ctx.tp_size() > 1;
   m.vocab = vocab_size;
-  m.vocab_padded = c.padded_vocab_size(vocab_size);
+  m.vocab_padded = c.padded_vocab_size(vocab_size, m.ctx.tp_size());
+  m.vocab_shard = tensor_parallel::vocab_range(m.vocab_padded, m.ctx.tp_rank(), m.ctx.tp_size());
 
   transformer::ParamBuilder pb(m.ctx);
   pb.add(m.word, "embedding.word_embeddings.weight", {m.vocab_padded, c.hidden_size},
-         InitRule::normal, 0);
+         InitRule::normal, m.ctx.tp_partition(0));
   if (c.position_embedding_type == transformer::PositionEmbeddingType::learned_absolute)
     pb.add(m.position, "embedding.position_embeddings.weight",
            {c.max_position_embeddings, c.hidden_size}, InitRule::normal);
@@ -122,9 +147,11 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
     m.layers.push_back(std::make_unique<TransformerLayer>(m.ctx, pb, spec, l));
   if (spec.final_layernorm != transformer::NormSlot::identity)
     m.final_norm = std::make_unique<Norm>(m.ctx, pb, "decoder.final_layernorm.weight",
-                                          "decoder.final_layernorm.bias", c.hidden_size);
+                                          "decoder.final_layernorm.bias", c.hidden_size,
+                                          m.ctx.sequence_parallel);
   if (c.untie_embeddings_and_output_weights)
-    pb.add(m.output, "output_layer.weight", {m.vocab_padded, c.hidden_size}, InitRule::normal, 0);
+    pb.add(m.output, "output_layer.weight", {m.vocab_padded, c.hidden_size}, InitRule::normal,
+           m.ctx.tp_partition(0));
   pb.finish(m.params, m.buffer, m.decls);
   m.layer_params.resize(static_cast<std::size_t>(c.num_layers));
   for (std::size_t i = 0; i < m.params.size(); ++i) {
@@ -165,6 +192,9 @@ int64_t GPTModel::vocab_size() const {
 }
 int64_t GPTModel::padded_vocab_size() const {
   return impl_->vocab_padded;
+}
+const GPTModelParallel& GPTModel::parallel() const {
+  return impl_->parallel;
 }
 Device GPTModel::device() const {
   return impl_->ctx.device;
@@ -207,7 +237,9 @@ void GPTModel::init_weights(uint64_t seed) {
         a.std = m.decls[i].init == InitRule::normal ? std : scaled;
         a.seed = transformer::init_seed(seed, m.params[i].name);
         a.offset = 0;
-        m.ctx.op().init_normal(t, a);
+        // A TP shard draws the counters of its slice of the full tensor: TP-invariant init.
+        tensor_parallel::init_normal_partitioned(m.ctx.op(), t, m.params[i].global_shape,
+                                                 m.decls[i].partition, a);
         break;
       }
       case InitRule::zeros:
@@ -299,21 +331,29 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
     check_bs("doc_ids", batch.doc_ids, b, s);
     st.in.doc_ids = batch.doc_ids.to(DType::i32).to(dev);
   }
+  MG_CHECK(!m.ctx.sequence_parallel || s % m.ctx.tp_size() == 0,
+           "sequence parallelism: sequence length "
+               << s << " is not divisible by tensor_model_parallel_size " << m.ctx.tp_size());
   st.in.s = s;
   st.in.b = b;
   st.rng = DropoutCtx{rng.seed, rng.iteration, rng.microbatch, training};
 
-  // Embedding: word + learned positions, then dropout. [N, H] = [S, B, H].
+  // Embedding: word (vocab-parallel: this shard's rows, summed over TP) + learned positions, then
+  // under SP this rank's sequence shard, then dropout. [N, H] = [S, B, H] ([S/TP, B, H] SP).
   const int64_t h = c.hidden_size;
   Tensor emb = m.ctx.empty({s, b, h});
-  ops.embedding_fwd(emb, st.tokens, m.word.value, 0);
+  ops.embedding_fwd(emb, st.tokens, m.word.value, m.vocab_shard.start);
+  if (m.ctx.tp_size() > 1)
+    emb = tensor_parallel::reduce_from_tensor_model_parallel_region(emb, *m.ctx.tp_group);
   if (m.position.defined()) {
     Tensor pe = m.ctx.empty({s, b, h});
     ops.embedding_fwd(pe, st.positions, m.position.value, 0);
     ops.axpy(emb, pe, 1.0f);
   }
-  Tensor x = m.ctx.empty({s, b, h});
-  ops.dropout_fwd(x, emb, st.rng.args(c.hidden_dropout, -1, DropoutSite::embedding));
+  if (m.ctx.sequence_parallel)
+    emb = tensor_parallel::scatter_to_sequence_parallel_region(emb, *m.ctx.tp_group);
+  Tensor x = m.ctx.empty(emb.shape());
+  ops.dropout_fwd(x, emb, m.embedding_dropout(st.rng, emb));
 
   // Decoder.
   const bool selective = c.recompute_granularity == transformer::RecomputeGranularity::selective;
@@ -333,17 +373,29 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
   st.decoder_out = x;
   st.final_ln = m.final_norm ? m.final_norm->forward(x, st.final_norm) : x;
 
-  // Output layer and loss. logits [N, V_pad] in f32 (f64 for f64).
-  st.logits = Tensor::empty({n, m.vocab_padded}, m.logits_dtype(), dev);
-  ops.gemm(st.logits, st.final_ln.view({n, h}), m.output_weight().value,
+  // Output layer and loss. logits [N, V_pad] ([N, V_pad/TP] vocab-parallel, never gathered) in
+  // f32 (f64 for f64). With TP the input enters the TP region (copy, or SP all-gather).
+  Tensor ln_total = st.final_ln;
+  if (m.ctx.tp_size() > 1)
+    st.final_ln_total = ln_total = transformer::tp_region_enter(m.ctx, ln_total);
+  st.logits = Tensor::empty({n, m.vocab_shard.size()}, m.logits_dtype(), dev);
+  ops.gemm(st.logits, ln_total.view({n, h}), m.output_weight().value,
            ops::GemmArgs{.trans_b = true});
   LossSums sums;
   if (with_labels) {
     const DType stat = m.logits_dtype();
-    st.loss = Tensor::empty({n}, stat, dev);
-    st.max = Tensor::empty({n}, stat, dev);
-    st.sum_exp = Tensor::empty({n}, stat, dev);
-    ops.cross_entropy_fwd(st.loss, st.max, st.sum_exp, st.logits, st.labels);
+    if (m.ctx.tp_size() > 1) {
+      tensor_parallel::CrossEntropySaved ce;
+      st.loss = tensor_parallel::vocab_parallel_cross_entropy(
+          ops, st.logits, st.labels, m.vocab_shard.start, *m.ctx.tp_group, ce);
+      st.max = ce.max;
+      st.sum_exp = ce.sum_exp;
+    } else {
+      st.loss = Tensor::empty({n}, stat, dev);
+      st.max = Tensor::empty({n}, stat, dev);
+      st.sum_exp = Tensor::empty({n}, stat, dev);
+      ops.cross_entropy_fwd(st.loss, st.max, st.sum_exp, st.logits, st.labels);
+    }
     const std::vector<double> loss = st.loss.to_vector<double>();
     for (int64_t i = 0; i < n; ++i) {
       if (st.mask[i] == 0.0) continue;  // a masked NaN loss must not poison the sum
@@ -369,15 +421,19 @@ void GPTModel::backward(GPTForwardState& state, double dloss) {
   std::vector<double> dl(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) dl[i] = dloss * st.mask[i];
   const Tensor dloss_t = Tensor::from_vector(dl, {n}, m.logits_dtype()).to(dev);
-  ops.cross_entropy_bwd(st.logits, dloss_t, st.logits, st.max, st.sum_exp, st.labels, 0);
-  const Tensor dlogits = st.logits.to(m.ctx.dtype);  // [N, V_pad] in P for the gemms
+  ops.cross_entropy_bwd(st.logits, dloss_t, st.logits, st.max, st.sum_exp, st.labels,
+                        m.vocab_shard.start);
+  const Tensor dlogits = st.logits.to(m.ctx.dtype);  // [N, V_pad(/TP)] in P for the gemms
   st.logits = Tensor();
 
   // Output layer (the word embedding when tied): d(final_ln) = dlogits W; dW += dlogits^T ln.
   Weight& out_w = m.output_weight();
   Tensor dln = m.ctx.empty({st.s, st.b, h});
   Tensor dln2 = dln.view({n, h});
-  transformer::linear_bwd(m.ctx, dln2, out_w.grad, dlogits, st.final_ln.view({n, h}), out_w.value);
+  const Tensor ln_total = st.final_ln_total.defined() ? st.final_ln_total : st.final_ln;
+  transformer::linear_bwd(m.ctx, dln2, out_w.grad, dlogits, ln_total.view({n, h}), out_w.value);
+  st.final_ln_total = Tensor();
+  dln = transformer::tp_region_enter_bwd(m.ctx, dln);  // summed over TP (SP: reduce-scattered)
   Tensor dx = m.final_norm ? m.final_norm->backward(dln, st.decoder_out, st.final_norm) : dln;
   st.final_ln = Tensor();
   st.decoder_out = Tensor();
@@ -401,9 +457,11 @@ void GPTModel::backward(GPTForwardState& state, double dloss) {
   }
 
   // Embedding: dropout', then scatter-add into the word (and position) tables.
-  Tensor demb = m.ctx.empty({st.s, st.b, h});
-  ops.dropout_bwd(demb, dx, st.rng.args(c.hidden_dropout, -1, DropoutSite::embedding));
-  ops.embedding_bwd(m.word.grad, demb, st.tokens, 0);
+  Tensor demb = m.ctx.empty(dx.shape());
+  ops.dropout_bwd(demb, dx, m.embedding_dropout(st.rng, dx));
+  if (m.ctx.sequence_parallel)
+    demb = tensor_parallel::scatter_to_sequence_parallel_region_bwd(demb, *m.ctx.tp_group);
+  ops.embedding_bwd(m.word.grad, demb, st.tokens, m.vocab_shard.start);
   if (m.position.defined()) ops.embedding_bwd(m.position.grad, demb, st.positions, 0);
   state.saved_.reset();
   m.report_ready(m.embedding_params);
@@ -419,7 +477,7 @@ Tensor GPTModel::logits(const GPTBatch& batch) {
   GPTForwardState state;
   forward(b, state, StepRng{}, /*training=*/false);
   const detail::GPTSaved& st = *state.saved_;
-  return st.logits.view({st.s, st.b, impl_->vocab_padded});
+  return st.logits.view({st.s, st.b, impl_->vocab_shard.size()});
 }
 
 Tensor GPTModel::token_losses(const GPTForwardState& state) const {

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/parameter.h"
@@ -57,6 +58,20 @@ struct LossSums {
   double num_tokens = 0.0;
 };
 
+// Tensor (and sequence) parallelism of a GPTModel: this rank's TP group (null: one rank) and
+// --sequence-parallel. With TP, every parameter is this rank's shard of Megatron's global tensor
+// (Parameter::global_shape, tensor_parallel_dim, partition_stride): vocab-parallel embedding and
+// output layer, column-parallel linear_qkv/linear_fc1, row-parallel linear_proj/linear_fc2; the
+// padded vocabulary is a multiple of make_vocab_size_divisible_by x TP (Megatron's rule: it grows
+// with TP, so the loss equals the TP = 1 loss of the same padded vocabulary). Logits stay
+// vocab-parallel (never gathered) into the vocab-parallel cross entropy. Parameters marked
+// sequence_parallel (norms and replicated biases under SP, q/k layernorm) need
+// tensor_parallel::all_reduce_sequence_parallel_grads after the last micro-batch's backward.
+struct GPTModelParallel {
+  comm::ProcessGroup* tp_group = nullptr;
+  bool sequence_parallel = false;
+};
+
 namespace detail {
 struct GPTSaved;  // saved activations of one micro-batch (gpt_model.cpp)
 }
@@ -86,6 +101,9 @@ class GPTModel {
            const ops::OpTable& ops, Device device);
   GPTModel(const transformer::TransformerConfig& config, int64_t vocab_size,
            const ops::OpTable& ops, Device device, const transformer::TransformerLayerSpec& spec);
+  GPTModel(const transformer::TransformerConfig& config, int64_t vocab_size,
+           const ops::OpTable& ops, Device device, const transformer::TransformerLayerSpec& spec,
+           const GPTModelParallel& parallel);
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -93,7 +111,8 @@ class GPTModel {
   const transformer::TransformerConfig& config() const;
   const transformer::TransformerLayerSpec& spec() const;
   int64_t vocab_size() const;         // as given
-  int64_t padded_vocab_size() const;  // V_pad: rows of the embedding and output layer
+  int64_t padded_vocab_size() const;  // V_pad: rows of the embedding and output layer (global)
+  const GPTModelParallel& parallel() const;
   Device device() const;
   const ops::OpTable& ops() const;
 
@@ -133,7 +152,7 @@ class GPTModel {
   void set_grad_ready_hook(GradReadyHook hook);
 
   // Logits [S, B, V_pad] (f32 under bf16/f16, else the params dtype) without dropout, for tests and
-  // generation; labels are not needed.
+  // generation; labels are not needed. With TP: this rank's vocabulary columns [S, B, V_pad/TP].
   Tensor logits(const GPTBatch& batch);
   // The per-token loss [S, B] (compute dtype) of the last forward() held in `state`.
   Tensor token_losses(const GPTForwardState& state) const;

@@ -1,0 +1,136 @@
+// GPTModel with tensor (and sequence) parallelism on the world as the TP group against the same
+// model on one rank: tiny GPT-2 (tied embeddings, learned positions, biases) and LLaMA (GQA,
+// SwiGLU, RoPE, untied), vocabulary 1003 (not divisible by TP: padded), f64. Run by
+// tests/CMakeLists.txt under mpirun -np 2 and 4 (label mpi); alone it is a one-rank unit test.
+// Checked: gathered initial weights bit-identical (PITFALLS #7); loss equal and every gradient
+// (gathered) equal to f64 round-off (#1, #2), with SP on and off and with hidden dropout; every
+// TP-replicated gradient identical on all TP ranks (#3). The single-rank reference pads the
+// vocabulary to the same multiple (make_vocab_size_divisible_by x TP, Megatron's rule).
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "megatron/core/comm/process_group.h"
+#include "megatron/core/models/gpt/gpt_layer_specs.h"
+#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/tensor_parallel/layers.h"
+#include "megatron/core/tensor_parallel/mappings.h"
+#include "tests/unit/core/models/gpt_test_util.h"
+#include "tests/unit/test_util.h"
+
+namespace mg::tensor_parallel {
+namespace {
+
+using namespace std::chrono_literals;
+
+comm::ProcessGroup& tp_group() {
+  static std::unique_ptr<comm::Communicator> c = [] {
+    auto p = comm::init_communicator("");
+    p->set_default_timeout(20s);
+    return p;
+  }();
+  return *c->world();
+}
+
+std::vector<double> vec(const Tensor& t) {
+  return t.to_vector<double>();
+}
+
+struct ModelCase {
+  bool llama;
+  bool sequence_parallel;
+  double hidden_dropout;
+};
+
+transformer::TransformerConfig make_config(const ModelCase& mc) {
+  transformer::TransformerConfig c;
+  c.num_layers = 2;
+  c.seq_length = 8;
+  if (mc.llama) {
+    models::apply_llama_architecture(c);
+    c.hidden_size = 32;
+    c.num_attention_heads = 8;
+    c.num_query_groups = 4;
+    c.ffn_hidden_size = 24;
+  } else {
+    models::apply_gpt2_architecture(c);
+    c.hidden_size = 16;
+    c.num_attention_heads = 4;
+    c.max_position_embeddings = 12;
+  }
+  c.hidden_dropout = mc.hidden_dropout;
+  c.attention_dropout = 0.0;  // TP-dependent by design (per-rank model-parallel seed)
+  c.params_dtype = DType::f64;
+  c.make_vocab_size_divisible_by = 8;
+  return c;
+}
+
+void run_model_case(const ModelCase& mc) {
+  test::ensure_runtime();
+  comm::ProcessGroup& g = tp_group();
+  const ops::OpTable& ops = test::ops_on("cpu");
+  const int64_t vocab = 1003, tp = g.size();
+  transformer::TransformerConfig ctp = make_config(mc), cref = ctp;
+  cref.make_vocab_size_divisible_by = ctp.make_vocab_size_divisible_by * tp;  // same V_pad
+  transformer::TransformerConfig cf = ctp;
+  cf.finalize();
+  const auto spec = models::get_gpt_layer_with_transformer_engine_spec(cf);
+  models::GPTModel ref(cref, vocab, ops, Device::cpu(), spec);
+  models::GPTModel model(ctp, vocab, ops, Device::cpu(), spec,
+                         models::GPTModelParallel{&g, mc.sequence_parallel});
+  EXPECT_EQ(model.padded_vocab_size(), ref.padded_vocab_size());
+  EXPECT_EQ(model.padded_vocab_size() % (8 * tp), 0);
+  ref.init_weights(1234);
+  model.init_weights(1234);
+
+  auto full = [&](const transformer::Parameter& p, bool grad) {
+    const Tensor t = grad ? p.main_grad : p.param;
+    const Partition part{p.tensor_parallel_dim, p.partition_stride, g.rank(), g.size()};
+    if (part.replicated()) {  // identical on every TP rank (#3)
+      const Tensor all = all_gather_dim0(t.view({1, t.numel()}), g);
+      for (int r = 1; r < g.size(); ++r)
+        EXPECT_EQ(vec(all.select(r)), vec(all.select(0)))
+            << p.name << (grad ? " grad" : " value") << " differs between TP ranks 0 and " << r;
+      return t;
+    }
+    return gather_partitioned(t, p.global_shape, part, g);
+  };
+  EXPECT_EQ(model.parameters().size(), ref.parameters().size());
+  for (const auto& p : model.parameters()) {
+    EXPECT_EQ(p.global_shape, ref.parameter(p.name).global_shape) << p.name;
+    EXPECT_EQ(vec(full(p, false)), vec(ref.parameter(p.name).param)) << p.name << " init";
+  }
+
+  const models::GPTBatch batch = test::random_batch(2, 8, vocab, 5);
+  const models::StepRng rng{99, 4, 1};
+  models::GPTForwardState rs, ts;
+  const models::LossSums lr = ref.forward(batch, rs, rng, true);
+  const models::LossSums lt = model.forward(batch, ts, rng, true);
+  EXPECT_NEAR(lt.loss_sum, lr.loss_sum, 1e-10 * std::abs(lr.loss_sum));
+  EXPECT_EQ(lt.num_tokens, lr.num_tokens);
+  ref.backward(rs, 1.0 / lr.num_tokens);
+  model.backward(ts, 1.0 / lt.num_tokens);
+  all_reduce_sequence_parallel_grads(model.parameters(), g);
+  for (const auto& p : model.parameters()) {
+    const Tensor gt = full(p, true);
+    EXPECT_TRUE(
+        test::all_close(vec(gt), vec(ref.parameter(p.name).main_grad), test::tolerance(DType::f64)))
+        << p.name << " grad";
+  }
+}
+
+TEST(GPTModelTensorParallel, Gpt2) {
+  run_model_case({false, false, 0.0});
+}
+TEST(GPTModelTensorParallel, Gpt2SequenceParallelDropout) {
+  run_model_case({false, true, 0.1});
+}
+TEST(GPTModelTensorParallel, LlamaGqa) {
+  run_model_case({true, false, 0.0});
+}
+TEST(GPTModelTensorParallel, LlamaGqaSequenceParallelDropout) {
+  run_model_case({true, true, 0.1});
+}
+
+}  // namespace
+}  // namespace mg::tensor_parallel
