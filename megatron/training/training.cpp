@@ -414,7 +414,11 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
                  << tr.global_batch_size << " must be a multiple of --micro-batch-size "
                  << tr.micro_batch_size << " x data-parallel size " << tr.data_parallel_size);
     args.scheduler.global_batch_size = tr.global_batch_size;
-    args.ddp.check_for_nan_in_grad = tr.check_for_nan_in_loss_and_grad && tr.data_parallel_size > 1;
+    // The bucket NaN check (before the collective) only where a NaN gradient cannot be a normal
+    // event: under fp16 an overflow (inf/nan grads) is the loss scaler's, which skips the step.
+    // One rank: the loss check of train_step reports it as before.
+    args.ddp.check_for_nan_in_grad =
+        tr.check_for_nan_in_loss_and_grad && tr.data_parallel_size > 1 && !args.optimizer.fp16;
     args.ddp.calculate_per_token_loss = args.model.calculate_per_token_loss;
   }
   std::ostream null_log(nullptr);
