@@ -168,6 +168,18 @@ std::string wrap_config(const std::string& lines) {
   return out;
 }
 
+// "data parallel: ..." (a line) when there is more than one rank or a DDP option is on.
+std::string data_parallel_summary(const Run& r) {
+  const auto& d = r.args.ddp;
+  if (r.dp_group->size() == 1 && !d.use_distributed_optimizer && !d.overlap_grad_reduce) return "";
+  std::ostringstream s;
+  s << "data parallel: " << r.dp_group->size() << " ranks (" << r.dp_group->backend() << "), "
+    << r.ddp->buckets().size() << " gradient bucket(s)"
+    << (d.use_distributed_optimizer ? ", distributed optimizer" : "")
+    << (d.overlap_grad_reduce ? ", overlap-grad-reduce" : "") << "\n";
+  return s.str();
+}
+
 void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
   const auto& m = *r.model;
   auto& plat = *r.rt->platform;
@@ -182,10 +194,10 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << r.args.training.global_batch_size << " (" << r.args.training.num_microbatches()
         << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed
         << "\n"
-        << "optimizer: " << r.args.optimizer.optimizer << ", lr " << *r.args.optimizer.lr << " ("
-        << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
-        << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
-        << dtype_name(r.args.model.params_dtype) << "\n"
+        << data_parallel_summary(r) << "optimizer: " << r.args.optimizer.optimizer << ", lr "
+        << *r.args.optimizer.lr << " (" << r.args.scheduler.lr_decay_style << "), weight decay "
+        << r.args.optimizer.weight_decay << ", clip-grad " << r.args.optimizer.clip_grad
+        << ", params " << dtype_name(r.args.model.params_dtype) << "\n"
         << "op table (" << plat.name() << "):";
   int col = 0;
   for (const auto& res : r.rt->registry->resolutions(plat.name())) {
