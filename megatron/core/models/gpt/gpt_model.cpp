@@ -62,6 +62,7 @@ struct GPTModel::Impl {
   int64_t vocab = 0, vocab_padded = 0;
   GPTModelParallel parallel;
   tensor_parallel::VocabRange vocab_shard;  // this rank's rows of the padded vocabulary
+  int64_t logit_rows = 0;  // output rows with logits: the shard, or its real rows (no padding)
   std::vector<transformer::Parameter> params;
   std::vector<transformer::ParamDecl> decls;
   transformer::ParamAndGradBuffer buffer;
@@ -92,6 +93,12 @@ struct GPTModel::Impl {
   DType logits_dtype() const { return ctx.dtype == DType::f64 ? DType::f64 : DType::f32; }
   const Weight& output_weight() const { return output.defined() ? output : word; }
   Weight& output_weight() { return output.defined() ? output : word; }
+  // The rows of the output weight (or its grad) that produce logits.
+  Tensor logit_rows_of(const Tensor& w) const {
+    return logit_rows == w.size(0) ? w : w.slice(0, logit_rows);
+  }
+  // Targets must lie below this (the vocab-parallel cross entropy's check).
+  int64_t loss_vocab_end() const { return parallel.exclude_vocab_padding ? vocab : vocab_padded; }
 
   // Which recompute chunk holds layer l (-1: none).
   int chunk_of(int64_t l) const {
@@ -136,6 +143,10 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   m.vocab = vocab_size;
   m.vocab_padded = c.padded_vocab_size(vocab_size, m.ctx.tp_size());
   m.vocab_shard = tensor_parallel::vocab_range(m.vocab_padded, m.ctx.tp_rank(), m.ctx.tp_size());
+  m.logit_rows =
+      parallel.exclude_vocab_padding
+          ? std::max<int64_t>(0, std::min(m.vocab_shard.end, vocab_size) - m.vocab_shard.start)
+          : m.vocab_shard.size();
 
   transformer::ParamBuilder pb(m.ctx);
   pb.add(m.word, "embedding.word_embeddings.weight", {m.vocab_padded, c.hidden_size},
@@ -378,16 +389,17 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
   Tensor ln_total = st.final_ln;
   if (m.ctx.tp_size() > 1)
     st.final_ln_total = ln_total = transformer::tp_region_enter(m.ctx, ln_total);
-  st.logits = Tensor::empty({n, m.vocab_shard.size()}, m.logits_dtype(), dev);
-  ops.gemm(st.logits, ln_total.view({n, h}), m.output_weight().value,
-           ops::GemmArgs{.trans_b = true});
+  st.logits = Tensor::empty({n, m.logit_rows}, m.logits_dtype(), dev);
+  if (m.logit_rows > 0)
+    ops.gemm(st.logits, ln_total.view({n, h}), m.logit_rows_of(m.output_weight().value),
+             ops::GemmArgs{.trans_b = true});
   LossSums sums;
   if (with_labels) {
     const DType stat = m.logits_dtype();
     if (m.ctx.tp_size() > 1) {
       tensor_parallel::CrossEntropySaved ce;
       st.loss = tensor_parallel::vocab_parallel_cross_entropy(
-          ops, st.logits, st.labels, m.vocab_shard.start, *m.ctx.tp_group, ce);
+          ops, st.logits, st.labels, m.vocab_shard.start, *m.ctx.tp_group, ce, m.loss_vocab_end());
       st.max = ce.max;
       st.sum_exp = ce.sum_exp;
     } else {
@@ -421,8 +433,9 @@ void GPTModel::backward(GPTForwardState& state, double dloss) {
   std::vector<double> dl(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) dl[i] = dloss * st.mask[i];
   const Tensor dloss_t = Tensor::from_vector(dl, {n}, m.logits_dtype()).to(dev);
-  ops.cross_entropy_bwd(st.logits, dloss_t, st.logits, st.max, st.sum_exp, st.labels,
-                        m.vocab_shard.start);
+  if (m.logit_rows > 0)
+    ops.cross_entropy_bwd(st.logits, dloss_t, st.logits, st.max, st.sum_exp, st.labels,
+                          m.vocab_shard.start);
   const Tensor dlogits = st.logits.to(m.ctx.dtype);  // [N, V_pad(/TP)] in P for the gemms
   st.logits = Tensor();
 
@@ -431,7 +444,13 @@ void GPTModel::backward(GPTForwardState& state, double dloss) {
   Tensor dln = m.ctx.empty({st.s, st.b, h});
   Tensor dln2 = dln.view({n, h});
   const Tensor ln_total = st.final_ln_total.defined() ? st.final_ln_total : st.final_ln;
-  transformer::linear_bwd(m.ctx, dln2, out_w.grad, dlogits, ln_total.view({n, h}), out_w.value);
+  if (m.logit_rows > 0) {
+    Tensor dw = m.logit_rows_of(out_w.grad);  // padding rows (excluded) get no gradient
+    transformer::linear_bwd(m.ctx, dln2, dw, dlogits, ln_total.view({n, h}),
+                            m.logit_rows_of(out_w.value));
+  } else {
+    ops.fill(dln2, 0.0);  // a shard of padding only: no logits, no contribution
+  }
   st.final_ln_total = Tensor();
   dln = transformer::tp_region_enter_bwd(m.ctx, dln);  // summed over TP (SP: reduce-scattered)
   Tensor dx = m.final_norm ? m.final_norm->backward(dln, st.decoder_out, st.final_norm) : dln;
@@ -477,7 +496,7 @@ Tensor GPTModel::logits(const GPTBatch& batch) {
   GPTForwardState state;
   forward(b, state, StepRng{}, /*training=*/false);
   const detail::GPTSaved& st = *state.saved_;
-  return st.logits.view({st.s, st.b, impl_->vocab_shard.size()});
+  return st.logits.view({st.s, st.b, impl_->logit_rows});
 }
 
 Tensor GPTModel::token_losses(const GPTForwardState& state) const {

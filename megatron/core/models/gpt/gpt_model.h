@@ -67,9 +67,16 @@ struct LossSums {
 // vocab-parallel (never gathered) into the vocab-parallel cross entropy. Parameters marked
 // sequence_parallel (norms and replicated biases under SP, q/k layernorm) need
 // tensor_parallel::all_reduce_sequence_parallel_grads after the last micro-batch's backward.
+//
+// exclude_vocab_padding (not Megatron's behaviour, which keeps the padding rows' logits in the
+// softmax): the output layer computes logits for the real vocabulary rows only, so the loss and
+// gradients do not depend on the padding, which grows with TP (PITFALLS #1: with V = 50257 and
+// --make-vocab-size-divisible-by 128, V_pad is 50304 at TP 1 but 50432 at TP 2). A rank whose shard
+// is all padding gets empty logits. Set it alike in the runs being compared.
 struct GPTModelParallel {
   comm::ProcessGroup* tp_group = nullptr;
   bool sequence_parallel = false;
+  bool exclude_vocab_padding = false;
 };
 
 namespace detail {
@@ -152,7 +159,8 @@ class GPTModel {
   void set_grad_ready_hook(GradReadyHook hook);
 
   // Logits [S, B, V_pad] (f32 under bf16/f16, else the params dtype) without dropout, for tests and
-  // generation; labels are not needed. With TP: this rank's vocabulary columns [S, B, V_pad/TP].
+  // generation; labels are not needed. With TP: this rank's vocabulary columns [S, B, V_pad/TP]
+  // (exclude_vocab_padding: only its real rows, V overall).
   Tensor logits(const GPTBatch& batch);
   // The per-token loss [S, B] (compute dtype) of the last forward() held in `state`.
   Tensor token_losses(const GPTForwardState& state) const;

@@ -5,7 +5,8 @@
 // Checked: gathered initial weights bit-identical (PITFALLS #7); loss equal and every gradient
 // (gathered) equal to f64 round-off (#1, #2), with SP on and off and with hidden dropout; every
 // TP-replicated gradient identical on all TP ranks (#3). The single-rank reference pads the
-// vocabulary to the same multiple (make_vocab_size_divisible_by x TP, Megatron's rule).
+// vocabulary to the same multiple (make_vocab_size_divisible_by x TP, Megatron's rule); with
+// exclude_vocab_padding the padding may differ (a vocabulary of 20: shards of padding only).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -130,6 +131,53 @@ TEST(GPTModelTensorParallel, LlamaGqa) {
 }
 TEST(GPTModelTensorParallel, LlamaGqaSequenceParallelDropout) {
   run_model_case({true, true, 0.1});
+}
+
+// PITFALLS #1: with exclude_vocab_padding the padding (which grows with TP: V = 20 pads to 24 at
+// TP 1, 32 at TP 2 and 4, leaving TP 4's rank 3 with padding only) does not change the loss or the
+// gradients: the TP model equals the single-rank model with its own padding.
+TEST(GPTModelTensorParallel, LossIndependentOfVocabPaddingWhenExcluded) {
+  test::ensure_runtime();
+  comm::ProcessGroup& g = tp_group();
+  const ops::OpTable& ops = test::ops_on("cpu");
+  const int64_t vocab = 20;
+  for (bool sp : {false, true}) {
+    transformer::TransformerConfig c = make_config({false, sp, 0.0});
+    transformer::TransformerConfig cf = c;
+    cf.finalize();
+    const auto spec = models::get_gpt_layer_with_transformer_engine_spec(cf);
+    models::GPTModel ref(c, vocab, ops, Device::cpu(), spec,
+                         models::GPTModelParallel{nullptr, false, true});
+    models::GPTModel model(c, vocab, ops, Device::cpu(), spec,
+                           models::GPTModelParallel{&g, sp, true});
+    EXPECT_EQ(ref.padded_vocab_size(), 24);
+    const int64_t multiple = 8 * g.size();
+    EXPECT_EQ(model.padded_vocab_size(), (vocab + multiple - 1) / multiple * multiple);
+    ref.init_weights(1234);
+    model.init_weights(1234);
+    const models::GPTBatch batch = test::random_batch(2, 8, vocab, 6);
+    models::GPTForwardState rs, ts;
+    const models::LossSums lr = ref.forward(batch, rs, models::StepRng{}, true);
+    const models::LossSums lt = model.forward(batch, ts, models::StepRng{}, true);
+    EXPECT_NEAR(lt.loss_sum, lr.loss_sum, 1e-10 * std::abs(lr.loss_sum)) << "sp " << sp;
+    ref.backward(rs, 1.0 / lr.num_tokens);
+    model.backward(ts, 1.0 / lt.num_tokens);
+    all_reduce_sequence_parallel_grads(model.parameters(), g);
+    for (const auto& p : model.parameters()) {
+      const Partition part{p.tensor_parallel_dim, p.partition_stride, g.rank(), g.size()};
+      Tensor gt = part.replicated() ? p.main_grad
+                                    : gather_partitioned(p.main_grad, p.global_shape, part, g);
+      Tensor gr = ref.parameter(p.name).main_grad;
+      if (p.name == "embedding.word_embeddings.weight") {  // real rows equal, padding rows zero
+        const std::vector<double> pad = vec(gt.slice(vocab, gt.size(0) - vocab));
+        EXPECT_EQ(pad, std::vector<double>(pad.size(), 0.0)) << "padding rows have gradients";
+        gt = gt.slice(0, vocab);
+        gr = gr.slice(0, vocab);
+      }
+      EXPECT_TRUE(test::all_close(vec(gt), vec(gr), test::tolerance(DType::f64)))
+          << p.name << " grad, sp " << sp;
+    }
+  }
 }
 
 }  // namespace
