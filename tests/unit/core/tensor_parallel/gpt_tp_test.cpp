@@ -41,6 +41,7 @@ struct ModelCase {
   bool llama;
   bool sequence_parallel;
   double hidden_dropout;
+  bool full_recompute = false;  // every layer re-run (with its collectives) in backward
 };
 
 transformer::TransformerConfig make_config(const ModelCase& mc) {
@@ -63,6 +64,11 @@ transformer::TransformerConfig make_config(const ModelCase& mc) {
   c.attention_dropout = 0.0;  // TP-dependent by design (per-rank model-parallel seed)
   c.params_dtype = DType::f64;
   c.make_vocab_size_divisible_by = 8;
+  if (mc.full_recompute) {
+    c.recompute_granularity = transformer::RecomputeGranularity::full;
+    c.recompute_method = transformer::RecomputeMethod::uniform;
+    c.recompute_num_layers = 1;
+  }
   return c;
 }
 
@@ -131,6 +137,9 @@ TEST(GPTModelTensorParallel, LlamaGqa) {
 }
 TEST(GPTModelTensorParallel, LlamaGqaSequenceParallelDropout) {
   run_model_case({true, true, 0.1});
+}
+TEST(GPTModelTensorParallel, Gpt2SequenceParallelDropoutFullRecompute) {
+  run_model_case({false, true, 0.1, true});
 }
 
 // PITFALLS #1: with exclude_vocab_padding the padding (which grows with TP: V = 20 pads to 24 at
