@@ -30,6 +30,7 @@
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
+#include "megatron/platforms/cuda/nccl_communicator.h"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cuda {
@@ -407,6 +408,7 @@ void register_cuda(plugin::Registry& r) {
   register_cross_entropy_kernels(r);
   register_optimizer_kernels(r);
   register_init_kernels(r);
+  register_nccl_backend();  // init_communicator("nccl")
 }
 
 }  // namespace mg::platforms::cuda
