@@ -38,10 +38,15 @@ models::GPTBatch to_batch(const datasets::MicroBatch& mb) {
   return b;
 }
 
-// The process's communicator, created on first use (MPI under mpirun/srun, else single rank) and
-// kept for the life of the process: MPI may be initialised only once.
-comm::Communicator& world_communicator() {
-  static std::unique_ptr<comm::Communicator> c = comm::init_communicator("");
+// The process's communicator, created on first use (--distributed-backend; by default MPI under
+// mpirun/srun, else single rank) and kept for the life of the process: MPI may be initialised only
+// once. --distributed-timeout-minutes bounds every collective's wait.
+comm::Communicator& world_communicator(const Arguments& args) {
+  static std::unique_ptr<comm::Communicator> c = [&args] {
+    auto p = comm::init_communicator(args.distributed_backend);
+    p->set_default_timeout(std::chrono::minutes(args.distributed_timeout_minutes));
+    return p;
+  }();
   return *c;
 }
 
@@ -412,8 +417,9 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
                         const PretrainHooks& hooks) {
   // Data parallelism: every rank of the group is a DP rank (no TP/PP/CP yet), so dp = group size;
   // gbs defaults to mbs * dp and must divide by it (Megatron's validate_args).
-  comm::ProcessGroupPtr dp_group =
-      hooks.data_parallel_group ? hooks.data_parallel_group : world_communicator().world();
+  comm::ProcessGroupPtr dp_group = hooks.data_parallel_group
+                                       ? hooks.data_parallel_group
+                                       : world_communicator(given_args).world();
   Arguments args = given_args;
   {
     auto& tr = args.training;
