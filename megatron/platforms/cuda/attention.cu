@@ -12,17 +12,28 @@
 //     random::dropout_keep(seed, offset + ((b*NH + h)*S + i)*S + j, p) and scaled by 1/(1-p), the
 //     same bits as the CPU; lse is that of the undropped probabilities. Backward uses
 //     D_i = dO_i . O_i, so `out` must be the forward's output.
-// Algorithm (correctness first, deterministic, no atomics):
-//   forward   one block per query row (b, h, i), key tiles of blockDim keys with an online
-//             softmax (running max and sum, rescaled accumulator in shared memory);
-//   backward  kernel A: one block per query row: D_i, and dq_i over key tiles;
-//             kernel B: one block per key row (b, g, j): dk_j and dv_j over the group's heads and
-//             query tiles, reading lse and D.
+// Algorithms (deterministic, no atomics, the S x S matrix never materialised):
+//   tiled (f32/bf16/f16 storage, head dim <= 128; FlashAttention-2's schedule, f32 FMA math, no
+//   tensor cores yet):
+//     forward   one block per 64-query tile of (b, h); 64-key K/V tiles staged in shared memory,
+//               online softmax (running max and sum per row) in registers, causal tile skipping;
+//     backward  D_i = dO_i . O_i (one warp per row), then dq: one block per query tile over its key
+//               tiles, and dk/dv: one block per 64-key tile of (b, g) over the group's heads and
+//               the query tiles that may attend it, reading lse and D.
+//   rows (f64, head dim > 128, or MG_CUDA_ATTENTION_ROWS=1), correctness first:
+//     forward   one block per query row (b, h, i), key tiles of blockDim keys with an online
+//               softmax (running max and sum, rescaled accumulator in shared memory);
+//     backward  kernel A: one block per query row: D_i, and dq_i over key tiles;
+//               kernel B: one block per key row (b, g, j): dk_j and dv_j over the group's heads and
+//               query tiles, reading lse and D.
+// Both compute every element with the same formulas (scale * q.k, exp(s - m), the same dropout
+// bits); they differ only in summation order.
 // cu_seqlens are validated on a host copy (one synchronisation, as they are tiny) and expanded to a
-// per-position document id shared by every batch row. Not here: tensor cores, K/V tiles in shared
-// memory, split-KV (the speed issue); sequence lengths differing between q and k/v; sliding
-// windows.
+// per-position document id shared by every batch row. Not here: tensor cores (mma / wgmma),
+// skipping tiles that documents mask entirely, split-KV; sequence lengths differing between q and
+// k/v; sliding windows.
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "megatron/core/ops/ops.h"
@@ -298,6 +309,430 @@ __global__ void attn_bwd_dkv_kernel(void* dk, void* dv, const C* dbuf, const voi
   }
 }
 
+// ---- tiled (FlashAttention-2 style) kernels, f32 math, head dim <= 128 ----------------------
+//
+// A block of kFaThreads = 256 threads owns a kFaTile x kFaTile (64 x 64) tile of scores; thread
+// (ty, tx) = (tid / 16, tid % 16) computes rows ty*4 + r (r < 4) and columns tx + 16*c (c < 4), so
+// the 16 threads of a row group are one half-warp and reduce a row with 4 shuffles in a fixed
+// order (deterministic). Operand tiles live in shared memory as f32 with the head dim zero-padded
+// to D (64 or 128; the padding adds exact zeros to every dot product) and rows padded to D + 1
+// floats (conflict-free column reads). Masks, dropout bits and the per-element formulas are those
+// of the row kernels above; only the summation order differs.
+constexpr int kFaTile = 64;
+constexpr int kFaThreads = 256;
+constexpr int kFaPS = kFaTile + 4;  // row stride of a score tile in shared memory
+
+template <int D>
+struct FaLayout {
+  static constexpr int DP = D + 1;  // row stride of an operand tile
+  static constexpr int kOperand = kFaTile * DP;
+  static constexpr int kScores = kFaTile * kFaPS;
+};
+
+// Stages rows [row0, row0 + 64) of a [S, B, heads, HD] tensor at (b, head) into dst (zero past S
+// and past HD).
+template <int D>
+__device__ __forceinline__ void fa_stage(float* dst, const void* src, DType t, int64_t row0,
+                                         int64_t s_len, int64_t b, int64_t nb, int64_t heads,
+                                         int64_t head, int64_t hd) {
+  constexpr int DP = D + 1;
+  for (int idx = threadIdx.x; idx < kFaTile * D; idx += kFaThreads) {
+    const int r = idx / D, e = idx % D;
+    const int64_t s = row0 + r;
+    float x = 0.0f;
+    if (s < s_len && e < hd) x = load<float>(src, t, ((s * nb + b) * heads + head) * hd + e);
+    dst[r * DP + e] = x;
+  }
+}
+
+// acc[r][c] = sum_e A[ty*4 + r][e] * B[tx + 16c][e] over two staged operand tiles.
+template <int D>
+__device__ __forceinline__ void fa_dot_tile(float (&acc)[4][4], const float* a, const float* bm,
+                                            int ty, int tx) {
+  constexpr int DP = D + 1;
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
+#pragma unroll 8
+  for (int e = 0; e < D; ++e) {
+    float av[4], bv[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) av[r] = a[(ty * 4 + r) * DP + e];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) bv[c] = bm[(tx + 16 * c) * DP + e];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][c] = fmaf(av[r], bv[c], acc[r][c]);
+  }
+}
+
+// out[r][c] += sum_j P[ty*4 + r][j] * X[j][tx + 16c] for c < D/16 (P a score tile, X an operand
+// tile).
+template <int D>
+__device__ __forceinline__ void fa_mul_acc(float (&out)[4][D / 16], const float* p, const float* x,
+                                           int ty, int tx) {
+  constexpr int DP = D + 1;
+#pragma unroll 4
+  for (int j = 0; j < kFaTile; ++j) {
+    float pv[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pv[r] = p[(ty * 4 + r) * kFaPS + j];
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) {
+      const float xv = x[j * DP + tx + 16 * c];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) out[r][c] = fmaf(pv[r], xv, out[r][c]);
+    }
+  }
+}
+
+__device__ __forceinline__ float fa_row_max(float v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float fa_row_sum(float v) {
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Block x = (b*NH + h) * tiles + (tiles - 1 - query tile): the longest causal tiles start first.
+__device__ __forceinline__ void fa_block_coords(int64_t blocks_per_row, int64_t& bh,
+                                                int64_t& tile) {
+  bh = blockIdx.x / blocks_per_row;
+  tile = blocks_per_row - 1 - blockIdx.x % blocks_per_row;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kFaThreads)
+    fa_fwd_kernel(void* out, float* lse, const void* q, const void* k, const void* v, AttnParams a,
+                  float scale, float keep_scale) {
+  using L = FaLayout<D>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* sq = reinterpret_cast<float*>(smem_raw);
+  float* sk = sq + L::kOperand;
+  float* sv = sk + L::kOperand;
+  float* sp = sv + L::kOperand;
+  int* doc_q = reinterpret_cast<int*>(sp + L::kScores);
+  int* doc_k = doc_q + kFaTile;
+  const Dims& d = a.d;
+  const int64_t tiles = (d.s + kFaTile - 1) / kFaTile;
+  int64_t bh, qt;
+  fa_block_coords(tiles, bh, qt);
+  const int64_t h = bh % d.nh, b = bh / d.nh, g = h / (d.nh / d.ng);
+  const int64_t i0 = qt * kFaTile;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  fa_stage<D>(sq, q, a.t, i0, d.s, b, d.b, d.nh, h, d.hd);
+  if (tid < kFaTile) {
+    const int64_t i = i0 + tid;
+    doc_q[tid] = i >= d.s ? -1 : (a.docs ? a.docs[b * a.doc_bstride + i] : 0);
+  }
+  float acc[4][D / 16];
+  float m[4], l[4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) acc[r][c] = 0.0f;
+  }
+  const int64_t j_end = a.causal ? (i0 + kFaTile < d.s ? i0 + kFaTile : d.s) : d.s;
+  for (int64_t j0 = 0; j0 < j_end; j0 += kFaTile) {
+    __syncthreads();  // the previous tile's sk / sv / sp are no longer read
+    fa_stage<D>(sk, k, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
+    fa_stage<D>(sv, v, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
+    if (tid < kFaTile) {
+      const int64_t j = j0 + tid;
+      doc_k[tid] = j >= d.s ? -2 : (a.docs ? a.docs[b * a.doc_bstride + j] : 0);
+    }
+    __syncthreads();
+    float sc[4][4];
+    fa_dot_tile<D>(sc, sq, sk, ty, tx);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t i = i0 + ty * 4 + r;
+      const int di = doc_q[ty * 4 + r];
+      float tmax = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t j = j0 + tx + 16 * c;
+        const bool ok =
+            di >= 0 && j < d.s && (!a.causal || j <= i) && (!a.docs || doc_k[tx + 16 * c] == di);
+        sc[r][c] = ok ? scale * sc[r][c] : -INFINITY;
+        tmax = fmaxf(tmax, sc[r][c]);
+      }
+      tmax = fa_row_max(tmax);
+      const float m_new = fmaxf(m[r], tmax);
+      const float alpha = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
+      float psum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float pj = sc[r][c] == -INFINITY ? 0.0f : expf(sc[r][c] - m_new);
+        psum += pj;
+        float pz = pj;
+        if (a.dropout && pj != 0.0f) {
+          const uint64_t e =
+              a.offset + static_cast<uint64_t>((bh * d.s + i) * d.s + j0 + tx + 16 * c);
+          pz = random::dropout_keep(a.seed, e, a.p) ? pj * keep_scale : 0.0f;
+        }
+        sp[(ty * 4 + r) * kFaPS + tx + 16 * c] = pz;
+      }
+      l[r] = l[r] * alpha + fa_row_sum(psum);
+      m[r] = m_new;
+#pragma unroll
+      for (int c = 0; c < D / 16; ++c) acc[r][c] *= alpha;
+    }
+    __syncthreads();
+    fa_mul_acc<D>(acc, sp, sv, ty, tx);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t i = i0 + ty * 4 + r;
+    if (i >= d.s) continue;
+    const bool none = l[r] == 0.0f;  // padding, or nothing allowed: out 0, lse -inf
+    const float inv = none ? 0.0f : 1.0f / l[r];
+    const int64_t qrow = q_index(d, i, b, h);
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) {
+      const int e = tx + 16 * c;
+      if (e < d.hd) store<float>(out, a.t, qrow + e, none ? 0.0f : acc[r][c] * inv);
+    }
+    if (tx == 0) lse[bh * d.s + i] = none ? -INFINITY : m[r] + logf(l[r]);
+  }
+}
+
+// D_i = dO_i . O_i, one warp per query row r = (b*NH + h)*S + i.
+__global__ void fa_bwd_delta_kernel(float* delta, const void* dout, const void* out, AttnParams a) {
+  const Dims& d = a.d;
+  const int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= d.b * d.nh * d.s) return;
+  const int64_t i = r % d.s, bh = r / d.s, h = bh % d.nh, b = bh / d.nh;
+  const int64_t row = q_index(d, i, b, h);
+  float part = 0.0f;
+  for (int64_t e = lane; e < d.hd; e += 32)
+    part += load<float>(dout, a.t, row + e) * load<float>(out, a.t, row + e);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  if (lane == 0) delta[r] = part;
+}
+
+// dq for a 64-row query tile of (b, h), over the key tiles it may attend.
+template <int D>
+__global__ void __launch_bounds__(kFaThreads)
+    fa_bwd_dq_kernel(void* dq, const float* delta, const void* dout, const void* q, const void* k,
+                     const void* v, const float* lse, AttnParams a, float scale, float keep_scale) {
+  using L = FaLayout<D>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* sq = reinterpret_cast<float*>(smem_raw);
+  float* sdo = sq + L::kOperand;
+  float* sk = sdo + L::kOperand;
+  float* sv = sk + L::kOperand;
+  float* sds = sv + L::kOperand;
+  float* slse = sds + L::kScores;
+  float* sdelta = slse + kFaTile;
+  int* doc_q = reinterpret_cast<int*>(sdelta + kFaTile);
+  int* doc_k = doc_q + kFaTile;
+  const Dims& d = a.d;
+  const int64_t tiles = (d.s + kFaTile - 1) / kFaTile;
+  int64_t bh, qt;
+  fa_block_coords(tiles, bh, qt);
+  const int64_t h = bh % d.nh, b = bh / d.nh, g = h / (d.nh / d.ng);
+  const int64_t i0 = qt * kFaTile;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  fa_stage<D>(sq, q, a.t, i0, d.s, b, d.b, d.nh, h, d.hd);
+  fa_stage<D>(sdo, dout, a.t, i0, d.s, b, d.b, d.nh, h, d.hd);
+  if (tid < kFaTile) {
+    const int64_t i = i0 + tid;
+    int di = i >= d.s ? -1 : (a.docs ? a.docs[b * a.doc_bstride + i] : 0);
+    const float li = i < d.s ? lse[bh * d.s + i] : -INFINITY;
+    if (li == -INFINITY) di = -1;  // attended nothing: no gradient
+    doc_q[tid] = di;
+    slse[tid] = li;
+    sdelta[tid] = i < d.s ? delta[bh * d.s + i] : 0.0f;
+  }
+  float acc[4][D / 16];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) acc[r][c] = 0.0f;
+  const int64_t j_end = a.causal ? (i0 + kFaTile < d.s ? i0 + kFaTile : d.s) : d.s;
+  for (int64_t j0 = 0; j0 < j_end; j0 += kFaTile) {
+    __syncthreads();
+    fa_stage<D>(sk, k, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
+    fa_stage<D>(sv, v, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
+    if (tid < kFaTile) {
+      const int64_t j = j0 + tid;
+      doc_k[tid] = j >= d.s ? -2 : (a.docs ? a.docs[b * a.doc_bstride + j] : 0);
+    }
+    __syncthreads();
+    float sc[4][4], dp[4][4];
+    fa_dot_tile<D>(sc, sq, sk, ty, tx);
+    fa_dot_tile<D>(dp, sdo, sv, ty, tx);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t i = i0 + ty * 4 + r;
+      const int di = doc_q[ty * 4 + r];
+      const float li = slse[ty * 4 + r], dli = sdelta[ty * 4 + r];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t j = j0 + tx + 16 * c;
+        const bool ok =
+            di >= 0 && j < d.s && (!a.causal || j <= i) && (!a.docs || doc_k[tx + 16 * c] == di);
+        float ds = 0.0f;
+        if (ok) {
+          const float pj = expf(sc[r][c] * scale - li);
+          float zj = 1.0f;
+          if (a.dropout) {
+            const uint64_t e = a.offset + static_cast<uint64_t>((bh * d.s + i) * d.s + j);
+            zj = random::dropout_keep(a.seed, e, a.p) ? keep_scale : 0.0f;
+          }
+          ds = pj * (dp[r][c] * zj - dli) * scale;
+        }
+        sds[(ty * 4 + r) * kFaPS + tx + 16 * c] = ds;
+      }
+    }
+    __syncthreads();
+    fa_mul_acc<D>(acc, sds, sk, ty, tx);
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t i = i0 + ty * 4 + r;
+    if (i >= d.s) continue;
+    const int64_t qrow = q_index(d, i, b, h);
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) {
+      const int e = tx + 16 * c;
+      if (e < d.hd) store<float>(dq, a.t, qrow + e, acc[r][c]);
+    }
+  }
+}
+
+// dk, dv for a 64-key tile of (b, g), over the group's heads and the query tiles that may attend
+// it. Here thread rows are keys and thread columns queries.
+template <int D>
+__global__ void __launch_bounds__(kFaThreads)
+    fa_bwd_dkv_kernel(void* dk, void* dv, const float* delta, const void* dout, const void* q,
+                      const void* k, const void* v, const float* lse, AttnParams a, float scale,
+                      float keep_scale) {
+  using L = FaLayout<D>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* sk = reinterpret_cast<float*>(smem_raw);
+  float* sv = sk + L::kOperand;
+  float* sq = sv + L::kOperand;
+  float* sdo = sq + L::kOperand;
+  float* spz = sdo + L::kOperand;
+  float* sds = spz + L::kScores;
+  float* slse = sds + L::kScores;
+  float* sdelta = slse + kFaTile;
+  int* doc_q = reinterpret_cast<int*>(sdelta + kFaTile);
+  int* doc_k = doc_q + kFaTile;
+  const Dims& d = a.d;
+  const int64_t tiles = (d.s + kFaTile - 1) / kFaTile;
+  int64_t bg, kt;
+  // Key tile kt: with causal masks the first key tiles see the most queries; start them first.
+  bg = blockIdx.x / tiles;
+  kt = blockIdx.x % tiles;
+  const int64_t g = bg % d.ng, b = bg / d.ng;
+  const int64_t j0 = kt * kFaTile;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  fa_stage<D>(sk, k, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
+  fa_stage<D>(sv, v, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
+  if (tid < kFaTile) {
+    const int64_t j = j0 + tid;
+    doc_k[tid] = j >= d.s ? -2 : (a.docs ? a.docs[b * a.doc_bstride + j] : 0);
+  }
+  float acc_k[4][D / 16], acc_v[4][D / 16];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) acc_k[r][c] = acc_v[r][c] = 0.0f;
+  const int64_t per_group = d.nh / d.ng;
+  const int64_t i_begin = a.causal ? j0 : 0;  // j0 is a multiple of the tile
+  for (int64_t h = g * per_group; h < (g + 1) * per_group; ++h) {
+    const int64_t bh = b * d.nh + h;
+    for (int64_t i0 = i_begin; i0 < d.s; i0 += kFaTile) {
+      __syncthreads();
+      fa_stage<D>(sq, q, a.t, i0, d.s, b, d.b, d.nh, h, d.hd);
+      fa_stage<D>(sdo, dout, a.t, i0, d.s, b, d.b, d.nh, h, d.hd);
+      if (tid < kFaTile) {
+        const int64_t i = i0 + tid;
+        int di = i >= d.s ? -1 : (a.docs ? a.docs[b * a.doc_bstride + i] : 0);
+        const float li = i < d.s ? lse[bh * d.s + i] : -INFINITY;
+        if (li == -INFINITY) di = -1;
+        doc_q[tid] = di;
+        slse[tid] = li;
+        sdelta[tid] = i < d.s ? delta[bh * d.s + i] : 0.0f;
+      }
+      __syncthreads();
+      float sc[4][4], dp[4][4];
+      fa_dot_tile<D>(sc, sk, sq, ty, tx);   // [key][query]
+      fa_dot_tile<D>(dp, sv, sdo, ty, tx);  // [key][query]
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int64_t j = j0 + ty * 4 + r;
+        const int dj = doc_k[ty * 4 + r];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int qi = tx + 16 * c;
+          const int64_t i = i0 + qi;
+          const int di = doc_q[qi];
+          const bool ok = di >= 0 && dj != -2 && (!a.causal || j <= i) && (!a.docs || dj == di);
+          float pz = 0.0f, ds = 0.0f;
+          if (ok) {
+            const float pj = expf(sc[r][c] * scale - slse[qi]);
+            float zj = 1.0f;
+            if (a.dropout) {
+              const uint64_t e = a.offset + static_cast<uint64_t>((bh * d.s + i) * d.s + j);
+              zj = random::dropout_keep(a.seed, e, a.p) ? keep_scale : 0.0f;
+            }
+            pz = pj * zj;
+            ds = pj * (dp[r][c] * zj - sdelta[qi]) * scale;
+          }
+          spz[(ty * 4 + r) * kFaPS + qi] = pz;
+          sds[(ty * 4 + r) * kFaPS + qi] = ds;
+        }
+      }
+      __syncthreads();
+      fa_mul_acc<D>(acc_v, spz, sdo, ty, tx);
+      fa_mul_acc<D>(acc_k, sds, sq, ty, tx);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t j = j0 + ty * 4 + r;
+    if (j >= d.s) continue;
+    const int64_t krow = kv_index(d, j, b, g);
+#pragma unroll
+    for (int c = 0; c < D / 16; ++c) {
+      const int e = tx + 16 * c;
+      if (e < d.hd) {
+        store<float>(dk, a.t, krow + e, acc_k[r][c]);
+        store<float>(dv, a.t, krow + e, acc_v[r][c]);
+      }
+    }
+  }
+}
+
+template <int D>
+constexpr std::size_t fa_fwd_smem() {
+  return (3 * FaLayout<D>::kOperand + FaLayout<D>::kScores) * sizeof(float) +
+         2 * kFaTile * sizeof(int);
+}
+template <int D>
+constexpr std::size_t fa_dq_smem() {
+  return (4 * FaLayout<D>::kOperand + FaLayout<D>::kScores + 2 * kFaTile) * sizeof(float) +
+         2 * kFaTile * sizeof(int);
+}
+template <int D>
+constexpr std::size_t fa_dkv_smem() {
+  return (4 * FaLayout<D>::kOperand + 2 * FaLayout<D>::kScores + 2 * kFaTile) * sizeof(float) +
+         2 * kFaTile * sizeof(int);
+}
+
 // ---- host side ------------------------------------------------------------------------------
 
 // The contract (ops::validate_attention_*), then this kernel's head-dim limit.
@@ -365,6 +800,24 @@ C keep_scale(const AttentionArgs& a) {
   return C(1) / (C(1) - static_cast<C>(a.dropout.p));
 }
 
+// The tiled kernels serve f32/bf16/f16 storage with head dim <= 128 (f64 and wider heads: the row
+// kernels). MG_CUDA_ATTENTION_ROWS=1 forces the row kernels (a debugging switch).
+bool use_tiled(DType t, const Dims& d) {
+  static const bool force_rows = [] {
+    const char* e = std::getenv("MG_CUDA_ATTENTION_ROWS");
+    return e != nullptr && e[0] == '1';
+  }();
+  return !force_rows && t != DType::f64 && d.hd <= 128;
+}
+
+// One block per 64-row tile of each (b, head) of `heads` heads.
+unsigned fa_blocks(const Dims& d, int64_t heads) {
+  const int64_t tiles = (d.s + kFaTile - 1) / kFaTile;
+  const int64_t n = d.b * heads * tiles;
+  MG_CHECK(n < (int64_t{1} << 31), "attention: too many tiles for one grid: " << n);
+  return static_cast<unsigned>(n);
+}
+
 void attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
                    const AttentionArgs& args) {
   const char* op = "attention_fwd";
@@ -375,6 +828,24 @@ void attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, c
   const int dev = q.device().index;
   DeviceGuard guard(dev);
   const AttnParams p = params_of(d, q.dtype(), args, m);
+  if (use_tiled(q.dtype(), d)) {
+    const float scale = softmax_scale<float>(args, d), ks = keep_scale<float>(args);
+    const unsigned blocks = fa_blocks(d, d.nh);
+    cudaStream_t s = current_stream(dev);
+    auto launch = [&](auto kernel, std::size_t smem) {
+      MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)));
+      kernel<<<blocks, kFaThreads, smem, s>>>(out.raw_data(), static_cast<float*>(lse.raw_data()),
+                                              q.raw_data(), k.raw_data(), v.raw_data(), p, scale,
+                                              ks);
+    };
+    if (d.hd <= 64)
+      launch(fa_fwd_kernel<64>, fa_fwd_smem<64>());
+    else
+      launch(fa_fwd_kernel<128>, fa_fwd_smem<128>());
+    MG_CUDA_CHECK_LAUNCH();
+    return;
+  }
   with_compute(q.dtype(), [&](auto tag) {
     using C = decltype(tag);
     const std::size_t smem = static_cast<std::size_t>(2 * d.hd + kAttnThreads) * sizeof(C);
@@ -401,6 +872,34 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
   DeviceGuard guard(dev);
   cudaStream_t s = current_stream(dev);
   const AttnParams p = params_of(d, q.dtype(), args, m);
+  if (use_tiled(q.dtype(), d)) {
+    const float scale = softmax_scale<float>(args, d), ks = keep_scale<float>(args);
+    const int64_t rows = d.b * d.nh * d.s;
+    Scratch delta(dev, static_cast<std::size_t>(rows) * sizeof(float));
+    fa_bwd_delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
+        delta.as<float>(), dout.raw_data(), out.raw_data(), p);
+    MG_CUDA_CHECK_LAUNCH();
+    const float* lse_p = static_cast<const float*>(lse.raw_data());
+    auto launch = [&](auto dq_kernel, std::size_t dq_smem, auto dkv_kernel, std::size_t dkv_smem) {
+      MG_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(dq_smem)));
+      dq_kernel<<<fa_blocks(d, d.nh), kFaThreads, dq_smem, s>>>(
+          dq.raw_data(), delta.as<float>(), dout.raw_data(), q.raw_data(), k.raw_data(),
+          v.raw_data(), lse_p, p, scale, ks);
+      MG_CUDA_CHECK_LAUNCH();
+      MG_CUDA_CHECK(cudaFuncSetAttribute(dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(dkv_smem)));
+      dkv_kernel<<<fa_blocks(d, d.ng), kFaThreads, dkv_smem, s>>>(
+          dk.raw_data(), dv.raw_data(), delta.as<float>(), dout.raw_data(), q.raw_data(),
+          k.raw_data(), v.raw_data(), lse_p, p, scale, ks);
+      MG_CUDA_CHECK_LAUNCH();
+    };
+    if (d.hd <= 64)
+      launch(fa_bwd_dq_kernel<64>, fa_dq_smem<64>(), fa_bwd_dkv_kernel<64>, fa_dkv_smem<64>());
+    else
+      launch(fa_bwd_dq_kernel<128>, fa_dq_smem<128>(), fa_bwd_dkv_kernel<128>, fa_dkv_smem<128>());
+    return;
+  }
   with_compute(q.dtype(), [&](auto tag) {
     using C = decltype(tag);
     const C scale = softmax_scale<C>(args, d), ks = keep_scale<C>(args);

@@ -165,6 +165,47 @@ TEST_P(CudaOps, AttentionOverSeveralKeyTilesMatchesCpu) {
   }
 }
 
+TEST_P(CudaOps, AttentionHeadDimsUpTo128MatchCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  // Head dims of both tiled variants (<= 64 and <= 128, zero-padded), and one past them (the row
+  // kernels); S = 130 ends in a partial 64-row tile; cu_seqlens documents; MQA; dropout.
+  const int64_t s = 130, b = 2, nh = 3, ng = 1;
+  const std::vector<int32_t> cu = {0, 50, 64, 129, 130};
+  for (int64_t hd : {64, 72, 128, 136}) {
+    for (bool causal : {true, false}) {
+      auto q = random_pair({s, b, nh, hd}, dtype(), 21);
+      auto k = random_pair({s, b, ng, hd}, dtype(), 22);
+      auto v = random_pair({s, b, ng, hd}, dtype(), 23);
+      auto dout = random_pair({s, b, nh, hd}, dtype(), 24);
+      const DType lse_t = dtype() == DType::f64 ? DType::f64 : DType::f32;
+      ops::AttentionArgs ac, ag;
+      ac.causal = ag.causal = causal;
+      ac.dropout = ag.dropout = {0.2f, 9, 12345};
+      ac.cu_seqlens = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())}, DType::i32);
+      ag.cu_seqlens = ac.cu_seqlens.to(kGpu);
+      auto out = empty_pair({s, b, nh, hd}, dtype());
+      auto lse = empty_pair({b, nh, s}, lse_t);
+      cpu_ops().attention_fwd(out.cpu, lse.cpu, q.cpu, k.cpu, v.cpu, ac);
+      gpu_ops().attention_fwd(out.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, ag);
+      auto dq = empty_pair({s, b, nh, hd}, dtype());
+      auto dk = empty_pair({s, b, ng, hd}, dtype());
+      auto dv = empty_pair({s, b, ng, hd}, dtype());
+      cpu_ops().attention_bwd(dq.cpu, dk.cpu, dv.cpu, dout.cpu, q.cpu, k.cpu, v.cpu, out.cpu,
+                              lse.cpu, ac);
+      gpu_ops().attention_bwd(dq.gpu, dk.gpu, dv.gpu, dout.gpu, q.gpu, k.gpu, v.gpu, out.gpu,
+                              lse.gpu, ag);
+      const std::string what = "hd " + std::to_string(hd) + " causal " + (causal ? "1" : "0");
+      EXPECT_TRUE(test::all_close(to_doubles(out.gpu), to_doubles(out.cpu), twice(dtype())))
+          << "out " << what;
+      EXPECT_TRUE(test::all_close(to_doubles(lse.gpu), to_doubles(lse.cpu), twice(lse_t)))
+          << "lse " << what;
+      for (auto* g : {&dq, &dk, &dv})
+        EXPECT_TRUE(test::all_close(to_doubles(g->gpu), to_doubles(g->cpu), twice(dtype())))
+            << "grads " << what;
+    }
+  }
+}
+
 TEST_P(CudaOps, RowOpsOnWideRowsAndManyRowsMatchCpu) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   // 3001 features: more than a block's threads; 70001 rows: more than a 1-D grid's 65535 blocks.
