@@ -10,6 +10,16 @@
 namespace mg::comm {
 namespace {
 
+// An mg::Error as MG_CHECK throws it: abort_on_error prints its message, without the location.
+Error check_error_for_test() {
+  try {
+    MG_CHECK(false, "boom " << 42);
+  } catch (const Error& e) {
+    return e;
+  }
+  return Error("", "", "", 0);
+}
+
 TEST(InitCommunicator, SingleBackendIsAWorldOfOne) {
   auto c = init_communicator("single");
   EXPECT_EQ(c->backend(), "single");
@@ -47,6 +57,15 @@ TEST(InitCommunicator, RegisteredBackendIsCreatedByName) {
   EXPECT_NE(std::find(names.begin(), names.end(), "fake"), names.end());
   EXPECT_THROW(register_communicator_backend("mpi", [] { return init_communicator("single"); }),
                Error);
+}
+
+TEST(AbortOnError, OneLineAndExitOneWithoutMpi) {
+  if (launched_by_mpi_launcher()) GTEST_SKIP() << "started by an MPI launcher";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(abort_on_error(check_error_for_test(), "tool"), ::testing::ExitedWithCode(1),
+              "^tool: error: boom 42\n$");
+  EXPECT_EXIT(abort_on_error(std::runtime_error("plain"), "tool"), ::testing::ExitedWithCode(1),
+              "tool: error: plain");
 }
 
 TEST(SingleBackend, CollectivesAreCopies) {
