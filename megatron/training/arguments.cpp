@@ -244,6 +244,10 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       "communication backend (default: mpi under mpirun/srun, else a single rank)");
   p.add("--distributed-timeout-minutes", a.distributed_timeout_minutes,
         "minutes a collective may wait for every rank before the job aborts (10)");
+  p.add("--tensor-model-parallel-size", a.tensor_model_parallel_size,
+        "tensor-parallel ranks (1); the world size must be a multiple");
+  p.add_switch("--sequence-parallel", a.sequence_parallel, true,
+               "shard norms/dropout over the sequence across TP ranks (needs TP > 1)");
   add_ddp_flags(p, a.ddp);
   a.help_text = p.help();
 
@@ -315,6 +319,25 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   a.optimizer.fp16 = x.fp16;
   MG_CHECK(a.model.seq_length >= 1, "--seq-length is required (got " << a.model.seq_length << ")");
   a.model.finalize();
+  {
+    const int32_t tp = a.tensor_model_parallel_size;
+    MG_CHECK(tp >= 1, "--tensor-model-parallel-size must be >= 1, got " << tp);
+    MG_CHECK(a.model.num_attention_heads % tp == 0,
+             "--num-attention-heads " << a.model.num_attention_heads
+                                      << " must be divisible by --tensor-model-parallel-size "
+                                      << tp);
+    MG_CHECK(a.model.num_query_groups % tp == 0,
+             "the number of query groups " << a.model.num_query_groups
+                                           << " (--num-query-groups) must be divisible by "
+                                              "--tensor-model-parallel-size "
+                                           << tp);
+    // Megatron's validate_args: "Disabling sequence parallelism because tensor model
+    // parallelism is disabled".
+    if (tp == 1 && a.sequence_parallel) {
+      a.sequence_parallel = false;
+      a.sequence_parallel_disabled = true;
+    }
+  }
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "
                                                  << a.training.micro_batch_size << ")");

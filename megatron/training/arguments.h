@@ -9,9 +9,10 @@
 // --lr-decay-iters = train iters); then the checks: conflicting flags (both --fp16 and --bf16, both
 // --train-iters and --train-samples, both warmup forms, --swiglu with --squared-relu, --mock-data
 // with a data path, ...) and every component's validate(). Errors name the flags and values.
-// Not here: the parallel-layout flags (--tensor-model-parallel-size etc. arrive with the
-// distributed issues), MoE, fp8, tokenizer-dependent data checks (DataConfig::validate runs once
-// the tokenizer gave eod/vocab; see training.h).
+// Not here: the parallel-layout flags beyond --tensor-model-parallel-size / --sequence-parallel
+// (pipeline, context, expert parallelism arrive with later distributed issues), MoE, fp8,
+// tokenizer-dependent data checks (DataConfig::validate runs once the tokenizer gave eod/vocab; see
+// training.h).
 #pragma once
 
 #include <optional>
@@ -48,6 +49,12 @@ struct Arguments {
   // --distributed-timeout-minutes: how long Work::wait waits for a collective before it throws
   // (and the job aborts); Megatron's default 10.
   int32_t distributed_timeout_minutes = 10;
+  // --tensor-model-parallel-size (world size must divide by it; heads and query groups too) and
+  // --sequence-parallel (needs TP > 1: at TP 1 it is switched off, as Megatron does, and
+  // sequence_parallel_disabled records it for the log).
+  int32_t tensor_model_parallel_size = 1;
+  bool sequence_parallel = false;
+  bool sequence_parallel_disabled = false;
 
   bool help = false;      // --help / -h: print help_text and exit 0
   std::string help_text;  // every flag, one per line

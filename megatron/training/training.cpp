@@ -14,9 +14,12 @@
 #include "megatron/core/datasets/data_samplers.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
 #include "megatron/core/models/gpt/gpt_flops.h"
+#include "megatron/core/models/gpt/gpt_layer_specs.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer/optimizer_param_scheduler.h"
+#include "megatron/core/parallel_state.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
+#include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
 #include "megatron/runtime.h"
 #include "megatron/training/checkpointing.h"
@@ -60,6 +63,7 @@ struct Run {
   const PretrainHooks& hooks;
   Runtime* rt = nullptr;
   comm::ProcessGroupPtr dp_group;
+  comm::ProcessGroupPtr tp_group;  // null without tensor parallelism
   std::unique_ptr<models::GPTModel> model;
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
@@ -185,6 +189,16 @@ std::string data_parallel_summary(const Run& r) {
   return s.str();
 }
 
+// "tensor parallel: ..." (a line) with TP > 1.
+std::string tensor_parallel_summary(const Run& r) {
+  if (!r.tp_group) return "";
+  std::ostringstream s;
+  s << "tensor parallel: " << r.tp_group->size() << " ranks, sequence parallel "
+    << (r.args.sequence_parallel ? "on" : "off") << ", padded vocab "
+    << r.model->padded_vocab_size() << "\n";
+  return s.str();
+}
+
 void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
   const auto& m = *r.model;
   auto& plat = *r.rt->platform;
@@ -199,10 +213,11 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << r.args.training.global_batch_size << " (" << r.args.training.num_microbatches()
         << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed
         << "\n"
-        << data_parallel_summary(r) << "optimizer: " << r.args.optimizer.optimizer << ", lr "
-        << *r.args.optimizer.lr << " (" << r.args.scheduler.lr_decay_style << "), weight decay "
-        << r.args.optimizer.weight_decay << ", clip-grad " << r.args.optimizer.clip_grad
-        << ", params " << dtype_name(r.args.model.params_dtype) << "\n"
+        << data_parallel_summary(r) << tensor_parallel_summary(r)
+        << "optimizer: " << r.args.optimizer.optimizer << ", lr " << *r.args.optimizer.lr << " ("
+        << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
+        << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
+        << dtype_name(r.args.model.params_dtype) << "\n"
         << "op table (" << plat.name() << "):";
   int col = 0;
   for (const auto& res : r.rt->registry->resolutions(plat.name())) {
@@ -278,6 +293,11 @@ StepOutcome train_step(Run& r) {
       *r.model, next, a.training.num_microbatches(), cfg,
       models::StepRng{r.rng_seed, r.iteration, 0});
   r.ddp->finish_grad_sync();
+  // Sequence parallelism: norm weights / SP-region biases summed over TP (Megatron's
+  // finalize_model_grads, after the DP reduce; with the distributed optimizer only this rank's
+  // shard of them is used).
+  if (r.tp_group && a.sequence_parallel)
+    tensor_parallel::all_reduce_sequence_parallel_grads(r.model->parameters(), *r.tp_group);
   out.lm_loss = fb.lm_loss;
   if (dp) {
     const auto [sum, tokens] = reduce_loss(r, fb.loss_sum, fb.num_tokens);
@@ -415,11 +435,36 @@ void train(Run& r) {
 
 PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
                         const PretrainHooks& hooks) {
-  // Data parallelism: every rank of the group is a DP rank (no TP/PP/CP yet), so dp = group size;
+  // Data parallelism: dp = the DP group's size (world / TP; no PP/CP yet);
   // gbs defaults to mbs * dp and must divide by it (Megatron's validate_args).
-  comm::ProcessGroupPtr dp_group = hooks.data_parallel_group
-                                       ? hooks.data_parallel_group
-                                       : world_communicator(given_args).world();
+  // Tensor parallelism: Megatron's groups for ParallelDims{tp, dp = world / tp}; the DP group is
+  // dp-cp (cp = 1). Without TP the whole world (or the hook's group) is the DP group.
+  const int32_t tp = given_args.tensor_model_parallel_size;
+  comm::ProcessGroupPtr dp_group, tp_group, world_group;
+  if (tp > 1) {
+    MG_CHECK(!hooks.data_parallel_group, "--tensor-model-parallel-size "
+                                             << tp
+                                             << ": PretrainHooks::data_parallel_group is "
+                                                "for pure data parallelism only");
+    auto& comm = world_communicator(given_args);
+    parallel_state::ParallelDims dims;
+    dims.tp = tp;
+    MG_CHECK(comm.world_size() % tp == 0, "world size " << comm.world_size()
+                                                        << " must be divisible by "
+                                                        << "--tensor-model-parallel-size " << tp);
+    auto groups = parallel_state::make_process_groups(comm, dims.resolved(comm.world_size()));
+    dp_group = groups.dp_cp;
+    tp_group = groups.tp;
+    world_group = groups.world;
+    MG_CHECK(!given_args.checkpoint.save && !given_args.checkpoint.load,
+             "--save / --load with --tensor-model-parallel-size "
+                 << tp << " are not supported yet (per-TP-rank model shards are not written); "
+                 << "run without them or with --tensor-model-parallel-size 1");
+  } else {
+    dp_group = hooks.data_parallel_group ? hooks.data_parallel_group
+                                         : world_communicator(given_args).world();
+    world_group = dp_group;
+  }
   Arguments args = given_args;
   {
     auto& tr = args.training;
@@ -440,10 +485,16 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     args.ddp.calculate_per_token_loss = args.model.calculate_per_token_loss;
   }
   std::ostream null_log(nullptr);
-  const bool first = dp_group->rank() == 0, last = dp_group->rank() == dp_group->size() - 1;
+  const bool first = world_group->rank() == 0,
+             last = world_group->rank() == world_group->size() - 1;
   std::ostream& log = first ? out_log : null_log;
   Run r(args, log, last ? out_log : null_log, hooks);
   r.dp_group = dp_group;
+  r.tp_group = tp_group;
+  if (args.sequence_parallel_disabled)
+    log << "WARNING: Disabling sequence parallelism because tensor model parallelism is disabled "
+           "(--sequence-parallel needs --tensor-model-parallel-size > 1)"
+        << std::endl;
   RuntimeOptions ro;
   ro.platform = args.platform;
   r.rt = &mg::init(ro);
@@ -464,8 +515,17 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   data.validate();
 
   // Model, optimizer, scheduler; then the checkpoint.
-  r.model = std::make_unique<models::GPTModel>(args.model, tokenizer->vocab_size(), *r.rt->ops,
-                                               r.rt->device);
+  if (tp_group) {
+    models::GPTModelParallel par;
+    par.tp_group = tp_group.get();
+    par.sequence_parallel = args.sequence_parallel;
+    r.model = std::make_unique<models::GPTModel>(
+        args.model, tokenizer->vocab_size(), *r.rt->ops, r.rt->device,
+        models::get_gpt_layer_with_transformer_engine_spec(args.model), par);
+  } else {
+    r.model = std::make_unique<models::GPTModel>(args.model, tokenizer->vocab_size(), *r.rt->ops,
+                                                 r.rt->device);
+  }
   r.model->init_weights(args.training.seed);
   r.ddp = std::make_unique<distributed::DistributedDataParallel>(
       args.ddp, r.model->parameters(), r.model->buffer(), *r.rt->ops, dp_group);
@@ -484,6 +544,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.opt = std::make_unique<optimizer::MegatronOptimizer>(
       args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
       optimizer::ParamGroupOptions{}, std::move(shard));
+  if (tp_group) r.opt->set_tensor_parallel_group(tp_group);
   r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
       optimizer::scheduler_config_from_args(args.scheduler));
   r.flops_per_iter = models::num_floating_point_operations(

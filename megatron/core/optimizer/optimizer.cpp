@@ -262,6 +262,13 @@ double MegatronOptimizer::reduce_over_shards(double x, comm::ReduceOp op) const 
   return t.to_vector<double>()[0];
 }
 
+double MegatronOptimizer::reduce_over_tp(double x, comm::ReduceOp op) const {
+  if (!tp_ || tp_->size() == 1) return x;
+  Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
+  tp_->all_reduce(t, op)->wait();
+  return t.to_vector<double>()[0];
+}
+
 StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   MG_CHECK(lr >= 0.0 && std::isfinite(lr), "optimizer.step: lr must be >= 0, got " << lr);
   MG_CHECK(weight_decay >= 0.0, "optimizer.step: weight_decay must be >= 0, got " << weight_decay);
@@ -278,7 +285,8 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
     if (!grads.empty())
       ops_.multi_tensor_scale(grads, static_cast<double>(scaler_->inv_scale()), s.found_inf);
     const double local_inf = s.found_inf.to_vector<float>()[0] > 0.0f ? 1.0 : 0.0;
-    const bool found_inf = reduce_over_shards(local_inf, comm::ReduceOp::max) > 0.0;
+    const bool found_inf = reduce_over_tp(reduce_over_shards(local_inf, comm::ReduceOp::max),
+                                          comm::ReduceOp::max) > 0.0;
     scaler_->update(found_inf);
     if (found_inf) {
       r.found_inf = true;
@@ -287,20 +295,29 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   }
 
   // Pre-clip norm over every parameter once; computed even without clipping, for the log.
-  // Sharded: each rank's sum of squares over its pieces, summed over the shard group (the pieces
-  // of all ranks partition the buffer), then Megatron's clip_grad_norm_fp32 coefficient.
+  // Sharded and/or TP: each rank's sum of squares over its pieces, summed over the shard group
+  // (the pieces of all ranks partition the buffer) and over TP, then Megatron's
+  // clip_grad_norm_fp32 coefficient.
   const std::span<const Tensor> cgrads(grads.data(), grads.size());
-  if (!shard_) {
+  const bool tp = tp_ && tp_->size() > 1;
+  if (!shard_ && !tp) {
     r.grad_norm = config_.clip_grad > 0.0 ? ops_.clip_grad_norm(grads, config_.clip_grad)
                                           : ops_.grad_norm(cgrads);
   } else {
+    // TP: replicated params counted on TP rank 0 only, then the sum over TP.
+    std::vector<Tensor> counted;
+    for (const Piece& pc : s.pieces)
+      if (pc.grad.numel() > 0 &&
+          (!tp || params_[pc.param].tensor_parallel_dim >= 0 || tp_->rank() == 0))
+        counted.push_back(pc.grad);
     double sum_sq = 0.0;
-    if (!grads.empty()) {
+    if (!counted.empty()) {
       Tensor out = Tensor::empty({1}, DType::f64, buffer_.grads.device());
-      ops_.l2_norm_sq(out, cgrads);
+      ops_.l2_norm_sq(out, std::span<const Tensor>(counted.data(), counted.size()));
       sum_sq = out.to_vector<double>()[0];
     }
-    r.grad_norm = std::sqrt(reduce_over_shards(sum_sq, comm::ReduceOp::sum));
+    r.grad_norm = std::sqrt(
+        reduce_over_tp(reduce_over_shards(sum_sq, comm::ReduceOp::sum), comm::ReduceOp::sum));
     if (config_.clip_grad > 0.0) {
       const double coeff = config_.clip_grad / (r.grad_norm + 1.0e-6);
       Tensor none;

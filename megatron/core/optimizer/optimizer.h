@@ -104,6 +104,11 @@ class MegatronOptimizer {
   bool sharded() const { return shard_.has_value(); }
   // Bytes of optimizer state this rank holds (separate master weights and moments / momentum).
   int64_t state_bytes() const;
+  // Tensor parallelism: the grad norm (and fp16's found-inf) also reduces over `tp`, each
+  // parameter counted once (PITFALLS #5): TP-sharded params (tensor_parallel_dim >= 0) on every
+  // TP rank, replicated ones on TP rank 0 only. Their grads must already be identical over TP
+  // (tensor_parallel::all_reduce_sequence_parallel_grads). nullptr / size 1: no TP.
+  void set_tensor_parallel_group(comm::ProcessGroupPtr tp) { tp_ = std::move(tp); }
 
   // Tensors "optimizer.state.{exp_avg,exp_avg_sq,fp32_param,momentum_buffer}.<param name>"
   // (fp32_param only when the master weights are separate; views of live state, see
@@ -129,8 +134,10 @@ class MegatronOptimizer {
   std::vector<ParamGroup> groups_;
   std::unique_ptr<State> state_;
   std::optional<ShardOptions> shard_;
+  comm::ProcessGroupPtr tp_;
   int64_t step_ = 0;
   double reduce_over_shards(double x, comm::ReduceOp op) const;
+  double reduce_over_tp(double x, comm::ReduceOp op) const;  // identity without TP
 };
 
 }  // namespace mg::optimizer

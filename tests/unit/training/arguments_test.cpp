@@ -188,6 +188,31 @@ TEST(Arguments, BadValuesNameTheFlag) {
             std::string::npos);
 }
 
+// --tensor-model-parallel-size / --sequence-parallel: heads and query groups must divide by TP;
+// SP is switched off at TP 1 as Megatron's validate_args does (the loop logs Megatron's warning).
+TEST(Arguments, TensorAndSequenceParallelFlags) {
+  auto a = parse_args(with({"--tensor-model-parallel-size", "2", "--sequence-parallel"}));
+  EXPECT_EQ(a.tensor_model_parallel_size, 2);
+  EXPECT_TRUE(a.sequence_parallel);
+  EXPECT_FALSE(a.sequence_parallel_disabled);
+  a = parse_args(with({"--sequence-parallel"}));
+  EXPECT_EQ(a.tensor_model_parallel_size, 1);
+  EXPECT_FALSE(a.sequence_parallel);
+  EXPECT_TRUE(a.sequence_parallel_disabled);
+  auto e = parse_error(with({"--tensor-model-parallel-size", "3"}));
+  EXPECT_NE(e.find("--num-attention-heads 4 must be divisible by --tensor-model-parallel-size 3"),
+            std::string::npos)
+      << e;
+  e = parse_error(with(
+      {"--tensor-model-parallel-size", "4", "--group-query-attention", "--num-query-groups", "2"}));
+  EXPECT_NE(e.find("query groups 2 (--num-query-groups) must be divisible by "
+                   "--tensor-model-parallel-size 4"),
+            std::string::npos)
+      << e;
+  e = parse_error(with({"--tensor-model-parallel-size", "0"}));
+  EXPECT_NE(e.find("--tensor-model-parallel-size must be >= 1, got 0"), std::string::npos) << e;
+}
+
 TEST(Arguments, YamlFileAndCommandLineOverride) {
   const auto path = std::filesystem::temp_directory_path() / "mg_args_test.yaml";
   {
