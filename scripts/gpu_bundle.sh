@@ -24,10 +24,11 @@ for tool in zstd; do
 done
 for f in "$stage"/bin/* "$stage"/lib/*.so "$stage"/tools/*; do
   ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
-done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt)\.so' |
+done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' |
   while read -r lib; do
     [ -e "$stage/lib/$(basename "$lib")" ] || cp -L "$lib" "$stage/lib/"
   done
+# NCCL (~200 MB) is left out: the device image has it (PyPI nvidia-nccl-cu13; gpu_env.sh finds it).
 # Tests carry absolute paths of this checkout (plugins, fixtures): record them for gpu_run_tests.sh.
 echo "$PWD $(cd "$build" && pwd)" > "$stage/paths"
 rm -rf "$dest"

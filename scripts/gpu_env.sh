@@ -15,5 +15,8 @@ for d in "$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local
     case ":$cuda_libs:" in *":$d/$l:"*) ;; *) [ -d "$d/$l" ] && cuda_libs="$cuda_libs:$d/$l" ;; esac
   done
 done
+# NCCL is not in the bundle (gpu_bundle.sh): use the toolkit's, else the device image's PyPI wheel.
+nccl_dir=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0] + "/lib")' 2>/dev/null || true)
+[ -n "$nccl_dir" ] && [ -d "$nccl_dir" ] && cuda_libs="$cuda_libs:$nccl_dir"
 export LD_LIBRARY_PATH="$PWD/.gpu_bundle/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$PATH:$PWD/.gpu_bundle/tools"
