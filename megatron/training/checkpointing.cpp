@@ -87,10 +87,39 @@ json tensor_records(const std::vector<std::pair<std::string, Tensor>>& tensors) 
   return j;
 }
 
-std::string optimizer_shard_file(int rank) {
-  char name[48];
-  std::snprintf(name, sizeof(name), "optimizer_rank_%05d.safetensors", rank);
+// TP rank or -1 (no tensor parallelism: the TP 1 file names).
+std::string optimizer_shard_file(int rank, int tp_rank = -1) {
+  char name[64];
+  if (tp_rank < 0)
+    std::snprintf(name, sizeof(name), "optimizer_rank_%05d.safetensors", rank);
+  else
+    std::snprintf(name, sizeof(name), "optimizer_tp_%02d_rank_%05d.safetensors", tp_rank, rank);
   return name;
+}
+
+std::string model_file(int tp_rank) {
+  if (tp_rank < 0) return kModelFile;
+  char name[48];
+  std::snprintf(name, sizeof(name), "model_tp_%02d.safetensors", tp_rank);
+  return name;
+}
+
+std::string optimizer_file(int tp_rank) {
+  if (tp_rank < 0) return kOptimizerFile;
+  char name[48];
+  std::snprintf(name, sizeof(name), "optimizer_tp_%02d.safetensors", tp_rank);
+  return name;
+}
+
+int tp_size_of(const CheckpointRanks& r) { return r.tp_group ? r.tp_group->size() : 1; }
+int tp_rank_of(const CheckpointRanks& r) { return tp_size_of(r) > 1 ? r.tp_group->rank() : -1; }
+int dp_size_of(const CheckpointRanks& r) { return r.group ? r.group->size() : 1; }
+comm::ProcessGroupPtr world_of(const CheckpointRanks& r) { return r.world ? r.world : r.group; }
+
+std::string layout_str(int tp, int dp, bool sharded) {
+  std::ostringstream s;
+  s << "TP " << tp << " x DP " << dp << (sharded ? " (distributed optimizer)" : "");
+  return s.str();
 }
 
 }  // namespace
@@ -104,17 +133,20 @@ std::string checkpoint_dir(const std::string& root, int64_t iteration) {
 void save_checkpoint(const std::string& root, const std::vector<transformer::Parameter>& params,
                      const CheckpointState& state, const CheckpointRanks& ranks) {
   MG_CHECK(state.iteration >= 0, "save_checkpoint: iteration " << state.iteration << " < 0");
-  const bool writer = !ranks.group || ranks.group->rank() == 0;  // shared files, renames
+  const comm::ProcessGroupPtr world = world_of(ranks);
+  const bool writer = !world || world->rank() == 0;  // temp dir, metadata.json, renames
+  const bool dp_writer = !ranks.group || ranks.group->rank() == 0;  // this TP rank's shared files
+  const int tp_size = tp_size_of(ranks), tp_rank = tp_rank_of(ranks);
   auto barrier = [&] {
-    if (ranks.group) ranks.group->barrier();
+    if (world) world->barrier();
   };
   std::error_code ec;
   const fs::path final_dir = checkpoint_dir(root, state.iteration);
   // One temporary directory for all ranks: rank 0's pid names it.
   std::string tmp_tag = std::to_string(::getpid());
-  if (ranks.group && ranks.group->size() > 1) {
+  if (world && world->size() > 1) {
     Tensor pid = Tensor::from_vector(std::vector<int64_t>{::getpid()}, {1}, DType::i64);
-    ranks.group->broadcast(pid, 0)->wait();
+    world->broadcast(pid, 0)->wait();
     tmp_tag = std::to_string(pid.to_vector<int64_t>()[0]);
   }
   const fs::path tmp_dir = final_dir.string() + ".tmp." + tmp_tag;
@@ -136,40 +168,54 @@ void save_checkpoint(const std::string& root, const std::vector<transformer::Par
                {"num_floating_point_operations_so_far", state.floating_point_operations_so_far},
                {"args", state.args},
                {"extra", state.extra},
+               {"tensor_parallel_size", tp_size},
+               {"data_parallel_size", dp_size_of(ranks)},
                {"files", json::object()}};
 
   std::vector<std::pair<std::string, Tensor>> model;
+  json param_meta = json::object();
   for (const auto& p : params) {
-    MG_CHECK(p.param.shape() == p.global_shape || p.global_shape.empty(),
+    param_meta[p.name] = {
+        {"global_shape", p.global_shape.empty() ? p.param.shape() : p.global_shape},
+        {"tensor_parallel_dim", p.tensor_parallel_dim}};
+    MG_CHECK(tp_size > 1 || p.param.shape() == p.global_shape || p.global_shape.empty(),
              "save_checkpoint: parameter '"
                  << p.name << "' is a shard " << shape_str(p.param.shape()) << " of "
                  << shape_str(p.global_shape) << "; sharded checkpoints are not supported yet");
     model.emplace_back(p.name, p.param);
   }
-  if (writer)
-    dist_checkpointing::save_safetensors((tmp_dir / kModelFile).string(), model,
+  meta["parameters"] = param_meta;
+  if (dp_writer)
+    dist_checkpointing::save_safetensors((tmp_dir / model_file(tp_rank)).string(), model,
                                          {{"format", kCheckpointFormat}});
-  meta["files"][kModelFile] = tensor_records(model);
+  for (int t = 0; tp_size > 1 && t < tp_size; ++t) meta["files"][model_file(t)] = json::object();
+  meta["files"][model_file(tp_rank)] = tensor_records(model);  // world rank 0's (local shapes)
 
   if (state.optimizer) {
     std::vector<std::pair<std::string, Tensor>> opt(state.optimizer->tensors.begin(),
                                                     state.optimizer->tensors.end());
+    // The state's strings (shard ranges) travel in every optimizer file's metadata as well: they
+    // may differ per rank, metadata.json holds world rank 0's.
+    std::map<std::string, std::string> file_meta = {{"format", kCheckpointFormat}};
+    if (ranks.optimizer_sharded || tp_size > 1)
+      for (const auto& [k, v] : state.optimizer->strings) file_meta[k] = v;
     if (ranks.optimizer_sharded) {
       // Every rank its own shard; the shard's ranges travel in the file's metadata.
       const int rank = ranks.group ? ranks.group->rank() : 0;
       const int size = ranks.group ? ranks.group->size() : 1;
-      std::map<std::string, std::string> file_meta = {{"format", kCheckpointFormat}};
-      for (const auto& [k, v] : state.optimizer->strings) file_meta[k] = v;
-      dist_checkpointing::save_safetensors((tmp_dir / optimizer_shard_file(rank)).string(), opt,
-                                           file_meta);
+      dist_checkpointing::save_safetensors(
+          (tmp_dir / optimizer_shard_file(rank, tp_rank)).string(), opt, file_meta);
       meta["optimizer_shards"] = size;
-      for (int r = 0; r < size; ++r) meta["files"][optimizer_shard_file(r)] = json::object();
-      meta["files"][optimizer_shard_file(rank)] = tensor_records(opt);
+      for (int t = tp_size > 1 ? 0 : -1; t < (tp_size > 1 ? tp_size : 0); ++t)
+        for (int r = 0; r < size; ++r) meta["files"][optimizer_shard_file(r, t)] = json::object();
+      meta["files"][optimizer_shard_file(rank, tp_rank)] = tensor_records(opt);
     } else {
-      if (writer)
-        dist_checkpointing::save_safetensors((tmp_dir / kOptimizerFile).string(), opt,
-                                             {{"format", kCheckpointFormat}});
-      meta["files"][kOptimizerFile] = tensor_records(opt);
+      if (dp_writer)
+        dist_checkpointing::save_safetensors((tmp_dir / optimizer_file(tp_rank)).string(), opt,
+                                             file_meta);
+      for (int t = 0; tp_size > 1 && t < tp_size; ++t)
+        meta["files"][optimizer_file(t)] = json::object();
+      meta["files"][optimizer_file(tp_rank)] = tensor_records(opt);
     }
     meta["optimizer"] = state_dict_scalars(*state.optimizer);
   }
@@ -270,8 +316,19 @@ CheckpointState load_checkpoint(const std::string& root,
     st.args = meta.value("args", json::object());
     st.extra = meta.value("extra", json::object());
 
-    // Model: every parameter present with its global shape, nothing else in the file.
-    const std::string model_path = (dir / kModelFile).string();
+    // Layout: the same TP size (and DP size under the distributed optimizer, checked below).
+    const int tp_size = tp_size_of(ranks), tp_rank = tp_rank_of(ranks);
+    const int saved_tp = meta.value("tensor_parallel_size", 1);
+    const int saved_dp = meta.value("data_parallel_size", dp_size_of(ranks));
+    MG_CHECK(saved_tp == tp_size,
+             "checkpoint '" << dir.string() << "' was saved with layout "
+                            << layout_str(saved_tp, saved_dp, meta.value("optimizer_shards", 0) > 0)
+                            << "; this run has "
+                            << layout_str(tp_size, dp_size_of(ranks), ranks.optimizer_sharded)
+                            << " (resharding is not supported: load it with the same "
+                               "--tensor-model-parallel-size)");
+    // Model: every parameter present with its (local) shape, nothing else in the file.
+    const std::string model_path = (dir / model_file(tp_rank)).string();
     dist_checkpointing::SafetensorsFile model(model_path);
     for (auto& p : params) {
       MG_CHECK(model.contains(p.name), "checkpoint '" << model_path << "' has no tensor '" << p.name
@@ -288,6 +345,18 @@ CheckpointState load_checkpoint(const std::string& root,
       MG_CHECK(known, "checkpoint '" << model_path << "' has tensor '" << n
                                      << "' that the model does not (a different architecture?)");
     }
+    // Under TP the local shapes matched; the global ones must too.
+    if (tp_size > 1 && meta.contains("parameters"))
+      for (const auto& p : params) {
+        const auto& pm = meta["parameters"];
+        if (!pm.contains(p.name)) continue;
+        const Shape g = pm[p.name].at("global_shape").get<Shape>();
+        const Shape mine = p.global_shape.empty() ? p.param.shape() : p.global_shape;
+        MG_CHECK(g == mine, "checkpoint '" << dir.string() << "': parameter '" << p.name
+                                           << "' has global shape " << shape_str(g)
+                                           << ", the model has " << shape_str(mine));
+      }
+
     for (auto& p : params) p.param.copy_(model.tensor(p.name));
 
     if (options.load_optimizer && meta.contains("optimizer")) {
@@ -300,15 +369,20 @@ CheckpointState load_checkpoint(const std::string& root,
         MG_CHECK(
             ranks.optimizer_sharded && shards == size,
             "checkpoint '" << dir.string() << "' holds distributed-optimizer state of " << shards
-                           << " data-parallel ranks; this run has " << size
+                           << " data-parallel ranks (layout " << layout_str(saved_tp, shards, true)
+                           << "); this run has " << size
                            << (ranks.optimizer_sharded ? ""
                                                        : " without --use-distributed-optimizer")
-                           << " (load it with the same layout, or pass --no-load-optim)");
-        opt_path = (dir / optimizer_shard_file(rank)).string();
+                           << " (layout "
+                           << layout_str(tp_size, size, ranks.optimizer_sharded)
+                           << "; load it with the same layout, or pass --no-load-optim)");
+        opt_path = (dir / optimizer_shard_file(rank, tp_rank)).string();
+      } else {
+        opt_path = (dir / optimizer_file(tp_rank)).string();
       }
       dist_checkpointing::SafetensorsFile opt(opt_path);
       for (const auto& n : opt.names()) sd.tensors[n] = opt.tensor(n);
-      if (shards > 0)  // this rank's ranges (rank 0's were in metadata.json)
+      if (shards > 0 || tp_size > 1)  // this rank's ranges (rank 0's were in metadata.json)
         for (const auto& [k, v] : opt.metadata())
           if (k != "format" && sd.strings.count(k)) sd.strings[k] = v;
       if (shards > 0) sd.numbers["shard.rank"] = rank;

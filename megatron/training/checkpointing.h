@@ -22,7 +22,19 @@
 // (and fsynced) before metadata.json and the rename, and no rank returns before the tracker names
 // the new checkpoint. A sharded checkpoint loads only with the same data-parallel size and
 // buckets (an error naming both layouts otherwise).
-// Not done: TP/PP layouts and resharding, async save, torch_dist interop.
+//
+// Tensor parallel (CheckpointRanks::tp_group of size > 1; `group` is then the DP group and
+// `world` all ranks): data-parallel rank 0 of every TP rank writes its model shard, and the
+// optimizer files are per TP rank as well
+//   <root>/iter_0000100/model_tp_01.safetensors                  (TP rank 1's local parameters)
+//   <root>/iter_0000100/optimizer_tp_01.safetensors              (replicated optimizer)
+//   <root>/iter_0000100/optimizer_tp_01_rank_00003.safetensors   (distributed optimizer)
+// World rank 0 makes the temporary directory, writes metadata.json (with the TP and DP sizes and
+// every parameter's global shape and partitioned dim) and does the renames; the barriers are over
+// the world. TP 1 keeps model.safetensors / optimizer[_rank_N].safetensors. A TP checkpoint loads
+// only with the same TP size (and DP size under the distributed optimizer): an error naming both
+// layouts otherwise.
+// Not done: PP layouts, resharding across TP/DP sizes, async save, torch_dist interop.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +68,9 @@ struct CheckpointState {
 
 // The ranks taking part in a save or load (data parallel). Default: this process alone.
 struct CheckpointRanks {
-  comm::ProcessGroupPtr group;     // null: single process
+  comm::ProcessGroupPtr group;     // null: single process (the data-parallel group)
+  comm::ProcessGroupPtr tp_group;  // null or size 1: no tensor parallelism
+  comm::ProcessGroupPtr world;     // all ranks (barriers, temp dir); null: `group`
   bool optimizer_sharded = false;  // --use-distributed-optimizer: one optimizer file per rank
 };
 

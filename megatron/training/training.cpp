@@ -64,6 +64,7 @@ struct Run {
   Runtime* rt = nullptr;
   comm::ProcessGroupPtr dp_group;
   comm::ProcessGroupPtr tp_group;  // null without tensor parallelism
+  comm::ProcessGroupPtr world_group;
   std::unique_ptr<models::GPTModel> model;
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
@@ -104,6 +105,8 @@ nlohmann::json given_args_json(const Arguments& args) {
 CheckpointRanks checkpoint_ranks(const Run& r) {
   CheckpointRanks ranks;
   ranks.group = r.dp_group;
+  ranks.tp_group = r.tp_group;
+  ranks.world = r.world_group;
   ranks.optimizer_sharded = r.args.ddp.use_distributed_optimizer;
   return ranks;
 }
@@ -456,10 +459,6 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     dp_group = groups.dp_cp;
     tp_group = groups.tp;
     world_group = groups.world;
-    MG_CHECK(!given_args.checkpoint.save && !given_args.checkpoint.load,
-             "--save / --load with --tensor-model-parallel-size "
-                 << tp << " are not supported yet (per-TP-rank model shards are not written); "
-                 << "run without them or with --tensor-model-parallel-size 1");
   } else {
     dp_group = hooks.data_parallel_group ? hooks.data_parallel_group
                                          : world_communicator(given_args).world();
@@ -491,6 +490,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   Run r(args, log, last ? out_log : null_log, hooks);
   r.dp_group = dp_group;
   r.tp_group = tp_group;
+  r.world_group = world_group;
   if (args.sequence_parallel_disabled)
     log << "WARNING: Disabling sequence parallelism because tensor model parallelism is disabled "
            "(--sequence-parallel needs --tensor-model-parallel-size > 1)"

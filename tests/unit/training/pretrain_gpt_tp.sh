@@ -1,7 +1,8 @@
 #!/bin/sh
 # pretrain_gpt with tensor (+ sequence) parallelism under mpirun prints the same lm loss and grad
 # norm values as the single-rank run. np 2: TP 2 with SP off and on; np 4: TP 2 x DP 2 with
-# --sequence-parallel --use-distributed-optimizer. The vocabulary (301) is not divisible by TP;
+# --sequence-parallel --use-distributed-optimizer. Each also saves a checkpoint at iteration 2 and
+# resumes from it (same layout): the losses equal the uninterrupted run's. The vocabulary (301) is not divisible by TP;
 # --make-vocab-size-divisible-by 4 pads it to 304 for TP 1 and 2 alike (Megatron pads to a
 # multiple of divisible-by x TP, so the padded vocabulary, and the loss, would otherwise differ).
 # usage: pretrain_gpt_tp.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
@@ -36,6 +37,15 @@ run() {  # run <log> <np> <extra args...>
   log=$1; n=$2; shift 2
   "$mpi" $mpi_args -np "$n" "$bin" $args "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
 }
+# save_resume <ckpt> <np> <what> <extra args...>: save at iteration 2 (and exit), resume to the
+# end: the losses of both runs together equal the single-rank run's.
+save_resume() {
+  ck=$1; n=$2; what=$3; shift 3
+  run "$work/first.log" "$n" "$@" --save "$ck" --save-interval 2 --exit-interval 2
+  run "$work/second.log" "$n" "$@" --load "$ck"
+  cat "$work/first.log" "$work/second.log" > "$work/resumed.log"
+  compare "$work/single.log" "$work/resumed.log" "$what save at 2 + resume"
+}
 mpi=$1; shift; mpi_args="$*"
 
 "$bin" $args > "$work/single.log" 2>&1 || { cat "$work/single.log"; exit 1; }
@@ -44,15 +54,24 @@ if [ "$np" -eq 2 ]; then
   compare "$work/single.log" "$work/tp2.log" "TP 2"
   run "$work/tp2sp.log" 2 --tensor-model-parallel-size 2 --sequence-parallel
   compare "$work/single.log" "$work/tp2sp.log" "TP 2 + SP"
-  # Checkpoints with TP are refused, naming the flag (not silently written as one shard).
-  if "$mpi" $mpi_args -np 2 "$bin" $args --tensor-model-parallel-size 2 --save "$work/ckpt" \
-       > "$work/save.log" 2>&1; then
-    echo "FAIL: --save with TP 2 succeeded"; cat "$work/save.log"; exit 1
+  # Same-layout checkpoints: save at iteration 2, resume to the end (per-TP-rank model shards).
+  save_resume "$work/ckpt" 2 "TP 2" --tensor-model-parallel-size 2
+  ls "$work/ckpt/iter_0000002/model_tp_00.safetensors" \
+    "$work/ckpt/iter_0000002/model_tp_01.safetensors" \
+    "$work/ckpt/iter_0000002/optimizer_tp_01.safetensors" > /dev/null
+  # A different layout is refused naming both.
+  if "$bin" $args --load "$work/ckpt" > "$work/bad.log" 2>&1; then
+    echo "FAIL: a TP 2 checkpoint loaded with TP 1"; cat "$work/bad.log"; exit 1
   fi
-  grep -q "not supported yet" "$work/save.log" || { cat "$work/save.log"; exit 1; }
-  echo "ok TP 2 --save refused"
+  grep -q "saved with layout TP 2 x DP 1.*this run has TP 1 x DP 1" "$work/bad.log" \
+    || { cat "$work/bad.log"; exit 1; }
+  echo "ok TP 2 checkpoint refused by TP 1"
 else
   run "$work/tp2dp.log" "$np" --tensor-model-parallel-size 2 --sequence-parallel \
     --use-distributed-optimizer
   compare "$work/single.log" "$work/tp2dp.log" "TP 2 x DP $((np / 2)) + SP + distributed optimizer"
+  save_resume "$work/ckpt" "$np" "TP 2 x DP $((np / 2)) + SP + distributed optimizer" \
+    --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer
+  ls "$work/ckpt/iter_0000002/model_tp_01.safetensors" \
+    "$work/ckpt/iter_0000002/optimizer_tp_01_rank_00001.safetensors" > /dev/null
 fi
