@@ -76,6 +76,7 @@ struct Args {
   int partitions = 1;
   bool keep_sequential_samples = false;
   int64_t log_interval = 1000;
+  bool skip_bad_lines = false;  // count and report malformed lines instead of stopping
   mg::tokenizers::TokenizerArgs tokenizer;
 
   void validate() const {
@@ -244,15 +245,24 @@ struct EncodedChunk {
   std::size_t bytes = 0;
   std::size_t docs = 0;
   std::size_t tokens = 0;
+  std::size_t skipped = 0;  // bad lines left out under --skip-bad-lines
+  std::string first_skip;   // the first one's message ("file:line: why")
   std::exception_ptr error;
 };
 
-EncodedChunk encode_chunk(const Chunk& chunk, const std::vector<std::string>& keys,
-                          const Tokenizer& tok, bool append_eod, const std::string& input) {
-  EncodedChunk out;
+// One line's output for every key, staged so that a bad line adds nothing to any key.
+struct LineOutput {
+  std::vector<KeyOutput> keys;
+  std::size_t tokens = 0;
+};
+
+// Parses and tokenizes line `l` of the chunk; throws mg::Error naming file and line when the line
+// is malformed (not JSON, not an object, a missing key, a non-string value, a tokenizer error).
+LineOutput encode_line(const Chunk& chunk, std::size_t l, const std::vector<std::string>& keys,
+                       const Tokenizer& tok, bool append_eod, const std::string& input) {
+  LineOutput out;
   out.keys.resize(keys.size());
-  out.bytes = chunk.bytes;
-  for (std::size_t l = 0; l < chunk.lines.size(); ++l) {
+  {
     const uint64_t line_no = chunk.line_numbers[l];
     nlohmann::json doc;
     try {
@@ -302,6 +312,35 @@ EncodedChunk encode_chunk(const Chunk& chunk, const std::vector<std::string>& ke
       }
       ko.doc_sentences.push_back(kept);
     }
+  }
+  return out;
+}
+
+EncodedChunk encode_chunk(const Chunk& chunk, const std::vector<std::string>& keys,
+                          const Tokenizer& tok, bool append_eod, bool skip_bad_lines,
+                          const std::string& input) {
+  EncodedChunk out;
+  out.keys.resize(keys.size());
+  out.bytes = chunk.bytes;
+  for (std::size_t l = 0; l < chunk.lines.size(); ++l) {
+    LineOutput line;
+    try {
+      line = encode_line(chunk, l, keys, tok, append_eod, input);
+    } catch (const mg::Error& e) {
+      if (!skip_bad_lines) throw;
+      if (out.skipped++ == 0) out.first_skip = e.message();
+      continue;
+    }
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      KeyOutput& dst = out.keys[k];
+      KeyOutput& src = line.keys[k];
+      dst.tokens.insert(dst.tokens.end(), src.tokens.begin(), src.tokens.end());
+      dst.sentence_lengths.insert(dst.sentence_lengths.end(), src.sentence_lengths.begin(),
+                                  src.sentence_lengths.end());
+      dst.doc_sentences.insert(dst.doc_sentences.end(), src.doc_sentences.begin(),
+                               src.doc_sentences.end());
+    }
+    out.tokens += line.tokens;
     ++out.docs;
   }
   return out;
@@ -342,6 +381,9 @@ class Pipeline {
   Pipeline(const Args& args, const std::vector<std::unique_ptr<Tokenizer>>& toks)
       : args_(args), toks_(toks) {}
 
+  std::size_t skipped() const { return skipped_; }
+  const std::string& first_skip() const { return first_skip_; }
+
   void run(const std::string& input, std::vector<std::unique_ptr<IndexedDatasetBuilder>>& builders,
            Progress& progress) {
     input_ = input;
@@ -379,6 +421,10 @@ class Pipeline {
       if (enc.error) std::rethrow_exception(enc.error);
       for (std::size_t k = 0; k < builders.size(); ++k) write_key(enc.keys[k], *builders[k]);
       progress.add(enc.docs, enc.bytes, enc.tokens);
+      if (enc.skipped > 0) {
+        if (skipped_ == 0) first_skip_ = enc.first_skip;
+        skipped_ += enc.skipped;
+      }
       {
         std::lock_guard lk(m_);
         --in_flight_;
@@ -467,7 +513,7 @@ class Pipeline {
       }
       EncodedChunk enc;
       try {
-        enc = encode_chunk(c, args_.json_keys, tok, args_.append_eod, input_);
+        enc = encode_chunk(c, args_.json_keys, tok, args_.append_eod, args_.skip_bad_lines, input_);
       } catch (...) {
         enc = EncodedChunk{};
         enc.error = std::current_exception();
@@ -482,6 +528,8 @@ class Pipeline {
 
   const Args& args_;
   const std::vector<std::unique_ptr<Tokenizer>>& toks_;
+  std::size_t skipped_ = 0;  // bad lines left out (--skip-bad-lines), in input order
+  std::string first_skip_;
   std::string input_;
   std::size_t max_in_flight_ = 0;
 
@@ -517,6 +565,9 @@ void encode_file(const Args& args, const std::vector<std::unique_ptr<Tokenizer>>
     builders[k]->finalize(
         mg::datasets::get_idx_path(dataset_prefix(output_prefix, args.json_keys[k])));
   progress.print("Done:");
+  if (pipeline.skipped() > 0)
+    std::fprintf(stderr, "Skipped %zu bad line(s) (--skip-bad-lines); the first: %s\n",
+                 pipeline.skipped(), pipeline.first_skip().c_str());
 }
 
 std::vector<std::string> expand_glob(const std::string& pattern) {
@@ -645,6 +696,9 @@ int main(int argc, char** argv) {
                "Partition in contiguous blocks instead of round-robin");
   app.add_option("--log-interval", args.log_interval, "Documents between progress lines")
       ->capture_default_str();
+  app.add_flag("--skip-bad-lines", args.skip_bad_lines,
+               "Leave out malformed JSON lines and lines missing a key (counted and reported) "
+               "instead of stopping at the first one");
   app.add_option("--tokenizer-type", args.tokenizer.tokenizer_type,
                  "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
                  "GPTSentencePieceTokenizer, Llama2Tokenizer or NullTokenizer")

@@ -326,3 +326,38 @@ TEST_F(PreprocessData, ErrorsAreOneClearLine) {
 }
 
 }  // namespace
+
+// --skip-bad-lines: a line with a missing key and a broken JSON line are counted, reported with
+// the first one's file:line, and leave nothing in any key's output: the result equals the same
+// input without those lines.
+TEST_F(PreprocessData, SkipBadLinesCountsReportsAndLeavesThemOut) {
+  std::ofstream(path("bad.jsonl")) << "{\"text\": \"first good\", \"k\": \"one\"}\n"
+                                      "{\"text\": \"only text, no k\"}\n"
+                                      "{\"text\": \"broken\n"
+                                      "{\"text\": \"second good\", \"k\": \"two\"}\n";
+  std::ofstream(path("good.jsonl")) << "{\"text\": \"first good\", \"k\": \"one\"}\n"
+                                       "{\"text\": \"second good\", \"k\": \"two\"}\n";
+  const std::string common = " --json-keys text k --append-eod" + kGpt2Flags;
+  auto r = run(binary_ + " --input " + path("bad.jsonl") + " --output-prefix " + path("s") +
+               " --workers 2 --skip-bad-lines" + common);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("Skipped 2 bad line(s) (--skip-bad-lines); the first: " +
+                          path("bad.jsonl") + ":2: key 'k' is missing"),
+            std::string::npos)
+      << r.output;
+  auto g = run(binary_ + " --input " + path("good.jsonl") + " --output-prefix " + path("g") +
+               " --workers 1" + common);
+  ASSERT_EQ(g.status, 0) << g.output;
+  EXPECT_EQ(g.output.find("Skipped"), std::string::npos) << g.output;
+  for (const char* key : {"text", "k"})
+    for (const char* ext : {".bin", ".idx"}) {
+      const std::string f = std::string("_") + key + "_document" + ext;
+      EXPECT_EQ(read_file(path("s" + f)), read_file(path("g" + f))) << f;
+    }
+  // Without the flag the same input stops at line 2.
+  auto e = run(binary_ + " --input " + path("bad.jsonl") + " --output-prefix " + path("e") +
+               " --workers 2" + common);
+  EXPECT_EQ(e.status, 1) << e.output;
+  EXPECT_NE(e.output.find(path("bad.jsonl") + ":2: key 'k' is missing"), std::string::npos)
+      << e.output;
+}
