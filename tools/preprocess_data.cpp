@@ -3,7 +3,10 @@
 //
 //   preprocess_data --input in.jsonl[.gz|.zst] --output-prefix out --tokenizer-type ...
 //                   --workers W [--json-keys text ...] [--append-eod] [--partitions P
-//                   [--keep-sequential-samples]] [--log-interval N]
+//                   [--keep-sequential-samples]] [--log-interval N] [--skip-bad-lines]
+//
+// A malformed line (not JSON, not an object, a missing key) stops the run naming file:line; with
+// --skip-bad-lines it is left out of every key's output, counted, and the first one reported.
 //
 // Pipeline (bounded memory, input order kept): one reader thread cuts the input into chunks of
 // lines (at most kChunkLines lines or about kChunkBytes bytes), W worker threads parse and tokenize
