@@ -1,10 +1,10 @@
 // The host allocator: 256-byte aligned memory with live/peak byte counts, and a small cache of
 // freed large blocks.
 //
-// Why the cache: glibc serves blocks above its mmap threshold (at most 32 MiB) with a fresh mmap and
-// unmaps them on free, so a training loop that frees and re-allocates, e.g., its [S*B, V] logits
-// every step page-faults and zeroes every page of them again (measured: ~9% of a cpu-tiny step,
-// whose logits are 200 MiB). Freed blocks of at least kCacheMinBytes are kept (at most
+// Why the cache: glibc serves blocks above its mmap threshold (at most 32 MiB) with a fresh mmap
+// and unmaps them on free, so a training loop that frees and re-allocates, e.g., its [S*B, V]
+// logits every step page-faults and zeroes every page of them again (measured: ~9% of a cpu-tiny
+// step, whose logits are 200 MiB). Freed blocks of at least kCacheMinBytes are kept (at most
 // kCacheMaxBytes in all, the oldest given back first) and reused for a request of the same rounded
 // size. Stats: allocated/peak count live bytes as before; reserved = live + cached.
 #include <algorithm>

@@ -111,10 +111,18 @@ std::string optimizer_file(int tp_rank) {
   return name;
 }
 
-int tp_size_of(const CheckpointRanks& r) { return r.tp_group ? r.tp_group->size() : 1; }
-int tp_rank_of(const CheckpointRanks& r) { return tp_size_of(r) > 1 ? r.tp_group->rank() : -1; }
-int dp_size_of(const CheckpointRanks& r) { return r.group ? r.group->size() : 1; }
-comm::ProcessGroupPtr world_of(const CheckpointRanks& r) { return r.world ? r.world : r.group; }
+int tp_size_of(const CheckpointRanks& r) {
+  return r.tp_group ? r.tp_group->size() : 1;
+}
+int tp_rank_of(const CheckpointRanks& r) {
+  return tp_size_of(r) > 1 ? r.tp_group->rank() : -1;
+}
+int dp_size_of(const CheckpointRanks& r) {
+  return r.group ? r.group->size() : 1;
+}
+comm::ProcessGroupPtr world_of(const CheckpointRanks& r) {
+  return r.world ? r.world : r.group;
+}
 
 std::string layout_str(int tp, int dp, bool sharded) {
   std::ostringstream s;
@@ -203,8 +211,8 @@ void save_checkpoint(const std::string& root, const std::vector<transformer::Par
       // Every rank its own shard; the shard's ranges travel in the file's metadata.
       const int rank = ranks.group ? ranks.group->rank() : 0;
       const int size = ranks.group ? ranks.group->size() : 1;
-      dist_checkpointing::save_safetensors(
-          (tmp_dir / optimizer_shard_file(rank, tp_rank)).string(), opt, file_meta);
+      dist_checkpointing::save_safetensors((tmp_dir / optimizer_shard_file(rank, tp_rank)).string(),
+                                           opt, file_meta);
       meta["optimizer_shards"] = size;
       for (int t = tp_size > 1 ? 0 : -1; t < (tp_size > 1 ? tp_size : 0); ++t)
         for (int r = 0; r < size; ++r) meta["files"][optimizer_shard_file(r, t)] = json::object();
@@ -373,8 +381,7 @@ CheckpointState load_checkpoint(const std::string& root,
                            << "); this run has " << size
                            << (ranks.optimizer_sharded ? ""
                                                        : " without --use-distributed-optimizer")
-                           << " (layout "
-                           << layout_str(tp_size, size, ranks.optimizer_sharded)
+                           << " (layout " << layout_str(tp_size, size, ranks.optimizer_sharded)
                            << "; load it with the same layout, or pass --no-load-optim)");
         opt_path = (dir / optimizer_shard_file(rank, tp_rank)).string();
       } else {

@@ -21,8 +21,8 @@
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cpu/kernel_util.h"
-#include "megatron/platforms/cpu/vec_math.h"
 #include "megatron/platforms/cpu/kernels.h"
+#include "megatron/platforms/cpu/vec_math.h"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cpu {
@@ -120,9 +120,8 @@ void map_f32_v(float* out, const float* x, const float* g, int64_t n, F&& f) {
 void gelu_fwd(Tensor& y, const Tensor& x, GeluApprox approx) {
   ops::validate_unary(kOnHost, "gelu_fwd", "y", y, "x", x);
   if (approx == GeluApprox::tanh && x.dtype() == DType::f32) {
-    map_f32_v(y.data<float>(), x.data<float>(), nullptr, x.numel(), [](vec::FV v, vec::FV) {
-      return v * gelu_tanh_sigmoid_v(v);
-    });
+    map_f32_v(y.data<float>(), x.data<float>(), nullptr, x.numel(),
+              [](vec::FV v, vec::FV) { return v * gelu_tanh_sigmoid_v(v); });
     return;
   }
   map_unary("gelu_fwd", y, x, [approx](auto v) { return gelu(v, approx); });

@@ -178,11 +178,11 @@ inline void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double 
 }
 
 // f32 vectors and e^x: vec_math.h.
+using vec::exp_v;
 using vec::FV;
 using vec::kLanes;
 using vec::load_v;
 using vec::store_v;
-using vec::exp_v;
 
 // The n < kLanes elements of x as a vector, -inf in the lanes past the end.
 inline FV tail_v(const float* x, int64_t n) {

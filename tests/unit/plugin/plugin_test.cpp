@@ -114,7 +114,8 @@ TEST(Plugin, OtherOpTableIsRefused) {
 TEST(MegatronInfo, ShowsPlatformsOpsAndThePluginOverride) {
   const std::string bin = std::string(MG_BIN_DIR) + "/megatron_info";
   // The example plugin overrides a CPU op, and megatron_info prints the selected platform's table:
-  // select the CPU explicitly so the case also holds on a machine with a GPU (where auto picks cuda).
+  // select the CPU explicitly so the case also holds on a machine with a GPU (where auto picks
+  // cuda).
   auto res =
       run("env MG_PLATFORM=cpu MG_PLUGINS=" + std::string(MG_EXAMPLE_PLUGIN_PATH) + " " + bin);
   ASSERT_EQ(res.status, 0) << res.output;
