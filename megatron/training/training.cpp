@@ -268,6 +268,7 @@ std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
 struct StepOutcome {
   double lm_loss = 0.0;
   double grad_norm = 0.0;
+  std::optional<int64_t> num_zeros_in_grad;  // --log-num-zeros-in-grad
   bool skipped = false;
   bool nan = false;
   double lr = 0.0;
@@ -329,6 +330,7 @@ StepOutcome train_step(Run& r) {
   const optimizer::StepResult s = r.opt->step(out.lr, r.scheduler->weight_decay());
   out.skipped = !s.success;
   out.grad_norm = s.grad_norm;
+  out.num_zeros_in_grad = s.num_zeros_in_grad;
   // Megatron: increment = num_microbatches * mbs * dp = the global batch, in samples.
   if (s.success) r.scheduler->step(a.training.global_batch_size);
   return out;
@@ -351,6 +353,7 @@ void train(Run& r) {
   double interval_loss = 0.0;
   int64_t interval_count = 0, interval_iters = 0, interval_skipped = 0, interval_nan = 0;
   std::optional<double> last_grad_norm;
+  std::optional<int64_t> last_num_zeros;
   double last_lr = 0.0;
   r.timers.start("interval-time");
   r.timers.start("train");
@@ -369,6 +372,7 @@ void train(Run& r) {
       interval_loss += o.lm_loss;
       ++interval_count;
       last_grad_norm = o.grad_norm;
+      last_num_zeros = o.num_zeros_in_grad;
     }
 
     if (r.iteration % a.logging.log_interval == 0) {
@@ -388,6 +392,7 @@ void train(Run& r) {
       if (interval_count > 0) s.lm_loss = interval_loss / static_cast<double>(interval_count);
       s.loss_scale = r.opt->loss_scale();
       s.grad_norm = last_grad_norm;
+      s.num_zeros_in_grad = last_num_zeros;
       s.skipped_iters = interval_skipped;
       s.nan_iters = interval_nan;
       s.mem_allocated_mb = mem_mb(r, false);

@@ -326,11 +326,17 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   }
   r.found_inf = any_nonfinite(r.grad_norm);
   if (config_.log_num_zeros_in_grad) {
+    // Megatron's count_zeros_fp32: every parameter once (TP-replicated ones on TP rank 0), summed
+    // over the shards and over TP. Counted after clipping (a scale keeps zeros zero).
     int64_t zeros = 0;
-    for (const Tensor& g : grads)
-      for (float v : g.to_vector<float>()) zeros += v == 0.0f;
-    r.num_zeros_in_grad =
-        static_cast<int64_t>(reduce_over_shards(static_cast<double>(zeros), comm::ReduceOp::sum));
+    for (const Piece& pc : s.pieces) {
+      if (pc.grad.numel() == 0 ||
+          (tp && params_[pc.param].tensor_parallel_dim < 0 && tp_->rank() != 0))
+        continue;
+      for (float v : pc.grad.to_vector<float>()) zeros += v == 0.0f;
+    }
+    r.num_zeros_in_grad = static_cast<int64_t>(reduce_over_tp(
+        reduce_over_shards(static_cast<double>(zeros), comm::ReduceOp::sum), comm::ReduceOp::sum));
   }
 
   const int64_t step = step_ + 1;

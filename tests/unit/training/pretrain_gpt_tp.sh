@@ -33,6 +33,19 @@ compare() {
   compare_one "$1" "$2" "$3" "lm loss" 2e-6 0
   compare_one "$1" "$2" "$3" "grad norm" 0 2e-3
 }
+# --log-num-zeros-in-grad counts every parameter once over TP ranks and optimizer shards. With an
+# untied output layer, the word-embedding rows of tokens absent from the batch (and the padding
+# rows) have exactly zero gradients: about 200 x 32 elements, split over the TP ranks and the
+# shards. A count on one TP rank or one shard only is off by thousands; +-2 allows an element that
+# rounds to exactly 0 in one summation order only.
+zeros_args="--untie-embeddings-and-output-weights --log-num-zeros-in-grad"
+compare_zeros() {  # compare_zeros <np> <what> <extra args...>
+  n=$1; what=$2; shift 2
+  [ -f "$work/single_zeros.log" ] || "$bin" $args $zeros_args > "$work/single_zeros.log" 2>&1 \
+    || { cat "$work/single_zeros.log"; exit 1; }
+  run "$work/zeros.log" "$n" $zeros_args "$@"
+  compare_one "$work/single_zeros.log" "$work/zeros.log" "$what (untied)" "num zeros" 0 2
+}
 run() {  # run <log> <np> <extra args...>
   log=$1; n=$2; shift 2
   "$mpi" $mpi_args -np "$n" "$bin" $args "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
@@ -54,6 +67,7 @@ if [ "$np" -eq 2 ]; then
   compare "$work/single.log" "$work/tp2.log" "TP 2"
   run "$work/tp2sp.log" 2 --tensor-model-parallel-size 2 --sequence-parallel
   compare "$work/single.log" "$work/tp2sp.log" "TP 2 + SP"
+  compare_zeros 2 "TP 2" --tensor-model-parallel-size 2
   # Same-layout checkpoints: save at iteration 2, resume to the end (per-TP-rank model shards).
   save_resume "$work/ckpt" 2 "TP 2" --tensor-model-parallel-size 2
   ls "$work/ckpt/iter_0000002/model_tp_00.safetensors" \
@@ -70,6 +84,8 @@ else
   run "$work/tp2dp.log" "$np" --tensor-model-parallel-size 2 --sequence-parallel \
     --use-distributed-optimizer
   compare "$work/single.log" "$work/tp2dp.log" "TP 2 x DP $((np / 2)) + SP + distributed optimizer"
+  compare_zeros "$np" "TP 2 x DP $((np / 2)) + distributed optimizer" \
+    --tensor-model-parallel-size 2 --use-distributed-optimizer
   save_resume "$work/ckpt" "$np" "TP 2 x DP $((np / 2)) + SP + distributed optimizer" \
     --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer
   ls "$work/ckpt/iter_0000002/model_tp_01.safetensors" \
