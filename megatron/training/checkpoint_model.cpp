@@ -1,0 +1,95 @@
+// A checkpoint's model rebuilt from its recorded flags (checkpoint_model.h).
+#include "megatron/training/checkpoint_model.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "megatron/core/common/error.h"
+#include "megatron/core/models/gpt/gpt_layer_specs.h"
+#include "megatron/core/tokenizers/build_tokenizer.h"
+
+namespace mg::training {
+
+namespace fs = std::filesystem;
+
+nlohmann::json read_checkpoint_metadata(const std::string& root, std::optional<int64_t> iteration) {
+  bool release = false;
+  if (!iteration) {
+    iteration = read_latest_iteration(root);
+    MG_CHECK(iteration.has_value(),
+             "no checkpoint under '" << root << "': " << kTrackerFile << " is missing");
+    release = *iteration == 0 && fs::exists(fs::path(root) / "release");
+  }
+  const fs::path dir =
+      release ? fs::path(root) / "release" : fs::path(checkpoint_dir(root, *iteration));
+  const fs::path meta = dir / "metadata.json";
+  MG_CHECK(fs::exists(meta),
+           "checkpoint '" << dir.string() << "' has no metadata.json (incomplete or missing)");
+  std::ifstream f(meta);
+  try {
+    return nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    MG_THROW("checkpoint metadata '" << meta.string() << "' is corrupt: " << e.what());
+  }
+}
+
+std::vector<std::string> checkpoint_command_line(const nlohmann::json& metadata,
+                                                 const std::vector<std::string>& overrides) {
+  std::set<std::string> overridden;
+  for (const auto& a : overrides)
+    if (a.rfind("--", 0) == 0) overridden.insert(a.substr(0, a.find('=')));
+  std::vector<std::string> cmd;
+  std::set<std::string> present;
+  const nlohmann::json args = metadata.value("args", nlohmann::json::object());
+  for (auto it = args.begin(); it != args.end(); ++it) {
+    const std::string& flag = it.key();
+    if (flag == "--yaml-cfg" || overridden.count(flag)) continue;
+    cmd.push_back(flag);
+    present.insert(flag);
+    if (it.value().is_array())
+      for (const auto& v : it.value()) cmd.push_back(v.get<std::string>());
+    else if (it.value().is_string())
+      cmd.push_back(it.value().get<std::string>());
+  }
+  cmd.insert(cmd.end(), overrides.begin(), overrides.end());
+  present.insert(overridden.begin(), overridden.end());
+  // Training-only flags parse_args requires; they do not affect the model.
+  const std::pair<const char*, const char*> placeholders[] = {
+      {"--micro-batch-size", "1"}, {"--lr", "0"}, {"--train-iters", "1"}};
+  for (const auto& [flag, value] : placeholders)
+    if (!present.count(flag) &&
+        !(std::string(flag) == "--train-iters" && present.count("--train-samples"))) {
+      cmd.emplace_back(flag);
+      cmd.emplace_back(value);
+    }
+  return cmd;
+}
+
+CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::OpTable& ops,
+                                           Device device, const std::vector<std::string>& overrides,
+                                           std::optional<int64_t> iteration) {
+  const nlohmann::json meta = read_checkpoint_metadata(root, iteration);
+  MG_CHECK(
+      meta.contains("args") && !meta["args"].empty(),
+      "checkpoint '" << root
+                     << "' records no flags (metadata.json \"args\"): cannot rebuild its model");
+  CheckpointModel cm;
+  try {
+    cm.args = parse_args(checkpoint_command_line(meta, overrides));
+  } catch (const std::exception& e) {
+    MG_THROW("the flags recorded in checkpoint '" << root << "' do not parse: " << e.what());
+  }
+  cm.tokenizer = tokenizers::build_tokenizer(cm.args.tokenizer);
+  cm.model =
+      std::make_unique<models::GPTModel>(cm.args.model, cm.tokenizer->vocab_size(), ops, device);
+  LoadOptions o;
+  o.load_optimizer = false;
+  o.load_rng = false;
+  o.iteration = iteration;
+  cm.state = load_checkpoint(root, cm.model->parameters(), o);
+  return cm;
+}
+
+}  // namespace mg::training

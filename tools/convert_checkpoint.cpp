@@ -1,0 +1,774 @@
+// convert_checkpoint: HuggingFace <-> Megatron-CPP checkpoints (Megatron's tools/checkpoint/
+// convert.py with the llama_mistral / mixtral_hf loaders and the HF saver, in one binary).
+//
+//   convert_checkpoint import --hf-dir D --save S [--tp N --pp M] [--make-vocab-size-divisible-by
+//   K] convert_checkpoint export --load S --hf-dir D [--max-shard-size 5GB] [--tokenizer-... flags]
+//
+// import: a HuggingFace directory (config.json + model.safetensors, or the shards named by
+// model.safetensors.index.json) of a LLaMA, Mistral, Qwen2 or GPT-2 model becomes a checkpoint
+// under S (iteration 0, tracker "0") holding every parameter by its Megatron-Core name with its
+// global shape (FORMATS.md §6):
+//   q/k/v_proj -> linear_qkv in Megatron's grouped GQA layout (§6.2; biases too, Qwen2),
+//   gate_proj ⊕ up_proj -> linear_fc1 [gate; up] (§6.3), GPT-2's Conv1D [in, out] transposed and
+//   its fused c_attn regrouped per head, the vocabulary rows padded with zeros to a multiple of
+//   --make-vocab-size-divisible-by x TP (Megatron's rule), tied heads left tied (no
+//   output_layer.weight), untied lm_head -> output_layer.weight.
+// Checkpoints are layout-independent (global tensors), so one import serves every --tp/--pp:
+// those flags are validated against the model (heads, query groups, layers) and written, with the
+// other flags that train this model, to S/model_args.yaml (for --yaml-cfg) and to the checkpoint's
+// recorded args. The original config.json is kept in the checkpoint ("extra.hf_config").
+// export: the checkpoint's model (rebuilt from its recorded flags, any layout its loader accepts)
+// back to a HuggingFace directory that transformers loads: the same tensor names, dtypes and
+// values (bit for bit after an import), the padding rows dropped, config.json from the import's
+// original (or made from the model's flags for a model trained here).
+// Refused with a message naming the field: rope scaling, sliding-window attention shorter than the
+// positions, Llama attention/MLP biases, activations other than SiLU (LLaMA family) or GELU
+// (GPT-2), GPT-2's scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "megatron/core/comm/process_group.h"
+#include "megatron/core/common/error.h"
+#include "megatron/core/dist_checkpointing/safetensors.h"
+#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/runtime.h"
+#include "megatron/training/arguments.h"
+#include "megatron/training/checkpoint_model.h"
+#include "megatron/training/checkpointing.h"
+
+namespace fs = std::filesystem;
+using mg::Shape;
+using mg::Tensor;
+using nlohmann::json;
+namespace st = mg::dist_checkpointing;
+
+namespace {
+
+// ---- HF directory reading -----------------------------------------------------------------------
+
+struct HfTensors {
+  std::vector<std::unique_ptr<st::SafetensorsFile>> files;
+  std::map<std::string, const st::SafetensorsFile*> where;
+  std::set<std::string> used;
+
+  explicit HfTensors(const fs::path& dir) {
+    const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+    if (fs::exists(index)) {
+      std::ifstream f(index);
+      json j;
+      try {
+        j = json::parse(f);
+      } catch (const json::exception& e) {
+        MG_THROW("'" << index.string() << "' is not valid JSON: " << e.what());
+      }
+      MG_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
+               "'" << index.string() << "' has no \"weight_map\" object");
+      std::map<std::string, const st::SafetensorsFile*> by_file;
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        const std::string file = it.value().get<std::string>();
+        if (!by_file.count(file)) {
+          const fs::path p = dir / file;
+          MG_CHECK(fs::exists(p), "shard '" << p.string() << "' named by '" << index.string()
+                                            << "' for tensor '" << it.key() << "' is missing");
+          files.push_back(std::make_unique<st::SafetensorsFile>(p.string()));
+          by_file[file] = files.back().get();
+        }
+        MG_CHECK(by_file[file]->contains(it.key()), "tensor '" << it.key() << "' is not in shard '"
+                                                               << (dir / file).string()
+                                                               << "' as the index says");
+        where[it.key()] = by_file[file];
+      }
+    } else {
+      MG_CHECK(fs::exists(single), "'" << dir.string()
+                                       << "' has neither model.safetensors nor "
+                                          "model.safetensors.index.json (only safetensors "
+                                          "checkpoints are read; convert .bin files first)");
+      files.push_back(std::make_unique<st::SafetensorsFile>(single.string()));
+      for (const auto& n : files.back()->names()) where[n] = files.back().get();
+    }
+  }
+  bool has(const std::string& name) const { return where.count(name) != 0; }
+  Tensor get(const std::string& name, const Shape& shape) {
+    auto it = where.find(name);
+    MG_CHECK(it != where.end(), "the HuggingFace checkpoint has no tensor '" << name << "'");
+    Tensor t = it->second->tensor(name);
+    MG_CHECK(t.shape() == shape, "HuggingFace tensor '" << name << "' has shape "
+                                                        << mg::shape_str(t.shape()) << ", expected "
+                                                        << mg::shape_str(shape)
+                                                        << " from config.json");
+    used.insert(name);
+    return t;
+  }
+};
+
+// ---- host tensor helpers (byte copies: conversions are exact) ----------------------------------
+
+// [R, C] -> [C, R].
+Tensor transpose2d(const Tensor& t) {
+  MG_CHECK(t.dim() == 2, "transpose2d: " << t.str());
+  const int64_t r = t.size(0), c = t.size(1);
+  const std::size_t es = mg::dtype_size(t.dtype());
+  Tensor out = Tensor::empty({c, r}, t.dtype());
+  const auto* src = static_cast<const unsigned char*>(t.raw_data());
+  auto* dst = static_cast<unsigned char*>(out.raw_data());
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < c; ++j) std::memcpy(dst + (j * r + i) * es, src + (i * c + j) * es, es);
+  return out;
+}
+
+// Concatenation along dim 0 (same trailing shape and dtype).
+Tensor cat0(const std::vector<Tensor>& parts) {
+  Shape s = parts.at(0).shape();
+  int64_t rows = 0;
+  for (const auto& p : parts) rows += p.size(0);
+  s[0] = rows;
+  Tensor out = Tensor::empty(s, parts[0].dtype());
+  int64_t at = 0;
+  for (const auto& p : parts) {
+    out.slice(at, p.size(0)).copy_(p);
+    at += p.size(0);
+  }
+  return out;
+}
+
+// HF q [NH HD, ..], k, v [NG HD, ..] -> Megatron's grouped [(NH + 2 NG) HD, ..] (FORMATS.md §6.2).
+Tensor group_qkv(const Tensor& q, const Tensor& k, const Tensor& v, int64_t nh, int64_t ng,
+                 int64_t hd) {
+  const int64_t qpg = nh / ng;
+  std::vector<Tensor> parts;
+  for (int64_t g = 0; g < ng; ++g) {
+    parts.push_back(q.slice(g * qpg * hd, qpg * hd));
+    parts.push_back(k.slice(g * hd, hd));
+    parts.push_back(v.slice(g * hd, hd));
+  }
+  return cat0(parts);
+}
+
+// The inverse: grouped -> q, k, v.
+void ungroup_qkv(const Tensor& w, int64_t nh, int64_t ng, int64_t hd, Tensor& q, Tensor& k,
+                 Tensor& v) {
+  const int64_t qpg = nh / ng;
+  std::vector<Tensor> qs, ks, vs;
+  for (int64_t g = 0; g < ng; ++g) {
+    const int64_t base = g * (qpg + 2) * hd;
+    qs.push_back(w.slice(base, qpg * hd));
+    ks.push_back(w.slice(base + qpg * hd, hd));
+    vs.push_back(w.slice(base + (qpg + 1) * hd, hd));
+  }
+  q = cat0(qs);
+  k = cat0(ks);
+  v = cat0(vs);
+}
+
+// Rows [0, V) of t, zero rows up to `rows`.
+Tensor pad_rows(const Tensor& t, int64_t rows) {
+  Shape s = t.shape();
+  s[0] = rows;
+  Tensor out = Tensor::zeros(s, t.dtype());
+  out.slice(0, t.size(0)).copy_(t);
+  return out;
+}
+
+// ---- the model families ------------------------------------------------------------------------
+
+enum class Family { llama, qwen2, mistral, gpt2 };
+
+struct HfModel {
+  Family family = Family::llama;
+  std::string model_type;
+  int64_t layers = 0, hidden = 0, ffn = 0, heads = 0, groups = 0, head_dim = 0, vocab = 0;
+  int64_t max_positions = 0;
+  double eps = 1e-5, rope_theta = 10000.0;
+  bool tied = false, qkv_bias = false, exact_gelu = false;
+  double hidden_dropout = 0.0, attention_dropout = 0.0;
+  mg::DType dtype = mg::DType::f32;
+};
+
+template <typename T>
+T need(const json& c, const char* key, const std::string& where) {
+  MG_CHECK(c.contains(key) && !c[key].is_null(), where << ": config.json has no \"" << key << "\"");
+  return c[key].get<T>();
+}
+
+HfModel parse_hf_config(const json& c, const std::string& where) {
+  HfModel m;
+  m.model_type = c.value("model_type", "");
+  if (m.model_type == "llama")
+    m.family = Family::llama;
+  else if (m.model_type == "qwen2")
+    m.family = Family::qwen2;
+  else if (m.model_type == "mistral")
+    m.family = Family::mistral;
+  else if (m.model_type == "gpt2")
+    m.family = Family::gpt2;
+  else
+    MG_THROW(where << ": model_type '" << m.model_type
+                   << "' is not supported (supported: llama, mistral, qwen2, gpt2)");
+  const std::string dt = c.value("torch_dtype", c.value("dtype", "float32"));
+  if (dt == "bfloat16")
+    m.dtype = mg::DType::bf16;
+  else if (dt == "float16")
+    m.dtype = mg::DType::f16;
+  else
+    m.dtype = mg::DType::f32;
+  m.vocab = need<int64_t>(c, "vocab_size", where);
+  if (m.family == Family::gpt2) {
+    m.layers = need<int64_t>(c, "n_layer", where);
+    m.hidden = need<int64_t>(c, "n_embd", where);
+    m.heads = need<int64_t>(c, "n_head", where);
+    m.groups = m.heads;
+    m.head_dim = m.hidden / m.heads;
+    m.ffn = c.contains("n_inner") && !c["n_inner"].is_null() ? c["n_inner"].get<int64_t>()
+                                                             : 4 * m.hidden;
+    m.max_positions = need<int64_t>(c, "n_positions", where);
+    m.eps = c.value("layer_norm_epsilon", 1e-5);
+    m.tied = c.value("tie_word_embeddings", true);
+    const std::string act = c.value("activation_function", "gelu_new");
+    MG_CHECK(act == "gelu_new" || act == "gelu" || act == "gelu_pytorch_tanh",
+             where << ": GPT-2 activation_function '" << act
+                   << "' is not supported (gelu_new, gelu_pytorch_tanh, gelu)");
+    m.exact_gelu = act == "gelu";
+    MG_CHECK(!c.value("scale_attn_by_inverse_layer_idx", false) &&
+                 !c.value("reorder_and_upcast_attn", false),
+             where << ": GPT-2 scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are "
+                      "not supported");
+    MG_CHECK(c.value("scale_attn_weights", true),
+             where << ": GPT-2 scale_attn_weights false is not supported");
+    m.hidden_dropout = c.value("resid_pdrop", 0.1);
+    m.attention_dropout = c.value("attn_pdrop", 0.1);
+    return m;
+  }
+  m.layers = need<int64_t>(c, "num_hidden_layers", where);
+  m.hidden = need<int64_t>(c, "hidden_size", where);
+  m.ffn = need<int64_t>(c, "intermediate_size", where);
+  m.heads = need<int64_t>(c, "num_attention_heads", where);
+  m.groups = c.contains("num_key_value_heads") && !c["num_key_value_heads"].is_null()
+                 ? c["num_key_value_heads"].get<int64_t>()
+                 : m.heads;
+  m.head_dim = c.contains("head_dim") && !c["head_dim"].is_null() ? c["head_dim"].get<int64_t>()
+                                                                  : m.hidden / m.heads;
+  m.max_positions = need<int64_t>(c, "max_position_embeddings", where);
+  m.eps = c.value("rms_norm_eps", 1e-6);
+  m.tied = c.value("tie_word_embeddings", false);
+  m.qkv_bias = m.family == Family::qwen2;
+  const std::string act = c.value("hidden_act", "silu");
+  MG_CHECK(act == "silu", where << ": hidden_act '" << act << "' is not supported (silu: SwiGLU)");
+  // rope: rope_theta (transformers 4) or rope_parameters.rope_theta (5); only the default type.
+  json rope = c.contains("rope_parameters") && c["rope_parameters"].is_object()
+                  ? c["rope_parameters"]
+                  : json::object();
+  m.rope_theta = rope.value("rope_theta", c.value("rope_theta", 10000.0));
+  const std::string rope_type = rope.value("rope_type", std::string("default"));
+  MG_CHECK(rope_type == "default",
+           where << ": rope_type '" << rope_type << "' (RoPE scaling) is not supported");
+  MG_CHECK(!c.contains("rope_scaling") || c["rope_scaling"].is_null(),
+           where << ": rope_scaling " << c["rope_scaling"].dump() << " is not supported");
+  MG_CHECK(!c.value("attention_bias", false),
+           where << ": attention_bias true (biases on q/k/v/o) is not supported");
+  MG_CHECK(!c.value("mlp_bias", false), where << ": mlp_bias true is not supported");
+  const bool sliding = m.family == Family::mistral || c.value("use_sliding_window", false);
+  if (sliding && c.contains("sliding_window") && !c["sliding_window"].is_null())
+    MG_CHECK(c["sliding_window"].get<int64_t>() >= m.max_positions,
+             where << ": sliding_window " << c["sliding_window"].get<int64_t>()
+                   << " < max_position_embeddings " << m.max_positions
+                   << ": sliding-window attention is not supported");
+  m.attention_dropout = c.value("attention_dropout", 0.0);
+  return m;
+}
+
+std::string num(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+
+// Megatron's flags that build (and train) this model; (flag, values) pairs in order.
+std::vector<std::pair<std::string, std::vector<std::string>>> model_flags(const HfModel& m,
+                                                                          int64_t divisible_by,
+                                                                          int tp, int pp) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> f;
+  auto add = [&f](const std::string& k, std::vector<std::string> v = {}) {
+    f.emplace_back(k, std::move(v));
+  };
+  add("--num-layers", {std::to_string(m.layers)});
+  add("--hidden-size", {std::to_string(m.hidden)});
+  add("--ffn-hidden-size", {std::to_string(m.ffn)});
+  add("--num-attention-heads", {std::to_string(m.heads)});
+  if (m.head_dim * m.heads != m.hidden) add("--kv-channels", {std::to_string(m.head_dim)});
+  if (m.groups != m.heads) {
+    add("--group-query-attention");
+    add("--num-query-groups", {std::to_string(m.groups)});
+  }
+  add("--max-position-embeddings", {std::to_string(m.max_positions)});
+  add("--seq-length", {std::to_string(std::min<int64_t>(m.max_positions, 4096))});
+  add("--norm-epsilon", {num(m.eps)});
+  if (m.family == Family::gpt2) {
+    add("--normalization", {"LayerNorm"});
+    add("--position-embedding-type", {"learned_absolute"});
+    if (m.exact_gelu) add("--no-bias-gelu-fusion");
+  } else {
+    add("--normalization", {"RMSNorm"});
+    add("--swiglu");
+    add("--disable-bias-linear");
+    if (m.qkv_bias) add("--add-qkv-bias");
+    add("--position-embedding-type", {"rope"});
+    add("--rotary-base", {num(m.rope_theta)});
+  }
+  if (!m.tied) add("--untie-embeddings-and-output-weights");
+  add("--hidden-dropout", {num(m.hidden_dropout)});
+  add("--attention-dropout", {num(m.attention_dropout)});
+  add("--make-vocab-size-divisible-by", {std::to_string(divisible_by)});
+  if (m.dtype == mg::DType::bf16) add("--bf16");
+  if (m.dtype == mg::DType::f16) add("--fp16");
+  // No tokenizer travels with the weights: ids 0..V-1 (NullTokenizer's eod is its last id).
+  add("--tokenizer-type", {"NullTokenizer"});
+  add("--vocab-size", {std::to_string(m.vocab - 1)});
+  (void)tp;
+  (void)pp;
+  return f;
+}
+
+// ---- import ------------------------------------------------------------------------------------
+
+struct ImportOptions {
+  std::string hf_dir, save;
+  int tp = 1, pp = 1;
+  int64_t divisible_by = 128;
+};
+
+void run_import(const ImportOptions& o) {
+  const fs::path dir(o.hf_dir);
+  const fs::path cfg_path = dir / "config.json";
+  MG_CHECK(fs::exists(cfg_path), "--hf-dir '" << o.hf_dir << "' has no config.json");
+  json cfg;
+  {
+    std::ifstream f(cfg_path);
+    try {
+      cfg = json::parse(f);
+    } catch (const json::exception& e) {
+      MG_THROW("'" << cfg_path.string() << "' is not valid JSON: " << e.what());
+    }
+  }
+  const HfModel m = parse_hf_config(cfg, cfg_path.string());
+  MG_CHECK(o.tp >= 1 && o.pp >= 1, "--tp " << o.tp << " and --pp " << o.pp << " must be >= 1");
+  MG_CHECK(m.heads % o.tp == 0 && m.groups % o.tp == 0,
+           "--tp " << o.tp << " must divide the attention heads (" << m.heads
+                   << ") and the KV heads (" << m.groups << ")");
+  MG_CHECK(m.layers % o.pp == 0,
+           "--pp " << o.pp << " must divide the number of layers (" << m.layers << ")");
+  MG_CHECK(o.divisible_by >= 1,
+           "--make-vocab-size-divisible-by must be >= 1, got " << o.divisible_by);
+
+  // The model exactly as pretrain_gpt builds it from these flags.
+  const auto flags = model_flags(m, o.divisible_by, o.tp, o.pp);
+  std::vector<std::string> cmd;
+  json args_json = json::object();
+  for (const auto& [k, v] : flags) {
+    cmd.push_back(k);
+    cmd.insert(cmd.end(), v.begin(), v.end());
+    args_json[k] = v;
+  }
+  const mg::training::Arguments args = mg::training::parse_args(
+      mg::training::checkpoint_command_line(json{{"args", args_json}}, {}));
+  mg::RuntimeOptions ro;
+  ro.platform = "cpu";
+  mg::Runtime& rt = mg::init(ro);
+  mg::models::GPTModel model(args.model, m.vocab, *rt.ops, mg::Device::cpu());
+  // Stored with the single-rank padding; a loader with TP > 1 pads its own rows (checkpoints are
+  // layout-independent).
+  const int64_t v_pad = model.padded_vocab_size();
+
+  HfTensors hf(dir);
+  const bool gpt2 = m.family == Family::gpt2;
+  const std::string pre = gpt2 ? (hf.has("transformer.wte.weight") ? "transformer." : "")
+                               : (hf.has("model.embed_tokens.weight") ? "model." : "");
+  const int64_t h = m.hidden, hd = m.head_dim, nh = m.heads, ng = m.groups, f = m.ffn;
+  std::map<std::string, Tensor> out;  // Megatron name -> tensor (model dtype)
+  auto put = [&out](const std::string& name, const Tensor& t) { out[name] = t; };
+  if (gpt2) {
+    put("embedding.word_embeddings.weight",
+        pad_rows(hf.get(pre + "wte.weight", {m.vocab, h}), v_pad));
+    put("embedding.position_embeddings.weight", hf.get(pre + "wpe.weight", {m.max_positions, h}));
+    for (int64_t l = 0; l < m.layers; ++l) {
+      const std::string p = pre + "h." + std::to_string(l) + ".";
+      const std::string q = "decoder.layers." + std::to_string(l) + ".";
+      put(q + "self_attention.linear_qkv.layer_norm_weight", hf.get(p + "ln_1.weight", {h}));
+      put(q + "self_attention.linear_qkv.layer_norm_bias", hf.get(p + "ln_1.bias", {h}));
+      // Conv1D c_attn [H, 3H]: columns [q | k | v] -> rows, grouped per head.
+      const Tensor w = transpose2d(hf.get(p + "attn.c_attn.weight", {h, 3 * h}));
+      put(q + "self_attention.linear_qkv.weight",
+          group_qkv(w.slice(0, h), w.slice(h, h), w.slice(2 * h, h), nh, ng, hd));
+      const Tensor b = hf.get(p + "attn.c_attn.bias", {3 * h});
+      put(q + "self_attention.linear_qkv.bias",
+          group_qkv(b.slice(0, h), b.slice(h, h), b.slice(2 * h, h), nh, ng, hd));
+      put(q + "self_attention.linear_proj.weight",
+          transpose2d(hf.get(p + "attn.c_proj.weight", {h, h})));
+      put(q + "self_attention.linear_proj.bias", hf.get(p + "attn.c_proj.bias", {h}));
+      put(q + "mlp.linear_fc1.layer_norm_weight", hf.get(p + "ln_2.weight", {h}));
+      put(q + "mlp.linear_fc1.layer_norm_bias", hf.get(p + "ln_2.bias", {h}));
+      put(q + "mlp.linear_fc1.weight", transpose2d(hf.get(p + "mlp.c_fc.weight", {h, f})));
+      put(q + "mlp.linear_fc1.bias", hf.get(p + "mlp.c_fc.bias", {f}));
+      put(q + "mlp.linear_fc2.weight", transpose2d(hf.get(p + "mlp.c_proj.weight", {f, h})));
+      put(q + "mlp.linear_fc2.bias", hf.get(p + "mlp.c_proj.bias", {h}));
+      for (const char* buf : {"attn.bias", "attn.masked_bias"})  // old causal-mask buffers
+        if (hf.has(p + buf)) hf.used.insert(p + buf);
+    }
+    put("decoder.final_layernorm.weight", hf.get(pre + "ln_f.weight", {h}));
+    put("decoder.final_layernorm.bias", hf.get(pre + "ln_f.bias", {h}));
+    if (!m.tied)
+      put("output_layer.weight", pad_rows(hf.get("lm_head.weight", {m.vocab, h}), v_pad));
+    else if (hf.has("lm_head.weight"))
+      hf.used.insert("lm_head.weight");  // a tied copy
+  } else {
+    put("embedding.word_embeddings.weight",
+        pad_rows(hf.get(pre + "embed_tokens.weight", {m.vocab, h}), v_pad));
+    for (int64_t l = 0; l < m.layers; ++l) {
+      const std::string p = pre + "layers." + std::to_string(l) + ".";
+      const std::string q = "decoder.layers." + std::to_string(l) + ".";
+      put(q + "self_attention.linear_qkv.layer_norm_weight",
+          hf.get(p + "input_layernorm.weight", {h}));
+      put(q + "self_attention.linear_qkv.weight",
+          group_qkv(hf.get(p + "self_attn.q_proj.weight", {nh * hd, h}),
+                    hf.get(p + "self_attn.k_proj.weight", {ng * hd, h}),
+                    hf.get(p + "self_attn.v_proj.weight", {ng * hd, h}), nh, ng, hd));
+      if (m.qkv_bias)
+        put(q + "self_attention.linear_qkv.bias",
+            group_qkv(hf.get(p + "self_attn.q_proj.bias", {nh * hd}),
+                      hf.get(p + "self_attn.k_proj.bias", {ng * hd}),
+                      hf.get(p + "self_attn.v_proj.bias", {ng * hd}), nh, ng, hd));
+      put(q + "self_attention.linear_proj.weight",
+          hf.get(p + "self_attn.o_proj.weight", {h, nh * hd}));
+      put(q + "mlp.linear_fc1.layer_norm_weight",
+          hf.get(p + "post_attention_layernorm.weight", {h}));
+      put(q + "mlp.linear_fc1.weight", cat0({hf.get(p + "mlp.gate_proj.weight", {f, h}),
+                                             hf.get(p + "mlp.up_proj.weight", {f, h})}));
+      put(q + "mlp.linear_fc2.weight", hf.get(p + "mlp.down_proj.weight", {h, f}));
+      if (hf.has(p + "self_attn.rotary_emb.inv_freq"))
+        hf.used.insert(p + "self_attn.rotary_emb.inv_freq");
+    }
+    put("decoder.final_layernorm.weight", hf.get(pre + "norm.weight", {h}));
+    if (!m.tied)
+      put("output_layer.weight", pad_rows(hf.get("lm_head.weight", {m.vocab, h}), v_pad));
+    else if (hf.has("lm_head.weight"))
+      hf.used.insert("lm_head.weight");
+  }
+  // Every HF tensor must have been used: an unknown one means a model this converter misreads.
+  for (const auto& [name, file] : hf.where)
+    MG_CHECK(hf.used.count(name), "HuggingFace tensor '"
+                                      << name << "' (in " << file->path()
+                                      << ") has no Megatron counterpart for model_type '"
+                                      << m.model_type << "'; refusing a partial conversion");
+
+  // Into the model's parameters (dtype kept; shapes checked), then saved.
+  std::vector<mg::transformer::Parameter>& params = model.parameters();
+  MG_CHECK(params.size() == out.size(),
+           "internal: " << params.size() << " parameters, " << out.size() << " converted tensors");
+  for (auto& p : params) {
+    auto it = out.find(p.name);
+    MG_CHECK(it != out.end(), "internal: no converted tensor for parameter '" << p.name << "'");
+    const Tensor& t = it->second;
+    MG_CHECK(t.shape() == p.param.shape(),
+             "internal: '" << p.name << "' converted to " << mg::shape_str(t.shape())
+                           << ", parameter is " << mg::shape_str(p.param.shape()));
+    MG_CHECK(t.dtype() == p.param.dtype(), "HuggingFace tensor for '"
+                                               << p.name << "' is " << mg::dtype_name(t.dtype())
+                                               << " but config.json says "
+                                               << mg::dtype_name(p.param.dtype()));
+    p.param.copy_(t);
+  }
+  mg::training::CheckpointState state;
+  state.iteration = 0;
+  state.args = args_json;
+  state.extra = json{{"hf_model_type", m.model_type}, {"hf_config", cfg}};
+  mg::training::save_checkpoint(o.save, params, state);
+
+  // The flags that train this model, for --yaml-cfg.
+  std::ofstream y(fs::path(o.save) / "model_args.yaml");
+  y << "# Megatron flags of the model imported from " << fs::absolute(dir).string() << "\n"
+    << "# (convert_checkpoint import); train or generate with --yaml-cfg this file --load "
+    << o.save << "\n";
+  auto layout = flags;  // the layout to train with (not part of the model's record)
+  if (o.tp > 1) layout.push_back({"--tensor-model-parallel-size", {std::to_string(o.tp)}});
+  if (o.pp > 1) layout.push_back({"--pipeline-model-parallel-size", {std::to_string(o.pp)}});
+  for (const auto& [k, v] : layout) {
+    y << k.substr(2) << ":";
+    if (v.empty())
+      y << " true\n";
+    else
+      y << " " << v[0] << "\n";
+  }
+  MG_CHECK(y.good(), "cannot write '" << (fs::path(o.save) / "model_args.yaml").string() << "'");
+  std::cout << "imported " << m.model_type << " (" << m.layers << " layers, hidden " << h
+            << ", heads " << nh << "/" << ng << ", vocab " << m.vocab << " padded to "
+            << model.padded_vocab_size() << ", " << (m.tied ? "tied" : "untied") << ", "
+            << mg::dtype_name(m.dtype) << ", " << model.num_parameters() << " parameters) from "
+            << o.hf_dir << " to " << o.save << "\n"
+            << "flags: " << (fs::path(o.save) / "model_args.yaml").string() << "\n";
+}
+
+// ---- export ------------------------------------------------------------------------------------
+
+struct ExportOptions {
+  std::string load, hf_dir;
+  std::string max_shard_size = "5GB";
+  std::vector<std::string> overrides;
+};
+
+int64_t parse_size(const std::string& s) {
+  std::size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  MG_CHECK(i > 0, "--max-shard-size '" << s << "' is not a size like 5GB, 200MB or 1000000");
+  const double v = std::stod(s.substr(0, i));
+  const std::string unit = s.substr(i);
+  const std::map<std::string, double> units = {
+      {"", 1.0},   {"B", 1.0},      {"KB", 1e3},        {"MB", 1e6},
+      {"GB", 1e9}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  auto it = units.find(unit);
+  MG_CHECK(it != units.end(), "--max-shard-size '" << s << "': unknown unit '" << unit
+                                                   << "' (B, KB, MB, GB, KiB, MiB, GiB)");
+  return static_cast<int64_t>(v * it->second);
+}
+
+json make_hf_config(const mg::transformer::TransformerConfig& c, int64_t vocab,
+                    const std::string& model_type) {
+  const std::string dt = c.params_dtype == mg::DType::bf16  ? "bfloat16"
+                         : c.params_dtype == mg::DType::f16 ? "float16"
+                                                            : "float32";
+  if (model_type == "gpt2")
+    return json{{"architectures", {"GPT2LMHeadModel"}},
+                {"model_type", "gpt2"},
+                {"activation_function", c.bias_activation_fusion ? "gelu_new" : "gelu"},
+                {"n_embd", c.hidden_size},
+                {"n_layer", c.num_layers},
+                {"n_head", c.num_attention_heads},
+                {"n_inner", c.ffn_hidden_size},
+                {"n_positions", c.max_position_embeddings},
+                {"layer_norm_epsilon", c.norm_epsilon},
+                {"vocab_size", vocab},
+                {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+                {"resid_pdrop", c.hidden_dropout},
+                {"embd_pdrop", c.hidden_dropout},
+                {"attn_pdrop", c.attention_dropout},
+                {"bos_token_id", vocab - 1},
+                {"eos_token_id", vocab - 1},
+                {"torch_dtype", dt}};
+  const bool qwen = model_type == "qwen2";
+  return json{{"architectures", {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
+              {"model_type", model_type},
+              {"hidden_act", "silu"},
+              {"hidden_size", c.hidden_size},
+              {"intermediate_size", c.ffn_hidden_size},
+              {"num_hidden_layers", c.num_layers},
+              {"num_attention_heads", c.num_attention_heads},
+              {"num_key_value_heads", c.num_query_groups},
+              {"head_dim", c.kv_channels},
+              {"max_position_embeddings", c.max_position_embeddings},
+              {"rms_norm_eps", c.norm_epsilon},
+              {"rope_theta", c.rotary_base},
+              {"vocab_size", vocab},
+              {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+              {"attention_dropout", c.attention_dropout},
+              {"torch_dtype", dt}};
+}
+
+void run_export(const ExportOptions& o) {
+  mg::RuntimeOptions ro;
+  ro.platform = "cpu";
+  mg::Runtime& rt = mg::init(ro);
+  mg::training::CheckpointModel cm =
+      mg::training::load_model_from_checkpoint(o.load, *rt.ops, mg::Device::cpu(), o.overrides);
+  const mg::transformer::TransformerConfig& c = cm.model->config();
+  using mg::transformer::Activation;
+  using mg::transformer::Normalization;
+  using mg::transformer::PositionEmbeddingType;
+  std::string model_type = cm.state.extra.value("hf_model_type", "");
+  const bool gpt2_like =
+      c.normalization == Normalization::layernorm && c.activation == Activation::gelu &&
+      c.position_embedding_type == PositionEmbeddingType::learned_absolute && c.add_bias_linear;
+  const bool llama_like = c.normalization == Normalization::rmsnorm &&
+                          c.activation == Activation::swiglu &&
+                          c.position_embedding_type == PositionEmbeddingType::rope &&
+                          !c.add_bias_linear && c.rotary_percent == 1.0 && !c.rotary_interleaved;
+  if (model_type.empty()) model_type = gpt2_like ? "gpt2" : c.add_qkv_bias ? "qwen2" : "llama";
+  MG_CHECK(!c.qk_layernorm && !c.apply_layernorm_1p,
+           "export: --qk-layernorm / --apply-layernorm-1p models have no HuggingFace "
+           "LLaMA/Qwen2/GPT-2 equivalent");
+  if (model_type == "gpt2")
+    MG_CHECK(gpt2_like,
+             "export: the checkpoint's model is not GPT-2-shaped (LayerNorm, GELU, "
+             "learned positions, biases)");
+  else
+    MG_CHECK(llama_like && (model_type != "qwen2" || c.add_qkv_bias) &&
+                 (model_type == "qwen2" || !c.add_qkv_bias),
+             "export: the checkpoint's model is not " << model_type
+                                                      << "-shaped (RMSNorm, SwiGLU, rotate-half "
+                                                         "RoPE, no linear biases"
+                                                      << (model_type == "qwen2" ? ", qkv bias" : "")
+                                                      << ")");
+  const int64_t vocab = cm.model->vocab_size();
+  const int64_t h = c.hidden_size, hd = c.kv_channels, nh = c.num_attention_heads,
+                ng = c.num_query_groups;
+  auto param = [&cm](const std::string& name) {
+    return cm.model->parameter(name).param.to(mg::Device::cpu());
+  };
+  std::vector<std::pair<std::string, Tensor>> out;
+  auto put = [&out](const std::string& name, const Tensor& t) { out.emplace_back(name, t); };
+  const bool gpt2 = model_type == "gpt2";
+  if (gpt2) {
+    put("transformer.wte.weight",
+        param("embedding.word_embeddings.weight").slice(0, vocab).clone());
+    put("transformer.wpe.weight", param("embedding.position_embeddings.weight"));
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = "transformer.h." + std::to_string(l) + ".";
+      const std::string q = "decoder.layers." + std::to_string(l) + ".";
+      put(p + "ln_1.weight", param(q + "self_attention.linear_qkv.layer_norm_weight"));
+      put(p + "ln_1.bias", param(q + "self_attention.linear_qkv.layer_norm_bias"));
+      Tensor wq, wk, wv, bq, bk, bv;
+      ungroup_qkv(param(q + "self_attention.linear_qkv.weight"), nh, ng, hd, wq, wk, wv);
+      ungroup_qkv(param(q + "self_attention.linear_qkv.bias"), nh, ng, hd, bq, bk, bv);
+      put(p + "attn.c_attn.weight", transpose2d(cat0({wq, wk, wv})));
+      put(p + "attn.c_attn.bias", cat0({bq, bk, bv}));
+      put(p + "attn.c_proj.weight", transpose2d(param(q + "self_attention.linear_proj.weight")));
+      put(p + "attn.c_proj.bias", param(q + "self_attention.linear_proj.bias"));
+      put(p + "ln_2.weight", param(q + "mlp.linear_fc1.layer_norm_weight"));
+      put(p + "ln_2.bias", param(q + "mlp.linear_fc1.layer_norm_bias"));
+      put(p + "mlp.c_fc.weight", transpose2d(param(q + "mlp.linear_fc1.weight")));
+      put(p + "mlp.c_fc.bias", param(q + "mlp.linear_fc1.bias"));
+      put(p + "mlp.c_proj.weight", transpose2d(param(q + "mlp.linear_fc2.weight")));
+      put(p + "mlp.c_proj.bias", param(q + "mlp.linear_fc2.bias"));
+    }
+    put("transformer.ln_f.weight", param("decoder.final_layernorm.weight"));
+    put("transformer.ln_f.bias", param("decoder.final_layernorm.bias"));
+  } else {
+    put("model.embed_tokens.weight",
+        param("embedding.word_embeddings.weight").slice(0, vocab).clone());
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const std::string q = "decoder.layers." + std::to_string(l) + ".";
+      put(p + "input_layernorm.weight", param(q + "self_attention.linear_qkv.layer_norm_weight"));
+      Tensor wq, wk, wv;
+      ungroup_qkv(param(q + "self_attention.linear_qkv.weight"), nh, ng, hd, wq, wk, wv);
+      put(p + "self_attn.q_proj.weight", wq);
+      put(p + "self_attn.k_proj.weight", wk);
+      put(p + "self_attn.v_proj.weight", wv);
+      if (c.add_qkv_bias) {
+        Tensor bq, bk, bv;
+        ungroup_qkv(param(q + "self_attention.linear_qkv.bias"), nh, ng, hd, bq, bk, bv);
+        put(p + "self_attn.q_proj.bias", bq);
+        put(p + "self_attn.k_proj.bias", bk);
+        put(p + "self_attn.v_proj.bias", bv);
+      }
+      put(p + "self_attn.o_proj.weight", param(q + "self_attention.linear_proj.weight"));
+      put(p + "post_attention_layernorm.weight", param(q + "mlp.linear_fc1.layer_norm_weight"));
+      const Tensor fc1 = param(q + "mlp.linear_fc1.weight");
+      const int64_t f = c.ffn_hidden_size;
+      put(p + "mlp.gate_proj.weight", fc1.slice(0, f).clone());
+      put(p + "mlp.up_proj.weight", fc1.slice(f, f).clone());
+      put(p + "mlp.down_proj.weight", param(q + "mlp.linear_fc2.weight"));
+    }
+    put("model.norm.weight", param("decoder.final_layernorm.weight"));
+  }
+  if (c.untie_embeddings_and_output_weights)
+    put("lm_head.weight", param("output_layer.weight").slice(0, vocab).clone());
+
+  // config.json: the imported original (shapes re-stated from the model), or made here.
+  json cfg = cm.state.extra.contains("hf_config") ? cm.state.extra["hf_config"]
+                                                  : make_hf_config(c, vocab, model_type);
+  cfg["vocab_size"] = vocab;
+  fs::create_directories(o.hf_dir);
+  {
+    std::ofstream f(fs::path(o.hf_dir) / "config.json");
+    f << cfg.dump(2) << "\n";
+    MG_CHECK(f.good(), "cannot write '" << (fs::path(o.hf_dir) / "config.json").string() << "'");
+  }
+  // Shards per huggingface_hub's rule (FORMATS.md §7.6): in order, a new shard when the next
+  // tensor would pass the limit.
+  const int64_t limit = parse_size(o.max_shard_size);
+  std::vector<std::vector<std::pair<std::string, Tensor>>> shards(1);
+  int64_t cur = 0, total = 0;
+  for (auto& e : out) {
+    const auto nb = static_cast<int64_t>(e.second.nbytes());
+    if (cur > 0 && cur + nb > limit) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(e);
+    cur += nb;
+    total += nb;
+  }
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  for (const char* stale : {"model.safetensors", "model.safetensors.index.json"})
+    fs::remove(fs::path(o.hf_dir) / stale);
+  if (shards.size() == 1) {
+    st::save_safetensors((fs::path(o.hf_dir) / "model.safetensors").string(), shards[0], meta);
+  } else {
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", json::object()}};
+    char name[64];
+    for (std::size_t i = 0; i < shards.size(); ++i) {
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
+      st::save_safetensors((fs::path(o.hf_dir) / name).string(), shards[i], meta);
+      for (const auto& e : shards[i]) index["weight_map"][e.first] = name;
+    }
+    std::ofstream f(fs::path(o.hf_dir) / "model.safetensors.index.json");
+    f << index.dump(2) << "\n";
+    MG_CHECK(f.good(), "cannot write the index in '" << o.hf_dir << "'");
+  }
+  std::cout << "exported " << model_type << " (" << out.size() << " tensors, " << total
+            << " bytes, vocab " << vocab << ", " << shards.size() << " file"
+            << (shards.size() > 1 ? "s" : "") << ") from " << o.load << " (iteration "
+            << cm.state.iteration << ") to " << o.hf_dir << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"convert_checkpoint: HuggingFace <-> Megatron-CPP checkpoints"};
+  app.require_subcommand(1);
+  ImportOptions io;
+  CLI::App* imp = app.add_subcommand(
+      "import", "HuggingFace directory (LLaMA, Mistral, Qwen2, GPT-2) -> Megatron checkpoint");
+  imp->add_option("--hf-dir", io.hf_dir, "HuggingFace model directory (config.json, safetensors)")
+      ->required();
+  imp->add_option("--save", io.save, "checkpoint directory to write")->required();
+  imp->add_option("--tp,--tensor-model-parallel-size", io.tp,
+                  "tensor-parallel size to train with (validated, recorded, pads the vocab)");
+  imp->add_option("--pp,--pipeline-model-parallel-size", io.pp,
+                  "pipeline-parallel size to train with (validated, recorded)");
+  imp->add_option("--make-vocab-size-divisible-by", io.divisible_by,
+                  "pad the vocabulary to a multiple of this x TP (128)");
+  ExportOptions eo;
+  CLI::App* exp = app.add_subcommand("export", "Megatron checkpoint -> HuggingFace directory");
+  exp->add_option("--load", eo.load, "checkpoint directory to read")->required();
+  exp->add_option("--hf-dir", eo.hf_dir, "HuggingFace directory to write")->required();
+  exp->add_option("--max-shard-size", eo.max_shard_size,
+                  "largest safetensors file before sharding with an index (5GB)");
+  exp->add_option(
+      "--tokenizer-model",
+      [&eo](const std::vector<std::string>& v) {
+        eo.overrides.push_back("--tokenizer-model");
+        eo.overrides.push_back(v.at(0));
+        return true;
+      },
+      "override the tokenizer path the checkpoint records");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*imp) run_import(io);
+    if (*exp) run_export(eo);
+  } catch (const std::exception& e) {
+    std::cerr << "convert_checkpoint: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
