@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "megatron/core/inference/inference_context.h"
 #include "megatron/core/transformer/module.h"
 #include "megatron/core/transformer/norm.h"
 #include "megatron/core/transformer/transformer_layer_spec.h"
@@ -53,6 +54,13 @@ class SelfAttention {
 
   const Weight& proj_bias() const { return proj_b_; }
   Weight& proj_bias() { return proj_b_; }
+
+  // ---- inference with a KV cache (megatron/core/inference/; inference_forward.cpp) ----
+  // x [Sq, B, H] (normalised): the next Sq tokens, at positions ic.sequence_len_offset + [0, Sq).
+  // Their k and v are written into layer `layer`'s cache rows, q attends to the cached keys
+  // [0, offset + Sq) (causal, bottom-right aligned) -> linear_proj output without its bias
+  // [Sq, B, H]. No dropout; nothing saved; does not advance the offset (GPTModel::infer does).
+  Tensor infer(const Tensor& x, inference::StaticInferenceContext& ic, int64_t layer) const;
 
  private:
   ops::AttentionArgs attention_args(const AttentionInputs& in,

@@ -50,6 +50,10 @@ class TransformerLayer {
 
   int64_t layer_number() const { return layer_; }
 
+  // ---- inference with a KV cache (megatron/core/inference/; inference_forward.cpp) ----
+  // x [Sq, B, H] -> out [Sq, B, H] for the next Sq tokens (SelfAttention::infer), no dropout.
+  Tensor infer(const Tensor& x, inference::StaticInferenceContext& ic) const;
+
  private:
   const ModuleContext& ctx_;
   int64_t layer_;

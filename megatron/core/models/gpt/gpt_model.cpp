@@ -505,4 +505,51 @@ Tensor GPTModel::token_losses(const GPTForwardState& state) const {
   return state.saved_->loss.view({state.saved_->s, state.saved_->b});
 }
 
+// ---- inference with a KV cache (gpt_model.h; the layers' infer in inference_forward.cpp) ----
+Tensor GPTModel::infer(const Tensor& tokens, inference::StaticInferenceContext& ic) {
+  Impl& m = *impl_;
+  const TransformerConfig& c = m.config;
+  const auto& ops = m.ctx.op();
+  MG_CHECK(tokens.defined() && tokens.dim() == 2, "GPTModel::infer: tokens must be [B, Sq], got "
+                                                      << (tokens.defined() ? tokens.str() : "none"));
+  MG_CHECK(!m.ctx.sequence_parallel, "GPTModel::infer: not supported with sequence parallelism");
+  MG_CHECK(static_cast<int64_t>(m.layers.size()) == c.num_layers,
+           "GPTModel::infer needs the whole model (this one holds "
+               << m.layers.size() << " of " << c.num_layers << " layers: a pipeline stage)");
+  const int64_t b = tokens.size(0), s = tokens.size(1), n = s * b, h = c.hidden_size;
+  const int64_t off = ic.sequence_len_offset;
+  MG_CHECK(!(m.position.defined() && off + s > c.max_position_embeddings),
+           "GPTModel::infer: position " << off + s - 1 << " exceeds max_position_embeddings "
+                                        << c.max_position_embeddings);
+  const std::vector<int64_t> tok = to_sb_i64(tokens, b, s);
+  for (std::size_t i = 0; i < tok.size(); ++i)
+    MG_CHECK(tok[i] >= 0 && tok[i] < m.vocab_padded,
+             "token id " << tok[i] << " is outside [0, " << m.vocab_padded << ") (padded vocab)");
+  const Device dev = m.ctx.device;
+  Tensor emb = m.ctx.empty({s, b, h});
+  ops.embedding_fwd(emb, Tensor::from_vector(tok, {n}, DType::i64).to(dev), m.word.value,
+                    m.vocab_shard.start);
+  if (m.ctx.tp_size() > 1)
+    emb = tensor_parallel::reduce_from_tensor_model_parallel_region(emb, *m.ctx.tp_group);
+  if (m.position.defined()) {
+    std::vector<int64_t> pos(static_cast<std::size_t>(n));
+    for (int64_t j = 0; j < s; ++j)
+      for (int64_t i = 0; i < b; ++i) pos[j * b + i] = off + j;
+    Tensor pe = m.ctx.empty({s, b, h});
+    ops.embedding_fwd(pe, Tensor::from_vector(pos, {n}, DType::i64).to(dev), m.position.value, 0);
+    ops.axpy(emb, pe, 1.0f);
+  }
+  Tensor x = emb;
+  for (const auto& layer : m.layers) x = layer->infer(x, ic);
+  Norm::Saved unused;
+  Tensor ln = m.final_norm ? m.final_norm->forward(x, unused) : x;
+  if (m.ctx.tp_size() > 1) ln = transformer::tp_region_enter(m.ctx, ln);
+  Tensor logits = Tensor::empty({n, m.logit_rows}, m.logits_dtype(), dev);
+  if (m.logit_rows > 0)
+    ops.gemm(logits, ln.view({n, h}), m.logit_rows_of(m.output_weight().value),
+             ops::GemmArgs{.trans_b = true});
+  ic.sequence_len_offset = off + s;
+  return logits.view({s, b, m.logit_rows});
+}
+
 }  // namespace mg::models

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/inference/inference_context.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/parameter.h"
@@ -164,6 +165,14 @@ class GPTModel {
   Tensor logits(const GPTBatch& batch);
   // The per-token loss [S, B] (compute dtype) of the last forward() held in `state`.
   Tensor token_losses(const GPTForwardState& state) const;
+
+  // ---- inference with a KV cache (megatron/core/inference/) ----
+  // The next Sq tokens of every sequence, tokens [B, Sq] (host or device; B the context's
+  // max_batch_size), at positions ic.sequence_len_offset + [0, Sq): appends their keys/values to
+  // the cache, advances the offset by Sq and returns their logits [Sq, B, V_pad] (f32; f64 for
+  // f64), as logits() of the whole sequence would give for these positions. No dropout. A prompt
+  // is one call (prefill), then one call per generated token. Not with sequence parallelism.
+  Tensor infer(const Tensor& tokens, inference::StaticInferenceContext& ic);
 
  private:
   struct Impl;
