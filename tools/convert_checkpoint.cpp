@@ -618,8 +618,7 @@ void run_export(const ExportOptions& o) {
                                                       << (model_type == "qwen2" ? ", qkv bias" : "")
                                                       << ")");
   const int64_t vocab = cm.model->vocab_size();
-  const int64_t h = c.hidden_size, hd = c.kv_channels, nh = c.num_attention_heads,
-                ng = c.num_query_groups;
+  const int64_t hd = c.kv_channels, nh = c.num_attention_heads, ng = c.num_query_groups;
   auto param = [&cm](const std::string& name) {
     return cm.model->parameter(name).param.to(mg::Device::cpu());
   };
