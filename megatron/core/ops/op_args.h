@@ -44,19 +44,31 @@ struct DropoutArgs {
 };
 
 // Scaled dot-product attention on Megatron's sbhd layout:
-//   q [S, B, NH, HD], k and v [S, B, NG, HD] with NH % NG == 0 (GQA: head h reads group h/(NH/NG)).
-// Masks: causal (j <= i); with doc_ids ([B, S] i32) token i attends j only if their ids are equal;
-// with cu_seqlens ([D+1] i32, shared by every batch row, cu_seqlens[D] == S) the same for the
-// documents [cu[d], cu[d+1]). A token with a negative doc id is padding: it attends to nothing,
-// its output is 0 and its lse is -inf (never NaN). Softmax in f32 (f64 for f64 inputs) with -inf
-// masking, unlike Megatron's -10000 fill. Optional attention dropout on the probabilities.
+//   q [Sq, B, NH, HD], k and v [Sk, B, NG, HD] with NH % NG == 0 (GQA: head h reads group
+//   h/(NH/NG)). Sk may differ from Sq (a KV cache, a context-parallel K/V block).
+// Masks: causal is bottom-right aligned: query i attends key j iff j <= i + Sk - Sq (with Sk == Sq
+// the usual j <= i; a query with i + Sk - Sq < 0 attends nothing). Documents: with doc_ids
+// ([B, Sq] i32) query i attends key j only if its id equals the key's id, the keys' ids being
+// kv_doc_ids ([B, Sk] i32) when given, else doc_ids (then Sk must equal Sq); with cu_seqlens ([D+1]
+// i32, shared by every batch row, cu_seqlens[D] == S, only with Sk == Sq) the same for the
+// documents [cu[d], cu[d+1]). A query with a negative doc id is padding, and so is any query that
+// may attend no key: its output is 0 and its lse is -inf (never NaN), and it gets no gradient.
+// Softmax in f32 (f64 for f64 inputs) with -inf masking, unlike Megatron's -10000 fill. Optional
+// attention dropout on the probabilities.
 struct AttentionArgs {
   bool causal = true;
   float softmax_scale = 0.0f;  // 0 -> 1/sqrt(HD)
-  Tensor doc_ids;              // optional [B, S] i32
+  Tensor doc_ids;              // optional [B, Sq] i32: the queries' documents
+  Tensor kv_doc_ids;           // optional [B, Sk] i32: the keys' documents (needs doc_ids)
   Tensor cu_seqlens;           // optional [D+1] i32
-  DropoutArgs dropout;  // on the attention probabilities, indexed by ((b*NH + h)*S + i)*S + j
+  DropoutArgs dropout;  // on the attention probabilities, indexed by ((b*NH + h)*Sq + i)*Sk + j
 };
+
+// attention_merge: two attention results of the same queries over disjoint key sets, (out, lse)
+// and (block_out, block_lse), become the result over the union, in place in (out, lse):
+//   lse' = log(e^lse + e^block_lse); out' = e^(lse - lse') out + e^(block_lse - lse') block_out.
+// A side with lse = -inf (its queries attended nothing there) contributes nothing; both -inf leave
+// out = 0 and lse = -inf (never NaN). Shapes and dtypes as attention_fwd's out and lse.
 
 // Rotary embeddings, Megatron's non-interleaved (rotate_half) form by default. The first
 // rot = HD * rotary_percent features (even) rotate, the rest pass through. inv_freq[i] =

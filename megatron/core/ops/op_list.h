@@ -61,7 +61,7 @@
   /* ---- softmax over the last dim of scale * x ---- */                                         \
   X(softmax_fwd, op, "softmax_bwd", void(Tensor & y, const Tensor& x, float scale))              \
   X(softmax_bwd, op, "", void(Tensor & dx, const Tensor& dy, const Tensor& y, float scale))      \
-  /* ---- attention: out [S,B,NH,HD], lse [B,NH,S] f32 (f64 for f64) ---- */                     \
+  /* ---- attention: out [Sq,B,NH,HD], lse [B,NH,Sq] f32 (f64 for f64) ---- */                   \
   X(attention_fwd, op, "attention_bwd",                                                          \
     void(Tensor & out, Tensor & lse, const Tensor& q, const Tensor& k, const Tensor& v,          \
          const AttentionArgs& args))                                                             \
@@ -69,6 +69,9 @@
     void(Tensor & dq, Tensor & dk, Tensor & dv, const Tensor& dout, const Tensor& q,             \
          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,                 \
          const AttentionArgs& args))                                                             \
+  /* out, lse (+)= a partial result over other keys, merged by log-sum-exp (ring attention) */   \
+  X(attention_merge, op, "",                                                                     \
+    void(Tensor & out, Tensor & lse, const Tensor& block_out, const Tensor& block_lse))          \
   /* ---- rotary embeddings on x [S, B, NH, HD] ---- */                                          \
   X(rope_fwd, op, "rope_bwd", void(Tensor & y, const Tensor& x, const RopeArgs& args))           \
   X(rope_bwd, op, "", void(Tensor & dx, const Tensor& dy, const RopeArgs& args))                 \

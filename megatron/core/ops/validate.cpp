@@ -200,19 +200,19 @@ int64_t validate_swiglu_bwd(const Placement& on, const Tensor& dx, const Tensor&
 
 namespace {
 
-// q [S, B, NH, HD], k and v [S, B, NG, HD].
+// q [Sq, B, NH, HD], k and v [Sk, B, NG, HD].
 AttentionDims validate_qkv(const Placement& on, const char* op, const Tensor& q, const Tensor& k,
                            const Tensor& v) {
   check_float(on, op, "q", q);
   on.check(op, "k", k);
   MG_CHECK(q.dim() == 4, op << ": q must be [S, B, NH, HD], got " << shape_str(q.shape()));
-  MG_CHECK(k.dim() == 4, op << ": k must be [S, B, NG, HD], got " << shape_str(k.shape()));
+  MG_CHECK(k.dim() == 4, op << ": k must be [Sk, B, NG, HD], got " << shape_str(k.shape()));
   check_like(on, op, "v", v, "k", k);
   check_same_dtype(op, "k", k, "q", q);
-  const AttentionDims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
-  MG_CHECK(d.s == k.size(0) && d.b == k.size(1) && d.hd == k.size(3),
-           op << ": k " << shape_str(k.shape()) << " does not match q " << shape_str(q.shape())
-              << " in S, B or HD");
+  const AttentionDims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), k.size(0)};
+  MG_CHECK(d.b == k.size(1) && d.hd == k.size(3), op << ": k " << shape_str(k.shape())
+                                                     << " does not match q " << shape_str(q.shape())
+                                                     << " in B or HD");
   MG_CHECK(d.ng > 0 && d.nh % d.ng == 0,
            op << ": NH = " << d.nh << " heads is not a multiple of NG = " << d.ng << " groups");
   return d;
@@ -233,15 +233,27 @@ void validate_attention_args(const Placement& on, const char* op, const Attentio
   MG_CHECK(std::isfinite(a.softmax_scale),
            op << ": softmax_scale " << a.softmax_scale << " is not finite");
   const bool has_doc = a.doc_ids.defined(), has_cu = a.cu_seqlens.defined();
+  const bool has_kv_doc = a.kv_doc_ids.defined();
   MG_CHECK(!(has_doc && has_cu), op << ": give doc_ids or cu_seqlens, not both");
+  MG_CHECK(!has_kv_doc || has_doc, op << ": kv_doc_ids needs doc_ids (the queries' documents)");
+  auto check_ids = [&](const char* name, const Tensor& t, int64_t len, const char* dims) {
+    on.check(op, name, t);
+    MG_CHECK(t.dtype() == DType::i32,
+             op << ": " << name << " has dtype " << dtype_name(t.dtype()) << ", expected i32");
+    MG_CHECK(t.shape() == (Shape{d.b, len}), op << ": " << name << " " << shape_str(t.shape())
+                                                << " is not " << dims << " = "
+                                                << shape_str(Shape{d.b, len}));
+  };
   if (has_doc) {
-    on.check(op, "doc_ids", a.doc_ids);
-    MG_CHECK(a.doc_ids.dtype() == DType::i32,
-             op << ": doc_ids has dtype " << dtype_name(a.doc_ids.dtype()) << ", expected i32");
-    MG_CHECK(a.doc_ids.shape() == (Shape{d.b, d.s}),
-             op << ": doc_ids " << shape_str(a.doc_ids.shape())
-                << " is not [B, S] = " << shape_str(Shape{d.b, d.s}));
+    check_ids("doc_ids", a.doc_ids, d.s, "[B, Sq]");
+    if (has_kv_doc)
+      check_ids("kv_doc_ids", a.kv_doc_ids, d.sk, "[B, Sk]");
+    else
+      MG_CHECK(d.sk == d.s, op << ": Sk = " << d.sk << " differs from Sq = " << d.s
+                               << ": doc_ids needs kv_doc_ids [B, Sk] for the keys");
   } else if (has_cu) {
+    MG_CHECK(d.sk == d.s, op << ": cu_seqlens needs Sk == Sq, got Sk = " << d.sk << ", Sq = " << d.s
+                             << " (give doc_ids and kv_doc_ids)");
     const Tensor& cu = a.cu_seqlens;
     on.check(op, "cu_seqlens", cu);
     MG_CHECK(cu.dtype() == DType::i32,
@@ -277,6 +289,21 @@ AttentionDims validate_attention_bwd(const Placement& on, const Tensor& dq, cons
   check_like(on, op, "dv", dv, "v", v);
   validate_lse(on, op, lse, q, d);
   validate_attention_args(on, op, args, d);
+  return d;
+}
+
+AttentionDims validate_attention_merge(const Placement& on, const Tensor& out, const Tensor& lse,
+                                       const Tensor& block_out, const Tensor& block_lse) {
+  const char* op = "attention_merge";
+  check_float(on, op, "out", out);
+  MG_CHECK(out.dim() == 4, op << ": out must be [S, B, NH, HD], got " << shape_str(out.shape()));
+  check_like(on, op, "block_out", block_out, "out", out);
+  const AttentionDims d{out.size(0), out.size(1), out.size(2),
+                        out.size(2), out.size(3), out.size(0)};
+  validate_lse(on, op, lse, out, d);
+  validate_lse(on, op, block_lse, out, d);
+  MG_CHECK(!overlaps(out, block_out) && !overlaps(lse, block_lse),
+           op << ": the block's result overlaps the one it is merged into");
   return d;
 }
 

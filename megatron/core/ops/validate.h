@@ -96,10 +96,12 @@ int64_t validate_swiglu_bwd(const Placement& on, const Tensor& dx, const Tensor&
 
 struct AttentionDims {
   int64_t s, b, nh, ng, hd;
+  int64_t sk;  // keys (== s for self-attention over one block)
 };
-// out, lse [B, NH, S] <- q [S, B, NH, HD], k, v [S, B, NG, HD]; dropout p in [0, 1), finite
-// softmax_scale, and the document mask tensors (doc_ids [B, S] i32, or cu_seqlens [D+1] i32, not
-// both). cu_seqlens values: validate_cu_seqlens on a host copy.
+// out, lse [B, NH, Sq] <- q [Sq, B, NH, HD], k, v [Sk, B, NG, HD]; dropout p in [0, 1), finite
+// softmax_scale, and the document mask tensors (doc_ids [B, Sq] i32 with optional kv_doc_ids
+// [B, Sk] i32, required when Sk != Sq; or cu_seqlens [D+1] i32 with Sk == Sq; not both).
+// cu_seqlens values: validate_cu_seqlens on a host copy.
 AttentionDims validate_attention_fwd(const Placement& on, const Tensor& out, const Tensor& lse,
                                      const Tensor& q, const Tensor& k, const Tensor& v,
                                      const AttentionArgs& args);
@@ -107,6 +109,10 @@ AttentionDims validate_attention_bwd(const Placement& on, const Tensor& dq, cons
                                      const Tensor& dv, const Tensor& dout, const Tensor& q,
                                      const Tensor& k, const Tensor& v, const Tensor& out,
                                      const Tensor& lse, const AttentionArgs& args);
+// attention_merge: out, block_out [S, B, NH, HD] alike; lse, block_lse [B, NH, S] of out's stat
+// dtype. Returns the dims (ng = nh, sk = s).
+AttentionDims validate_attention_merge(const Placement& on, const Tensor& out, const Tensor& lse,
+                                       const Tensor& block_out, const Tensor& block_lse);
 // cu_seqlens values c [D+1]: start at 0, end at S, monotone.
 void validate_cu_seqlens(const char* op, std::span<const int32_t> c, int64_t s);
 

@@ -1,15 +1,18 @@
 // CPU scaled dot-product attention (forward and backward) on Megatron's sbhd layout, with GQA,
-// causal and document masks (doc_ids or cu_seqlens) and counter-based attention dropout.
+// causal (bottom-right aligned) and document masks (doc_ids [+ kv_doc_ids] or cu_seqlens),
+// counter-based attention dropout, and key sequences longer or shorter than the queries' (Sk !=
+// Sq); and attention_merge, the log-sum-exp merge of partial results (ring attention).
 //
 // Gradient rule: no parameters; dq, dk, dv are activation gradients and are written (=).
 // Invariants:
-//   - q, out, dq, dout [S, B, NH, HD]; k, v, dk, dv [S, B, NG, HD]; lse [B, NH, S]; all contiguous.
+//   - q, out, dq, dout [Sq, B, NH, HD]; k, v, dk, dv [Sk, B, NG, HD]; lse [B, NH, Sq]; all
+//     contiguous. Causal: query i sees keys j <= i + Sk - Sq.
 //     Head h reads KV group h / (NH / NG); dk/dv sum over the NH / NG heads of a group.
 //   - Math in f32 for f32/bf16/f16 storage (f64 for f64); lse is f32 (f64 for f64 inputs).
 //   - Masked scores are -inf, not Megatron's -10000; a row that may attend nothing (a padding token
 //     with a negative doc id) gets out = 0, lse = -inf and zero gradients, never NaN.
 //   - Dropout on the probabilities: P[b,h,i,j] is kept iff
-//     random::dropout_keep(seed, offset + ((b*NH + h)*S + i)*S + j, p) and scaled by 1/(1-p); the
+//     random::dropout_keep(seed, offset + ((b*NH + h)*Sq + i)*Sk + j, p) and scaled by 1/(1-p); the
 //     backward regenerates the same mask. The backward uses D_i = dO_i . O_i, which holds with
 //     dropout too, so out must be the forward's output.
 //   - Results do not depend on the thread count: each (b, h) is computed by one thread in a fixed
@@ -23,8 +26,7 @@
 // dV += P^T dO as gemms. BLAS is single-threaded (set at registration), so each task calls it
 // directly; per thread the buffers are O(S HD + kBlock S). The f32 softmax takes e^x from a
 // vectorised polynomial (about 1 ulp, 0 below e^-87) rather than std::exp, its cost otherwise.
-// Not done here: sequence lengths differing between q and k/v, non-contiguous (bshd) layouts,
-// attention bias or sliding windows.
+// Not done here: non-contiguous (bshd) layouts, attention bias or sliding windows.
 #include <cblas.h>
 
 #include <algorithm>
@@ -53,10 +55,11 @@ namespace {
 using ops::AttentionArgs;
 using Dims = ops::AttentionDims;
 
-// Document of every token ([B*S], empty when there is no document mask) and, per token, the key
-// range [lo, hi) that holds every token of its document, so rows scan only that range.
+// Document of every query ([B*Sq]) and key ([B*Sk]), both empty when there is no document mask,
+// and, per query, the key range [lo, hi) that holds every key of its document (empty when no key
+// has it), so rows scan only that range.
 struct DocMask {
-  std::vector<int32_t> ids;
+  std::vector<int32_t> ids, kids;
   std::vector<int64_t> lo, hi;
   bool active() const { return !ids.empty(); }
 };
@@ -66,12 +69,16 @@ DocMask build_doc_mask(const char* op, const AttentionArgs& a, const Dims& d) {
   DocMask m;
   const bool has_doc = a.doc_ids.defined(), has_cu = a.cu_seqlens.defined();
   if (!has_doc && !has_cu) return m;
-  const int64_t n = d.b * d.s;
+  const int64_t n = d.b * d.s, nk = d.b * d.sk;
   if (n == 0) return m;
   m.ids.resize(static_cast<std::size_t>(n));
   if (has_doc) {
     const int32_t* p = a.doc_ids.data<int32_t>();
     std::copy(p, p + n, m.ids.begin());
+    if (a.kv_doc_ids.defined()) {
+      const int32_t* pk = a.kv_doc_ids.data<int32_t>();
+      m.kids.assign(pk, pk + nk);
+    }
   } else {
     const Tensor& cu = a.cu_seqlens;
     const int32_t* c = cu.data<int32_t>();
@@ -81,19 +88,22 @@ DocMask build_doc_mask(const char* op, const AttentionArgs& a, const Dims& d) {
       for (int64_t s = c[doc]; s < c[doc + 1]; ++s)
         for (int64_t b = 0; b < d.b; ++b) m.ids[b * d.s + s] = static_cast<int32_t>(doc);
   }
+  if (m.kids.empty()) m.kids = m.ids;  // Sk == Sq (validated)
   m.lo.resize(static_cast<std::size_t>(n));
   m.hi.resize(static_cast<std::size_t>(n));
   for (int64_t b = 0; b < d.b; ++b) {
     const int32_t* id = m.ids.data() + b * d.s;
-    std::unordered_map<int32_t, std::pair<int64_t, int64_t>> span;  // id -> [first, last + 1)
-    for (int64_t s = 0; s < d.s; ++s) {
-      auto [it, fresh] = span.try_emplace(id[s], s, s + 1);
+    const int32_t* kid = m.kids.data() + b * d.sk;
+    std::unordered_map<int32_t, std::pair<int64_t, int64_t>> span;  // key id -> [first, last + 1)
+    for (int64_t s = 0; s < d.sk; ++s) {
+      auto [it, fresh] = span.try_emplace(kid[s], s, s + 1);
       if (!fresh) it->second.second = s + 1;
     }
     for (int64_t s = 0; s < d.s; ++s) {
-      const auto& r = span.at(id[s]);
-      m.lo[b * d.s + s] = r.first;
-      m.hi[b * d.s + s] = r.second;
+      const auto it = span.find(id[s]);
+      const bool any = it != span.end();
+      m.lo[b * d.s + s] = any ? it->second.first : 0;
+      m.hi[b * d.s + s] = any ? it->second.second : 0;
     }
   }
   return m;
@@ -106,7 +116,7 @@ struct RowRange {
 };
 
 inline RowRange row_range(const DocMask& m, bool causal, int64_t b, int64_t i, const Dims& d) {
-  int64_t lo = 0, hi = causal ? i + 1 : d.s;
+  int64_t lo = 0, hi = causal ? std::clamp<int64_t>(i + 1 + d.sk - d.s, 0, d.sk) : d.sk;
   if (m.active()) {
     const int64_t t = b * d.s + i;
     if (m.ids[t] < 0) return {0, 0};  // padding
@@ -131,7 +141,7 @@ void dropout_factors(C* z, const ops::DropoutArgs& dr, const Dims& d, int64_t b,
                      int64_t i, const RowRange& r) {
   const float p = dr.p;
   const C keep_scale = C(1) / (C(1) - static_cast<C>(p));
-  const uint64_t row_base = dr.offset + static_cast<uint64_t>(((b * d.nh + h) * d.s + i) * d.s);
+  const uint64_t row_base = dr.offset + static_cast<uint64_t>(((b * d.nh + h) * d.s + i) * d.sk);
   uint64_t cached = ~uint64_t{0};
   random::Philox4x32 blk{};
   for (int64_t j = r.lo; j < r.hi; ++j) {
@@ -146,10 +156,11 @@ void dropout_factors(C* z, const ops::DropoutArgs& dr, const Dims& d, int64_t b,
   }
 }
 
-// Widens head h's rows of x [S, B, heads, HD] into dst [S, HD] (row-major).
+// Widens head h's rows of x [len, B, heads, HD] into dst [len, HD] (row-major).
 template <typename T, typename C>
-void load_head(C* dst, const T* x, const Dims& d, int64_t heads, int64_t b, int64_t h) {
-  for (int64_t s = 0; s < d.s; ++s) {
+void load_head(C* dst, const T* x, const Dims& d, int64_t len, int64_t heads, int64_t b,
+               int64_t h) {
+  for (int64_t s = 0; s < len; ++s) {
     const T* row = x + ((s * d.b + b) * heads + h) * d.hd;
     for (int64_t e = 0; e < d.hd; ++e) dst[s * d.hd + e] = load<C>(row[e]);
   }
@@ -240,7 +251,7 @@ C exp_shifted_sum(C* x, int64_t n, C shift) {  // a -inf x[j] gives 0
 // is padding). rows[i - i0] receives each row's own range.
 RowRange block_span(RowRange* rows, const DocMask& m, bool causal, int64_t b, int64_t i0,
                     int64_t i1, const Dims& d) {
-  RowRange span{d.s, 0};
+  RowRange span{d.sk, 0};
   for (int64_t i = i0; i < i1; ++i) {
     const RowRange r = row_range(m, causal, b, i, d);
     rows[i - i0] = r;
@@ -254,13 +265,13 @@ RowRange block_span(RowRange* rows, const DocMask& m, bool causal, int64_t b, in
 // Row i's scores s[0, n) over keys [kl, kl + n): -inf outside its range r or its document.
 template <typename C>
 void mask_row(C* s, int64_t kl, int64_t n, const RowRange& r, const DocMask& m, int64_t b,
-              int64_t i, int64_t seq) {
+              int64_t i, const Dims& d) {
   constexpr C kNegInf = -std::numeric_limits<C>::infinity();
   std::fill(s, s + (r.lo - kl), kNegInf);
   std::fill(s + (r.hi - kl), s + n, kNegInf);
   if (!m.active()) return;
-  const int32_t* id = m.ids.data() + b * seq;
-  const int32_t own = id[i];
+  const int32_t* id = m.kids.data() + b * d.sk;
+  const int32_t own = m.ids[b * d.s + i];
   for (int64_t j = r.lo; j < r.hi; ++j) s[j - kl] = id[j] == own ? s[j - kl] : kNegInf;
 }
 
@@ -280,19 +291,20 @@ void attention_fwd_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor&
   const int64_t hd = d.hd;
 #pragma omp parallel
   {
-    // Per thread: the head's Q, K, V [S, HD], the block's scores / probabilities [kBlock, span],
-    // its output [kBlock, HD], dropout factors over keys [S], and the rows' key ranges.
-    std::vector<C> qh(d.s * hd), kh(d.s * hd), vh(d.s * hd), sc(kBlock * d.s), ob(kBlock * hd);
-    std::vector<C> z(dropout ? d.s : 0);
+    // Per thread: the head's Q [Sq, HD], K, V [Sk, HD], the block's scores / probabilities
+    // [kBlock, span], its output [kBlock, HD], dropout factors over keys [Sk], the rows' key
+    // ranges.
+    std::vector<C> qh(d.s * hd), kh(d.sk * hd), vh(d.sk * hd), sc(kBlock * d.sk), ob(kBlock * hd);
+    std::vector<C> z(dropout ? d.sk : 0);
     std::vector<RowRange> rows(kBlock);
     std::vector<C> inv(kBlock);  // 1 / the softmax sum per row; 0 for a row that attends nothing
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < d.b; ++b) {
       for (int64_t h = 0; h < d.nh; ++h) {
         const int64_t g = h / per_group;
-        load_head<T, C>(qh.data(), qp, d, d.nh, b, h);
-        load_head<T, C>(kh.data(), kp, d, d.ng, b, g);
-        load_head<T, C>(vh.data(), vp, d, d.ng, b, g);
+        load_head<T, C>(qh.data(), qp, d, d.s, d.nh, b, h);
+        load_head<T, C>(kh.data(), kp, d, d.sk, d.ng, b, g);
+        load_head<T, C>(vh.data(), vp, d, d.sk, d.ng, b, g);
         C* lse_h = lp + (b * d.nh + h) * d.s;
         for (int64_t i0 = 0; i0 < d.s; i0 += kBlock) {
           const int64_t i1 = std::min(d.s, i0 + kBlock), nb = i1 - i0;
@@ -306,10 +318,10 @@ void attention_fwd_impl(Tensor& out, Tensor& lse, const Tensor& q, const Tensor&
             C* srow = sc.data() + (i - i0) * nk;
             C mx = kNegInf;
             if (r.lo < r.hi) {
-              mask_row(srow, kl, nk, r, m, b, i, d.s);
+              mask_row(srow, kl, nk, r, m, b, i, d);
               mx = row_max(srow, nk);
             }
-            if (mx == kNegInf) {  // attends nothing: a padding row
+            if (mx == kNegInf) {  // attends nothing: a padding or fully masked row
               std::fill(srow, srow + nk, C(0));
               lse_h[i] = kNegInf;
               inv[i - i0] = C(0);
@@ -356,25 +368,25 @@ void attention_bwd_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   const C scale = score_scale<C>(a, d);
   const int64_t per_group = d.nh / d.ng;
   const bool dropout = a.dropout.p > 0.0f;
-  const int64_t hd = d.hd, head_elems = d.s * hd;
-  // dK/dV per (b, h) [B, NH, S, HD], summed over each group's heads afterwards: heads run in
+  const int64_t hd = d.hd, head_elems = d.sk * hd;
+  // dK/dV per (b, h) [B, NH, Sk, HD], summed over each group's heads afterwards: heads run in
   // parallel and would otherwise race on their shared group.
   std::vector<C> dk_heads(d.b * d.nh * head_elems, C(0)), dv_heads(d.b * d.nh * head_elems, C(0));
 #pragma omp parallel
   {
-    // Per thread: the head's Q, dO, K, V [S, HD]; the block's P (then P z) and dP (then dS)
-    // [kBlock, span]; its dQ [kBlock, HD]; dropout factors [S]; the rows' key ranges.
-    std::vector<C> qh(head_elems), doh(head_elems), kh(head_elems), vh(head_elems);
-    std::vector<C> sc(kBlock * d.s), dp(kBlock * d.s), dqb(kBlock * hd), z(dropout ? d.s : 0);
+    // Per thread: the head's Q, dO [Sq, HD], K, V [Sk, HD]; the block's P (then P z) and dP (then
+    // dS) [kBlock, span]; its dQ [kBlock, HD]; dropout factors [Sk]; the rows' key ranges.
+    std::vector<C> qh(d.s * hd), doh(d.s * hd), kh(head_elems), vh(head_elems);
+    std::vector<C> sc(kBlock * d.sk), dp(kBlock * d.sk), dqb(kBlock * hd), z(dropout ? d.sk : 0);
     std::vector<RowRange> rows(kBlock);
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t b = 0; b < d.b; ++b) {
       for (int64_t h = 0; h < d.nh; ++h) {
         const int64_t g = h / per_group;
-        load_head<T, C>(qh.data(), qp, d, d.nh, b, h);
-        load_head<T, C>(doh.data(), dop, d, d.nh, b, h);
-        load_head<T, C>(kh.data(), kp, d, d.ng, b, g);
-        load_head<T, C>(vh.data(), vp, d, d.ng, b, g);
+        load_head<T, C>(qh.data(), qp, d, d.s, d.nh, b, h);
+        load_head<T, C>(doh.data(), dop, d, d.s, d.nh, b, h);
+        load_head<T, C>(kh.data(), kp, d, d.sk, d.ng, b, g);
+        load_head<T, C>(vh.data(), vp, d, d.sk, d.ng, b, g);
         C* dkb = dk_heads.data() + (b * d.nh + h) * head_elems;
         C* dvb = dv_heads.data() + (b * d.nh + h) * head_elems;
         const C* lse_h = lp + (b * d.nh + h) * d.s;
@@ -408,7 +420,7 @@ void attention_bwd_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
             const C* doi = dob + (i - i0) * hd;
             C di = 0;  // D_i = dO_i . O_i = sum_j P_ij dP_ij
             for (int64_t e = 0; e < hd; ++e) di += doi[e] * load<C>(orow[e]);
-            mask_row(prow, kl, nk, r, m, b, i, d.s);
+            mask_row(prow, kl, nk, r, m, b, i, d);
             exp_shifted_sum(prow, nk, lse_h[i]);  // P, 0 where masked
             if (dropout) {
               dropout_factors(z.data(), a.dropout, d, b, h, i, r);
@@ -437,9 +449,9 @@ void attention_bwd_impl(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
         }
       }
     }
-    // dk/dv [S, B, NG, HD] = sum over the heads of each group.
+    // dk/dv [Sk, B, NG, HD] = sum over the heads of each group.
 #pragma omp for collapse(2) schedule(static)
-    for (int64_t s = 0; s < d.s; ++s) {
+    for (int64_t s = 0; s < d.sk; ++s) {
       for (int64_t b = 0; b < d.b; ++b) {
         for (int64_t g = 0; g < d.ng; ++g) {
           T* dkrow = dkp + ((s * d.b + b) * d.ng + g) * d.hd;
@@ -483,6 +495,48 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
   });
 }
 
+// (out, lse) <- their log-sum-exp merge with (bo, bl) (op_args.h attention_merge), per row.
+template <typename T>
+void attention_merge_impl(Tensor& out, Tensor& lse, const Tensor& bo, const Tensor& bl,
+                          const Dims& d) {
+  using C = compute_t<T>;
+  constexpr C kNegInf = -std::numeric_limits<C>::infinity();
+  T* op = out.data<T>();
+  const T* bp = bo.data<T>();
+  C* lp = lse.data<C>();
+  const C* blp = bl.data<C>();
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < d.b; ++b) {
+    for (int64_t h = 0; h < d.nh; ++h) {
+      for (int64_t i = 0; i < d.s; ++i) {
+        const int64_t li = (b * d.nh + h) * d.s + i;
+        const C l1 = lp[li], l2 = blp[li];
+        if (l2 == kNegInf) continue;  // the block attended nothing: keep (out, lse)
+        T* o = op + ((i * d.b + b) * d.nh + h) * d.hd;
+        const T* x = bp + ((i * d.b + b) * d.nh + h) * d.hd;
+        if (l1 == kNegInf) {  // nothing so far: take the block's
+          std::copy(x, x + d.hd, o);
+          lp[li] = l2;
+          continue;
+        }
+        const C m = std::max(l1, l2);
+        const C l = m + std::log(std::exp(l1 - m) + std::exp(l2 - m));
+        const C w1 = std::exp(l1 - l), w2 = std::exp(l2 - l);
+        for (int64_t e = 0; e < d.hd; ++e) o[e] = store<T>(w1 * load<C>(o[e]) + w2 * load<C>(x[e]));
+        lp[li] = l;
+      }
+    }
+  }
+}
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& block_out, const Tensor& block_lse) {
+  const Dims d = ops::validate_attention_merge(kOnHost, out, lse, block_out, block_lse);
+  if (out.numel() == 0) return;
+  dispatch_float(out.dtype(), "attention_merge", [&]<typename T>(std::type_identity<T>) {
+    attention_merge_impl<T>(out, lse, block_out, block_lse, d);
+  });
+}
+
 }  // namespace
 
 void register_attention_kernels(plugin::Registry& r) {
@@ -491,6 +545,7 @@ void register_attention_kernels(plugin::Registry& r) {
   openblas_set_num_threads(1);
   r.register_op<ops::OpId::attention_fwd>("cpu", &attention_fwd, "cpu:omp+openblas");
   r.register_op<ops::OpId::attention_bwd>("cpu", &attention_bwd, "cpu:omp+openblas");
+  r.register_op<ops::OpId::attention_merge>("cpu", &attention_merge, "cpu:omp");
 }
 
 }  // namespace mg::platforms::cpu

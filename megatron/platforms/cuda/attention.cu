@@ -1,15 +1,18 @@
 // CUDA scaled dot-product attention (forward and backward) on Megatron's sbhd layout, with GQA,
-// causal and document masks (doc_ids or cu_seqlens) and counter-based attention dropout.
+// causal (bottom-right aligned) and document masks (doc_ids [+ kv_doc_ids] or cu_seqlens),
+// counter-based attention dropout, and key sequences of another length than the queries' (Sk);
+// and attention_merge, the log-sum-exp merge of partial results (ring attention).
 //
 // Gradient rule: no parameters; dq, dk, dv are activation gradients and are written (=).
 // Invariants (the contract of op_args.h, shared with megatron/platforms/cpu/attention.cpp):
-//   - q, out, dq, dout [S, B, NH, HD]; k, v, dk, dv [S, B, NG, HD]; lse [B, NH, S] f32 (f64 for
-//     f64). Head h reads KV group h / (NH / NG); dk/dv sum over the heads of a group.
+//   - q, out, dq, dout [Sq, B, NH, HD]; k, v, dk, dv [Sk, B, NG, HD]; lse [B, NH, Sq] f32 (f64
+//     for f64). Head h reads KV group h / (NH / NG); dk/dv sum over the heads of a group. Causal:
+//     query i sees keys j <= i + Sk - Sq (off = Sk - Sq below).
 //   - Scores and softmax in f32 for f32/bf16/f16 storage (f64 for f64), masked scores -inf. A row
 //     that may attend nothing (a padding token, negative doc id) gets out = 0, lse = -inf and zero
 //     gradients, never NaN; a padding key gets dk = dv = 0.
 //   - Dropout on the probabilities: P[b,h,i,j] is kept iff
-//     random::dropout_keep(seed, offset + ((b*NH + h)*S + i)*S + j, p) and scaled by 1/(1-p), the
+//     random::dropout_keep(seed, offset + ((b*NH + h)*Sq + i)*Sk + j, p) and scaled by 1/(1-p), the
 //     same bits as the CPU; lse is that of the undropped probabilities. Backward uses
 //     D_i = dO_i . O_i, so `out` must be the forward's output.
 // Algorithms (deterministic, no atomics, the S x S matrix never materialised):
@@ -30,8 +33,7 @@
 // bits); they differ only in summation order.
 // cu_seqlens are validated on a host copy (one synchronisation, as they are tiny) and expanded to a
 // per-position document id shared by every batch row. Not here: tensor cores (mma / wgmma),
-// skipping tiles that documents mask entirely, split-KV; sequence lengths differing between q and
-// k/v; sliding windows.
+// skipping tiles that documents mask entirely, split-KV; sliding windows.
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -60,8 +62,11 @@ struct AttnParams {
   DType t;      // storage dtype of q, k, v, out, dout, dq, dk, dv
   DType lse_t;  // f32, or f64 for f64
   bool causal;
-  const int32_t* docs;  // document per (b, s): docs[b * doc_bstride + s]; null: no mask
-  int64_t doc_bstride;  // S for doc_ids, 0 for cu_seqlens
+  int64_t off;           // Sk - Sq: query i sees keys j <= i + off under the causal mask
+  const int32_t* docs;   // query document per (b, i): docs[b * doc_bstride + i]; null: no mask
+  int64_t doc_bstride;   // Sq for doc_ids, 0 for cu_seqlens
+  const int32_t* kdocs;  // key document per (b, j): kdocs[b * kdoc_bstride + j] (null iff docs is)
+  int64_t kdoc_bstride;  // Sk for kv_doc_ids (or doc_ids when Sk == Sq), 0 for cu_seqlens
   bool dropout;
   float p;
   uint64_t seed, offset;
@@ -77,15 +82,15 @@ __device__ __forceinline__ int64_t kv_index(const Dims& d, int64_t s, int64_t b,
 // Whether query i may attend key j (causality and documents; i itself is not padding).
 __device__ __forceinline__ bool allowed(const AttnParams& a, int64_t b, int64_t i, int64_t j,
                                         int32_t doc_i) {
-  if (a.causal && j > i) return false;
-  return !a.docs || a.docs[b * a.doc_bstride + j] == doc_i;
+  if (a.causal && j > i + a.off) return false;
+  return !a.docs || a.kdocs[b * a.kdoc_bstride + j] == doc_i;
 }
 
 template <typename C>
 __device__ __forceinline__ C keep_factor(const AttnParams& a, int64_t row, int64_t j,
                                          C keep_scale) {
   if (!a.dropout) return C(1);
-  const uint64_t e = a.offset + static_cast<uint64_t>(row * a.d.s + j);
+  const uint64_t e = a.offset + static_cast<uint64_t>(row * a.d.sk + j);
   return random::dropout_keep(a.seed, e, a.p) ? keep_scale : C(0);
 }
 
@@ -141,7 +146,7 @@ __global__ void attn_fwd_kernel(void* out, void* lse, const void* q, const void*
   }
   __syncthreads();
   C m = neg_inf<C>(), l = C(0);
-  const int64_t j_end = a.causal ? i + 1 : d.s;
+  const int64_t j_end = a.causal ? min(i + 1 + a.off, d.sk) : d.sk;
   for (int64_t j0 = 0; j0 < j_end; j0 += blockDim.x) {
     const int64_t j = j0 + threadIdx.x;
     C sc = neg_inf<C>();
@@ -165,7 +170,7 @@ __global__ void attn_fwd_kernel(void* out, void* lse, const void* q, const void*
     __syncthreads();  // tile is rewritten by the next iteration
     m = m_new;
   }
-  if (l == C(0)) {  // no key allowed (cannot happen for a non-padding row; kept for safety)
+  if (l == C(0)) {  // no key allowed: causal with i + off < 0, or no key of the row's document
     for (int64_t e = threadIdx.x; e < d.hd; e += blockDim.x) store<C>(out, a.t, qrow + e, C(0));
     if (threadIdx.x == 0) store<C>(lse, a.lse_t, r, neg_inf<C>());
     return;
@@ -207,7 +212,7 @@ __global__ void attn_bwd_dq_kernel(void* dq, C* dbuf, const void* dout, const vo
   }
   const C di = block_sum(part);  // also the barrier after the shared-memory fill
   if (threadIdx.x == 0) dbuf[r] = di;
-  const int64_t j_end = a.causal ? i + 1 : d.s;
+  const int64_t j_end = a.causal ? min(i + 1 + a.off, d.sk) : d.sk;
   for (int64_t j0 = 0; j0 < j_end; j0 += blockDim.x) {
     const int64_t j = j0 + threadIdx.x;
     C ds = 0;
@@ -231,7 +236,7 @@ __global__ void attn_bwd_dq_kernel(void* dq, C* dbuf, const void* dout, const vo
   for (int64_t e = threadIdx.x; e < d.hd; e += blockDim.x) store<C>(dq, a.t, qrow + e, acc[e]);
 }
 
-// Backward B: one block per key row r = (b*NG + g)*S + j: dk_j and dv_j over the group's heads.
+// Backward B: one block per key row r = (b*NG + g)*Sk + j: dk_j and dv_j over the group's heads.
 template <typename C>
 __global__ void attn_bwd_dkv_kernel(void* dk, void* dv, const C* dbuf, const void* dout,
                                     const void* q, const void* k, const void* v, const void* lse,
@@ -245,10 +250,10 @@ __global__ void attn_bwd_dkv_kernel(void* dk, void* dv, const C* dbuf, const voi
   C* tile_s = tile_p + blockDim.x;
   const Dims& d = a.d;
   const int64_t r = block_row();
-  if (r >= d.b * d.ng * d.s) return;
-  const int64_t j = r % d.s, bg = r / d.s, g = bg % d.ng, b = bg / d.ng;
+  if (r >= d.b * d.ng * d.sk) return;
+  const int64_t j = r % d.sk, bg = r / d.sk, g = bg % d.ng, b = bg / d.ng;
   const int64_t krow = kv_index(d, j, b, g);
-  const int32_t doc_j = a.docs ? a.docs[b * a.doc_bstride + j] : 0;
+  const int32_t doc_j = a.docs ? a.kdocs[b * a.kdoc_bstride + j] : 0;
   if (doc_j < 0) {  // a padding key: no query attends it
     for (int64_t e = threadIdx.x; e < d.hd; e += blockDim.x) {
       store<C>(dk, a.t, krow + e, C(0));
@@ -264,7 +269,7 @@ __global__ void attn_bwd_dkv_kernel(void* dk, void* dv, const C* dbuf, const voi
   }
   __syncthreads();
   const int64_t per_group = d.nh / d.ng;
-  const int64_t i_begin = a.causal ? j : 0;
+  const int64_t i_begin = a.causal ? max(j - a.off, int64_t{0}) : 0;
   for (int64_t h = g * per_group; h < (g + 1) * per_group; ++h) {
     const int64_t row0 = (b * d.nh + h) * d.s;  // lse / dbuf / dropout row of query 0
     for (int64_t i0 = i_begin; i0 < d.s; i0 += blockDim.x) {
@@ -399,6 +404,13 @@ __device__ __forceinline__ float fa_row_sum(float v) {
   return v;
 }
 
+// Causal: the keys a query tile starting at i0 may see end before min(i0 + 64 + off, Sk) (<= 0:
+// none).
+__device__ __forceinline__ int64_t fa_causal_end(const AttnParams& a, int64_t i0) {
+  const int64_t e = i0 + kFaTile + a.off;
+  return e < a.d.sk ? e : a.d.sk;
+}
+
 // Block x = (b*NH + h) * tiles + (tiles - 1 - query tile): the longest causal tiles start first.
 __device__ __forceinline__ void fa_block_coords(int64_t blocks_per_row, int64_t& bh,
                                                 int64_t& tile) {
@@ -439,14 +451,14 @@ __global__ void __launch_bounds__(kFaThreads)
 #pragma unroll
     for (int c = 0; c < D / 16; ++c) acc[r][c] = 0.0f;
   }
-  const int64_t j_end = a.causal ? (i0 + kFaTile < d.s ? i0 + kFaTile : d.s) : d.s;
+  const int64_t j_end = a.causal ? fa_causal_end(a, i0) : d.sk;
   for (int64_t j0 = 0; j0 < j_end; j0 += kFaTile) {
     __syncthreads();  // the previous tile's sk / sv / sp are no longer read
-    fa_stage<D>(sk, k, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
-    fa_stage<D>(sv, v, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
+    fa_stage<D>(sk, k, a.t, j0, d.sk, b, d.b, d.ng, g, d.hd);
+    fa_stage<D>(sv, v, a.t, j0, d.sk, b, d.b, d.ng, g, d.hd);
     if (tid < kFaTile) {
       const int64_t j = j0 + tid;
-      doc_k[tid] = j >= d.s ? -2 : (a.docs ? a.docs[b * a.doc_bstride + j] : 0);
+      doc_k[tid] = j >= d.sk ? -2 : (a.docs ? a.kdocs[b * a.kdoc_bstride + j] : 0);
     }
     __syncthreads();
     float sc[4][4];
@@ -459,8 +471,8 @@ __global__ void __launch_bounds__(kFaThreads)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int64_t j = j0 + tx + 16 * c;
-        const bool ok =
-            di >= 0 && j < d.s && (!a.causal || j <= i) && (!a.docs || doc_k[tx + 16 * c] == di);
+        const bool ok = di >= 0 && j < d.sk && (!a.causal || j <= i + a.off) &&
+                        (!a.docs || doc_k[tx + 16 * c] == di);
         sc[r][c] = ok ? scale * sc[r][c] : -INFINITY;
         tmax = fmaxf(tmax, sc[r][c]);
       }
@@ -475,7 +487,7 @@ __global__ void __launch_bounds__(kFaThreads)
         float pz = pj;
         if (a.dropout && pj != 0.0f) {
           const uint64_t e =
-              a.offset + static_cast<uint64_t>((bh * d.s + i) * d.s + j0 + tx + 16 * c);
+              a.offset + static_cast<uint64_t>((bh * d.s + i) * d.sk + j0 + tx + 16 * c);
           pz = random::dropout_keep(a.seed, e, a.p) ? pj * keep_scale : 0.0f;
         }
         sp[(ty * 4 + r) * kFaPS + tx + 16 * c] = pz;
@@ -559,14 +571,14 @@ __global__ void __launch_bounds__(kFaThreads)
   for (int r = 0; r < 4; ++r)
 #pragma unroll
     for (int c = 0; c < D / 16; ++c) acc[r][c] = 0.0f;
-  const int64_t j_end = a.causal ? (i0 + kFaTile < d.s ? i0 + kFaTile : d.s) : d.s;
+  const int64_t j_end = a.causal ? fa_causal_end(a, i0) : d.sk;
   for (int64_t j0 = 0; j0 < j_end; j0 += kFaTile) {
     __syncthreads();
-    fa_stage<D>(sk, k, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
-    fa_stage<D>(sv, v, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
+    fa_stage<D>(sk, k, a.t, j0, d.sk, b, d.b, d.ng, g, d.hd);
+    fa_stage<D>(sv, v, a.t, j0, d.sk, b, d.b, d.ng, g, d.hd);
     if (tid < kFaTile) {
       const int64_t j = j0 + tid;
-      doc_k[tid] = j >= d.s ? -2 : (a.docs ? a.docs[b * a.doc_bstride + j] : 0);
+      doc_k[tid] = j >= d.sk ? -2 : (a.docs ? a.kdocs[b * a.kdoc_bstride + j] : 0);
     }
     __syncthreads();
     float sc[4][4], dp[4][4];
@@ -580,14 +592,14 @@ __global__ void __launch_bounds__(kFaThreads)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int64_t j = j0 + tx + 16 * c;
-        const bool ok =
-            di >= 0 && j < d.s && (!a.causal || j <= i) && (!a.docs || doc_k[tx + 16 * c] == di);
+        const bool ok = di >= 0 && j < d.sk && (!a.causal || j <= i + a.off) &&
+                        (!a.docs || doc_k[tx + 16 * c] == di);
         float ds = 0.0f;
         if (ok) {
           const float pj = expf(sc[r][c] * scale - li);
           float zj = 1.0f;
           if (a.dropout) {
-            const uint64_t e = a.offset + static_cast<uint64_t>((bh * d.s + i) * d.s + j);
+            const uint64_t e = a.offset + static_cast<uint64_t>((bh * d.s + i) * d.sk + j);
             zj = random::dropout_keep(a.seed, e, a.p) ? keep_scale : 0.0f;
           }
           ds = pj * (dp[r][c] * zj - dli) * scale;
@@ -631,7 +643,7 @@ __global__ void __launch_bounds__(kFaThreads)
   int* doc_q = reinterpret_cast<int*>(sdelta + kFaTile);
   int* doc_k = doc_q + kFaTile;
   const Dims& d = a.d;
-  const int64_t tiles = (d.s + kFaTile - 1) / kFaTile;
+  const int64_t tiles = (d.sk + kFaTile - 1) / kFaTile;
   int64_t bg, kt;
   // Key tile kt: with causal masks the first key tiles see the most queries; start them first.
   bg = blockIdx.x / tiles;
@@ -639,11 +651,11 @@ __global__ void __launch_bounds__(kFaThreads)
   const int64_t g = bg % d.ng, b = bg / d.ng;
   const int64_t j0 = kt * kFaTile;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-  fa_stage<D>(sk, k, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
-  fa_stage<D>(sv, v, a.t, j0, d.s, b, d.b, d.ng, g, d.hd);
+  fa_stage<D>(sk, k, a.t, j0, d.sk, b, d.b, d.ng, g, d.hd);
+  fa_stage<D>(sv, v, a.t, j0, d.sk, b, d.b, d.ng, g, d.hd);
   if (tid < kFaTile) {
     const int64_t j = j0 + tid;
-    doc_k[tid] = j >= d.s ? -2 : (a.docs ? a.docs[b * a.doc_bstride + j] : 0);
+    doc_k[tid] = j >= d.sk ? -2 : (a.docs ? a.kdocs[b * a.kdoc_bstride + j] : 0);
   }
   float acc_k[4][D / 16], acc_v[4][D / 16];
 #pragma unroll
@@ -651,7 +663,8 @@ __global__ void __launch_bounds__(kFaThreads)
 #pragma unroll
     for (int c = 0; c < D / 16; ++c) acc_k[r][c] = acc_v[r][c] = 0.0f;
   const int64_t per_group = d.nh / d.ng;
-  const int64_t i_begin = a.causal ? j0 : 0;  // j0 is a multiple of the tile
+  // Causal: key j0 is first seen by query j0 - off (query tiles need not be tile-aligned here).
+  const int64_t i_begin = a.causal ? (j0 - a.off > 0 ? j0 - a.off : 0) : 0;
   for (int64_t h = g * per_group; h < (g + 1) * per_group; ++h) {
     const int64_t bh = b * d.nh + h;
     for (int64_t i0 = i_begin; i0 < d.s; i0 += kFaTile) {
@@ -680,13 +693,14 @@ __global__ void __launch_bounds__(kFaThreads)
           const int qi = tx + 16 * c;
           const int64_t i = i0 + qi;
           const int di = doc_q[qi];
-          const bool ok = di >= 0 && dj != -2 && (!a.causal || j <= i) && (!a.docs || dj == di);
+          const bool ok =
+              di >= 0 && dj != -2 && (!a.causal || j <= i + a.off) && (!a.docs || dj == di);
           float pz = 0.0f, ds = 0.0f;
           if (ok) {
             const float pj = expf(sc[r][c] * scale - slse[qi]);
             float zj = 1.0f;
             if (a.dropout) {
-              const uint64_t e = a.offset + static_cast<uint64_t>((bh * d.s + i) * d.s + j);
+              const uint64_t e = a.offset + static_cast<uint64_t>((bh * d.s + i) * d.sk + j);
               zj = random::dropout_keep(a.seed, e, a.p) ? keep_scale : 0.0f;
             }
             pz = pj * zj;
@@ -704,7 +718,7 @@ __global__ void __launch_bounds__(kFaThreads)
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
     const int64_t j = j0 + ty * 4 + r;
-    if (j >= d.s) continue;
+    if (j >= d.sk) continue;
     const int64_t krow = kv_index(d, j, b, g);
 #pragma unroll
     for (int c = 0; c < D / 16; ++c) {
@@ -741,10 +755,13 @@ void check_head_dim(const char* op, const Dims& d) {
            op << ": head dim " << d.hd << " exceeds this kernel's limit " << kMaxHeadDim);
 }
 
-// The document mask as device ids: doc_ids as given, or cu_seqlens expanded (into `holder`).
+// The document mask as device ids: doc_ids (and kv_doc_ids) as given, or cu_seqlens expanded
+// (into `holder`, shared by queries and keys as Sk == Sq then).
 struct DocMask {
   const int32_t* ids = nullptr;
   int64_t bstride = 0;
+  const int32_t* kids = nullptr;
+  int64_t kbstride = 0;
   Scratch holder;
 };
 
@@ -754,6 +771,9 @@ DocMask build_doc_mask(const char* op, const AttentionArgs& a, const Dims& d, co
   if (has_doc) {
     m.ids = static_cast<const int32_t*>(a.doc_ids.raw_data());
     m.bstride = d.s;
+    const bool kv = a.kv_doc_ids.defined();
+    m.kids = kv ? static_cast<const int32_t*>(a.kv_doc_ids.raw_data()) : m.ids;
+    m.kbstride = kv ? d.sk : d.s;
   } else if (has_cu) {
     const Tensor& cu = a.cu_seqlens;
     const int dev = q.device().index;
@@ -770,6 +790,8 @@ DocMask build_doc_mask(const char* op, const AttentionArgs& a, const Dims& d, co
     }
     m.ids = m.holder.as<int32_t>();
     m.bstride = 0;
+    m.kids = m.ids;
+    m.kbstride = 0;
   }
   return m;
 }
@@ -780,8 +802,11 @@ AttnParams params_of(const Dims& d, DType t, const AttentionArgs& a, const DocMa
   p.t = t;
   p.lse_t = ops::compute_dtype(t);
   p.causal = a.causal;
+  p.off = d.sk - d.s;
   p.docs = m.ids;
   p.doc_bstride = m.bstride;
+  p.kdocs = m.kids;
+  p.kdoc_bstride = m.kbstride;
   p.dropout = a.dropout.p > 0.0f;
   p.p = a.dropout.p;
   p.seed = a.dropout.seed;
@@ -810,9 +835,10 @@ bool use_tiled(DType t, const Dims& d) {
   return !force_rows && t != DType::f64 && d.hd <= 128;
 }
 
-// One block per 64-row tile of each (b, head) of `heads` heads.
-unsigned fa_blocks(const Dims& d, int64_t heads) {
-  const int64_t tiles = (d.s + kFaTile - 1) / kFaTile;
+// One block per 64-row tile of `len` rows (Sq for queries, Sk for keys) of each (b, head) of
+// `heads` heads.
+unsigned fa_blocks(const Dims& d, int64_t heads, int64_t len) {
+  const int64_t tiles = (len + kFaTile - 1) / kFaTile;
   const int64_t n = d.b * heads * tiles;
   MG_CHECK(n < (int64_t{1} << 31), "attention: too many tiles for one grid: " << n);
   return static_cast<unsigned>(n);
@@ -830,7 +856,7 @@ void attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, c
   const AttnParams p = params_of(d, q.dtype(), args, m);
   if (use_tiled(q.dtype(), d)) {
     const float scale = softmax_scale<float>(args, d), ks = keep_scale<float>(args);
-    const unsigned blocks = fa_blocks(d, d.nh);
+    const unsigned blocks = fa_blocks(d, d.nh, d.s);
     cudaStream_t s = current_stream(dev);
     auto launch = [&](auto kernel, std::size_t smem) {
       MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -883,13 +909,13 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
     auto launch = [&](auto dq_kernel, std::size_t dq_smem, auto dkv_kernel, std::size_t dkv_smem) {
       MG_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(dq_smem)));
-      dq_kernel<<<fa_blocks(d, d.nh), kFaThreads, dq_smem, s>>>(
+      dq_kernel<<<fa_blocks(d, d.nh, d.s), kFaThreads, dq_smem, s>>>(
           dq.raw_data(), delta.as<float>(), dout.raw_data(), q.raw_data(), k.raw_data(),
           v.raw_data(), lse_p, p, scale, ks);
       MG_CUDA_CHECK_LAUNCH();
       MG_CUDA_CHECK(cudaFuncSetAttribute(dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(dkv_smem)));
-      dkv_kernel<<<fa_blocks(d, d.ng), kFaThreads, dkv_smem, s>>>(
+      dkv_kernel<<<fa_blocks(d, d.ng, d.sk), kFaThreads, dkv_smem, s>>>(
           dk.raw_data(), dv.raw_data(), delta.as<float>(), dout.raw_data(), q.raw_data(),
           k.raw_data(), v.raw_data(), lse_p, p, scale, ks);
       MG_CUDA_CHECK_LAUNCH();
@@ -910,11 +936,51 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
         out.raw_data(), lse.raw_data(), p, scale, ks);
     MG_CUDA_CHECK_LAUNCH();
     const std::size_t smem_b = static_cast<std::size_t>(4 * d.hd + 2 * kAttnThreads) * sizeof(C);
-    attn_bwd_dkv_kernel<C><<<grid_rows(d.b * d.ng * d.s), kAttnThreads, smem_b, s>>>(
+    attn_bwd_dkv_kernel<C><<<grid_rows(d.b * d.ng * d.sk), kAttnThreads, smem_b, s>>>(
         dk.raw_data(), dv.raw_data(), dbuf.as<C>(), dout.raw_data(), q.raw_data(), k.raw_data(),
         v.raw_data(), lse.raw_data(), p, scale, ks);
     MG_CUDA_CHECK_LAUNCH();
   });
+}
+
+// attention_merge: one thread per row (b, h, i) of lse; out rows [HD] read and written in place.
+template <typename C>
+__global__ void attn_merge_kernel(void* out, void* lse, const void* bo, const void* bl, Dims d,
+                                  DType t, DType lse_t) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= d.b * d.nh * d.s) return;
+  const int64_t i = r % d.s, bh = r / d.s, h = bh % d.nh, b = bh / d.nh;
+  const C l1 = load<C>(lse, lse_t, r), l2 = load<C>(bl, lse_t, r);
+  if (l2 == neg_inf<C>()) return;  // the block attended nothing
+  const int64_t row = ((i * d.b + b) * d.nh + h) * d.hd;
+  C w1 = C(0), w2 = C(1), l = l2;
+  if (l1 != neg_inf<C>()) {
+    const C m = l1 > l2 ? l1 : l2;
+    l = m + log_c(exp_c(l1 - m) + exp_c(l2 - m));
+    w1 = exp_c(l1 - l);
+    w2 = exp_c(l2 - l);
+  }
+  for (int64_t e = 0; e < d.hd; ++e) {
+    const C o = w1 == C(0) ? C(0) : w1 * load<C>(out, t, row + e);
+    store<C>(out, t, row + e, o + w2 * load<C>(bo, t, row + e));
+  }
+  store<C>(lse, lse_t, r, l);
+}
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& block_out, const Tensor& block_lse) {
+  const Dims d = ops::validate_attention_merge(OnCudaDevice{}, out, lse, block_out, block_lse);
+  if (out.numel() == 0) return;
+  const int dev = out.device().index;
+  DeviceGuard guard(dev);
+  const int64_t rows = d.b * d.nh * d.s;
+  with_compute(out.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    attn_merge_kernel<C>
+        <<<static_cast<unsigned>((rows + 255) / 256), 256, 0, current_stream(dev)>>>(
+            out.raw_data(), lse.raw_data(), block_out.raw_data(), block_lse.raw_data(), d,
+            out.dtype(), ops::compute_dtype(out.dtype()));
+  });
+  MG_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -922,6 +988,7 @@ void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const
 void register_attention_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::attention_fwd>(kPlatformName, &attention_fwd, "cuda:kernel");
   r.register_op<ops::OpId::attention_bwd>(kPlatformName, &attention_bwd, "cuda:kernel");
+  r.register_op<ops::OpId::attention_merge>(kPlatformName, &attention_merge, "cuda:kernel");
 }
 
 }  // namespace mg::platforms::cuda

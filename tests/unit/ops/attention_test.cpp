@@ -2,9 +2,12 @@
 // and kernel dtype: causal and not, GQA (NH=4 with NG=2 and NG=1), doc_ids and cu_seqlens masks
 // (checked to equal running each document alone), padding rows (negative doc id), attention dropout
 // against the philox keep function, odd S and HD not a multiple of 8, S over several query blocks
-// (129, 200, 257); plus finite differences of dq/dk/dv in f64 on the cpu platform. The reference
-// backward goes through the softmax Jacobian, not the kernel's D_i = dO_i . O_i shortcut, so the
-// two are independent.
+// (129, 200, 257); keys of another length than the queries (Sk > Sq and Sk < Sq: bottom-right
+// aligned causal mask, kv_doc_ids, rows that attend nothing, the last Sq rows of a full causal
+// attention equal to Sq queries against all Sk keys); attention_merge of results over split keys
+// equal to the full attention; plus finite differences of dq/dk/dv in f64 on the cpu platform. The
+// reference backward goes through the softmax Jacobian, not the kernel's D_i = dO_i . O_i shortcut,
+// so the two are independent.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,11 +30,14 @@ struct AttnCase {
   std::vector<int32_t> doc_ids = {};     // [B*S] or empty
   std::vector<int32_t> cu_seqlens = {};  // [D+1] or empty
   ops::DropoutArgs dropout = {};
+  int64_t sk_ = 0;                       // keys; 0: S
+  std::vector<int32_t> kv_doc_ids = {};  // [B*Sk] or empty
 
+  int64_t sk() const { return sk_ > 0 ? sk_ : s; }
   int64_t q_numel() const { return s * b * nh * hd; }
-  int64_t kv_numel() const { return s * b * ng * hd; }
+  int64_t kv_numel() const { return sk() * b * ng * hd; }
   Shape q_shape() const { return {s, b, nh, hd}; }
-  Shape kv_shape() const { return {s, b, ng, hd}; }
+  Shape kv_shape() const { return {sk(), b, ng, hd}; }
 };
 
 struct AttnResult {
@@ -56,6 +62,8 @@ AttnResult ref_attention(const AttnCase& c, const std::vector<double>& q,
                          const std::vector<double>& dout) {
   const double scale = c.scale != 0.0f ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.hd));
   const auto docs = docs_of(c);
+  const auto& kdocs = c.kv_doc_ids.empty() ? docs : c.kv_doc_ids;
+  const int64_t sk = c.sk();
   auto qa = [&](int64_t s, int64_t b, int64_t h, int64_t e) {
     return ((s * c.b + b) * c.nh + h) * c.hd + e;
   };
@@ -72,14 +80,14 @@ AttnResult ref_attention(const AttnCase& c, const std::vector<double>& q,
     for (int64_t h = 0; h < c.nh; ++h) {
       const int64_t g = h / (c.nh / c.ng);
       for (int64_t i = 0; i < c.s; ++i) {
-        std::vector<double> sc(c.s), p(c.s, 0.0), z(c.s, 1.0);
-        std::vector<bool> ok(c.s, false);
+        std::vector<double> sc(sk), p(sk, 0.0), z(sk, 1.0);
+        std::vector<bool> ok(sk, false);
         bool any = false;
         double m = -INFINITY;
-        for (int64_t j = 0; j < c.s; ++j) {
-          ok[j] = !(c.causal && j > i);
+        for (int64_t j = 0; j < sk; ++j) {
+          ok[j] = !(c.causal && j > i + sk - c.s);  // bottom-right aligned
           if (!docs.empty())
-            ok[j] = ok[j] && docs[b * c.s + i] >= 0 && docs[b * c.s + j] == docs[b * c.s + i];
+            ok[j] = ok[j] && docs[b * c.s + i] >= 0 && kdocs[b * sk + j] == docs[b * c.s + i];
           if (!ok[j]) continue;
           any = true;
           double dot = 0;
@@ -93,32 +101,32 @@ AttnResult ref_attention(const AttnCase& c, const std::vector<double>& q,
           continue;
         }
         double l = 0;
-        for (int64_t j = 0; j < c.s; ++j)
+        for (int64_t j = 0; j < sk; ++j)
           if (ok[j]) l += std::exp(sc[j] - m);
         lse = m + std::log(l);
-        for (int64_t j = 0; j < c.s; ++j) {
+        for (int64_t j = 0; j < sk; ++j) {
           if (ok[j]) p[j] = std::exp(sc[j] - m) / l;
           if (c.dropout.p > 0.0f) {
-            const uint64_t e = c.dropout.offset + ((b * c.nh + h) * c.s + i) * c.s + j;
+            const uint64_t e = c.dropout.offset + ((b * c.nh + h) * c.s + i) * sk + j;
             z[j] = random::dropout_keep(c.dropout.seed, e, c.dropout.p)
                        ? 1.0 / (1.0 - static_cast<double>(c.dropout.p))
                        : 0.0;
           }
         }
-        for (int64_t j = 0; j < c.s; ++j)
+        for (int64_t j = 0; j < sk; ++j)
           for (int64_t e = 0; e < c.hd; ++e)
             r.out[qa(i, b, h, e)] += p[j] * z[j] * v[ka(j, b, g, e)];
         // Backward through out_i = sum_j p_j z_j v_j and the softmax Jacobian.
-        std::vector<double> dpz(c.s, 0.0);
+        std::vector<double> dpz(sk, 0.0);
         double sum_pdp = 0;
-        for (int64_t j = 0; j < c.s; ++j) {
+        for (int64_t j = 0; j < sk; ++j) {
           if (!ok[j]) continue;
           double da = 0;
           for (int64_t e = 0; e < c.hd; ++e) da += dout[qa(i, b, h, e)] * v[ka(j, b, g, e)];
           dpz[j] = da * z[j];
           sum_pdp += p[j] * dpz[j];
         }
-        for (int64_t j = 0; j < c.s; ++j) {
+        for (int64_t j = 0; j < sk; ++j) {
           if (!ok[j]) continue;
           const double ds = p[j] * (dpz[j] - sum_pdp);
           for (int64_t e = 0; e < c.hd; ++e) {
@@ -139,6 +147,8 @@ ops::AttentionArgs args_of(const AttnCase& c, Device dev) {
   a.dropout = c.dropout;
   if (!c.doc_ids.empty())
     a.doc_ids = Tensor::from_vector(c.doc_ids, {c.b, c.s}, DType::i32).to(dev);
+  if (!c.kv_doc_ids.empty())
+    a.kv_doc_ids = Tensor::from_vector(c.kv_doc_ids, {c.b, c.sk()}, DType::i32).to(dev);
   if (!c.cu_seqlens.empty())
     a.cu_seqlens =
         Tensor::from_vector(c.cu_seqlens, {static_cast<int64_t>(c.cu_seqlens.size())}, DType::i32)
@@ -420,8 +430,119 @@ TEST_P(AttentionOp, RejectsBadArguments) {
   EXPECT_THROW(ops.attention_fwd(out, lse_bad, q, k, v, a), Error);
   Tensor k3 = Tensor::zeros({7, 2, 3, 8}, dt, dev);
   EXPECT_THROW(ops.attention_fwd(out, lse, q, k3, k3, a), Error) << "NH % NG != 0";
+  Tensor k_b = Tensor::zeros({7, 1, 2, 8}, dt, dev);
+  EXPECT_THROW(ops.attention_fwd(out, lse, q, k_b, k_b, a), Error) << "B mismatch";
+  // Sk != Sq: fine alone; a document mask needs the keys' ids; cu_seqlens is refused.
   Tensor k_short = Tensor::zeros({6, 2, 2, 8}, dt, dev);
-  EXPECT_THROW(ops.attention_fwd(out, lse, q, k_short, k_short, a), Error) << "S mismatch";
+  EXPECT_NO_THROW(ops.attention_fwd(out, lse, q, k_short, k_short, a));
+  a.doc_ids = i32(std::vector<int32_t>(14, 0), {2, 7});
+  EXPECT_THROW(ops.attention_fwd(out, lse, q, k_short, k_short, a), Error) << "no kv_doc_ids";
+  a.kv_doc_ids = i32(std::vector<int32_t>(14, 0), {2, 7});
+  EXPECT_THROW(ops.attention_fwd(out, lse, q, k_short, k_short, a), Error) << "kv_doc_ids not Sk";
+  a.kv_doc_ids = i32(std::vector<int32_t>(12, 0), {2, 6});
+  EXPECT_NO_THROW(ops.attention_fwd(out, lse, q, k_short, k_short, a));
+  a.doc_ids = {};
+  expect_throw(a, "kv_doc_ids without doc_ids");
+  a = {};
+  a.cu_seqlens = i32({0, 3, 6}, {3});
+  EXPECT_THROW(ops.attention_fwd(out, lse, q, k_short, k_short, a), Error) << "cu_seqlens, Sk";
+}
+
+// Sk != Sq: a KV cache (Sk > Sq, causal bottom-right aligned) and a context-parallel block (any
+// Sk, with the keys' own document ids); Sk < Sq causal leaves the first Sq - Sk rows with nothing
+// to attend (out 0, lse -inf). Sizes cross the cpu kernel's 64-row blocks and the CUDA 64 tiles.
+TEST_P(AttentionOp, KeysOfAnotherLengthMatchReference) {
+  MG_SKIP_IF_UNAVAILABLE(platform());
+  const auto& ops = test::ops_on(platform());
+  const Device dev = test::device_for(platform());
+  std::vector<AttnCase> cases;
+  for (bool causal : {true, false}) {
+    cases.push_back({5, 2, 4, 2, 12, causal, 0.0f, {}, {}, {}, 13});    // Sk > Sq
+    cases.push_back({13, 2, 4, 1, 12, causal, 0.0f, {}, {}, {}, 5});    // Sk < Sq
+    cases.push_back({70, 1, 2, 2, 16, causal, 0.0f, {}, {}, {}, 200});  // tiles
+    cases.push_back({150, 1, 2, 1, 8, causal, 0.0f, {}, {}, {}, 67});   // tiles, Sk < Sq
+    cases.push_back({1, 2, 4, 2, 8, causal, 0.3f, {}, {}, {}, 9});      // one query (decode)
+    AttnCase docs{6, 2, 4, 2, 12, causal, 0.0f, {}, {}, {}, 10};        // CP-like block
+    docs.doc_ids = {3, 3, 4, 4, 4, -1, 5, 5, 5, 5, 5, 5};
+    docs.kv_doc_ids = {1, 3, 3, 3, 4, 4, 2, 2, -1, 4, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5};
+    docs.dropout = {0.2f, 31, 3};
+    cases.push_back(docs);
+    AttnCase none = docs;  // no key of the queries' documents: every row attends nothing
+    none.kv_doc_ids.assign(20, 8);
+    none.dropout = {};
+    cases.push_back(none);
+  }
+  uint64_t seed = 900;
+  for (const auto& c : cases) {
+    const auto in = make_inputs(c, dtype(), seed += 10);
+    const auto got = run_kernel(ops, dev, dtype(), c, in.q, in.k, in.v, in.dout);
+    EXPECT_TRUE(results_close(got, ref_attention(c, in.q, in.k, in.v, in.dout), dtype()))
+        << "Sq " << c.s << " Sk " << c.sk() << " causal " << c.causal << " docs "
+        << !c.doc_ids.empty();
+    for (const auto* x : {&got.out, &got.dq, &got.dk, &got.dv})
+      for (double e : *x) EXPECT_TRUE(std::isfinite(e));
+  }
+  // The last Sq rows of a causal attention over Sk tokens equal Sq queries against all Sk keys.
+  AttnCase full{90, 2, 4, 2, 12, true};
+  const auto in = make_inputs(full, dtype(), 990);
+  const auto want = run_kernel(ops, dev, dtype(), full, in.q, in.k, in.v, in.dout);
+  const int64_t sq = 20, row = full.b * full.nh * full.hd, first = full.s - sq;
+  AttnCase tail{sq, full.b, full.nh, full.ng, full.hd, true, 0.0f, {}, {}, {}, full.s};
+  auto last = [&](const std::vector<double>& x) {
+    return std::vector<double>(x.begin() + first * row, x.end());
+  };
+  const auto got = run_kernel(ops, dev, dtype(), tail, last(in.q), in.k, in.v, last(in.dout));
+  EXPECT_TRUE(test::all_close(got.out, last(want.out), test::tolerance(dtype())));
+  EXPECT_TRUE(test::all_close(got.dq, last(want.dq), test::tolerance(dtype())));
+}
+
+// attention_merge: the results over two disjoint key sets, merged by log-sum-exp, equal the result
+// over their union; rows that attend nothing in one half (lse -inf there) or in both (out 0, lse
+// -inf) stay finite.
+TEST_P(AttentionOp, MergeOfKeySplitsEqualsFullAttention) {
+  MG_SKIP_IF_UNAVAILABLE(platform());
+  const auto& ops = test::ops_on(platform());
+  const Device dev = test::device_for(platform());
+  const DType dt = dtype();
+  const int64_t sq = 9, sk = 14, split = 6, b = 2, nh = 4, ng = 2, hd = 8;
+  AttnCase c{sq, b, nh, ng, hd, false, 0.0f, {}, {}, {}, sk};
+  // Query documents; key documents: document 2 only in the second split, 3 nowhere, -1 padding.
+  c.doc_ids = {0, 0, 1, 1, 2, 2, 3, -1, 0, 4, 4, 4, 4, 4, 4, 4, 4, 4};
+  c.kv_doc_ids = {0, 0, 1, 1, 1, 0, 2, 2, 1, 0, 0, -1, 2, 2,   // b0
+                  4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4,  4, 4};  // b1
+  const auto in = make_inputs(c, dt, 950);
+  const auto want = ref_attention(c, in.q, in.k, in.v, in.dout);
+  const Tensor q = make_tensor(in.q, c.q_shape(), dt, dev).t;
+  const Tensor k = make_tensor(in.k, c.kv_shape(), dt, dev).t;
+  const Tensor v = make_tensor(in.v, c.kv_shape(), dt, dev).t;
+  auto part_ids = [&](int64_t lo, int64_t n) {
+    std::vector<int32_t> o;
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t j = lo; j < lo + n; ++j) o.push_back(c.kv_doc_ids[r * sk + j]);
+    return Tensor::from_vector(o, {b, n}, DType::i32).to(dev);
+  };
+  Tensor out = Tensor::empty(c.q_shape(), dt, dev),
+         lse = Tensor::empty({b, nh, sq}, lse_dtype(dt), dev);
+  Tensor bo = Tensor::empty(c.q_shape(), dt, dev),
+         bl = Tensor::empty({b, nh, sq}, lse_dtype(dt), dev);
+  ops::AttentionArgs a = args_of(c, dev);
+  a.kv_doc_ids = part_ids(0, split);
+  ops.attention_fwd(out, lse, q, k.slice(0, split), v.slice(0, split), a);
+  a.kv_doc_ids = part_ids(split, sk - split);
+  ops.attention_fwd(bo, bl, q, k.slice(split, sk - split), v.slice(split, sk - split), a);
+  ops.attention_merge(out, lse, bo, bl);
+  EXPECT_TRUE(test::all_close(to_doubles(out), want.out, test::tolerance(dt)));
+  const auto got_lse = to_doubles(lse);
+  for (std::size_t i = 0; i < got_lse.size(); ++i) {
+    if (std::isinf(want.lse[i]))
+      EXPECT_EQ(got_lse[i], want.lse[i]) << i;
+    else
+      EXPECT_NEAR(got_lse[i], want.lse[i], 1e-5 * (1 + std::abs(want.lse[i]))) << i;
+  }
+  for (double e : to_doubles(out)) EXPECT_TRUE(std::isfinite(e));
+  // Shapes must agree.
+  Tensor small = Tensor::empty({sq - 1, b, nh, hd}, dt, dev);
+  EXPECT_THROW(ops.attention_merge(out, lse, small, bl), Error);
 }
 
 MG_INSTANTIATE_OP_TEST(AttentionOp);
@@ -462,6 +583,14 @@ TEST(AttentionGradient, FiniteDifferencesCausalGqaF64) {
 
 TEST(AttentionGradient, FiniteDifferencesNonCausalMqaF64) {
   check_finite_differences({5, 1, 4, 1, 6, false, 0.7f});
+}
+
+TEST(AttentionGradient, FiniteDifferencesKeysOfAnotherLengthF64) {
+  check_finite_differences({4, 1, 2, 1, 5, true, 0.0f, {}, {}, {}, 7});
+  AttnCase c{6, 1, 2, 2, 4, true, 0.0f, {}, {}, {}, 3};
+  c.doc_ids = {0, 0, 1, 1, 1, 1};
+  c.kv_doc_ids = {0, 1, 1};
+  check_finite_differences(c);
 }
 
 TEST(AttentionGradient, FiniteDifferencesDocumentsPaddingDropoutF64) {
