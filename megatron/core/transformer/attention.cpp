@@ -75,6 +75,29 @@ ops::AttentionArgs SelfAttention::attention_args(const AttentionInputs& in,
   return a;
 }
 
+Tensor SelfAttention::new_lse(int64_t s, int64_t b) const {
+  const Shape shape = ctx_.cp.active() ? Shape{2, b, nh_, s / 2} : Shape{b, nh_, s};
+  return Tensor::empty(shape, ctx_.stat_dtype(), ctx_.device);
+}
+
+void SelfAttention::core_attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const ops::AttentionArgs& a) const {
+  if (ctx_.cp.active())
+    cp_attention_fwd(ctx_.op(), ctx_.cp, out, lse, q, k, v, a);
+  else
+    ctx_.op().attention_fwd(out, lse, q, k, v, a);
+}
+
+void SelfAttention::core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                                       const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& lse,
+                                       const ops::AttentionArgs& a) const {
+  if (ctx_.cp.active())
+    cp_attention_bwd(ctx_.op(), ctx_.cp, dq, dk, dv, dout, q, k, v, out, lse, a);
+  else
+    ctx_.op().attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, a);
+}
+
 ops::RopeArgs SelfAttention::rope_args(const AttentionInputs& in) const {
   const TransformerConfig& c = *ctx_.config;
   ops::RopeArgs a;
@@ -127,8 +150,8 @@ Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInpu
   saved.k = k;
   saved.v = v;
   Tensor out = ctx_.empty({s, b, nh_, hd_});
-  Tensor lse = Tensor::empty({b, nh_, s}, ctx_.stat_dtype(), ctx_.device);
-  ctx_.op().attention_fwd(out, lse, q, k, v, attention_args(in, attn_dropout));
+  Tensor lse = new_lse(s, b);
+  core_attention_fwd(out, lse, q, k, v, attention_args(in, attn_dropout));
   Tensor y = linear_fwd(ctx_, out.view({n, nh_ * hd_}), proj_w_.value);  // [N, H]
   if (keep_core_out) {
     saved.out = out;
@@ -143,8 +166,8 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
   const ops::AttentionArgs aa = attention_args(in, attn_dropout);
   if (!saved.out.defined()) {  // selective recompute: core attention again, same dropout mask
     saved.out = ctx_.empty({s, b, nh_, hd_});
-    saved.lse = Tensor::empty({b, nh_, s}, ctx_.stat_dtype(), ctx_.device);
-    ctx_.op().attention_fwd(saved.out, saved.lse, saved.q, saved.k, saved.v, aa);
+    saved.lse = new_lse(s, b);
+    core_attention_fwd(saved.out, saved.lse, saved.q, saved.k, saved.v, aa);
   }
   // linear_proj: d(out) [N, NH HD], dW_proj += dy^T out.
   const Tensor dyt = tp_region_exit_bwd(ctx_, dy);  // [S, B, H]
@@ -154,8 +177,8 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
   Tensor dq = ctx_.empty({s, b, nh_, hd_});
   Tensor dk = ctx_.empty({s, b, ng_, hd_});
   Tensor dv = ctx_.empty({s, b, ng_, hd_});
-  ctx_.op().attention_bwd(dq, dk, dv, dout.view({s, b, nh_, hd_}), saved.q, saved.k, saved.v,
-                          saved.out, saved.lse, aa);
+  core_attention_bwd(dq, dk, dv, dout.view({s, b, nh_, hd_}), saved.q, saved.k, saved.v, saved.out,
+                     saved.lse, aa);
   saved.out = Tensor();
   saved.lse = Tensor();
   if (rope_) {

@@ -11,6 +11,8 @@
 // (linear_qkv rows, column-parallel) and the matching linear_proj columns (row-parallel); the
 // input enters the TP region by copy (or SP all-gather) and the output leaves by all-reduce (or
 // SP reduce-scatter), tensor_parallel/mappings.h. NH and NH/NG below are this rank's.
+// Context parallelism (ctx.cp active): S is this rank's two sequence chunks (2C tokens); only core
+// attention crosses the CP group (context_parallel.h), and its lse is then [2, B, NH, C].
 #pragma once
 
 #include <memory>
@@ -36,7 +38,8 @@ class SelfAttention {
     Tensor q, k, v;       // after qk-norm and rope: [S, B, NH, HD], [S, B, NG, HD]
     Tensor q_pre, k_pre;  // before q/k layernorm (qk_layernorm only)
     Norm::Saved q_norm, k_norm;
-    Tensor out, lse;  // core attention [S, B, NH, HD], [B, NH, S]; empty when recomputed
+    Tensor out, lse;  // core attention [S, B, NH, HD], [B, NH, S] (CP: [2, B, NH, S/2]); empty
+                      // when recomputed
     Tensor input;     // TP > 1: the input gathered/copied into the TP region [S, B, H]
   };
 
@@ -66,6 +69,13 @@ class SelfAttention {
   ops::AttentionArgs attention_args(const AttentionInputs& in,
                                     const ops::DropoutArgs& attn_dropout) const;
   ops::RopeArgs rope_args(const AttentionInputs& in) const;
+  // Core attention on this rank's heads, across the CP group when ctx.cp is active.
+  Tensor new_lse(int64_t s, int64_t b) const;
+  void core_attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const ops::AttentionArgs& a) const;
+  void core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const ops::AttentionArgs& a) const;
   // Row blocks of grouped [(NH+2NG) HD, ..] into q [NH HD, ..], k, v [NG HD, ..] (copies).
   void ungroup(const Tensor& grouped, Tensor& q, Tensor& k, Tensor& v) const;
   // grouped += the row blocks of q, k, v (axpy per block).

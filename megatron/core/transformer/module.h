@@ -20,6 +20,7 @@
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/tensor_parallel/sharding.h"
+#include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/transformer/parameter.h"
 #include "megatron/core/transformer/transformer_config.h"
 
@@ -35,6 +36,9 @@ struct ModuleContext {
   // whether activations outside the TP regions are sequence shards [S/TP, B, H].
   comm::ProcessGroup* tp_group = nullptr;
   bool sequence_parallel = false;
+  // Context parallelism (context_parallel.h): this rank holds sequence chunks r and 2 CP - 1 - r;
+  // core attention runs across the CP group. Inactive by default.
+  ContextParallel cp;
   const ops::OpTable& op() const { return *ops; }
   int64_t tp_rank() const { return tp_group ? tp_group->rank() : 0; }
   int64_t tp_size() const { return tp_group ? tp_group->size() : 1; }
