@@ -206,6 +206,15 @@ void add_training_flags(ArgParser& p, TrainingConfig& tr, CheckpointConfig& c, L
                "load the model only and start at iteration 0 with fresh optimizer and data");
   p.add_switch("--exit-on-missing-checkpoint", c.exit_on_missing_checkpoint, true,
                "fail when --load has no checkpoint");
+  // ---- checkpoint format (checkpoint helper) ----
+  p.add_choice(
+      "--ckpt-format", {"sharded", "legacy"}, [&c](const std::string& v) { c.ckpt_format = v; },
+      "checkpoint format: sharded (loads into any TP/PP/DP layout; default) or legacy (the "
+      "previous same-layout files)");
+  p.add_switch("--auto-detect-ckpt-format", c.auto_detect_ckpt_format, true,
+               "load a checkpoint of either format whatever --ckpt-format says");
+  p.add_switch("--async-save", c.async_save, true,
+               "write checkpoints from a background thread after a host copy (sharded format)");
   p.add("--log-interval", l.log_interval, "iterations between log lines (100)");
   p.add("--peak-tflops", l.peak_tflops, "device peak dense TFLOP/s for MFU");
   p.add_switch("--log-params-norm", l.log_params_norm, true, "log the parameters' L2 norm");

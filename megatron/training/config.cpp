@@ -45,6 +45,10 @@ void CheckpointConfig::validate() const {
   if (save) MG_CHECK(!save->empty(), "--save needs a directory");
   if (load) MG_CHECK(!load->empty(), "--load needs a directory");
   MG_CHECK(!finetune || load.has_value(), "--finetune needs --load DIR (the model to start from)");
+  MG_CHECK(ckpt_format == "sharded" || ckpt_format == "legacy",
+           "--ckpt-format " << ckpt_format << " is not supported (valid: sharded, legacy)");
+  MG_CHECK(!async_save || ckpt_format == "sharded",
+           "--async-save needs --ckpt-format sharded, got --ckpt-format " << ckpt_format);
 }
 
 void LoggingConfig::validate() const {

@@ -47,6 +47,12 @@ struct CheckpointConfig {
   bool no_load_rng = false;              // --no-load-rng
   bool finetune = false;                 // --finetune: load the model only; iteration starts at 0
   bool exit_on_missing_checkpoint = false;  // --exit-on-missing-checkpoint
+  // Checkpoint format (checkpointing.h): --ckpt-format sharded (resharding, default) | legacy
+  // (the previous same-layout files); --auto-detect-ckpt-format loads either; --async-save writes
+  // from a background thread after a host copy (sharded only).
+  std::string ckpt_format = "sharded";
+  bool auto_detect_ckpt_format = false;
+  bool async_save = false;
 
   void validate() const;
 };

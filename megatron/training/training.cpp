@@ -118,6 +118,7 @@ void save(Run& r) {
   st.consumed_train_samples = r.consumed_train;
   st.consumed_valid_samples = r.consumed_valid;
   st.floating_point_operations_so_far = r.flops_so_far;
+  st.vocab_size = r.model->vocab_size();
   if (!c.no_save_optim) {
     st.optimizer = r.opt->state_dict();
     st.scheduler = r.scheduler->state_dict();
@@ -125,11 +126,19 @@ void save(Run& r) {
   if (!c.no_save_rng) st.rng = nlohmann::json{{"seed", r.rng_seed}};
   st.args = given_args_json(r.args);
   r.timers.start("save-checkpoint");
-  save_checkpoint(*c.save, r.model->parameters(), st, checkpoint_ranks(r));
+  SaveOptions so;
+  so.format = c.ckpt_format;
+  so.async = c.async_save;
+  const CheckpointIOStats io = save_checkpoint(*c.save, r.model->parameters(), st,
+                                               checkpoint_ranks(r), so);
   const double s = r.timers.stop("save-checkpoint");
-  r.log << "  successfully saved checkpoint from iteration " << std::setw(7) << r.iteration
-        << " to " << *c.save << " [ t " << std::fixed << std::setprecision(2) << s * 1000.0
-        << " ms ]" << std::defaultfloat << std::endl;
+  r.log << "  successfully " << (io.async ? "started saving" : "saved")
+        << " checkpoint from iteration " << std::setw(7) << r.iteration << " to " << *c.save
+        << " [ t " << std::fixed << std::setprecision(2) << s * 1000.0 << " ms, "
+        << io.total_bytes / 1e9 << " GB, " << std::setprecision(3)
+        << io.total_bytes / 1e9 / std::max(s, 1e-9) << " GB/s"
+        << (io.async ? " to host memory; written in the background" : "") << " ]"
+        << std::defaultfloat << std::endl;
   r.result.saved_iteration = r.iteration;
 }
 
@@ -148,6 +157,10 @@ void load(Run& r) {
   LoadOptions o;
   o.load_optimizer = !c.no_load_optim && !c.finetune;
   o.load_rng = !c.no_load_rng && !c.finetune;
+  o.format = c.ckpt_format;
+  o.auto_detect_format = c.auto_detect_ckpt_format;
+  o.vocab_size = r.model->vocab_size();
+  if (o.load_optimizer) o.optimizer_template = r.opt->state_dict();
   CheckpointState st = load_checkpoint(*c.load, r.model->parameters(), o, checkpoint_ranks(r));
   if (st.optimizer)
     r.opt->load_state_dict(*st.optimizer);
@@ -162,7 +175,12 @@ void load(Run& r) {
     r.flops_so_far = st.floating_point_operations_so_far;
   }
   r.log << "  successfully loaded checkpoint from " << *c.load << " at iteration " << st.iteration
-        << (c.finetune ? " (--finetune: starting at iteration 0)" : "") << std::endl;
+        << (c.finetune ? " (--finetune: starting at iteration 0)" : "") << " [" << st.format;
+  if (st.io_seconds > 0)
+    r.log << ", " << std::fixed << std::setprecision(2) << st.io_seconds * 1000.0 << " ms, "
+          << std::setprecision(3) << st.io_bytes / 1e9 / st.io_seconds << " GB/s read by this rank"
+          << std::defaultfloat;
+  r.log << "]" << std::endl;
 }
 
 // "a 1\nb 2\n..." -> "\n  a=1, b=2, ..." wrapped at about 100 columns.
@@ -604,6 +622,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   }
   const auto& c = args.checkpoint;
   if (c.save && r.iteration > start_iteration && r.result.saved_iteration != r.iteration) save(r);
+  if (finalize_async_save()) r.log << "  finished the background checkpoint save" << std::endl;
   r.result.iteration = r.iteration;
   r.result.consumed_train_samples = r.consumed_train;
   return r.result;

@@ -29,12 +29,12 @@ compare() {  # compare <reference> <candidate> <what>
 "$@" -np "$np" "$bin" $args > "$work/dp.log" 2>&1 || { cat "$work/dp.log"; exit 1; }
 compare "$work/single.log" "$work/dp.log" "np $np"
 
-# Distributed optimizer + overlap: save at iteration 2, resume to 4 (each rank its own optimizer
-# shard file): the same losses as the single-rank run.
+# Distributed optimizer + overlap: save at iteration 2, resume to 4 (each rank writes its own
+# optimizer pieces): the same losses as the single-rank run.
 dopt="--use-distributed-optimizer --overlap-grad-reduce --ddp-bucket-size 2000"
 "$@" -np "$np" "$bin" $args $dopt --save "$work/ckpt" --save-interval 2 --exit-interval 2 \
   > "$work/first.log" 2>&1 || { cat "$work/first.log"; exit 1; }
-ls "$work/ckpt/iter_0000002/optimizer_rank_00000.safetensors" > /dev/null
+ls "$work/ckpt/iter_0000002/rank_00000.safetensors" > /dev/null
 "$@" -np "$np" "$bin" $args $dopt --load "$work/ckpt" > "$work/second.log" 2>&1 \
   || { cat "$work/second.log"; exit 1; }
 cat "$work/first.log" "$work/second.log" > "$work/resumed.log"

@@ -2,7 +2,8 @@
 # pretrain_gpt with tensor (+ sequence) parallelism under mpirun prints the same lm loss and grad
 # norm values as the single-rank run. np 2: TP 2 with SP off and on; np 4: TP 2 x DP 2 with
 # --sequence-parallel --use-distributed-optimizer. Each also saves a checkpoint at iteration 2 and
-# resumes from it (same layout): the losses equal the uninterrupted run's. The vocabulary (301) is not divisible by TP;
+# resumes from it (same layout; np 2 also in the legacy format, which refuses another layout): the
+# losses equal the uninterrupted run's. The vocabulary (301) is not divisible by TP;
 # --make-vocab-size-divisible-by 4 pads it to 304 for TP 1 and 2 alike (Megatron pads to a
 # multiple of divisible-by x TP, so the padded vocabulary, and the loss, would otherwise differ).
 # usage: pretrain_gpt_tp.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
@@ -68,18 +69,29 @@ if [ "$np" -eq 2 ]; then
   run "$work/tp2sp.log" 2 --tensor-model-parallel-size 2 --sequence-parallel
   compare "$work/single.log" "$work/tp2sp.log" "TP 2 + SP"
   compare_zeros 2 "TP 2" --tensor-model-parallel-size 2
-  # Same-layout checkpoints: save at iteration 2, resume to the end (per-TP-rank model shards).
+  # Same-layout checkpoints: save at iteration 2, resume to the end (one file per rank).
   save_resume "$work/ckpt" 2 "TP 2" --tensor-model-parallel-size 2
-  ls "$work/ckpt/iter_0000002/model_tp_00.safetensors" \
-    "$work/ckpt/iter_0000002/model_tp_01.safetensors" \
-    "$work/ckpt/iter_0000002/optimizer_tp_01.safetensors" > /dev/null
-  # A different layout is refused naming both.
-  if "$bin" $args --load "$work/ckpt" > "$work/bad.log" 2>&1; then
-    echo "FAIL: a TP 2 checkpoint loaded with TP 1"; cat "$work/bad.log"; exit 1
+  ls "$work/ckpt/iter_0000002/rank_00000.safetensors" \
+    "$work/ckpt/iter_0000002/rank_00001.safetensors" > /dev/null
+  # The legacy format (per-TP-rank model shards) still saves and resumes ...
+  save_resume "$work/legacy" 2 "TP 2 legacy format" --tensor-model-parallel-size 2 \
+    --ckpt-format legacy
+  ls "$work/legacy/iter_0000002/model_tp_00.safetensors" \
+    "$work/legacy/iter_0000002/model_tp_01.safetensors" \
+    "$work/legacy/iter_0000002/optimizer_tp_01.safetensors" > /dev/null
+  # ... and a different layout is refused naming both.
+  if "$bin" $args --load "$work/legacy" --auto-detect-ckpt-format > "$work/bad.log" 2>&1; then
+    echo "FAIL: a legacy TP 2 checkpoint loaded with TP 1"; cat "$work/bad.log"; exit 1
   fi
   grep -q "saved with layout TP 2 x DP 1.*this run has TP 1 x DP 1" "$work/bad.log" \
     || { cat "$work/bad.log"; exit 1; }
-  echo "ok TP 2 checkpoint refused by TP 1"
+  # Without --auto-detect-ckpt-format the format must match --ckpt-format.
+  if "$bin" $args --load "$work/legacy" > "$work/bad.log" 2>&1; then
+    echo "FAIL: a legacy checkpoint loaded with --ckpt-format sharded"; exit 1
+  fi
+  grep -q "is in the legacy format but this run has --ckpt-format sharded" "$work/bad.log" \
+    || { cat "$work/bad.log"; exit 1; }
+  echo "ok legacy TP 2 checkpoint refused by TP 1 and by --ckpt-format sharded"
 else
   run "$work/tp2dp.log" "$np" --tensor-model-parallel-size 2 --sequence-parallel \
     --use-distributed-optimizer
@@ -88,6 +100,5 @@ else
     --tensor-model-parallel-size 2 --use-distributed-optimizer
   save_resume "$work/ckpt" "$np" "TP 2 x DP $((np / 2)) + SP + distributed optimizer" \
     --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer
-  ls "$work/ckpt/iter_0000002/model_tp_01.safetensors" \
-    "$work/ckpt/iter_0000002/optimizer_tp_01_rank_00001.safetensors" > /dev/null
+  ls "$work/ckpt/iter_0000002/rank_00003.safetensors" > /dev/null
 fi
