@@ -7,6 +7,7 @@
 #   4. pretrain_gpt: a 2-layer GPT, loss falling from ln(vocab) to well under half of it, with
 #      validation loss, and a checkpoint saved under <build>/demo/checkpoints
 #   5. resume: one more stretch loaded from that checkpoint (exact resume)
+#   then: generate prints text sampled from the trained model (greedy and top-k/top-p)
 # Installs bible-kjv and sentencepiece when missing (root or sudo). Outputs go to <build>/demo/.
 set -euo pipefail
 build=${1:-build}
@@ -80,3 +81,10 @@ awk -F'lm loss: ' '/ iteration .*lm loss: / { split($2, v, " "); if (first == ""
         first, last, log(2000) }' "$work/train.log"
 echo "checkpoints: $(ls -d "$work"/checkpoints/iter_* | xargs -n1 basename | tr '\n' ' ')"
 echo "latest: $(cat "$work/checkpoints/latest_checkpointed_iteration.txt")"
+
+echo
+echo "== generate: a sample from the trained model (KV cache; greedy, then top-k/top-p sampling) =="
+"$build/bin/generate" --load "$work/checkpoints" --prompt "And God said" --max-new-tokens 32 \
+  --greedy
+"$build/bin/generate" --load "$work/checkpoints" --prompt "In the beginning" --max-new-tokens 48 \
+  --temperature 0.8 --top-k 40 --top-p 0.95 --seed 1234

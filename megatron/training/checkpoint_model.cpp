@@ -69,7 +69,8 @@ std::vector<std::string> checkpoint_command_line(const nlohmann::json& metadata,
 
 CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::OpTable& ops,
                                            Device device, const std::vector<std::string>& overrides,
-                                           std::optional<int64_t> iteration) {
+                                           std::optional<int64_t> iteration,
+                                           const CheckpointRanks& ranks) {
   const nlohmann::json meta = read_checkpoint_metadata(root, iteration);
   MG_CHECK(
       meta.contains("args") && !meta["args"].empty(),
@@ -82,13 +83,21 @@ CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::O
     MG_THROW("the flags recorded in checkpoint '" << root << "' do not parse: " << e.what());
   }
   cm.tokenizer = tokenizers::build_tokenizer(cm.args.tokenizer);
-  cm.model =
-      std::make_unique<models::GPTModel>(cm.args.model, cm.tokenizer->vocab_size(), ops, device);
+  if (ranks.tp_group && ranks.tp_group->size() > 1) {
+    models::GPTModelParallel par;
+    par.tp_group = ranks.tp_group.get();
+    cm.model = std::make_unique<models::GPTModel>(
+        cm.args.model, cm.tokenizer->vocab_size(), ops, device,
+        models::get_gpt_layer_with_transformer_engine_spec(cm.args.model), par);
+  } else {
+    cm.model =
+        std::make_unique<models::GPTModel>(cm.args.model, cm.tokenizer->vocab_size(), ops, device);
+  }
   LoadOptions o;
   o.load_optimizer = false;
   o.load_rng = false;
   o.iteration = iteration;
-  cm.state = load_checkpoint(root, cm.model->parameters(), o);
+  cm.state = load_checkpoint(root, cm.model->parameters(), o, ranks);
   return cm;
 }
 

@@ -9,8 +9,8 @@
 // the record lacks them. load_model_from_checkpoint() then builds the tokenizer and a single-rank
 // GPTModel of that config (vocabulary from the tokenizer, padded as in training) and loads the
 // parameters (no optimizer, no RNG).
-// Not done: building a TP/PP-sharded model for inference (one rank holds the whole model; a
-// checkpoint saved with TP > 1 loads here once checkpoints reshard).
+// With CheckpointRanks::tp_group the model is built tensor-parallel over that group (generate under
+// mpirun). Not done: pipeline stages (one rank holds every layer).
 #pragma once
 
 #include <cstdint>
@@ -43,9 +43,12 @@ struct CheckpointModel {
 };
 
 // Builds the model of the checkpoint under `root` on `device` with `ops` and loads its weights.
+// `ranks.tp_group` (size > 1): every rank of that group calls this and builds its tensor-parallel
+// shard of the model (vocab-parallel logits); the other groups are passed to load_checkpoint.
 CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::OpTable& ops,
                                            Device device,
                                            const std::vector<std::string>& overrides = {},
-                                           std::optional<int64_t> iteration = std::nullopt);
+                                           std::optional<int64_t> iteration = std::nullopt,
+                                           const CheckpointRanks& ranks = {});
 
 }  // namespace mg::training
