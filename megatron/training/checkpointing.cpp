@@ -874,6 +874,11 @@ class ShardedReader {
                                    << shape_str(en.shape) << ", metadata.json says "
                                    << dist_checkpointing::safetensors_dtype(e.dtype) << " with "
                                    << sp.t.numel() << " elements (corrupt checkpoint)");
+      // A piece needed whole is read ahead in one go rather than page by page.
+      if (sp.t.whole_box() &&
+          dist_checkpointing::box_overlap(sp.t.global_offset, sp.t.local_shape, offset, shape) ==
+              shape_numel(sp.t.local_shape))
+        f.prefetch(sp.tensor);
       const int64_t n =
           dist_checkpointing::copy_overlap(sp.t, f.bytes(sp.tensor).data(), offset, shape,
                                            static_cast<std::byte*>(dst.raw_data()), es);

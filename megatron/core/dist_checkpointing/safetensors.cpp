@@ -220,6 +220,15 @@ std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const
   return {static_cast<const std::byte*>(map_) + data_start_ + e.begin, e.end - e.begin};
 }
 
+void SafetensorsFile::prefetch(const std::string& name) const {
+  const auto b = bytes(name);
+  if (b.empty()) return;
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const auto start = reinterpret_cast<std::uintptr_t>(b.data());
+  const std::uintptr_t aligned = start - start % static_cast<std::uintptr_t>(page);
+  ::madvise(reinterpret_cast<void*>(aligned), b.size() + (start - aligned), MADV_WILLNEED);
+}
+
 Tensor SafetensorsFile::tensor(const std::string& name) const {
   const auto& e = entry(name);
   Tensor t = Tensor::empty(e.shape, dtype_from_safetensors(e.dtype));

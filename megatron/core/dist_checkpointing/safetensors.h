@@ -54,6 +54,9 @@ class SafetensorsFile {
   const SafetensorsEntry& entry(const std::string& name) const;
   // The raw little-endian bytes of a tensor, inside the mapping.
   std::span<const std::byte> bytes(const std::string& name) const;
+  // Asks the kernel to read the tensor's pages ahead (madvise WILLNEED; a hint, errors ignored):
+  // one large read-ahead instead of a page fault per 4 KiB when copying out of the mapping.
+  void prefetch(const std::string& name) const;
   // A host tensor holding a copy of the named tensor.
   Tensor tensor(const std::string& name) const;
 
