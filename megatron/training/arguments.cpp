@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/pipeline_parallel/layer_layout.h"
 #include "megatron/training/arg_parser.h"
 
 namespace mg::training {
@@ -22,6 +23,7 @@ struct Pending {
   bool recompute_activations = false;
   std::optional<int64_t> num_query_groups;
   std::optional<std::string> yaml_cfg;
+  std::optional<int64_t> virtual_pipeline_model_parallel_size;  // resolved with the layout
 };
 
 void add_model_flags(ArgParser& p, transformer::TransformerConfig& m, Pending& x) {
@@ -257,6 +259,16 @@ Arguments parse_args(const std::vector<std::string>& raw) {
         "tensor-parallel ranks (1); the world size must be a multiple");
   p.add_switch("--sequence-parallel", a.sequence_parallel, true,
                "shard norms/dropout over the sequence across TP ranks (needs TP > 1)");
+  p.add("--pipeline-model-parallel-size", a.pipeline_model_parallel_size,
+        "pipeline stages (1); the world size must be a multiple of TP x PP");
+  p.add("--virtual-pipeline-model-parallel-size", x.virtual_pipeline_model_parallel_size,
+        "model chunks per pipeline rank: the interleaved 1F1B schedule");
+  p.add("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage,
+        "layers per virtual pipeline stage (interleaved schedule)");
+  p.add("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers,
+        "layers of the first pipeline stage (uneven split)");
+  p.add("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers,
+        "layers of the last pipeline stage (uneven split)");
   add_ddp_flags(p, a.ddp);
   a.help_text = p.help();
 
@@ -346,6 +358,16 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       a.sequence_parallel = false;
       a.sequence_parallel_disabled = true;
     }
+  }
+
+  {
+    // Pipeline layout checked before any work (the loop builds it again per rank).
+    const auto layout = pipeline_parallel::make_pipeline_layout(
+        a.model.num_layers, a.pipeline_model_parallel_size,
+        static_cast<int>(x.virtual_pipeline_model_parallel_size.value_or(1)),
+        a.num_layers_per_virtual_pipeline_stage, a.decoder_first_pipeline_num_layers,
+        a.decoder_last_pipeline_num_layers);
+    a.virtual_pipeline_model_parallel_size = layout.vp;
   }
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "

@@ -55,6 +55,16 @@ struct Arguments {
   int32_t tensor_model_parallel_size = 1;
   bool sequence_parallel = false;
   bool sequence_parallel_disabled = false;
+  // Pipeline parallelism: --pipeline-model-parallel-size (layers split evenly, or unevenly with
+  // --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers) and interleaving
+  // with --virtual-pipeline-model-parallel-size or --num-layers-per-virtual-pipeline-stage
+  // (mutually exclusive; parse_args resolves virtual_pipeline_model_parallel_size from either,
+  // 1 = no interleaving). Validated by pipeline_parallel::make_pipeline_layout.
+  int32_t pipeline_model_parallel_size = 1;
+  int32_t virtual_pipeline_model_parallel_size = 1;
+  std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
+  std::optional<int64_t> decoder_first_pipeline_num_layers;
+  std::optional<int64_t> decoder_last_pipeline_num_layers;
 
   bool help = false;      // --help / -h: print help_text and exit 0
   std::string help_text;  // every flag, one per line

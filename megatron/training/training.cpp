@@ -18,6 +18,7 @@
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer/optimizer_param_scheduler.h"
 #include "megatron/core/parallel_state.h"
+#include "megatron/core/pipeline_parallel/layer_layout.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
 #include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
@@ -64,6 +65,10 @@ struct Run {
   Runtime* rt = nullptr;
   comm::ProcessGroupPtr dp_group;
   comm::ProcessGroupPtr tp_group;  // null without tensor parallelism
+  comm::ProcessGroupPtr pp_group;  // null without pipeline parallelism
+  // Pipelining with tied embeddings: the first and last stage of this pipeline (null elsewhere).
+  comm::ProcessGroupPtr embedding_group;
+  pipeline_parallel::PipelineLayout layout;
   comm::ProcessGroupPtr world_group;
   std::unique_ptr<models::GPTModel> model;
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
@@ -79,6 +84,7 @@ struct Run {
   double flops_per_iter = 0.0;
   Timers timers;
   PretrainResult result;
+  int64_t peak_activation_bytes = 0, max_in_flight = 0;  // pipelining, over the run
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 };
 
@@ -107,6 +113,7 @@ CheckpointRanks checkpoint_ranks(const Run& r) {
   ranks.group = r.dp_group;
   ranks.tp_group = r.tp_group;
   ranks.world = r.world_group;
+  ranks.pp_group = r.pp_group;  // stages hold other (global) names; the tied copy is a replica
   ranks.optimizer_sharded = r.args.ddp.use_distributed_optimizer;
   return ranks;
 }
@@ -220,6 +227,17 @@ std::string tensor_parallel_summary(const Run& r) {
   return s.str();
 }
 
+// "pipeline parallel: ..." (a line) with PP > 1.
+std::string pipeline_parallel_summary(const Run& r) {
+  if (!r.pp_group) return "";
+  std::ostringstream s;
+  s << "pipeline parallel: " << r.layout.str() << "; "
+    << (r.layout.vp > 1 ? "interleaved 1F1B" : "1F1B") << " schedule, "
+    << r.args.training.num_microbatches() << " micro-batches"
+    << (r.embedding_group ? ", tied embedding summed over the first and last stage" : "") << "\n";
+  return s.str();
+}
+
 void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
   const auto& m = *r.model;
   auto& plat = *r.rt->platform;
@@ -234,7 +252,7 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << r.args.training.global_batch_size << " (" << r.args.training.num_microbatches()
         << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed
         << "\n"
-        << data_parallel_summary(r) << tensor_parallel_summary(r)
+        << data_parallel_summary(r) << tensor_parallel_summary(r) << pipeline_parallel_summary(r)
         << "optimizer: " << r.args.optimizer.optimizer << ", lr " << *r.args.optimizer.lr << " ("
         << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
         << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
@@ -260,6 +278,32 @@ std::pair<double, double> reduce_loss(Run& r, double loss_sum, double num_tokens
   return {v[0], v[1]};
 }
 
+// Megatron's get_forward_backward_func for this run's layout.
+pipeline_parallel::ForwardBackwardFunc forward_backward(const Run& r) {
+  return pipeline_parallel::get_forward_backward_func(r.layout.pp, r.layout.vp);
+}
+
+// The pipeline fields of a schedule config (p2p shapes, peak activation memory).
+void set_pipeline(Run& r, pipeline_parallel::ForwardBackwardConfig& cfg) {
+  if (!r.pp_group) return;
+  cfg.pp_group = r.pp_group.get();
+  cfg.seq_length = r.args.model.seq_length;
+  cfg.micro_batch_size = r.args.training.micro_batch_size;
+  cfg.memory_in_use = [&r] {
+    return static_cast<int64_t>(r.rt->platform->memory_stats(r.rt->device.index).allocated_bytes);
+  };
+}
+
+// Pipelining with tied embeddings: the first stage's word embedding and the last stage's copy
+// get the sum of both grads (Megatron's _allreduce_word_embedding_grads), BEFORE the data-parallel
+// reduce: after a ZeRO reduce-scatter each copy's valid shard lies at a different offset
+// (PITFALLS #4).
+void allreduce_embedding_grads(Run& r) {
+  if (!r.embedding_group || r.embedding_group->size() == 1) return;
+  Tensor g = r.model->parameter("embedding.word_embeddings.weight").main_grad;
+  r.embedding_group->all_reduce(g, comm::ReduceOp::sum)->wait();
+}
+
 // Megatron's evaluate(): eval_iters iterations of gbs samples, forward only.
 std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
   if (!it || r.args.training.eval_iters == 0) return std::nullopt;
@@ -273,8 +317,9 @@ std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
       MG_CHECK(mb.has_value(), "evaluation data ran out");
       return to_batch(*mb);
     };
-    auto fb = pipeline_parallel::forward_backward_no_pipelining(
-        *r.model, next, n_mb, cfg, models::StepRng{r.rng_seed, r.iteration, 0});
+    set_pipeline(r, cfg);
+    auto fb =
+        forward_backward(r)(*r.model, next, n_mb, cfg, models::StepRng{r.rng_seed, r.iteration, 0});
     const auto [sum, n] = reduce_loss(r, fb.loss_sum, fb.num_tokens);
     loss_sum += sum;
     tokens += n;
@@ -311,9 +356,16 @@ StepOutcome train_step(Run& r) {
     MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);
     return to_batch(*mb);
   };
-  auto fb = pipeline_parallel::forward_backward_no_pipelining(
-      *r.model, next, a.training.num_microbatches(), cfg,
-      models::StepRng{r.rng_seed, r.iteration, 0});
+  set_pipeline(r, cfg);
+  // Pipelining: DDP launches nothing from the grad-ready hook (a chunk's last micro-batch is not
+  // the schedule's); finish_grad_sync reduces every bucket after the embedding-group sum.
+  if (r.pp_group) r.ddp->set_is_last_microbatch(false);
+  auto fb = forward_backward(r)(*r.model, next, a.training.num_microbatches(), cfg,
+                                models::StepRng{r.rng_seed, r.iteration, 0});
+  r.peak_activation_bytes = std::max(r.peak_activation_bytes, fb.peak_activation_bytes);
+  r.max_in_flight = std::max(r.max_in_flight, fb.max_in_flight);
+  allreduce_embedding_grads(r);
+  if (r.pp_group) r.ddp->set_is_last_microbatch(true);
   r.ddp->finish_grad_sync();
   // Sequence parallelism: norm weights / SP-region biases summed over TP (Megatron's
   // finalize_model_grads, after the DP reduce; with the distributed optimizer only this rank's
@@ -403,7 +455,7 @@ void train(Run& r) {
       s.elapsed_ms_per_iter = secs * 1000.0 / static_cast<double>(interval_iters);
       s.flops_per_iter = r.flops_per_iter;
       s.tokens_per_iter = tokens_per_iter;
-      s.world_size = tr.data_parallel_size;
+      s.world_size = r.world_group->size();  // every rank (TP x PP x DP) is a GPU
       s.peak_tflops = peak;
       s.learning_rate = last_lr;
       s.global_batch_size = tr.global_batch_size;
@@ -465,23 +517,36 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   // gbs defaults to mbs * dp and must divide by it (Megatron's validate_args).
   // Tensor parallelism: Megatron's groups for ParallelDims{tp, dp = world / tp}; the DP group is
   // dp-cp (cp = 1). Without TP the whole world (or the hook's group) is the DP group.
+  // Pipeline parallelism: Megatron's groups for {tp, pp, dp = world / (tp pp)}; this rank builds
+  // the layers of its stage (layer_layout.h), the embedding group ties the first and last stage.
   const int32_t tp = given_args.tensor_model_parallel_size;
-  comm::ProcessGroupPtr dp_group, tp_group, world_group;
-  if (tp > 1) {
+  const int32_t pp = given_args.pipeline_model_parallel_size;
+  const auto layout = pipeline_parallel::make_pipeline_layout(
+      given_args.model.num_layers, pp, given_args.virtual_pipeline_model_parallel_size,
+      std::nullopt, given_args.decoder_first_pipeline_num_layers,
+      given_args.decoder_last_pipeline_num_layers);
+  comm::ProcessGroupPtr dp_group, tp_group, world_group, pp_group, embedding_group;
+  if (tp > 1 || pp > 1) {
     MG_CHECK(!hooks.data_parallel_group, "--tensor-model-parallel-size "
-                                             << tp
+                                             << tp << " / --pipeline-model-parallel-size " << pp
                                              << ": PretrainHooks::data_parallel_group is "
                                                 "for pure data parallelism only");
     auto& comm = world_communicator(given_args);
     parallel_state::ParallelDims dims;
     dims.tp = tp;
-    MG_CHECK(comm.world_size() % tp == 0, "world size " << comm.world_size()
-                                                        << " must be divisible by "
-                                                        << "--tensor-model-parallel-size " << tp);
+    dims.pp = pp;
+    MG_CHECK(comm.world_size() % (tp * pp) == 0,
+             "world size " << comm.world_size() << " must be divisible by "
+                           << "--tensor-model-parallel-size " << tp
+                           << " x --pipeline-model-parallel-size " << pp);
     auto groups = parallel_state::make_process_groups(comm, dims.resolved(comm.world_size()));
     dp_group = groups.dp_cp;
-    tp_group = groups.tp;
+    if (tp > 1) tp_group = groups.tp;
     world_group = groups.world;
+    if (pp > 1) {
+      pp_group = groups.pp;
+      if (!given_args.model.untie_embeddings_and_output_weights) embedding_group = groups.embedding;
+    }
   } else {
     dp_group = hooks.data_parallel_group ? hooks.data_parallel_group
                                          : world_communicator(given_args).world();
@@ -514,6 +579,16 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.dp_group = dp_group;
   r.tp_group = tp_group;
   r.world_group = world_group;
+  r.pp_group = pp_group;
+  r.cp_group = cp_group;
+  r.data_group = data_group;
+  r.embedding_group = embedding_group;
+  r.layout = layout;
+  if (pp > 1) {
+    // Megatron's check: the micro-batches the schedule needs.
+    if (layout.vp > 1)
+      pipeline_parallel::check_interleaved_microbatches(pp, args.training.num_microbatches());
+  }
   if (args.sequence_parallel_disabled)
     log << "WARNING: Disabling sequence parallelism because tensor model parallelism is disabled "
            "(--sequence-parallel needs --tensor-model-parallel-size > 1)"
@@ -538,10 +613,11 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   data.validate();
 
   // Model, optimizer, scheduler; then the checkpoint.
-  if (tp_group) {
+  if (tp_group || pp_group) {
     models::GPTModelParallel par;
     par.tp_group = tp_group.get();
     par.sequence_parallel = args.sequence_parallel;
+    if (pp_group) par.pipeline_chunks = layout.chunks(pp_group->rank());
     r.model = std::make_unique<models::GPTModel>(
         args.model, tokenizer->vocab_size(), *r.rt->ops, r.rt->device,
         models::get_gpt_layer_with_transformer_engine_spec(args.model), par);
@@ -568,6 +644,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
       args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
       optimizer::ParamGroupOptions{}, std::move(shard));
   if (tp_group) r.opt->set_tensor_parallel_group(tp_group);
+  if (pp_group) r.opt->set_pipeline_parallel_group(pp_group);
   r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
       optimizer::scheduler_config_from_args(args.scheduler));
   r.flops_per_iter = models::num_floating_point_operations(

@@ -7,11 +7,14 @@
 // train/valid/test datasets (BlendedMegatronDatasetBuilder) and iterators starting at the
 // checkpoint's consumed samples -> train -> validation and test evaluation -> final save.
 //
-// train_step: zero grads -> forward_backward_no_pipelining over gbs / (mbs * dp) micro-batches
-// (dropout from StepRng{seed, iteration, microbatch}) -> NaN check -> optimizer step at the
-// scheduler's lr / wd -> scheduler.step(gbs) when the step succeeded. A non-finite loss is a nan
-// iteration (Megatron's rule): under fp16 the loss scaler skips the step (counted as skipped); in
-// bf16/fp32 the run stops with a message (Megatron's --check-for-nan-in-loss-and-grad), or with
+// train_step: zero grads -> get_forward_backward_func's schedule (no pipelining, 1F1B or
+// interleaved with --pipeline-model-parallel-size / virtual stages) over gbs / (mbs * dp)
+// micro-batches (dropout from StepRng{seed, iteration, microbatch}) -> with PP and tied embeddings,
+// the word embedding grads summed over the embedding group -> DP grad sync -> NaN check ->
+// optimizer step at the scheduler's lr / wd -> scheduler.step(gbs) when the step succeeded. A
+// non-finite loss is a nan iteration (Megatron's rule): under fp16 the loss scaler skips the step
+// (counted as skipped); in bf16/fp32 the run stops with a message (Megatron's
+// --check-for-nan-in-loss-and-grad), or with
 // --no-check-for-nan-in-loss-and-grad the step is skipped and counted.
 // Exit conditions: --train-iters / --train-samples reached, --exit-interval, --exit-duration-in-
 // mins (each saves first when --save is set). Evaluation every --eval-interval iterations on

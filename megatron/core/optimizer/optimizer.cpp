@@ -263,10 +263,13 @@ double MegatronOptimizer::reduce_over_shards(double x, comm::ReduceOp op) const 
 }
 
 double MegatronOptimizer::reduce_over_tp(double x, comm::ReduceOp op) const {
-  if (!tp_ || tp_->size() == 1) return x;
-  Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
-  tp_->all_reduce(t, op)->wait();
-  return t.to_vector<double>()[0];
+  for (const comm::ProcessGroupPtr& g : {tp_, pp_}) {
+    if (!g || g->size() == 1) continue;
+    Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
+    g->all_reduce(t, op)->wait();
+    x = t.to_vector<double>()[0];
+  }
+  return x;
 }
 
 StepResult MegatronOptimizer::step(double lr, double weight_decay) {
@@ -300,14 +303,15 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   // clip_grad_norm_fp32 coefficient.
   const std::span<const Tensor> cgrads(grads.data(), grads.size());
   const bool tp = tp_ && tp_->size() > 1;
-  if (!shard_ && !tp) {
+  const bool pp = pp_ && pp_->size() > 1;
+  if (!shard_ && !tp && !pp) {
     r.grad_norm = config_.clip_grad > 0.0 ? ops_.clip_grad_norm(grads, config_.clip_grad)
                                           : ops_.grad_norm(cgrads);
   } else {
     // TP: replicated params counted on TP rank 0 only, then the sum over TP.
     std::vector<Tensor> counted;
     for (const Piece& pc : s.pieces)
-      if (pc.grad.numel() > 0 &&
+      if (pc.grad.numel() > 0 && !params_[pc.param].shared &&
           (!tp || params_[pc.param].tensor_parallel_dim >= 0 || tp_->rank() == 0))
         counted.push_back(pc.grad);
     double sum_sq = 0.0;
@@ -330,7 +334,7 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
     // over the shards and over TP. Counted after clipping (a scale keeps zeros zero).
     int64_t zeros = 0;
     for (const Piece& pc : s.pieces) {
-      if (pc.grad.numel() == 0 ||
+      if (pc.grad.numel() == 0 || params_[pc.param].shared ||
           (tp && params_[pc.param].tensor_parallel_dim < 0 && tp_->rank() != 0))
         continue;
       for (float v : pc.grad.to_vector<float>()) zeros += v == 0.0f;

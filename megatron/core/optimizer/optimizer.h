@@ -109,6 +109,10 @@ class MegatronOptimizer {
   // TP rank, replicated ones on TP rank 0 only. Their grads must already be identical over TP
   // (tensor_parallel::all_reduce_sequence_parallel_grads). nullptr / size 1: no TP.
   void set_tensor_parallel_group(comm::ProcessGroupPtr tp) { tp_ = std::move(tp); }
+  // Pipeline parallelism: the grad norm, zero count and fp16's found-inf also reduce over `pp`
+  // (each stage holds different parameters); Parameter::shared replicas (the last stage's copy
+  // of the tied word embedding) are not counted (PITFALLS #4). nullptr / size 1: no PP.
+  void set_pipeline_parallel_group(comm::ProcessGroupPtr pp) { pp_ = std::move(pp); }
 
   // Tensors "optimizer.state.{exp_avg,exp_avg_sq,fp32_param,momentum_buffer}.<param name>"
   // (fp32_param only when the master weights are separate; views of live state, see
@@ -135,9 +139,11 @@ class MegatronOptimizer {
   std::unique_ptr<State> state_;
   std::optional<ShardOptions> shard_;
   comm::ProcessGroupPtr tp_;
+  comm::ProcessGroupPtr pp_;
   int64_t step_ = 0;
   double reduce_over_shards(double x, comm::ReduceOp op) const;
-  double reduce_over_tp(double x, comm::ReduceOp op) const;  // identity without TP
+  // Over TP, then over PP (identity without them).
+  double reduce_over_tp(double x, comm::ReduceOp op) const;
 };
 
 }  // namespace mg::optimizer

@@ -10,7 +10,8 @@
 // Invariants: names are unique and equal Megatron-Core's (FORMATS.md §6, e.g.
 // "decoder.layers.3.self_attention.linear_qkv.weight"); `param` and `main_grad` have the same
 // shape; a tied output layer has no Parameter of its own (it reads
-// embedding.word_embeddings.weight).
+// embedding.word_embeddings.weight), except on a last pipeline stage without the embedding, which
+// holds a replica of it (`shared`).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,11 @@ struct Parameter {
   bool sequence_parallel = false;
   Shape global_shape;         // the full (unsharded) shape; equals param.shape() on one rank
   int64_t buffer_offset = 0;  // element offset of param (and main_grad) in the flat buffers
+  // Megatron's param.shared: a replica of a parameter another pipeline stage owns (the last
+  // stage's copy of the tied word embedding, kept equal by summing grads over the embedding
+  // group). Skipped by the grad norm and zero counts (counted once, on its owner) and by
+  // checkpoints (the owner's copy is the tensor).
+  bool shared = false;
 };
 
 // The flat value and gradient buffers (1-D tensors) every Parameter views into.

@@ -30,14 +30,15 @@ using transformer::Weight;
 namespace detail {
 
 struct GPTSaved {
+  int chunk = 0;  // the model chunk that ran
   int64_t s = 0, b = 0;
   Tensor tokens, positions, labels;  // [N] on the device, sequence-first (row n = s*B + b)
   std::vector<double> mask;          // [N] host, sequence-first
   AttentionInputs in;
   DropoutCtx rng;
-  std::vector<TransformerLayer::Saved> layers;
-  Tensor decoder_out, final_ln;  // [S, B, H] ([S/TP, B, H] under SP)
-  Tensor final_ln_total;         // TP > 1: the output layer's input, gathered under SP [S, B, H]
+  std::vector<TransformerLayer::Saved> layers;  // the chunk's layers, in order
+  Tensor decoder_out, final_ln;                 // [S, B, H] ([S/TP, B, H] under SP)
+  Tensor final_ln_total;  // TP > 1: the output layer's input, gathered under SP [S, B, H]
   Norm::Saved final_norm;
   Tensor logits, max, sum_exp, loss;  // [N, V_pad]; [N] x3
 };
@@ -67,13 +68,16 @@ struct GPTModel::Impl {
   std::vector<transformer::ParamDecl> decls;
   transformer::ParamAndGradBuffer buffer;
   Weight word, position, output;
-  std::vector<std::unique_ptr<TransformerLayer>> layers;
+  std::vector<std::unique_ptr<TransformerLayer>> layers;  // every chunk's, chunk after chunk
+  std::vector<PipelineChunk> chunks;
+  std::vector<int64_t> chunk_begin;              // index in `layers` of each chunk's first layer
+  bool pre_process = true, post_process = true;  // some chunk has the embedding / the head
   std::unique_ptr<Norm> final_norm;
   // Full recompute: [start, end) layer ranges whose activations are rebuilt in backward.
   std::vector<std::pair<int64_t, int64_t>> recompute_chunks;
   // Grad-ready hook and the parameter indices each backward stage completes.
   GPTModel::GradReadyHook grad_ready;
-  std::vector<std::vector<std::size_t>> layer_params;  // per layer
+  std::vector<std::vector<std::size_t>> layer_params;  // per layer (index in `layers`)
   std::vector<std::size_t> head_params;                // output layer (untied) and final norm
   std::vector<std::size_t> embedding_params;           // the rest: embeddings
 
@@ -99,6 +103,17 @@ struct GPTModel::Impl {
   }
   // Targets must lie below this (the vocab-parallel cross entropy's check).
   int64_t loss_vocab_end() const { return parallel.exclude_vocab_padding ? vocab : vocab_padded; }
+
+  // Forward/backward pieces (gpt_model.cpp): inputs of a micro-batch, embedding, a chunk's
+  // layers, final norm + output layer + loss.
+  void prepare(const GPTBatch& batch, detail::GPTSaved& st, const StepRng& rng, bool training,
+               bool pre, bool post) const;
+  Tensor embed(detail::GPTSaved& st);
+  Tensor decoder(int v, Tensor x, detail::GPTSaved& st);
+  LossSums head(const Tensor& x, detail::GPTSaved& st);
+  Tensor head_bwd(detail::GPTSaved& st, double dloss);
+  Tensor decoder_bwd(Tensor dx, detail::GPTSaved& st);
+  void embed_bwd(const Tensor& dx, detail::GPTSaved& st);
 
   // Which recompute chunk holds layer l (-1: none).
   int chunk_of(int64_t l) const {
@@ -139,6 +154,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   MG_CHECK(!parallel.sequence_parallel || parallel.tp_group != nullptr,
            "sequence parallelism needs a tensor-parallel group");
   m.ctx.tp_group = parallel.tp_group;
+  m.ctx.cp = parallel.cp;
   m.ctx.sequence_parallel = parallel.sequence_parallel && m.ctx.tp_size() > 1;
   m.vocab = vocab_size;
   m.vocab_padded = c.padded_vocab_size(vocab_size, m.ctx.tp_size());
@@ -148,44 +164,83 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
           ? std::max<int64_t>(0, std::min(m.vocab_shard.end, vocab_size) - m.vocab_shard.start)
           : m.vocab_shard.size();
 
+  // Pipeline chunks: checked, then the embedding on a pre_process chunk, the layers of every chunk
+  // (global numbers), the head on a post_process chunk.
+  m.chunks = parallel.pipeline_chunks;
+  if (m.chunks.empty()) m.chunks.push_back(PipelineChunk{0, c.num_layers, true, true});
+  m.pre_process = m.post_process = false;
+  for (std::size_t v = 0; v < m.chunks.size(); ++v) {
+    const PipelineChunk& ch = m.chunks[v];
+    MG_CHECK(ch.layer_offset >= 0 && ch.num_layers >= 0 &&
+                 ch.layer_offset + ch.num_layers <= c.num_layers,
+             "pipeline chunk " << v << ": layers [" << ch.layer_offset << ", "
+                               << ch.layer_offset + ch.num_layers << ") are outside the model's "
+                               << c.num_layers << " layers");
+    MG_CHECK(v == 0 || ch.layer_offset >= m.chunks[v - 1].layer_offset + m.chunks[v - 1].num_layers,
+             "pipeline chunk " << v << " starts at layer " << ch.layer_offset
+                               << ", inside or before chunk " << v - 1);
+    MG_CHECK(!ch.pre_process || v == 0, "only the first pipeline chunk may hold the embedding");
+    MG_CHECK(!ch.post_process || v + 1 == m.chunks.size(),
+             "only the last pipeline chunk may hold the output layer");
+    m.pre_process |= ch.pre_process;
+    m.post_process |= ch.post_process;
+  }
+  const bool tied = !c.untie_embeddings_and_output_weights;
   transformer::ParamBuilder pb(m.ctx);
-  pb.add(m.word, "embedding.word_embeddings.weight", {m.vocab_padded, c.hidden_size},
-         InitRule::normal, m.ctx.tp_partition(0));
-  if (c.position_embedding_type == transformer::PositionEmbeddingType::learned_absolute)
+  if (m.pre_process || (tied && m.post_process))
+    pb.add(m.word, "embedding.word_embeddings.weight", {m.vocab_padded, c.hidden_size},
+           InitRule::normal, m.ctx.tp_partition(0));
+  if (m.pre_process &&
+      c.position_embedding_type == transformer::PositionEmbeddingType::learned_absolute)
     pb.add(m.position, "embedding.position_embeddings.weight",
            {c.max_position_embeddings, c.hidden_size}, InitRule::normal);
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    m.layers.push_back(std::make_unique<TransformerLayer>(m.ctx, pb, spec, l));
-  if (spec.final_layernorm != transformer::NormSlot::identity)
+  for (const PipelineChunk& ch : m.chunks) {
+    m.chunk_begin.push_back(static_cast<int64_t>(m.layers.size()));
+    for (int64_t l = ch.layer_offset; l < ch.layer_offset + ch.num_layers; ++l)
+      m.layers.push_back(std::make_unique<TransformerLayer>(m.ctx, pb, spec, l));
+  }
+  m.chunk_begin.push_back(static_cast<int64_t>(m.layers.size()));
+  if (m.post_process && spec.final_layernorm != transformer::NormSlot::identity)
     m.final_norm = std::make_unique<Norm>(m.ctx, pb, "decoder.final_layernorm.weight",
                                           "decoder.final_layernorm.bias", c.hidden_size,
                                           m.ctx.sequence_parallel);
-  if (c.untie_embeddings_and_output_weights)
+  if (m.post_process && !tied)
     pb.add(m.output, "output_layer.weight", {m.vocab_padded, c.hidden_size}, InitRule::normal,
            m.ctx.tp_partition(0));
   pb.finish(m.params, m.buffer, m.decls);
-  m.layer_params.resize(static_cast<std::size_t>(c.num_layers));
+  std::vector<int64_t> local_of(static_cast<std::size_t>(c.num_layers), -1);
+  for (std::size_t i = 0; i < m.layers.size(); ++i)
+    local_of[static_cast<std::size_t>(m.layers[i]->layer_number())] = static_cast<int64_t>(i);
+  m.layer_params.resize(m.layers.size());
   for (std::size_t i = 0; i < m.params.size(); ++i) {
     const std::string& name = m.params[i].name;
     const std::string layers = "decoder.layers.";
     if (name.rfind(layers, 0) == 0) {
-      const auto l = std::stoll(name.substr(layers.size()));
+      const auto l = local_of.at(static_cast<std::size_t>(std::stoll(name.substr(layers.size()))));
       m.layer_params.at(static_cast<std::size_t>(l)).push_back(i);
     } else if (name.rfind("output_layer.", 0) == 0 ||
                name.rfind("decoder.final_layernorm.", 0) == 0) {
+      m.head_params.push_back(i);
+    } else if (!m.pre_process && name == "embedding.word_embeddings.weight") {
+      m.params[i].shared = true;  // the last stage's replica of the tied word embedding
       m.head_params.push_back(i);
     } else {
       m.embedding_params.push_back(i);
     }
   }
 
+  // Full recompute: per chunk, over its own layers (Megatron: per pipeline stage).
   if (c.recompute_granularity == transformer::RecomputeGranularity::full) {
     const int64_t k = c.recompute_num_layers;
-    if (c.recompute_method == transformer::RecomputeMethod::uniform) {
-      for (int64_t l = 0; l < c.num_layers; l += k)
-        m.recompute_chunks.emplace_back(l, std::min(l + k, c.num_layers));
-    } else {
-      for (int64_t l = 0; l < k; ++l) m.recompute_chunks.emplace_back(l, l + 1);
+    for (std::size_t v = 0; v < m.chunks.size(); ++v) {
+      const int64_t lo = m.chunk_begin[v], hi = m.chunk_begin[v + 1];
+      if (c.recompute_method == transformer::RecomputeMethod::uniform) {
+        for (int64_t l = lo; l < hi; l += k)
+          m.recompute_chunks.emplace_back(l, std::min(l + k, hi));
+      } else {
+        for (int64_t l = lo; l < std::min(lo + k, hi); ++l)
+          m.recompute_chunks.emplace_back(l, l + 1);
+      }
     }
   }
 }
@@ -286,30 +341,27 @@ void check_bs(const char* name, const Tensor& t, int64_t b, int64_t s) {
 
 }  // namespace
 
-LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const StepRng& rng,
-                           bool training) {
-  Impl& m = *impl_;
-  const TransformerConfig& c = m.config;
-  const auto& ops = m.ctx.op();
+void GPTModel::Impl::prepare(const GPTBatch& batch, detail::GPTSaved& st, const StepRng& rng,
+                             bool training, bool pre, bool post) const {
+  const TransformerConfig& c = config;
   MG_CHECK(batch.tokens.defined() && batch.tokens.dim() == 2,
            "GPTBatch.tokens must be [B, S], got " << batch.tokens.str());
-  auto sv = std::make_unique<detail::GPTSaved>();
-  detail::GPTSaved& st = *sv;
   const int64_t b = batch.tokens.size(0), s = batch.tokens.size(1), n = s * b;
   st.s = s;
   st.b = b;
   MG_CHECK(
-      !(m.position.defined() && s > c.max_position_embeddings),
+      !(position.defined() && s > c.max_position_embeddings),
       "sequence length " << s << " exceeds max_position_embeddings " << c.max_position_embeddings);
-  const Device dev = m.ctx.device;
-  const std::vector<int64_t> tok = to_sb_i64(batch.tokens, b, s);
-  for (std::size_t i = 0; i < tok.size(); ++i)
-    MG_CHECK(tok[i] >= 0 && tok[i] < m.vocab_padded,
-             "token id " << tok[i] << " at flat index " << i << " is outside [0, " << m.vocab_padded
-                         << ") (padded vocab)");
-  st.tokens = Tensor::from_vector(tok, {n}, DType::i64).to(dev);
-  const bool with_labels = batch.labels.defined();
-  if (with_labels) {
+  const Device dev = ctx.device;
+  if (pre) {
+    const std::vector<int64_t> tok = to_sb_i64(batch.tokens, b, s);
+    for (std::size_t i = 0; i < tok.size(); ++i)
+      MG_CHECK(tok[i] >= 0 && tok[i] < vocab_padded,
+               "token id " << tok[i] << " at flat index " << i << " is outside [0, " << vocab_padded
+                           << ") (padded vocab)");
+    st.tokens = Tensor::from_vector(tok, {n}, DType::i64).to(dev);
+  }
+  if (post && batch.labels.defined()) {
     check_bs("labels", batch.labels, b, s);
     st.labels = Tensor::from_vector(to_sb_i64(batch.labels, b, s), {n}, DType::i64).to(dev);
     if (batch.loss_mask.defined()) {
@@ -331,7 +383,7 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
     for (int64_t j = 0; j < s; ++j)
       for (int64_t i = 0; i < b; ++i) pos[j * b + i] = j;
   }
-  if (m.position.defined()) {
+  if (pre && position.defined()) {
     for (std::size_t i = 0; i < pos.size(); ++i)
       MG_CHECK(pos[i] >= 0 && pos[i] < c.max_position_embeddings,
                "position id " << pos[i] << " is outside [0, " << c.max_position_embeddings
@@ -342,70 +394,84 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
     check_bs("doc_ids", batch.doc_ids, b, s);
     st.in.doc_ids = batch.doc_ids.to(DType::i32).to(dev);
   }
-  MG_CHECK(!m.ctx.sequence_parallel || s % m.ctx.tp_size() == 0,
+  MG_CHECK(!ctx.sequence_parallel || s % ctx.tp_size() == 0,
            "sequence parallelism: sequence length "
-               << s << " is not divisible by tensor_model_parallel_size " << m.ctx.tp_size());
+               << s << " is not divisible by tensor_model_parallel_size " << ctx.tp_size());
   st.in.s = s;
   st.in.b = b;
   st.rng = DropoutCtx{rng.seed, rng.iteration, rng.microbatch, training};
+}
 
-  // Embedding: word (vocab-parallel: this shard's rows, summed over TP) + learned positions, then
-  // under SP this rank's sequence shard, then dropout. [N, H] = [S, B, H] ([S/TP, B, H] SP).
-  const int64_t h = c.hidden_size;
-  Tensor emb = m.ctx.empty({s, b, h});
-  ops.embedding_fwd(emb, st.tokens, m.word.value, m.vocab_shard.start);
-  if (m.ctx.tp_size() > 1)
-    emb = tensor_parallel::reduce_from_tensor_model_parallel_region(emb, *m.ctx.tp_group);
-  if (m.position.defined()) {
-    Tensor pe = m.ctx.empty({s, b, h});
-    ops.embedding_fwd(pe, st.positions, m.position.value, 0);
+// Embedding: word (vocab-parallel: this shard's rows, summed over TP) + learned positions, then
+// under SP this rank's sequence shard, then dropout. [N, H] = [S, B, H] ([S/TP, B, H] SP).
+Tensor GPTModel::Impl::embed(detail::GPTSaved& st) {
+  const auto& ops = ctx.op();
+  const int64_t s = st.s, b = st.b, h = config.hidden_size;
+  Tensor emb = ctx.empty({s, b, h});
+  ops.embedding_fwd(emb, st.tokens, word.value, vocab_shard.start);
+  if (ctx.tp_size() > 1)
+    emb = tensor_parallel::reduce_from_tensor_model_parallel_region(emb, *ctx.tp_group);
+  if (position.defined()) {
+    Tensor pe = ctx.empty({s, b, h});
+    ops.embedding_fwd(pe, st.positions, position.value, 0);
     ops.axpy(emb, pe, 1.0f);
   }
-  if (m.ctx.sequence_parallel)
-    emb = tensor_parallel::scatter_to_sequence_parallel_region(emb, *m.ctx.tp_group);
-  Tensor x = m.ctx.empty(emb.shape());
-  ops.dropout_fwd(x, emb, m.embedding_dropout(st.rng, emb));
+  if (ctx.sequence_parallel)
+    emb = tensor_parallel::scatter_to_sequence_parallel_region(emb, *ctx.tp_group);
+  Tensor x = ctx.empty(emb.shape());
+  ops.dropout_fwd(x, emb, embedding_dropout(st.rng, emb));
+  return x;
+}
 
-  // Decoder.
-  const bool selective = c.recompute_granularity == transformer::RecomputeGranularity::selective;
-  st.layers.resize(m.layers.size());
-  for (std::size_t l = 0; l < m.layers.size(); ++l) {
-    TransformerLayer::Saved& ls = st.layers[l];
-    Tensor y = m.layers[l]->forward(x, ls, st.in, st.rng, !selective);
-    const int chunk = m.chunk_of(static_cast<int64_t>(l));
-    if (chunk >= 0) {  // full recompute: keep only the chunk's input
-      const bool first = m.recompute_chunks[chunk].first == static_cast<int64_t>(l);
+// The layers of chunk v (full recompute keeps only each recompute chunk's input).
+Tensor GPTModel::Impl::decoder(int v, Tensor x, detail::GPTSaved& st) {
+  const bool selective =
+      config.recompute_granularity == transformer::RecomputeGranularity::selective;
+  const int64_t lo = chunk_begin[static_cast<std::size_t>(v)],
+                hi = chunk_begin[static_cast<std::size_t>(v) + 1];
+  st.chunk = v;
+  st.layers.resize(static_cast<std::size_t>(hi - lo));
+  for (int64_t l = lo; l < hi; ++l) {
+    TransformerLayer::Saved& ls = st.layers[static_cast<std::size_t>(l - lo)];
+    Tensor y = layers[static_cast<std::size_t>(l)]->forward(x, ls, st.in, st.rng, !selective);
+    const int rc = chunk_of(l);
+    if (rc >= 0) {  // full recompute: keep only the chunk's input
+      const bool first = recompute_chunks[static_cast<std::size_t>(rc)].first == l;
       Tensor input = ls.x;
       ls = TransformerLayer::Saved{};
       if (first) ls.x = input;
     }
     x = y;
   }
-  st.decoder_out = x;
-  st.final_ln = m.final_norm ? m.final_norm->forward(x, st.final_norm) : x;
+  return x;
+}
 
-  // Output layer and loss. logits [N, V_pad] ([N, V_pad/TP] vocab-parallel, never gathered) in
-  // f32 (f64 for f64). With TP the input enters the TP region (copy, or SP all-gather).
+// Final norm, output layer and loss. logits [N, V_pad] ([N, V_pad/TP] vocab-parallel, never
+// gathered) in f32 (f64 for f64). With TP the input enters the TP region (copy, or SP all-gather).
+LossSums GPTModel::Impl::head(const Tensor& x, detail::GPTSaved& st) {
+  const auto& ops = ctx.op();
+  const int64_t n = st.s * st.b, h = config.hidden_size;
+  st.decoder_out = x;
+  st.final_ln = final_norm ? final_norm->forward(x, st.final_norm) : x;
   Tensor ln_total = st.final_ln;
-  if (m.ctx.tp_size() > 1)
-    st.final_ln_total = ln_total = transformer::tp_region_enter(m.ctx, ln_total);
-  st.logits = Tensor::empty({n, m.logit_rows}, m.logits_dtype(), dev);
-  if (m.logit_rows > 0)
-    ops.gemm(st.logits, ln_total.view({n, h}), m.logit_rows_of(m.output_weight().value),
+  if (ctx.tp_size() > 1) st.final_ln_total = ln_total = transformer::tp_region_enter(ctx, ln_total);
+  st.logits = Tensor::empty({n, logit_rows}, logits_dtype(), ctx.device);
+  if (logit_rows > 0)
+    ops.gemm(st.logits, ln_total.view({n, h}), logit_rows_of(output_weight().value),
              ops::GemmArgs{.trans_b = true});
   LossSums sums;
-  if (with_labels) {
-    const DType stat = m.logits_dtype();
-    if (m.ctx.tp_size() > 1) {
+  if (st.labels.defined()) {
+    const DType stat = logits_dtype();
+    if (ctx.tp_size() > 1) {
       tensor_parallel::CrossEntropySaved ce;
       st.loss = tensor_parallel::vocab_parallel_cross_entropy(
-          ops, st.logits, st.labels, m.vocab_shard.start, *m.ctx.tp_group, ce, m.loss_vocab_end());
+          ops, st.logits, st.labels, vocab_shard.start, *ctx.tp_group, ce, loss_vocab_end());
       st.max = ce.max;
       st.sum_exp = ce.sum_exp;
     } else {
-      st.loss = Tensor::empty({n}, stat, dev);
-      st.max = Tensor::empty({n}, stat, dev);
-      st.sum_exp = Tensor::empty({n}, stat, dev);
+      st.loss = Tensor::empty({n}, stat, ctx.device);
+      st.max = Tensor::empty({n}, stat, ctx.device);
+      st.sum_exp = Tensor::empty({n}, stat, ctx.device);
       ops.cross_entropy_fwd(st.loss, st.max, st.sum_exp, st.logits, st.labels);
     }
     const std::vector<double> loss = st.loss.to_vector<double>();
@@ -414,76 +480,180 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
       sums.loss_sum += loss[i] * st.mask[i];
       sums.num_tokens += st.mask[i];
     }
+    if (ctx.cp.active()) {  // the whole sequence's count / CP (LossSums, gpt_model.h)
+      Tensor t = Tensor::from_vector(std::vector<double>{sums.num_tokens}, {1}, DType::f64);
+      ctx.cp.group->all_reduce(t, comm::ReduceOp::sum)->wait();
+      sums.num_tokens = t.to_vector<double>()[0] / static_cast<double>(ctx.cp.group->size());
+    }
   }
-  state.saved_ = std::move(sv);
   return sums;
 }
 
-void GPTModel::backward(GPTForwardState& state, double dloss) {
+LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const StepRng& rng,
+                           bool training) {
   Impl& m = *impl_;
-  const TransformerConfig& c = m.config;
-  const auto& ops = m.ctx.op();
-  MG_CHECK(state.saved_ != nullptr, "GPTModel::backward: the state holds no forward activations");
-  detail::GPTSaved& st = *state.saved_;
-  MG_CHECK(st.labels.defined(), "GPTModel::backward: the forward ran without labels");
-  const int64_t n = st.s * st.b, h = c.hidden_size;
-  const Device dev = m.ctx.device;
+  MG_CHECK(m.chunks.size() == 1 && m.chunks[0].pre_process && m.chunks[0].post_process,
+           "GPTModel::forward runs the whole model; this one is a pipeline stage ("
+               << m.chunks.size() << " chunk(s)): use forward_chunk");
+  LossSums sums;
+  forward_chunk(0, batch, Tensor(), state, rng, training, &sums);
+  return sums;
+}
 
+Tensor GPTModel::forward_chunk(int v, const GPTBatch& batch, const Tensor& input,
+                               GPTForwardState& state, const StepRng& rng, bool training,
+                               LossSums* sums) {
+  Impl& m = *impl_;
+  MG_CHECK(v >= 0 && v < static_cast<int>(m.chunks.size()),
+           "forward_chunk: chunk " << v << " is outside [0, " << m.chunks.size() << ")");
+  const PipelineChunk& ch = m.chunks[static_cast<std::size_t>(v)];
+  auto sv = std::make_unique<detail::GPTSaved>();
+  detail::GPTSaved& st = *sv;
+  m.prepare(batch, st, rng, training, ch.pre_process, ch.post_process);
+  Tensor x;
+  if (ch.pre_process) {
+    x = m.embed(st);
+  } else {
+    const Shape want = pipeline_tensor_shape(st.s, st.b);
+    MG_CHECK(input.defined() && input.shape() == want && input.dtype() == m.ctx.dtype,
+             "forward_chunk " << v << ": the input hidden states must be " << shape_str(want) << " "
+                              << dtype_name(m.ctx.dtype) << ", got "
+                              << (input.defined() ? input.str() : std::string("none")));
+    x = input;
+  }
+  x = m.decoder(v, x, st);
+  Tensor out;
+  if (ch.post_process) {
+    const LossSums ls = m.head(x, st);
+    if (sums) *sums = ls;
+  } else {
+    out = x;
+  }
+  state.saved_ = std::move(sv);
+  return out;
+}
+
+// Cross entropy, output layer, final norm; returns d(decoder output).
+Tensor GPTModel::Impl::head_bwd(detail::GPTSaved& st, double dloss) {
+  const auto& ops = ctx.op();
+  MG_CHECK(st.labels.defined(), "GPTModel::backward: the forward ran without labels");
+  const int64_t n = st.s * st.b, h = config.hidden_size;
   // Cross entropy: dlogits = dloss * mask * (softmax - onehot), written over the logits.
   std::vector<double> dl(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) dl[i] = dloss * st.mask[i];
-  const Tensor dloss_t = Tensor::from_vector(dl, {n}, m.logits_dtype()).to(dev);
-  if (m.logit_rows > 0)
+  const Tensor dloss_t = Tensor::from_vector(dl, {n}, logits_dtype()).to(ctx.device);
+  if (logit_rows > 0)
     ops.cross_entropy_bwd(st.logits, dloss_t, st.logits, st.max, st.sum_exp, st.labels,
-                          m.vocab_shard.start);
-  const Tensor dlogits = st.logits.to(m.ctx.dtype);  // [N, V_pad(/TP)] in P for the gemms
+                          vocab_shard.start);
+  const Tensor dlogits = st.logits.to(ctx.dtype);  // [N, V_pad(/TP)] in P for the gemms
   st.logits = Tensor();
 
   // Output layer (the word embedding when tied): d(final_ln) = dlogits W; dW += dlogits^T ln.
-  Weight& out_w = m.output_weight();
-  Tensor dln = m.ctx.empty({st.s, st.b, h});
+  Weight& out_w = output_weight();
+  Tensor dln = ctx.empty({st.s, st.b, h});
   Tensor dln2 = dln.view({n, h});
   const Tensor ln_total = st.final_ln_total.defined() ? st.final_ln_total : st.final_ln;
-  if (m.logit_rows > 0) {
-    Tensor dw = m.logit_rows_of(out_w.grad);  // padding rows (excluded) get no gradient
-    transformer::linear_bwd(m.ctx, dln2, dw, dlogits, ln_total.view({n, h}),
-                            m.logit_rows_of(out_w.value));
+  if (logit_rows > 0) {
+    Tensor dw = logit_rows_of(out_w.grad);  // padding rows (excluded) get no gradient
+    transformer::linear_bwd(ctx, dln2, dw, dlogits, ln_total.view({n, h}),
+                            logit_rows_of(out_w.value));
   } else {
     ops.fill(dln2, 0.0);  // a shard of padding only: no logits, no contribution
   }
   st.final_ln_total = Tensor();
-  dln = transformer::tp_region_enter_bwd(m.ctx, dln);  // summed over TP (SP: reduce-scattered)
-  Tensor dx = m.final_norm ? m.final_norm->backward(dln, st.decoder_out, st.final_norm) : dln;
+  dln = transformer::tp_region_enter_bwd(ctx, dln);  // summed over TP (SP: reduce-scattered)
+  Tensor dx = final_norm ? final_norm->backward(dln, st.decoder_out, st.final_norm) : dln;
   st.final_ln = Tensor();
   st.decoder_out = Tensor();
-  m.report_ready(m.head_params);
+  report_ready(head_params);
+  return dx;
+}
 
-  // Decoder, last layer first; a recompute chunk is rebuilt from its input when reached.
-  for (int64_t l = static_cast<int64_t>(m.layers.size()) - 1; l >= 0; --l) {
-    TransformerLayer::Saved& ls = st.layers[l];
+// The chunk's layers, last first; a recompute chunk is rebuilt from its input when reached.
+Tensor GPTModel::Impl::decoder_bwd(Tensor dx, detail::GPTSaved& st) {
+  const TransformerConfig& c = config;
+  const int64_t lo = chunk_begin[static_cast<std::size_t>(st.chunk)],
+                hi = chunk_begin[static_cast<std::size_t>(st.chunk) + 1];
+  auto saved = [&](int64_t l) -> TransformerLayer::Saved& {
+    return st.layers[static_cast<std::size_t>(l - lo)];
+  };
+  for (int64_t l = hi - 1; l >= lo; --l) {
+    TransformerLayer::Saved& ls = saved(l);
     if (!ls.complete) {
-      const int chunk = m.chunk_of(l);
-      MG_CHECK(chunk >= 0, "layer " << l << " holds no activations and is not recomputed");
-      const auto [first, last] = m.recompute_chunks[chunk];
-      Tensor x = st.layers[first].x;
+      const int rc = chunk_of(l);
+      MG_CHECK(rc >= 0, "layer " << l << " holds no activations and is not recomputed");
+      const auto [first, last] = recompute_chunks[static_cast<std::size_t>(rc)];
+      Tensor x = saved(first).x;
       const bool selective =
           c.recompute_granularity == transformer::RecomputeGranularity::selective;
       for (int64_t r = first; r < last; ++r)
-        x = m.layers[r]->forward(x, st.layers[r], st.in, st.rng, !selective);
+        x = layers[static_cast<std::size_t>(r)]->forward(x, saved(r), st.in, st.rng, !selective);
     }
-    dx = m.layers[l]->backward(dx, ls, st.in, st.rng);
-    m.report_ready(m.layer_params[static_cast<std::size_t>(l)]);
+    dx = layers[static_cast<std::size_t>(l)]->backward(dx, ls, st.in, st.rng);
+    report_ready(layer_params[static_cast<std::size_t>(l)]);
   }
+  return dx;
+}
 
-  // Embedding: dropout', then scatter-add into the word (and position) tables.
-  Tensor demb = m.ctx.empty(dx.shape());
-  ops.dropout_bwd(demb, dx, m.embedding_dropout(st.rng, dx));
-  if (m.ctx.sequence_parallel)
-    demb = tensor_parallel::scatter_to_sequence_parallel_region_bwd(demb, *m.ctx.tp_group);
-  ops.embedding_bwd(m.word.grad, demb, st.tokens, m.vocab_shard.start);
-  if (m.position.defined()) ops.embedding_bwd(m.position.grad, demb, st.positions, 0);
+// Embedding: dropout', then scatter-add into the word (and position) tables.
+void GPTModel::Impl::embed_bwd(const Tensor& dx, detail::GPTSaved& st) {
+  const auto& ops = ctx.op();
+  Tensor demb = ctx.empty(dx.shape());
+  ops.dropout_bwd(demb, dx, embedding_dropout(st.rng, dx));
+  if (ctx.sequence_parallel)
+    demb = tensor_parallel::scatter_to_sequence_parallel_region_bwd(demb, *ctx.tp_group);
+  ops.embedding_bwd(word.grad, demb, st.tokens, vocab_shard.start);
+  if (position.defined()) ops.embedding_bwd(position.grad, demb, st.positions, 0);
+}
+
+void GPTModel::backward(GPTForwardState& state, double dloss) {
+  MG_CHECK(state.saved_ != nullptr, "GPTModel::backward: the state holds no forward activations");
+  const PipelineChunk& ch = impl_->chunks[static_cast<std::size_t>(state.saved_->chunk)];
+  MG_CHECK(ch.pre_process && ch.post_process,
+           "GPTModel::backward runs the whole model; this state is of a pipeline chunk: use "
+           "backward_chunk");
+  backward_chunk(state, Tensor(), dloss);
+}
+
+Tensor GPTModel::backward_chunk(GPTForwardState& state, const Tensor& output_grad, double dloss) {
+  Impl& m = *impl_;
+  MG_CHECK(state.saved_ != nullptr,
+           "GPTModel::backward_chunk: the state holds no forward activations");
+  detail::GPTSaved& st = *state.saved_;
+  const PipelineChunk& ch = m.chunks[static_cast<std::size_t>(st.chunk)];
+  Tensor dx;
+  if (ch.post_process) {
+    dx = m.head_bwd(st, dloss);
+  } else {
+    const Shape want = pipeline_tensor_shape(st.s, st.b);
+    MG_CHECK(output_grad.defined() && output_grad.shape() == want,
+             "backward_chunk " << st.chunk << ": the output gradient must be " << shape_str(want)
+                               << ", got " << (output_grad.defined() ? output_grad.str() : "none"));
+    dx = output_grad;
+  }
+  dx = m.decoder_bwd(dx, st);
+  if (ch.pre_process) {
+    m.embed_bwd(dx, st);
+    dx = Tensor();
+  }
   state.saved_.reset();
-  m.report_ready(m.embedding_params);
+  if (ch.pre_process) m.report_ready(m.embedding_params);
+  return dx;
+}
+
+int GPTModel::num_chunks() const {
+  return static_cast<int>(impl_->chunks.size());
+}
+const PipelineChunk& GPTModel::chunk(int v) const {
+  MG_CHECK(v >= 0 && v < num_chunks(), "chunk " << v << " is outside [0, " << num_chunks() << ")");
+  return impl_->chunks[static_cast<std::size_t>(v)];
+}
+Shape GPTModel::pipeline_tensor_shape(int64_t seq_length, int64_t micro_batch_size) const {
+  const int64_t s = impl_->ctx.sequence_parallel ? seq_length / impl_->ctx.tp_size() : seq_length;
+  return Shape{s, micro_batch_size, impl_->config.hidden_size};
+}
+DType GPTModel::pipeline_tensor_dtype() const {
+  return impl_->ctx.dtype;
 }
 
 void GPTModel::set_grad_ready_hook(GradReadyHook hook) {
@@ -510,8 +680,9 @@ Tensor GPTModel::infer(const Tensor& tokens, inference::StaticInferenceContext& 
   Impl& m = *impl_;
   const TransformerConfig& c = m.config;
   const auto& ops = m.ctx.op();
-  MG_CHECK(tokens.defined() && tokens.dim() == 2, "GPTModel::infer: tokens must be [B, Sq], got "
-                                                      << (tokens.defined() ? tokens.str() : "none"));
+  MG_CHECK(tokens.defined() && tokens.dim() == 2,
+           "GPTModel::infer: tokens must be [B, Sq], got "
+               << (tokens.defined() ? tokens.str() : "none"));
   MG_CHECK(!m.ctx.sequence_parallel, "GPTModel::infer: not supported with sequence parallelism");
   MG_CHECK(static_cast<int64_t>(m.layers.size()) == c.num_layers,
            "GPTModel::infer needs the whole model (this one holds "

@@ -9,6 +9,17 @@
 // and one flat gradient buffer (parameter.h; main_grad f32 under bf16/f16). All compute goes
 // through the op table given at construction, so the same code runs on every platform.
 //
+// Pipeline parallelism (Megatron's pre_process / post_process): a model may hold only some of the
+// layers, as one or several chunks (virtual pipeline stages, PipelineChunk). A chunk with
+// pre_process starts at the embedding, one without starts from the previous stage's hidden states;
+// a chunk with post_process ends with final norm, output layer and loss, one without returns its
+// hidden states (forward_chunk / backward_chunk). Layers keep their GLOBAL numbers in names and
+// dropout seeds ("decoder.layers.<offset + i>."), so a stage's parameters and activations equal
+// the single-stage model's. With tied embeddings, a last stage without the embedding builds its
+// own copy of the word embedding as output weight (Megatron's shared embedding): same name, same
+// init (so equal to the first stage's copy), Parameter::shared = true; the caller keeps the two
+// copies equal by summing their grads over the embedding group.
+//
 // Activations of one micro-batch live in a caller-owned GPTForwardState, so a schedule can hold
 // several micro-batches in flight. forward() fills it; backward() consumes it (and releases it),
 // accumulating (+=) into the gradient buffer. Dropout masks are counter-based: each (iteration,
@@ -27,6 +38,7 @@
 #include "megatron/core/inference/inference_context.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
+#include "megatron/core/transformer/context_parallel.h"
 #include "megatron/core/transformer/parameter.h"
 #include "megatron/core/transformer/transformer_config.h"
 #include "megatron/core/transformer/transformer_layer_spec.h"
@@ -53,7 +65,10 @@ struct StepRng {
 };
 
 // What forward() reports for one micro-batch: sum over tokens of loss * loss_mask (f64, summed on
-// the host) and sum of loss_mask. Megatron's loss_func returns the same pair.
+// the host) and sum of loss_mask. Megatron's loss_func returns the same pair. Under context
+// parallelism num_tokens is the CP group's total / CP on every CP rank: the schedules' mean-loss
+// gradient (loss_sum / num_tokens) is then Megatron's local sum x CP / global count (DDP averages
+// over dp-cp), sums over dp-cp stay exact, and a rank whose tokens are all masked is no error.
 struct LossSums {
   double loss_sum = 0.0;
   double num_tokens = 0.0;
@@ -74,10 +89,30 @@ struct LossSums {
 // gradients do not depend on the padding, which grows with TP (PITFALLS #1: with V = 50257 and
 // --make-vocab-size-divisible-by 128, V_pad is 50304 at TP 1 but 50432 at TP 2). A rank whose shard
 // is all padding gets empty logits. Set it alike in the runs being compared.
+// One model chunk (virtual pipeline stage) of a pipeline-parallel GPTModel: layers [layer_offset,
+// layer_offset + num_layers) of the global decoder; pre_process: it holds the embedding (the first
+// virtual stage); post_process: final norm, output layer and loss (the last virtual stage).
+struct PipelineChunk {
+  int64_t layer_offset = 0;
+  int64_t num_layers = 0;
+  bool pre_process = true;
+  bool post_process = true;
+};
+
 struct GPTModelParallel {
   comm::ProcessGroup* tp_group = nullptr;
   bool sequence_parallel = false;
   bool exclude_vocab_padding = false;
+  // Context parallelism (transformer/context_parallel.h): the CP group and --cp-comm-type. The
+  // batch then holds this rank's two sequence chunks (r and 2 CP - 1 - r, with their real
+  // position ids), only core attention crosses the group, and forward reports num_tokens as the
+  // whole sequence's count / CP (see LossSums).
+  transformer::ContextParallel cp;
+  // The chunks this rank builds, in virtual-stage order (chunk v of pipeline rank p is virtual
+  // stage v * PP + p); only the first may be pre_process, only the last post_process; layer ranges
+  // ascending and disjoint. Empty: one chunk with every layer, pre_process and post_process (no
+  // pipelining).
+  std::vector<PipelineChunk> pipeline_chunks;
 };
 
 namespace detail {
@@ -142,13 +177,33 @@ class GPTModel {
   void zero_grad();
 
   // Runs one micro-batch and keeps what backward() needs in `state`. training: dropout active.
-  // Returns {sum of loss * loss_mask, sum of loss_mask} (labels required).
+  // Returns {sum of loss * loss_mask, sum of loss_mask} (labels required). The whole model only
+  // (one chunk with pre_process and post_process); pipeline stages use forward_chunk.
   LossSums forward(const GPTBatch& batch, GPTForwardState& state, const StepRng& rng,
                    bool training);
   // Accumulates (+=) d(dloss * sum over tokens of loss * loss_mask)/d(param) into every main_grad:
   // dloss is the weight of every masked token's loss (e.g. 1 / num_tokens / num_microbatches times
   // the fp16 loss scale). Consumes `state`.
   void backward(GPTForwardState& state, double dloss);
+
+  // Pipeline parallelism: the chunks this model holds (one when not pipelined).
+  int num_chunks() const;
+  const PipelineChunk& chunk(int v) const;
+  // The hidden states one chunk passes to the next stage: [S, B, H] ([S/TP, B, H] under SP) in
+  // the params dtype, for a micro-batch of `micro_batch_size` sequences of `seq_length`.
+  Shape pipeline_tensor_shape(int64_t seq_length, int64_t micro_batch_size) const;
+  DType pipeline_tensor_dtype() const;
+  // Runs chunk v on one micro-batch. `batch` gives the shapes, the tokens (pre_process), labels
+  // and loss mask (post_process), position ids and document ids (every stage). `input`: the
+  // previous stage's hidden states (pipeline_tensor_shape), ignored for a pre_process chunk.
+  // Returns the chunk's output hidden states, or an undefined tensor for a post_process chunk,
+  // whose loss sums go to *sums (labels required there).
+  Tensor forward_chunk(int v, const GPTBatch& batch, const Tensor& input, GPTForwardState& state,
+                       const StepRng& rng, bool training, LossSums* sums);
+  // Backward of the chunk `state` holds (consumed): output_grad = d objective / d output
+  // (ignored for a post_process chunk, which starts from dloss as backward() does). Returns
+  // d objective / d input, or an undefined tensor for a pre_process chunk.
+  Tensor backward_chunk(GPTForwardState& state, const Tensor& output_grad, double dloss);
 
   // Called once per parameter (its index in parameters()) during backward(), as soon as that
   // parameter's gradient contribution of the micro-batch is complete: after the output layer (when
