@@ -1,7 +1,9 @@
 // Internal: the built-in Communicator factories behind init_communicator (process_group.cpp).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "megatron/core/comm/process_group.h"
 
@@ -16,5 +18,11 @@ bool mpi_built();
 void mpi_abort_if_running(int code);
 // {rank, size} of MPI_COMM_WORLD when MPI is initialised, else {0, 1}.
 std::pair<int, int> mpi_world_rank_size();
+// Non-blocking MPI ops completed by the progress thread so far in this process (0 without MPI or
+// with the thread off): lets a test see that launched collectives advance without a wait().
+int64_t mpi_background_completions();
+// Whether the MPI progress thread is running (MPI_THREAD_MULTIPLE and not
+// MG_MPI_PROGRESS_THREAD=0).
+bool mpi_progress_thread_on();
 
 }  // namespace mg::comm::detail

@@ -7,7 +7,14 @@
 //     floats (bf16, f16, fp8) are reduced in an f32 copy and rounded once at the end. avg = sum,
 //     then divide by the group size in the reduction type. For a fixed group size and tensor size
 //     OpenMPI runs the same algorithm, so results are bit-identical across ranks and runs.
-//   - Work::wait polls MPI_Testall (the progress engine runs inside those calls) until the group's
+//   - Progress: OpenMPI advances non-blocking collectives (libnbc schedules, rendezvous transfers)
+//     only inside MPI calls, so an all-reduce launched during backward would otherwise sit still
+//     until its wait(). A progress thread per process (the ProgressEngine below) polls every
+//     pending op with MPI_Testall every MG_MPI_PROGRESS_INTERVAL_US microseconds (50) while there
+//     is any, so launched collectives run during computation. It needs MPI_THREAD_MULTIPLE (else
+//     it stays off) and is disabled with MG_MPI_PROGRESS_THREAD=0. An op is tested by one thread
+//     at a time (its mutex); an error the thread finds is rethrown by the op's wait().
+//   - Work::wait polls MPI_Testall until the group's
 //     timeout, counted from when the op was issued, then throws naming the group, the op and the
 //     members that did not arrive. Arrival is tracked cheaply through a node-local shared-memory
 //     window: each process counts the collectives it entered per group; on timeout, members on this
@@ -23,7 +30,10 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <sstream>
@@ -56,6 +66,60 @@ bool mpi_finalized() {
   return f != 0;
 }
 
+class MpiWork;
+
+// The progress thread (see the file comment). Ops are registered when launched and leave when
+// complete, failed, or destroyed; the thread sleeps on a condition variable while there is none.
+class ProgressEngine {
+ public:
+  // The process's engine, started on first use; null when disabled or without
+  // MPI_THREAD_MULTIPLE.
+  static ProgressEngine* get();
+  // Stops and joins the thread (before MPI_Finalize); ops still registered are left to their
+  // wait().
+  static void shutdown();
+
+  void add(MpiWork* w) {
+    {
+      std::lock_guard lock(mu_);
+      ops_.push_back(w);
+    }
+    cv_.notify_one();
+  }
+  void remove(MpiWork* w) {
+    std::lock_guard lock(mu_);
+    ops_.erase(std::remove(ops_.begin(), ops_.end(), w), ops_.end());
+  }
+  // Ops the thread completed (tests observe that it runs).
+  static int64_t completions() { return completions_.load(std::memory_order_relaxed); }
+  static void completed() { completions_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  explicit ProgressEngine(std::chrono::microseconds interval)
+      : interval_(interval), thread_([this] { loop(); }) {}
+  void loop();
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::mutex mu_;  // guards ops_ and stop_; held by the thread during a polling pass
+  std::condition_variable cv_;
+  std::vector<MpiWork*> ops_;
+  bool stop_ = false;
+  std::chrono::microseconds interval_;
+  std::thread thread_;
+  static inline std::atomic<int64_t> completions_{0};
+  static inline std::mutex instance_mu_;
+  static inline ProgressEngine* instance_ = nullptr;
+  static inline bool disabled_ = false;
+  friend class MpiEnv;
+};
+
 // MPI for the whole process: initialised once, finalised when the last holder goes (at exit: the
 // static reference below is the last one).
 class MpiEnv {
@@ -70,10 +134,15 @@ class MpiEnv {
       MG_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed: " << mpi_error_string(rc));
       owns_ = true;
     }
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    thread_multiple_ = level == MPI_THREAD_MULTIPLE;
   }
   ~MpiEnv() {
+    ProgressEngine::shutdown();
     if (owns_ && !mpi_finalized()) MPI_Finalize();
   }
+  static bool thread_multiple() { return get()->thread_multiple_; }
   MpiEnv(const MpiEnv&) = delete;
   MpiEnv& operator=(const MpiEnv&) = delete;
 
@@ -87,7 +156,36 @@ class MpiEnv {
 
  private:
   bool owns_ = false;
+  bool thread_multiple_ = false;
 };
+
+ProgressEngine* ProgressEngine::get() {
+  std::lock_guard lock(instance_mu_);
+  if (instance_ || disabled_) return instance_;
+  const char* on = std::getenv("MG_MPI_PROGRESS_THREAD");
+  if ((on && std::string_view(on) == "0") || !MpiEnv::thread_multiple()) {
+    disabled_ = true;
+    return nullptr;
+  }
+  long us = 50;
+  if (const char* v = std::getenv("MG_MPI_PROGRESS_INTERVAL_US")) {
+    char* end = nullptr;
+    us = std::strtol(v, &end, 10);
+    MG_CHECK(end && *end == '\0' && us >= 0 && us <= 1000000,
+             "MG_MPI_PROGRESS_INTERVAL_US must be an integer in [0, 1000000] microseconds, got '"
+                 << v << "'");
+  }
+  instance_ = new ProgressEngine(std::chrono::microseconds(us));  // stopped by shutdown()
+  return instance_;
+}
+
+void ProgressEngine::shutdown() {
+  std::lock_guard lock(instance_mu_);
+  disabled_ = true;
+  if (!instance_) return;
+  instance_->stop();
+  // Not deleted: an op destroyed later may still call remove() on it (a no-op list).
+}
 
 // An owned MPI communicator (freed before MPI is finalised: it holds the environment).
 class MpiComm {
@@ -198,6 +296,16 @@ class MpiWork final : public Work {
         start_(std::chrono::steady_clock::now()) {}
 
   ~MpiWork() override {
+    if (state_ == State::pending) {
+      try {
+        wait();
+      } catch (const std::exception& e) {
+        // A destructor cannot throw: the job cannot continue consistently, so end it with the
+        // message.
+        abort_on_error(e, "megatron");
+      }
+    }
+    if (engine_) engine_->remove(this);
     if (state_ == State::failed) {
       // MPI may still write into the buffers of an op that timed out (a late member can still
       // complete it): keep them alive for the rest of the process.
@@ -206,16 +314,30 @@ class MpiWork final : public Work {
           new std::vector<std::pair<std::vector<Tensor>, std::function<void()>>>();
       std::lock_guard lock(mu);
       abandoned->emplace_back(std::move(keep_alive), std::move(finish));
-      return;
     }
-    if (state_ != State::pending) return;
+  }
+
+  // Hands the launched op to the progress thread (if any). Called once all requests are posted.
+  void submit() {
+    if (requests.empty()) return;
+    engine_ = ProgressEngine::get();
+    if (engine_) engine_->add(this);
+  }
+
+  // One progress-thread test; true when the op left the pending state (the thread drops it). Never
+  // blocks on a caller inside wait() (it tests then).
+  bool poll() {
+    std::unique_lock lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    if (state_ != State::pending) return true;
     try {
-      wait();
-    } catch (const std::exception& e) {
-      // A destructor cannot throw: the job cannot continue consistently, so end it with the
-      // message.
-      abort_on_error(e, "megatron");
+      if (!test()) return false;
+      ProgressEngine::completed();
+    } catch (...) {
+      error_ = std::current_exception();  // rethrown by wait()
+      state_ = State::failed;
     }
+    return true;
   }
 
   std::vector<MPI_Request> requests;
@@ -233,6 +355,8 @@ class MpiWork final : public Work {
   std::vector<RecvCheck> recv_checks;  // a shorter message than the tensor is an error
 
   void wait() override {
+    std::unique_lock lock(mu_);
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
     if (state_ == State::done) return;
     MG_CHECK(state_ != State::failed,
              op_ << " on " << info_->description << ": wait() after the op already failed");
@@ -243,15 +367,21 @@ class MpiWork final : public Work {
         state_ = State::failed;
         MG_THROW(timeout_message());
       }
+      lock.unlock();  // let the progress thread test meanwhile
       if (++spins < 64) {
         std::this_thread::yield();
       } else {
         std::this_thread::sleep_for(sleep);
         sleep = std::min(sleep * 2, std::chrono::microseconds(200));
       }
+      lock.lock();
+      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+      if (state_ == State::done) return;
     }
   }
   bool is_completed() override {
+    std::lock_guard lock(mu_);
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
     if (state_ == State::done) return true;
     if (state_ == State::failed) return false;
     return test();
@@ -329,7 +459,28 @@ class MpiWork final : public Work {
   std::chrono::steady_clock::time_point start_;
   std::vector<MPI_Status> statuses_;
   State state_ = State::pending;
+  std::mutex mu_;                     // one tester at a time: the caller or the progress thread
+  std::exception_ptr error_;          // found by the progress thread
+  ProgressEngine* engine_ = nullptr;  // registered with, when submitted
 };
+
+void ProgressEngine::loop() {
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    if (ops_.empty()) {
+      cv_.wait(lock, [this] { return stop_ || !ops_.empty(); });
+      continue;
+    }
+    std::erase_if(ops_, [](MpiWork* w) { return w->poll(); });
+    lock.unlock();
+    if (interval_.count() > 0) {
+      std::this_thread::sleep_for(interval_);
+    } else {
+      std::this_thread::yield();
+    }
+    lock.lock();
+  }
+}
 
 // Element type for moving bytes (no arithmetic): an unsigned integer of the element's size.
 MPI_Datatype copy_type(DType t) {
@@ -435,6 +586,7 @@ class MpiGroup final : public ProcessGroup {
         if (!buf.shares_storage_with(x)) x.copy_(buf);
       };
     }
+    w->submit();
     return w;
   }
 
@@ -459,6 +611,7 @@ class MpiGroup final : public ProcessGroup {
         MPI_Iallgather(send, n, type, out.raw_data(), n, type, comm(), &w->requests.back()),
         "all_gather on " << info_->description << " of " << in.str());
     w->keep_alive = {src, out};
+    w->submit();
     return w;
   }
 
@@ -485,6 +638,7 @@ class MpiGroup final : public ProcessGroup {
         if (staged) out.copy_(dst);
       };
     }
+    w->submit();
     return w;
   }
 
@@ -499,6 +653,7 @@ class MpiGroup final : public ProcessGroup {
         MPI_Ibcast(x.raw_data(), n, copy_type(x.dtype()), root, comm(), &w->requests.back()),
         "broadcast on " << info_->description << " of " << x.str());
     w->keep_alive = {x};
+    w->submit();
     return w;
   }
 
@@ -515,6 +670,7 @@ class MpiGroup final : public ProcessGroup {
                                &w->requests.back()),
                  "all_to_all on " << info_->description << " of " << in.str());
     w->keep_alive = {src, out};
+    w->submit();
     return w;
   }
 
@@ -544,6 +700,7 @@ class MpiGroup final : public ProcessGroup {
         "all_to_all_v on " << info_->description << " of " << in.str());
     w->keep_alive = {src, out};
     w->finish = [counts]() {};  // keeps the count arrays alive until completion
+    w->submit();
     return w;
   }
 
@@ -552,6 +709,7 @@ class MpiGroup final : public ProcessGroup {
     check_host("send", x);
     auto w = p2p("send to group rank " + std::to_string(peer), peer);
     post_send(*w, x, peer, tag);
+    w->submit();
     return w;
   }
 
@@ -560,6 +718,7 @@ class MpiGroup final : public ProcessGroup {
     check_host("recv", x);
     auto w = p2p("recv from group rank " + std::to_string(peer), peer);
     post_recv(*w, x, peer, tag);
+    w->submit();
     return w;
   }
 
@@ -583,6 +742,7 @@ class MpiGroup final : public ProcessGroup {
     }
     std::sort(w->peers.begin(), w->peers.end());
     w->peers.erase(std::unique(w->peers.begin(), w->peers.end()), w->peers.end());
+    w->submit();
     return w;
   }
 
@@ -731,6 +891,14 @@ bool mpi_built() {
   return true;
 }
 
+int64_t mpi_background_completions() {
+  return ProgressEngine::completions();
+}
+
+bool mpi_progress_thread_on() {
+  return ProgressEngine::get() != nullptr;
+}
+
 std::unique_ptr<Communicator> make_mpi_communicator() {
   return std::make_unique<MpiCommunicator>();
 }
@@ -761,6 +929,12 @@ std::pair<int, int> mpi_world_rank_size() {
 namespace mg::comm::detail {
 
 bool mpi_built() {
+  return false;
+}
+int64_t mpi_background_completions() {
+  return 0;
+}
+bool mpi_progress_thread_on() {
   return false;
 }
 std::unique_ptr<Communicator> make_mpi_communicator() {

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <thread>
 
+#include "megatron/core/comm/backends.h"
 #include "megatron/core/comm/process_group.h"
 
 namespace mg::comm {
@@ -276,6 +278,35 @@ TEST(Collectives, RecvOfAShorterMessageIsAnError) {
     EXPECT_NE(e.message().find("received 3 elements"), std::string::npos) << e.message();
   }
   s->wait();
+  g.barrier();
+}
+
+// A launched all-reduce completes while its caller makes no MPI call (the progress thread tests
+// it): what --overlap-grad-reduce needs so a bucket's reduction runs during the rest of backward.
+// 16 MiB is far above OpenMPI's eager limit, so without progress the transfer would not advance.
+TEST(Collectives, LaunchedAllReduceAdvancesWithoutWait) {
+  ProcessGroup& g = world();
+  if (g.size() < 2) GTEST_SKIP() << "needs two ranks (run under mpirun)";
+  if (!detail::mpi_progress_thread_on())
+    GTEST_SKIP() << "the MPI progress thread is off (MG_MPI_PROGRESS_THREAD=0 or MPI without "
+                    "MPI_THREAD_MULTIPLE)";
+  const int64_t n = int64_t{1} << 22;
+  Tensor x = make(DType::f32, {n}, g.rank());
+  g.barrier();
+  const int64_t before = detail::mpi_background_completions();
+  WorkPtr w = g.all_reduce(x);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (detail::mpi_background_completions() == before &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);  // no MPI call on this thread meanwhile
+  EXPECT_GT(detail::mpi_background_completions(), before);
+  w->wait();
+  const auto v = x.to_vector<float>();
+  for (int64_t i : {int64_t{0}, int64_t{1}, n / 2, n - 1}) {
+    double sum = 0.0;
+    for (int r = 0; r < g.size(); ++r) sum += value(r, i);
+    ASSERT_EQ(v[static_cast<std::size_t>(i)], static_cast<float>(sum)) << "element " << i;
+  }
   g.barrier();
 }
 
