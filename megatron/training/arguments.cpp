@@ -269,6 +269,13 @@ Arguments parse_args(const std::vector<std::string>& raw) {
         "layers of the first pipeline stage (uneven split)");
   p.add("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers,
         "layers of the last pipeline stage (uneven split)");
+  p.add("--context-parallel-size", a.context_parallel_size,
+        "context-parallel ranks (1): each sequence cut into 2 CP chunks across them");
+  p.add_choice(
+      "--cp-comm-type", {"p2p", "a2a", "allgather"},
+      [&a](const std::string& v) { a.cp_comm_type = v; },
+      "how attention crosses the CP group: p2p (ring, default), allgather, a2a (not supported "
+      "yet)");
   add_ddp_flags(p, a.ddp);
   a.help_text = p.help();
 
@@ -360,6 +367,31 @@ Arguments parse_args(const std::vector<std::string>& raw) {
     }
   }
 
+  {
+    // Context parallelism: sizes and what this build supports, before any work.
+    const int32_t cp = a.context_parallel_size;
+    MG_CHECK(cp >= 1, "--context-parallel-size must be >= 1, got " << cp);
+    if (cp > 1) {
+      MG_CHECK(a.model.seq_length % (2 * cp) == 0,
+               "--seq-length " << a.model.seq_length << " must be divisible by 2 x "
+                               << "--context-parallel-size = " << 2 * cp
+                               << " (each CP rank keeps two chunks of S / (2 CP) tokens)");
+      MG_CHECK(!a.sequence_parallel || a.model.seq_length / cp % a.tensor_model_parallel_size == 0,
+               "--sequence-parallel with --context-parallel-size "
+                   << cp << ": the CP rank's " << a.model.seq_length / cp
+                   << " tokens must be divisible by --tensor-model-parallel-size "
+                   << a.tensor_model_parallel_size);
+      MG_CHECK(a.cp_comm_type != "a2a",
+               "--cp-comm-type a2a (Ulysses, heads split across CP) is "
+               "not supported yet; use p2p or allgather");
+      MG_CHECK(a.pipeline_model_parallel_size == 1,
+               "--context-parallel-size " << cp << " with --pipeline-model-parallel-size "
+                                          << a.pipeline_model_parallel_size
+                                          << " is not supported yet");
+      MG_CHECK(!a.checkpoint.save && !a.checkpoint.load,
+               "--save/--load with --context-parallel-size " << cp << " are not supported yet");
+    }
+  }
   {
     // Pipeline layout checked before any work (the loop builds it again per rank).
     const auto layout = pipeline_parallel::make_pipeline_layout(

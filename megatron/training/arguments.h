@@ -65,6 +65,12 @@ struct Arguments {
   std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
   std::optional<int64_t> decoder_first_pipeline_num_layers;
   std::optional<int64_t> decoder_last_pipeline_num_layers;
+  // Context parallelism: --context-parallel-size CP cuts each sequence into 2 CP chunks (rank r
+  // keeps chunks r and 2 CP - 1 - r; --seq-length must divide by 2 CP) and --cp-comm-type p2p |
+  // a2a | allgather picks how core attention crosses the CP group (transformer/context_parallel.h;
+  // a2a is refused for now).
+  int32_t context_parallel_size = 1;
+  std::string cp_comm_type = "p2p";
 
   bool help = false;      // --help / -h: print help_text and exit 0
   std::string help_text;  // every flag, one per line

@@ -32,13 +32,25 @@ namespace {
 using datasets::DataIterator;
 using datasets::DataIteratorOptions;
 
-models::GPTBatch to_batch(const datasets::MicroBatch& mb) {
+// Megatron's get_batch; with a context-parallel group also get_batch_on_this_cp_rank: every [B, S]
+// tensor cut to this CP rank's chunks r and 2 CP - 1 - r, position ids made explicit first so that
+// RoPE and learned positions follow the real positions.
+models::GPTBatch to_batch(const datasets::MicroBatch& mb, const comm::ProcessGroup* cp = nullptr) {
   models::GPTBatch b;
   b.tokens = mb.tokens;
   b.labels = mb.labels;
   b.loss_mask = mb.loss_mask;
   b.position_ids = mb.position_ids;
   b.doc_ids = mb.doc_ids;
+  if (!cp || cp->size() == 1) return b;
+  if (!b.position_ids.defined()) {
+    const int64_t rows = b.tokens.size(0), s = b.tokens.size(1);
+    std::vector<int64_t> pos(static_cast<std::size_t>(rows * s));
+    for (int64_t i = 0; i < rows * s; ++i) pos[static_cast<std::size_t>(i)] = i % s;
+    b.position_ids = Tensor::from_vector(pos, {rows, s}, DType::i64);
+  }
+  for (Tensor* t : {&b.tokens, &b.labels, &b.loss_mask, &b.position_ids, &b.doc_ids})
+    if (t->defined()) *t = transformer::slice_sequence_for_cp_rank(*t, cp->rank(), cp->size());
   return b;
 }
 
@@ -66,6 +78,9 @@ struct Run {
   comm::ProcessGroupPtr dp_group;
   comm::ProcessGroupPtr tp_group;  // null without tensor parallelism
   comm::ProcessGroupPtr pp_group;  // null without pipeline parallelism
+  // Context parallelism: the CP group, and the pure data-parallel group the data iterator follows
+  // (dp_group is then dp-cp: gradients and loss sums); both null without CP.
+  comm::ProcessGroupPtr cp_group, data_group;
   // Pipelining with tied embeddings: the first and last stage of this pipeline (null elsewhere).
   comm::ProcessGroupPtr embedding_group;
   pipeline_parallel::PipelineLayout layout;
@@ -95,7 +110,7 @@ std::unique_ptr<DataIterator> make_iterator(const Run& r, datasets::Split split,
   DataIteratorOptions o;
   o.micro_batch_size = r.args.training.micro_batch_size;
   o.data_parallel_size = r.args.training.data_parallel_size;
-  o.data_parallel_rank = r.dp_group->rank();
+  o.data_parallel_rank = (r.data_group ? r.data_group : r.dp_group)->rank();
   o.consumed_samples = cyclic ? consumed % ds->size() : consumed;
   o.cyclic = cyclic;
   if (!cyclic && consumed >= ds->size()) return nullptr;
@@ -136,8 +151,8 @@ void save(Run& r) {
   SaveOptions so;
   so.format = c.ckpt_format;
   so.async = c.async_save;
-  const CheckpointIOStats io = save_checkpoint(*c.save, r.model->parameters(), st,
-                                               checkpoint_ranks(r), so);
+  const CheckpointIOStats io =
+      save_checkpoint(*c.save, r.model->parameters(), st, checkpoint_ranks(r), so);
   const double s = r.timers.stop("save-checkpoint");
   r.log << "  successfully " << (io.async ? "started saving" : "saved")
         << " checkpoint from iteration " << std::setw(7) << r.iteration << " to " << *c.save
@@ -315,7 +330,7 @@ std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
     auto next = [&] {
       auto mb = it->next();
       MG_CHECK(mb.has_value(), "evaluation data ran out");
-      return to_batch(*mb);
+      return to_batch(*mb, r.cp_group.get());
     };
     set_pipeline(r, cfg);
     auto fb =
@@ -354,7 +369,7 @@ StepOutcome train_step(Run& r) {
   auto next = [&] {
     auto mb = r.train_iter->next();
     MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);
-    return to_batch(*mb);
+    return to_batch(*mb, r.cp_group.get());
   };
   set_pipeline(r, cfg);
   // Pipelining: DDP launches nothing from the grad-ready hook (a chunk's last micro-batch is not
@@ -526,7 +541,9 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
       std::nullopt, given_args.decoder_first_pipeline_num_layers,
       given_args.decoder_last_pipeline_num_layers);
   comm::ProcessGroupPtr dp_group, tp_group, world_group, pp_group, embedding_group;
-  if (tp > 1 || pp > 1) {
+  const int32_t cp = given_args.context_parallel_size;
+  comm::ProcessGroupPtr cp_group, data_group;  // context parallelism (CP > 1)
+  if (tp > 1 || pp > 1 || cp > 1) {
     MG_CHECK(!hooks.data_parallel_group, "--tensor-model-parallel-size "
                                              << tp << " / --pipeline-model-parallel-size " << pp
                                              << ": PretrainHooks::data_parallel_group is "
@@ -535,12 +552,22 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     parallel_state::ParallelDims dims;
     dims.tp = tp;
     dims.pp = pp;
+    dims.cp = cp;
+    MG_CHECK(comm.world_size() % (tp * pp * cp) == 0,
+             "world size " << comm.world_size() << " must be divisible by "
+                           << "--tensor-model-parallel-size " << tp
+                           << " x --pipeline-model-parallel-size " << pp
+                           << " x --context-parallel-size " << cp);
     MG_CHECK(comm.world_size() % (tp * pp) == 0,
              "world size " << comm.world_size() << " must be divisible by "
                            << "--tensor-model-parallel-size " << tp
                            << " x --pipeline-model-parallel-size " << pp);
     auto groups = parallel_state::make_process_groups(comm, dims.resolved(comm.world_size()));
     dp_group = groups.dp_cp;
+    if (cp > 1) {
+      cp_group = groups.cp;
+      data_group = groups.dp;
+    }
     if (tp > 1) tp_group = groups.tp;
     world_group = groups.world;
     if (pp > 1) {
@@ -555,7 +582,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   Arguments args = given_args;
   {
     auto& tr = args.training;
-    tr.data_parallel_size = dp_group->size();
+    tr.data_parallel_size = dp_group->size() / cp;  // dp_group is dp-cp
     bool gbs_given = false;
     for (const auto& [flag, values] : args.given) gbs_given |= flag == "--global-batch-size";
     if (!gbs_given) tr.global_batch_size = tr.micro_batch_size * tr.data_parallel_size;
@@ -613,10 +640,11 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   data.validate();
 
   // Model, optimizer, scheduler; then the checkpoint.
-  if (tp_group || pp_group) {
+  if (tp_group || pp_group || cp_group) {
     models::GPTModelParallel par;
     par.tp_group = tp_group.get();
     par.sequence_parallel = args.sequence_parallel;
+    if (cp_group) par.cp = {cp_group.get(), transformer::parse_cp_comm_type(args.cp_comm_type)};
     if (pp_group) par.pipeline_chunks = layout.chunks(pp_group->rank());
     r.model = std::make_unique<models::GPTModel>(
         args.model, tokenizer->vocab_size(), *r.rt->ops, r.rt->device,
