@@ -11,6 +11,8 @@
 #         LLaMA PP 4 x VP 2 and uneven PP 4 (1 + 2 + 2 + 3); PP 2 x DP 2 + distributed optimizer
 #         saves at 2, PP 4 resumes;
 #   np 8: PP 2 x TP 2 x DP 2 (+ SP, distributed optimizer), 1F1B and interleaved; LLaMA too.
+# With DP > 1 the GPT-2 runs compare without hidden dropout (masks follow the local micro-batch
+# index, as in Megatron).
 # usage: pretrain_gpt_pp.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
 # (CTest label `mpi`; tests/CMakeLists.txt.) lm loss to 2e-6 relative (f32 round-off of a
 # different summation order: the printed value has 7 digits); grad norm (3 decimals printed) to
@@ -24,6 +26,9 @@ common="--hidden-size 32 --num-attention-heads 4 --seq-length 16
   --lr 1e-3 --mock-data --tokenizer-type NullTokenizer --vocab-size 301
   --make-vocab-size-divisible-by 4 --log-interval 1 --eval-iters 0 --attention-dropout 0 --seed 7"
 gpt2="$common --global-batch-size 16 --num-layers 4 --hidden-dropout 0.1"
+# With data parallelism the dropout masks follow the local micro-batch index (as in Megatron), so
+# DP layouts compare without dropout.
+gpt2nd="$common --global-batch-size 16 --num-layers 4 --hidden-dropout 0"
 llama="$common --global-batch-size 16 --num-layers 8 --hidden-dropout 0 --normalization RMSNorm --swiglu
   --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
   --group-query-attention --num-query-groups 2"
@@ -58,6 +63,9 @@ refused() {  # refused <np> <expected message> <args...>
 
 "$bin" $gpt2 > "$work/gpt2.log" 2>&1 || { cat "$work/gpt2.log"; exit 1; }
 "$bin" $llama > "$work/llama.log" 2>&1 || { cat "$work/llama.log"; exit 1; }
+if [ "$np" -ge 4 ]; then
+  "$bin" $gpt2nd > "$work/gpt2nd.log" 2>&1 || { cat "$work/gpt2nd.log"; exit 1; }
+fi
 if [ "$np" -eq 2 ]; then
   run "$work/x.log" 2 "$gpt2" --pipeline-model-parallel-size 2
   compare "$work/gpt2.log" "$work/x.log" "GPT-2 PP 2 (1F1B)"
@@ -93,29 +101,29 @@ elif [ "$np" -eq 4 ]; then
   run "$work/x.log" 4 "$gpt2" --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 \
     --sequence-parallel
   compare "$work/gpt2.log" "$work/x.log" "GPT-2 PP 2 x TP 2 + SP"
-  run "$work/x.log" 4 "$gpt2" --pipeline-model-parallel-size 2 --use-distributed-optimizer
-  compare "$work/gpt2.log" "$work/x.log" "GPT-2 PP 2 x DP 2 + distributed optimizer"
-  run "$work/x.log" 4 "$gpt2" --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 \
+  run "$work/x.log" 4 "$gpt2nd" --pipeline-model-parallel-size 2 --use-distributed-optimizer
+  compare "$work/gpt2nd.log" "$work/x.log" "GPT-2 PP 2 x DP 2 + distributed optimizer"
+  run "$work/x.log" 4 "$gpt2nd" --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 \
     --use-distributed-optimizer
-  compare "$work/gpt2.log" "$work/x.log" "GPT-2 PP 2 x VP 2 x DP 2 + distributed optimizer"
+  compare "$work/gpt2nd.log" "$work/x.log" "GPT-2 PP 2 x VP 2 x DP 2 + distributed optimizer"
   # PP 2 x DP 2 with the distributed optimizer saves at 2; PP 4 resumes (resharded by name).
-  run "$work/first.log" 4 "$gpt2" --pipeline-model-parallel-size 2 --use-distributed-optimizer \
+  run "$work/first.log" 4 "$gpt2nd" --pipeline-model-parallel-size 2 --use-distributed-optimizer \
     --save "$work/ckpt" --save-interval 2 --exit-interval 2
-  run "$work/second.log" 4 "$gpt2" --pipeline-model-parallel-size 4 --load "$work/ckpt"
+  run "$work/second.log" 4 "$gpt2nd" --pipeline-model-parallel-size 4 --load "$work/ckpt"
   cat "$work/first.log" "$work/second.log" > "$work/resumed.log"
-  compare "$work/gpt2.log" "$work/resumed.log" "GPT-2 PP 2 x DP 2 save at 2 + resume at PP 4"
+  compare "$work/gpt2nd.log" "$work/resumed.log" "GPT-2 PP 2 x DP 2 save at 2 + resume at PP 4"
   run "$work/x.log" 4 "$llama" --pipeline-model-parallel-size 4 --virtual-pipeline-model-parallel-size 2
   compare "$work/llama.log" "$work/x.log" "LLaMA PP 4 x VP 2 (interleaved)"
   run "$work/x.log" 4 "$llama" --pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 1 \
     --decoder-last-pipeline-num-layers 3
   compare "$work/llama.log" "$work/x.log" "LLaMA PP 4 uneven (1 + 2 + 2 + 3 layers)"
 else
-  run "$work/x.log" "$np" "$gpt2" --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 \
+  run "$work/x.log" "$np" "$gpt2nd" --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 \
     --sequence-parallel --use-distributed-optimizer
-  compare "$work/gpt2.log" "$work/x.log" "GPT-2 PP 2 x TP 2 x DP $((np / 4)) + SP + distributed optimizer"
-  run "$work/x.log" "$np" "$gpt2" --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 \
+  compare "$work/gpt2nd.log" "$work/x.log" "GPT-2 PP 2 x TP 2 x DP $((np / 4)) + SP + distributed optimizer"
+  run "$work/x.log" "$np" "$gpt2nd" --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 \
     --sequence-parallel --use-distributed-optimizer --virtual-pipeline-model-parallel-size 2
-  compare "$work/gpt2.log" "$work/x.log" "GPT-2 PP 2 x VP 2 x TP 2 x DP $((np / 4)) (interleaved)"
+  compare "$work/gpt2nd.log" "$work/x.log" "GPT-2 PP 2 x VP 2 x TP 2 x DP $((np / 4)) (interleaved)"
   run "$work/x.log" "$np" "$llama" --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 \
     --use-distributed-optimizer
   compare "$work/llama.log" "$work/x.log" "LLaMA PP 2 x TP 2 x DP $((np / 4)) + distributed optimizer"
