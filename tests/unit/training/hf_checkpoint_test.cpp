@@ -1,6 +1,7 @@
 // HuggingFace import/export (tools/convert_checkpoint.cpp) against real transformers models
 // (tests/fixtures/hf_models: LLaMA with GQA and an untied head, Qwen2 with qkv bias, tied, saved
-// sharded with an index, GPT-2 with Conv1D weights, tied): import, rebuild the model from the
+// sharded with an index, GPT-2 with Conv1D weights, tied, Mistral with head dim x heads != hidden):
+// import, rebuild the model from the
 // checkpoint's recorded flags (training/checkpoint_model.h), run our CPU forward on the fixture's
 // token ids and compare with the logits transformers computed (f32); export and compare every
 // tensor with the original bit for bit (names, dtypes, shapes, bytes; padding rows dropped).
@@ -124,7 +125,8 @@ TEST_P(HfRoundTrip, ImportMatchesTransformersLogitsAndExportIsBitExact) {
   EXPECT_EQ(cfg.at("vocab_size"), orig.at("vocab_size"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip, ::testing::Values("llama", "qwen2", "gpt2"));
+INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip,
+                         ::testing::Values("llama", "qwen2", "gpt2", "mistral"));
 
 TEST(HfImport, ReimportOfTheExportGivesTheSameCheckpointTensors) {
   // Sharded export (small --max-shard-size) with its index, imported again: same parameters.
