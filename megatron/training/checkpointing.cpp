@@ -591,6 +591,11 @@ struct PendingSave {
   fs::path root, tmp_dir, final_dir;
   int64_t iteration = 0;
   std::string meta_text;
+  // Never finalised (the process is exiting without finalize_async_save): the file is completed,
+  // the checkpoint is not made current (its temporary directory stays, never loaded).
+  ~PendingSave() {
+    if (writer.joinable()) writer.join();
+  }
 };
 std::unique_ptr<PendingSave>& pending_save() {
   static std::unique_ptr<PendingSave> p;
