@@ -24,7 +24,88 @@ struct Pending {
   std::optional<int64_t> num_query_groups;
   std::optional<std::string> yaml_cfg;
   std::optional<int64_t> virtual_pipeline_model_parallel_size;  // resolved with the layout
+  std::optional<std::string> moe_layer_freq;  // int or "[1,0,...]"
 };
+
+// ---- Mixture of Experts and expert parallelism (Megatron's --moe-* flags) ----
+void add_moe_flags(ArgParser& p, transformer::TransformerConfig& m, Arguments& a, Pending& x) {
+  using namespace transformer;
+  p.add("--num-experts", m.num_moe_experts, "routed experts per MoE layer (0: dense MLP)");
+  p.add("--moe-router-topk", m.moe_router_topk, "experts per token (2)");
+  p.add_choice(
+      "--moe-router-load-balancing-type", {"aux_loss", "seq_aux_loss", "none"},
+      [&m](const std::string& v) {
+        m.moe_router_load_balancing_type = v == "aux_loss" ? MoeLoadBalancingType::aux_loss
+                                           : v == "seq_aux_loss"
+                                               ? MoeLoadBalancingType::seq_aux_loss
+                                               : MoeLoadBalancingType::none;
+      },
+      "load-balancing loss (aux_loss)");
+  p.add("--moe-aux-loss-coeff", m.moe_aux_loss_coeff, "load-balancing loss coefficient (0)");
+  p.add("--moe-z-loss-coeff", m.moe_z_loss_coeff, "router z-loss coefficient (0: none)");
+  p.add_choice(
+      "--moe-router-score-function", {"softmax", "sigmoid"},
+      [&m](const std::string& v) {
+        m.moe_router_score_function =
+            v == "softmax" ? MoeScoreFunction::softmax : MoeScoreFunction::sigmoid;
+      },
+      "router score function (softmax)");
+  p.add_switch("--moe-router-pre-softmax", m.moe_router_pre_softmax, true,
+               "softmax over all experts before top-k");
+  p.add("--moe-expert-capacity-factor", m.moe_expert_capacity_factor,
+        "expert capacity factor (default: dropless)");
+  p.add_choice(
+      "--moe-token-drop-policy", {"probs", "position"},
+      [&m](const std::string& v) {
+        m.moe_token_drop_policy =
+            v == "probs" ? MoeTokenDropPolicy::probs : MoeTokenDropPolicy::position;
+      },
+      "which tokens an expert over capacity keeps (probs)");
+  p.add_choice(
+      "--moe-token-dispatcher-type", {"allgather", "alltoall"},
+      [&m](const std::string& v) {
+        m.moe_token_dispatcher_type =
+            v == "alltoall" ? MoeTokenDispatcherType::alltoall : MoeTokenDispatcherType::allgather;
+      },
+      "token dispatcher over the expert-parallel group (allgather)");
+  p.add("--moe-ffn-hidden-size", m.moe_ffn_hidden_size,
+        "routed experts' FFN size (--ffn-hidden-size)");
+  p.add("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
+        "shared experts' FFN size (0: none)");
+  p.add("--moe-layer-freq", x.moe_layer_freq,
+        "every N-th layer is MoE, or a pattern [1,0,...] (1)");
+  p.add_switch("--moe-grouped-gemm", m.moe_grouped_gemm, true,
+               "grouped expert GEMMs (same math here: a loop of GEMMs)");
+  p.add("--expert-model-parallel-size", a.expert_model_parallel_size,
+        "expert-parallel ranks (1); --num-experts must divide by it");
+  p.add("--expert-tensor-parallel-size", a.expert_tensor_parallel_size,
+        "tensor parallelism inside experts (default TP; only 1 is supported)");
+}
+
+// --moe-layer-freq: an integer N (every N-th layer) or a list "[1,0,1,...]".
+void apply_moe_layer_freq(transformer::TransformerConfig& m, const std::string& v) {
+  std::string t;
+  for (char ch : v)
+    if (ch != ' ') t += ch;
+  if (!t.empty() && t.front() == '[') {
+    MG_CHECK(t.back() == ']', "--moe-layer-freq " << v << ": expected a list like [1,0,1]");
+    std::stringstream ss(t.substr(1, t.size() - 2));
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      MG_CHECK(item == "0" || item == "1",
+               "--moe-layer-freq " << v << ": list entries must be 0 or 1, got '" << item << "'");
+      m.moe_layer_pattern.push_back(item == "1" ? 1 : 0);
+    }
+    return;
+  }
+  try {
+    std::size_t used = 0;
+    m.moe_layer_freq = std::stoll(t, &used);
+    MG_CHECK(used == t.size(), "trailing characters");
+  } catch (...) {
+    MG_THROW("--moe-layer-freq " << v << ": expected an integer or a list like [1,0,1]");
+  }
+}
 
 void add_model_flags(ArgParser& p, transformer::TransformerConfig& m, Pending& x) {
   p.add("--num-layers", m.num_layers, "number of transformer layers L");
@@ -277,6 +358,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       "how attention crosses the CP group: p2p (ring, default), allgather, a2a (not supported "
       "yet)");
   add_ddp_flags(p, a.ddp);
+  add_moe_flags(p, a.model, a, x);
   a.help_text = p.help();
 
   std::vector<std::string> args;
@@ -346,7 +428,40 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   a.optimizer.bf16 = x.bf16;
   a.optimizer.fp16 = x.fp16;
   MG_CHECK(a.model.seq_length >= 1, "--seq-length is required (got " << a.model.seq_length << ")");
+  if (x.moe_layer_freq) apply_moe_layer_freq(a.model, *x.moe_layer_freq);
   a.model.finalize();
+  {
+    // Mixture of Experts / expert parallelism: what this build supports, before any work.
+    const auto& m = a.model;
+    const int32_t ep = a.expert_model_parallel_size;
+    MG_CHECK(ep >= 1, "--expert-model-parallel-size must be >= 1, got " << ep);
+    MG_CHECK(ep == 1 || m.num_moe_experts > 0,
+             "--expert-model-parallel-size " << ep << " needs --num-experts");
+    if (m.num_moe_experts > 0) {
+      MG_CHECK(m.num_moe_experts % ep == 0, "--num-experts " << m.num_moe_experts
+                                                             << " must be divisible by "
+                                                                "--expert-model-parallel-size "
+                                                             << ep);
+      const int64_t etp = a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size);
+      MG_CHECK(etp == 1, "--expert-tensor-parallel-size "
+                             << etp
+                             << (a.expert_tensor_parallel_size ? "" : " (Megatron's default: TP)")
+                             << ": tensor parallelism inside experts is not supported yet; pass "
+                                "--expert-tensor-parallel-size 1");
+      MG_CHECK(a.tensor_model_parallel_size == 1 || a.sequence_parallel,
+               "MoE with --tensor-model-parallel-size "
+                   << a.tensor_model_parallel_size
+                   << " needs --sequence-parallel (Megatron's rule: each TP rank routes its own "
+                      "sequence shard)");
+      MG_CHECK(!a.ddp.use_distributed_optimizer || (ep == 1 && a.tensor_model_parallel_size == 1),
+               "--use-distributed-optimizer with --num-experts and expert parallelism or TP (the "
+               "expert data-parallel group then differs from the data-parallel one) is not "
+               "supported yet");
+      MG_CHECK(ep == 1 || (!a.checkpoint.save && !a.checkpoint.load),
+               "--save/--load with --expert-model-parallel-size "
+                   << ep << " are not supported yet (checkpoints hold every expert per rank)");
+    }
+  }
   {
     const int32_t tp = a.tensor_model_parallel_size;
     MG_CHECK(tp >= 1, "--tensor-model-parallel-size must be >= 1, got " << tp);

@@ -10,7 +10,7 @@
 // --train-iters and --train-samples, both warmup forms, --swiglu with --squared-relu, --mock-data
 // with a data path, ...) and every component's validate(). Errors name the flags and values.
 // Not here: the parallel-layout flags beyond --tensor-model-parallel-size / --sequence-parallel
-// (pipeline, context, expert parallelism arrive with later distributed issues), MoE, fp8,
+// (context parallelism and expert tensor parallelism arrive with later issues), fp8,
 // tokenizer-dependent data checks (DataConfig::validate runs once the tokenizer gave eod/vocab; see
 // training.h).
 #pragma once
@@ -55,6 +55,11 @@ struct Arguments {
   int32_t tensor_model_parallel_size = 1;
   bool sequence_parallel = false;
   bool sequence_parallel_disabled = false;
+  // Expert parallelism (MoE, --num-experts): --expert-model-parallel-size EP spreads the experts
+  // over EP ranks carved out of the data-parallel ones; --expert-tensor-parallel-size (default
+  // TP) must be 1 here.
+  int32_t expert_model_parallel_size = 1;
+  std::optional<int64_t> expert_tensor_parallel_size;
   // Pipeline parallelism: --pipeline-model-parallel-size (layers split evenly, or unevenly with
   // --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers) and interleaving
   // with --virtual-pipeline-model-parallel-size or --num-layers-per-virtual-pipeline-stage

@@ -22,6 +22,7 @@
 #include "megatron/core/pipeline_parallel/schedules.h"
 #include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/runtime.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/training_log.h"
@@ -85,6 +86,9 @@ struct Run {
   comm::ProcessGroupPtr embedding_group;
   pipeline_parallel::PipelineLayout layout;
   comm::ProcessGroupPtr world_group;
+  // MoE with expert parallelism (or TP): the expert-model-parallel group, the expert
+  // data-parallel group (DDP of expert params) and the expert tp-ep-pp group (grad norm).
+  comm::ProcessGroupPtr ep_group, expert_dp_group, expert_mp_group;
   std::unique_ptr<models::GPTModel> model;
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
@@ -361,6 +365,11 @@ StepOutcome train_step(Run& r) {
   pipeline_parallel::ForwardBackwardConfig cfg;
   cfg.calculate_per_token_loss = a.model.calculate_per_token_loss;
   cfg.loss_scale = r.opt->loss_scale();
+  // MoE aux/z losses: Megatron's MoEAuxLossAutoScaler.set_loss_scale (the lm loss's seed scale).
+  transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(
+      cfg.calculate_per_token_loss
+          ? cfg.loss_scale
+          : cfg.loss_scale / static_cast<double>(a.training.num_microbatches()));
   // Data parallel with per-token loss: DDP sums the grads; they are divided by the global token
   // count below (Megatron's finalize_model_grads).
   cfg.finalize_per_token_grads = !dp;
@@ -482,7 +491,12 @@ void train(Run& r) {
       s.nan_iters = interval_nan;
       s.mem_allocated_mb = mem_mb(r, false);
       s.mem_max_allocated_mb = mem_mb(r, true);
-      r.log_last << format_training_log(s) << std::endl;
+      // MoE: load-balancing / z losses and tokens per expert (a collective over the world).
+      const auto moe = transformer::moe::moe_metrics_log(
+          r.world_group.get(), r.model->config(),
+          a.sequence_parallel ? a.tensor_model_parallel_size : 1, interval_iters);
+      r.log_last << format_training_log(s) << moe.inline_part << "\n"
+                 << moe.layer_lines << std::flush;
       interval_loss = 0.0;
       interval_count = interval_iters = interval_skipped = interval_nan = 0;
     }
@@ -543,7 +557,10 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   comm::ProcessGroupPtr dp_group, tp_group, world_group, pp_group, embedding_group;
   const int32_t cp = given_args.context_parallel_size;
   comm::ProcessGroupPtr cp_group, data_group;  // context parallelism (CP > 1)
-  if (tp > 1 || pp > 1 || cp > 1) {
+  comm::ProcessGroupPtr ep_group, expert_dp_group, expert_mp_group;  // MoE (EP > 1 or TP > 1)
+  const bool expert_groups =
+      given_args.model.num_moe_experts > 0 && (given_args.expert_model_parallel_size > 1 || tp > 1);
+  if (tp > 1 || pp > 1 || cp > 1 || expert_groups) {
     MG_CHECK(!hooks.data_parallel_group, "--tensor-model-parallel-size "
                                              << tp << " / --pipeline-model-parallel-size " << pp
                                              << ": PretrainHooks::data_parallel_group is "
@@ -552,6 +569,10 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     parallel_state::ParallelDims dims;
     dims.tp = tp;
     dims.pp = pp;
+    if (given_args.model.num_moe_experts > 0) {
+      dims.ep = given_args.expert_model_parallel_size;
+      dims.etp = 1;
+    }
     dims.cp = cp;
     MG_CHECK(comm.world_size() % (tp * pp * cp) == 0,
              "world size " << comm.world_size() << " must be divisible by "
@@ -570,6 +591,11 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     }
     if (tp > 1) tp_group = groups.tp;
     world_group = groups.world;
+    if (given_args.model.num_moe_experts > 0) {
+      ep_group = groups.ep;
+      expert_dp_group = groups.expert_dp;
+      expert_mp_group = groups.tp_ep_pp;
+    }
     if (pp > 1) {
       pp_group = groups.pp;
       if (!given_args.model.untie_embeddings_and_output_weights) embedding_group = groups.embedding;
@@ -606,6 +632,9 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.dp_group = dp_group;
   r.tp_group = tp_group;
   r.world_group = world_group;
+  r.ep_group = ep_group;
+  r.expert_dp_group = expert_dp_group;
+  r.expert_mp_group = expert_mp_group;
   r.pp_group = pp_group;
   r.cp_group = cp_group;
   r.data_group = data_group;
@@ -640,10 +669,11 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   data.validate();
 
   // Model, optimizer, scheduler; then the checkpoint.
-  if (tp_group || pp_group || cp_group) {
+  if (tp_group || pp_group || ep_group || cp_group) {
     models::GPTModelParallel par;
     par.tp_group = tp_group.get();
     par.sequence_parallel = args.sequence_parallel;
+    if (ep_group && ep_group->size() > 1) par.ep_group = ep_group.get();
     if (cp_group) par.cp = {cp_group.get(), transformer::parse_cp_comm_type(args.cp_comm_type)};
     if (pp_group) par.pipeline_chunks = layout.chunks(pp_group->rank());
     r.model = std::make_unique<models::GPTModel>(
@@ -655,7 +685,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   }
   r.model->init_weights(args.training.seed);
   r.ddp = std::make_unique<distributed::DistributedDataParallel>(
-      args.ddp, r.model->parameters(), r.model->buffer(), *r.rt->ops, dp_group);
+      args.ddp, r.model->parameters(), r.model->buffer(), *r.rt->ops, dp_group, expert_dp_group);
   if (args.ddp.overlap_grad_reduce)
     r.model->set_grad_ready_hook([&r](std::size_t i) { r.ddp->param_grad_ready(i); });
   std::optional<optimizer::ShardOptions> shard;
@@ -672,12 +702,30 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
       args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
       optimizer::ParamGroupOptions{}, std::move(shard));
   if (tp_group) r.opt->set_tensor_parallel_group(tp_group);
+  if (expert_mp_group) r.opt->set_expert_parallel_group(expert_mp_group);
   if (pp_group) r.opt->set_pipeline_parallel_group(pp_group);
   r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
       optimizer::scheduler_config_from_args(args.scheduler));
   r.flops_per_iter = models::num_floating_point_operations(
       r.model->config(), r.model->padded_vocab_size(), args.training.global_batch_size);
   print_summary(r, *tokenizer);
+  if (args.model.num_moe_experts > 0) {
+    const auto& m = args.model;
+    log << "mixture of experts: " << m.num_moe_experts << " experts, top-" << m.moe_router_topk
+        << " " << transformer::to_string(m.moe_router_score_function) << " router, "
+        << transformer::to_string(m.moe_router_load_balancing_type) << " (coeff "
+        << m.moe_aux_loss_coeff << "), dispatcher "
+        << transformer::to_string(m.moe_token_dispatcher_type) << ", expert parallel "
+        << args.expert_model_parallel_size << " ("
+        << m.num_moe_experts / args.expert_model_parallel_size
+        << " experts per rank), expert data parallel "
+        << (expert_dp_group ? expert_dp_group->size() : dp_group->size())
+        << (m.moe_expert_capacity_factor
+                ? ", capacity factor " + std::to_string(*m.moe_expert_capacity_factor) + " (" +
+                      transformer::to_string(m.moe_token_drop_policy) + ")"
+                : std::string(", dropless"))
+        << std::endl;
+  }
   load(r);
 
   // Data: Megatron's split sizes, iterators from the checkpoint's position.

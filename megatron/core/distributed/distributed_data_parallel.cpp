@@ -23,7 +23,8 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
                                                  std::vector<transformer::Parameter>& params,
                                                  transformer::ParamAndGradBuffer& buffer,
                                                  const ops::OpTable& ops,
-                                                 comm::ProcessGroupPtr dp_group)
+                                                 comm::ProcessGroupPtr dp_group,
+                                                 comm::ProcessGroupPtr expert_dp_group)
     : config_(config), params_(params), buffer_(buffer), ops_(ops), dp_group_(std::move(dp_group)) {
   config_.validate();
   MG_CHECK(dp_group_, "DistributedDataParallel: no data-parallel group");
@@ -36,8 +37,42 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
     bucket_size = *config_.bucket_size;
   else if (config_.overlap_grad_reduce)
     bucket_size = std::max<int64_t>(40000000, int64_t{1000000} * dp);  // Megatron's default
-  buckets_ = build_buckets(params_, buffer_.grads.numel(), bucket_size, dp,
-                           config_.use_distributed_optimizer);
+  bool any_expert = false;
+  for (const auto& p : params_) any_expert |= p.is_expert;
+  if (any_expert && expert_dp_group && expert_dp_group->ranks() != dp_group_->ranks())
+    expert_dp_group_ = std::move(expert_dp_group);
+  if (!expert_dp_group_) {
+    buckets_ = build_buckets(params_, buffer_.grads.numel(), bucket_size, dp,
+                             config_.use_distributed_optimizer);
+  } else {
+    MG_CHECK(!config_.use_distributed_optimizer,
+             "--use-distributed-optimizer with expert parameters reduced over an expert "
+             "data-parallel group of "
+                 << expert_dp_group_->size() << " ranks (data-parallel group " << dp
+                 << ") is not supported yet; drop --use-distributed-optimizer");
+    // Runs of expert / dense parameters in buffer order, each bucketed on its own.
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].param.numel() > 0) order.push_back(i);
+    std::sort(order.begin(), order.end(), [this](std::size_t a, std::size_t b) {
+      return params_[a].buffer_offset < params_[b].buffer_offset;
+    });
+    std::size_t i = 0;
+    while (i < order.size()) {
+      const bool expert = params_[order[i]].is_expert;
+      const int64_t lo = params_[order[i]].buffer_offset;
+      std::size_t j = i;
+      while (j < order.size() && params_[order[j]].is_expert == expert) ++j;
+      const transformer::Parameter& last = params_[order[j - 1]];
+      const int64_t hi = last.buffer_offset + last.param.numel();
+      for (GradBucket& b :
+           build_buckets(params_, buffer_.grads.numel(), bucket_size, dp, false, lo, hi)) {
+        b.expert = expert;
+        buckets_.push_back(std::move(b));
+      }
+      i = j;
+    }
+  }
   state_.resize(buckets_.size());
   buckets_of_param_.resize(params_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b)
@@ -99,6 +134,14 @@ void DistributedDataParallel::launch(std::size_t bi) {
                      << "), first param '" << params_[b.params.front()].name
                      << "') in backward pass before data-parallel "
                         "communication collective");
+  }
+  if (b.expert) {  // Megatron: expert grads scaled by 1/dp, summed over the expert-DP group
+    if (dp > 1 && !config_.calculate_per_token_loss) {
+      Tensor none;
+      ops_.multi_tensor_scale(std::span<Tensor>(&grads, 1), 1.0 / dp, none);
+    }
+    if (expert_dp_group_->size() > 1) s.work = expert_dp_group_->all_reduce(grads);
+    return;
   }
   if (dp == 1) return;  // nothing to reduce, and 1/dp = 1
   comm::ReduceOp op = comm::ReduceOp::sum;

@@ -15,8 +15,10 @@
 // Invariants: every rank builds the same buckets and launches the same collectives in the same
 // order (backward is deterministic); a group of one rank communicates nothing and scales nothing,
 // so single-rank training is bit-identical to running without DDP.
+// Expert parameters (MoE with expert parallelism) are bucketed apart and reduced over the
+// expert-data-parallel group (constructor).
 // Not here: --overlap-param-gather (the gather is synchronous after the step), FSDP, bucket
-// groups of several buckets, per-expert DP groups.
+// groups of several buckets, the distributed optimizer with expert groups.
 #pragma once
 
 #include <cstdint>
@@ -36,10 +38,15 @@ class DistributedDataParallel {
  public:
   // `params` and `buffer` (the model's) must outlive this; dp_group is the data-parallel group
   // (dp-cp with context parallelism). config.validate() is called.
+  // expert_dp_group (Megatron's expert-data-parallel group; null or the same ranks as dp_group:
+  // experts are ordinary parameters): expert parameters (Parameter::is_expert) get buckets of
+  // their own, scaled by 1/dp as the dense ones (Megatron's expert_gradient_scaling_factor) and
+  // summed over this group; the distributed optimizer is refused then.
   DistributedDataParallel(const DistributedDataParallelConfig& config,
                           std::vector<transformer::Parameter>& params,
                           transformer::ParamAndGradBuffer& buffer, const ops::OpTable& ops,
-                          comm::ProcessGroupPtr dp_group);
+                          comm::ProcessGroupPtr dp_group,
+                          comm::ProcessGroupPtr expert_dp_group = nullptr);
   ~DistributedDataParallel();  // waits for collectives still in flight
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
@@ -84,6 +91,7 @@ class DistributedDataParallel {
   transformer::ParamAndGradBuffer& buffer_;
   const ops::OpTable& ops_;
   comm::ProcessGroupPtr dp_group_;
+  comm::ProcessGroupPtr expert_dp_group_;  // set only when it differs from dp_group_
   std::vector<GradBucket> buckets_;
   std::vector<BucketState> state_;
   std::vector<std::vector<std::size_t>> buckets_of_param_;

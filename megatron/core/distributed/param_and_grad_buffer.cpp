@@ -15,7 +15,7 @@ std::pair<int64_t, int64_t> GradBucket::shard_range(int rank) const {
 
 std::vector<GradBucket> build_buckets(const std::vector<transformer::Parameter>& params,
                                       int64_t buffer_numel, int64_t bucket_size, int dp,
-                                      bool shard_over_dp) {
+                                      bool shard_over_dp, int64_t range_start, int64_t range_end) {
   MG_CHECK(dp >= 1, "build_buckets: data-parallel size must be >= 1, got " << dp);
   MG_CHECK(buffer_numel >= 0, "build_buckets: buffer of " << buffer_numel << " elements");
   // Parameter end offsets in buffer order: the candidate bucket ends.
@@ -30,14 +30,16 @@ std::vector<GradBucket> build_buckets(const std::vector<transformer::Parameter>&
   }
   std::sort(ends.begin(), ends.end());
   std::vector<GradBucket> buckets;
-  int64_t start = 0;
-  while (start < buffer_numel) {
-    int64_t end = buffer_numel;
+  const int64_t limit = range_end < 0 ? buffer_numel : range_end;
+  int64_t start = range_start;
+  while (start < limit) {
+    int64_t end = limit;
     if (bucket_size > 0) {
       // The first parameter end that makes the bucket hold >= bucket_size elements.
       auto it = std::lower_bound(ends.begin(), ends.end(), start + bucket_size);
       if (it != ends.end()) end = *it;
-      if (shard_over_dp) end = std::min(buffer_numel, start + (end - start + dp - 1) / dp * dp);
+      end = std::min(end, limit);
+      if (shard_over_dp) end = std::min(limit, start + (end - start + dp - 1) / dp * dp);
     }
     GradBucket b;
     b.start = start;

@@ -25,6 +25,9 @@ struct GradBucket {
   int64_t end = 0;         // one past the last
   int64_t shard_size = 0;  // ceil((end - start) / dp): each rank's chunk (distributed optimizer)
   std::vector<std::size_t> params;  // indices (into the Parameter vector) of params overlapping it
+  // Holds expert parameters only (Parameter::is_expert), reduced over the expert-data-parallel
+  // group (DistributedDataParallel with an expert group).
+  bool expert = false;
 
   int64_t numel() const { return end - start; }
   // Padded length dp * shard_size (>= numel()).
@@ -35,8 +38,11 @@ struct GradBucket {
 
 // Buckets for `params` over a buffer of `buffer_numel` elements. bucket_size <= 0: one bucket.
 // shard_over_dp: the distributed optimizer's rounding of bucket ends to multiples of dp.
+// [range_start, range_end) (range_end < 0: the buffer's end): tile only that range (expert and
+// dense runs of the buffer are bucketed apart).
 std::vector<GradBucket> build_buckets(const std::vector<transformer::Parameter>& params,
                                       int64_t buffer_numel, int64_t bucket_size, int dp,
-                                      bool shard_over_dp);
+                                      bool shard_over_dp, int64_t range_start = 0,
+                                      int64_t range_end = -1);
 
 }  // namespace mg::distributed

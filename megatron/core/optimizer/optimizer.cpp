@@ -262,6 +262,13 @@ double MegatronOptimizer::reduce_over_shards(double x, comm::ReduceOp op) const 
   return t.to_vector<double>()[0];
 }
 
+double MegatronOptimizer::reduce_over_ep(double x, comm::ReduceOp op) const {
+  if (!ep_ || ep_->size() == 1) return x;
+  Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
+  ep_->all_reduce(t, op)->wait();
+  return t.to_vector<double>()[0];
+}
+
 double MegatronOptimizer::reduce_over_tp(double x, comm::ReduceOp op) const {
   for (const comm::ProcessGroupPtr& g : {tp_, pp_}) {
     if (!g || g->size() == 1) continue;
@@ -288,8 +295,10 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
     if (!grads.empty())
       ops_.multi_tensor_scale(grads, static_cast<double>(scaler_->inv_scale()), s.found_inf);
     const double local_inf = s.found_inf.to_vector<float>()[0] > 0.0f ? 1.0 : 0.0;
-    const bool found_inf = reduce_over_tp(reduce_over_shards(local_inf, comm::ReduceOp::max),
-                                          comm::ReduceOp::max) > 0.0;
+    const bool found_inf =
+        reduce_over_ep(
+            reduce_over_tp(reduce_over_shards(local_inf, comm::ReduceOp::max), comm::ReduceOp::max),
+            comm::ReduceOp::max) > 0.0;
     scaler_->update(found_inf);
     if (found_inf) {
       r.found_inf = true;
@@ -304,24 +313,34 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   const std::span<const Tensor> cgrads(grads.data(), grads.size());
   const bool tp = tp_ && tp_->size() > 1;
   const bool pp = pp_ && pp_->size() > 1;
-  if (!shard_ && !tp && !pp) {
+  // Expert parallelism: expert params (is_expert) differ across the expert group's ranks; their
+  // squares are summed over it, apart from the dense ones (Megatron's expert optimizer norm).
+  const bool ep = ep_ && ep_->size() > 1;
+  if (!shard_ && !tp && !pp && !ep) {
     r.grad_norm = config_.clip_grad > 0.0 ? ops_.clip_grad_norm(grads, config_.clip_grad)
                                           : ops_.grad_norm(cgrads);
   } else {
     // TP: replicated params counted on TP rank 0 only, then the sum over TP.
     std::vector<Tensor> counted;
-    for (const Piece& pc : s.pieces)
-      if (pc.grad.numel() > 0 && !params_[pc.param].shared &&
-          (!tp || params_[pc.param].tensor_parallel_dim >= 0 || tp_->rank() == 0))
+    std::vector<Tensor> experts;
+    for (const Piece& pc : s.pieces) {
+      if (pc.grad.numel() == 0 || params_[pc.param].shared) continue;
+      if (ep && params_[pc.param].is_expert)
+        experts.push_back(pc.grad);
+      else if (!tp || params_[pc.param].tensor_parallel_dim >= 0 || tp_->rank() == 0)
         counted.push_back(pc.grad);
-    double sum_sq = 0.0;
-    if (!counted.empty()) {
-      Tensor out = Tensor::empty({1}, DType::f64, buffer_.grads.device());
-      ops_.l2_norm_sq(out, std::span<const Tensor>(counted.data(), counted.size()));
-      sum_sq = out.to_vector<double>()[0];
     }
+    auto sum_sq_of = [this](const std::vector<Tensor>& ts) {
+      if (ts.empty()) return 0.0;
+      Tensor out = Tensor::empty({1}, DType::f64, buffer_.grads.device());
+      ops_.l2_norm_sq(out, std::span<const Tensor>(ts.data(), ts.size()));
+      return out.to_vector<double>()[0];
+    };
+    const double sum_sq = sum_sq_of(counted);
+    const double expert_sq = ep ? reduce_over_ep(sum_sq_of(experts), comm::ReduceOp::sum) : 0.0;
     r.grad_norm = std::sqrt(
-        reduce_over_tp(reduce_over_shards(sum_sq, comm::ReduceOp::sum), comm::ReduceOp::sum));
+        reduce_over_tp(reduce_over_shards(sum_sq, comm::ReduceOp::sum), comm::ReduceOp::sum) +
+        expert_sq);
     if (config_.clip_grad > 0.0) {
       const double coeff = config_.clip_grad / (r.grad_norm + 1.0e-6);
       Tensor none;

@@ -109,6 +109,11 @@ class MegatronOptimizer {
   // TP rank, replicated ones on TP rank 0 only. Their grads must already be identical over TP
   // (tensor_parallel::all_reduce_sequence_parallel_grads). nullptr / size 1: no TP.
   void set_tensor_parallel_group(comm::ProcessGroupPtr tp) { tp_ = std::move(tp); }
+  // Expert parallelism: the group whose ranks hold different experts (Megatron's expert
+  // tensor-model-pipeline group, "tp-ep-pp" of the expert layout). The grad norm sums the squares
+  // of expert parameters (Parameter::is_expert) over it, apart from the dense ones, and fp16's
+  // found-inf is maxed over it. nullptr / size 1: experts count as dense parameters.
+  void set_expert_parallel_group(comm::ProcessGroupPtr ep) { ep_ = std::move(ep); }
   // Pipeline parallelism: the grad norm, zero count and fp16's found-inf also reduce over `pp`
   // (each stage holds different parameters); Parameter::shared replicas (the last stage's copy
   // of the tied word embedding) are not counted (PITFALLS #4). nullptr / size 1: no PP.
@@ -139,11 +144,13 @@ class MegatronOptimizer {
   std::unique_ptr<State> state_;
   std::optional<ShardOptions> shard_;
   comm::ProcessGroupPtr tp_;
+  comm::ProcessGroupPtr ep_;  // set_expert_parallel_group
   comm::ProcessGroupPtr pp_;
   int64_t step_ = 0;
   double reduce_over_shards(double x, comm::ReduceOp op) const;
   // Over TP, then over PP (identity without them).
   double reduce_over_tp(double x, comm::ReduceOp op) const;
+  double reduce_over_ep(double x, comm::ReduceOp op) const;
 };
 
 }  // namespace mg::optimizer

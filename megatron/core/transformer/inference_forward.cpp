@@ -82,14 +82,12 @@ Tensor TransformerLayer::infer(const Tensor& x, inference::StaticInferenceContex
   Tensor h = ctx_.empty(x.shape());
   ctx_.op().bias_dropout_add_fwd(h, y, attn_->proj_bias().value, x, ops::DropoutArgs{});
   const Tensor ln2 = norm2_ ? norm2_->forward(h, n2) : h;
-  MG_CHECK(mlp_ != nullptr, "inference: layer "
-                                << layer_
-                                << " is an MoE layer; the KV-cache forward supports "
-                                   "dense MLP layers only for now");
   MLP::Saved ms;
-  const Tensor z = mlp_->forward(ln2, ms);
+  moe::MoELayer::Saved es;  // MoE layers: routed experts without aux losses (not training)
+  const Tensor z = moe_ ? moe_->forward(ln2, es, /*training=*/false) : mlp_->forward(ln2, ms);
   Tensor out = ctx_.empty(x.shape());
-  ctx_.op().bias_dropout_add_fwd(out, z, mlp_->fc2_bias().value, h, ops::DropoutArgs{});
+  ctx_.op().bias_dropout_add_fwd(out, z, moe_ ? Tensor() : mlp_->fc2_bias().value, h,
+                                 ops::DropoutArgs{});
   return out;
 }
 

@@ -4,23 +4,26 @@
 
 namespace mg::transformer {
 
-MLP::MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix, const MlpSpec&)
+MLP::MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix, const MlpSpec&,
+         int64_t ffn_hidden_size)
     : ctx_(ctx) {
   const TransformerConfig& c = *ctx.config;
   act_ = c.activation;
   gelu_ = c.bias_activation_fusion ? ops::GeluApprox::tanh : ops::GeluApprox::none;
   h_ = c.hidden_size;
-  f_ = tensor_parallel::divide_exact(c.ffn_hidden_size, ctx.tp_size(),
+  const int64_t ffn = ffn_hidden_size > 0 ? ffn_hidden_size : c.ffn_hidden_size;
+  const int64_t fc1_rows = c.gated_linear_unit() ? 2 * ffn : ffn;
+  f_ = tensor_parallel::divide_exact(ffn, ctx.tp_size(),
                                      "ffn_hidden_size over tensor_model_parallel_size");
   // Column-parallel fc1 (SwiGLU: partition_stride 2, each rank [gate_r; up_r], FORMATS.md §6.3),
   // row-parallel fc2 with its replicated bias left to the layer's bias-dropout-add.
   const int stride = c.gated_linear_unit() ? 2 : 1;
-  pb.add(fc1_w_, prefix + "linear_fc1.weight", {c.fc1_output_size(), h_}, InitRule::normal,
+  pb.add(fc1_w_, prefix + "linear_fc1.weight", {fc1_rows, h_}, InitRule::normal,
          ctx.tp_partition(0, stride));
   if (c.add_bias_linear)
-    pb.add(fc1_b_, prefix + "linear_fc1.bias", {c.fc1_output_size()}, InitRule::zeros,
+    pb.add(fc1_b_, prefix + "linear_fc1.bias", {fc1_rows}, InitRule::zeros,
            ctx.tp_partition(0, stride));
-  pb.add(fc2_w_, prefix + "linear_fc2.weight", {h_, c.ffn_hidden_size}, InitRule::scaled_normal,
+  pb.add(fc2_w_, prefix + "linear_fc2.weight", {h_, ffn}, InitRule::scaled_normal,
          ctx.tp_partition(1));
   if (c.add_bias_linear)
     pb.add(fc2_b_, prefix + "linear_fc2.bias", {h_}, InitRule::zeros, tensor_parallel::Partition{},

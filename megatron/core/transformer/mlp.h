@@ -21,8 +21,10 @@ class MLP {
     Tensor act_out;  // [N, F]
     Tensor input;    // TP > 1: the input gathered/copied into the TP region [S, B, H]
   };
-  // prefix: "decoder.layers.N.mlp."
-  MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix, const MlpSpec& spec);
+  // prefix: "decoder.layers.N.mlp." (MoE shared experts: "decoder.layers.N.mlp.shared_experts.");
+  // ffn_hidden_size: F (0: config.ffn_hidden_size).
+  MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix, const MlpSpec& spec,
+      int64_t ffn_hidden_size = 0);
 
   // x [S, B, H] (normalised) -> linear_fc2 output without its bias [S, B, H].
   Tensor forward(const Tensor& x, Saved& saved) const;

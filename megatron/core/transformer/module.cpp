@@ -31,6 +31,12 @@ void ParamBuilder::add(Weight& w, const std::string& name, const Shape& global_s
   weights_.push_back(&w);
 }
 
+void ParamBuilder::set_expert(const Weight& w) {
+  MG_CHECK(w.index >= 0 && w.index < static_cast<int>(params_.size()),
+           "ParamBuilder::set_expert: the weight was not declared");
+  params_[static_cast<std::size_t>(w.index)].is_expert = true;
+}
+
 void ParamBuilder::finish(std::vector<Parameter>& params, ParamAndGradBuffer& buffer,
                           std::vector<ParamDecl>& decls) {
   // Reverse order of first use: the last-declared parameter sits at offset 0.

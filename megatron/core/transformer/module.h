@@ -39,6 +39,9 @@ struct ModuleContext {
   // Context parallelism (context_parallel.h): this rank holds sequence chunks r and 2 CP - 1 - r;
   // core attention runs across the CP group. Inactive by default.
   ContextParallel cp;
+  // Expert parallelism (moe/): the expert-model-parallel group the routed experts are spread
+  // over (null: one rank holds every expert).
+  comm::ProcessGroup* ep_group = nullptr;
   const ops::OpTable& op() const { return *ops; }
   int64_t tp_rank() const { return tp_group ? tp_group->rank() : 0; }
   int64_t tp_size() const { return tp_group ? tp_group->size() : 1; }
@@ -81,6 +84,8 @@ class ParamBuilder {
   // records global_shape, part.dim and part.stride, and sequence_parallel (grad summed over TP).
   void add(Weight& w, const std::string& name, const Shape& global_shape, InitRule init,
            const tensor_parallel::Partition& part, bool sequence_parallel = false);
+  // Marks the declared parameter `w` as an expert parameter (Parameter::is_expert).
+  void set_expert(const Weight& w);
   // Allocates the buffers and binds every declared Weight.
   void finish(std::vector<Parameter>& params, ParamAndGradBuffer& buffer,
               std::vector<ParamDecl>& decls);

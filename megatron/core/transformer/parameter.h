@@ -41,6 +41,10 @@ struct Parameter {
   // group). Skipped by the grad norm and zero counts (counted once, on its owner) and by
   // checkpoints (the owner's copy is the tensor).
   bool shared = false;
+  // A routed expert's parameter (Megatron's allreduce = False): its gradient is reduced over the
+  // expert-data-parallel group, and the grad norm counts it on every rank of the expert model
+  // parallel group (each holds other experts). Its name carries the GLOBAL expert index.
+  bool is_expert = false;
 };
 
 // The flat value and gradient buffers (1-D tensors) every Parameter views into.

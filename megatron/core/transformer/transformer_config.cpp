@@ -60,6 +60,30 @@ std::string to_string(RecomputeMethod v) {
   return "?";
 }
 
+std::string to_string(MoeLoadBalancingType v) {
+  switch (v) {
+    case MoeLoadBalancingType::aux_loss:
+      return "aux_loss";
+    case MoeLoadBalancingType::seq_aux_loss:
+      return "seq_aux_loss";
+    case MoeLoadBalancingType::none:
+      return "none";
+  }
+  return "?";
+}
+
+std::string to_string(MoeScoreFunction v) {
+  return v == MoeScoreFunction::softmax ? "softmax" : "sigmoid";
+}
+
+std::string to_string(MoeTokenDropPolicy v) {
+  return v == MoeTokenDropPolicy::probs ? "probs" : "position";
+}
+
+std::string to_string(MoeTokenDispatcherType v) {
+  return v == MoeTokenDispatcherType::allgather ? "allgather" : "alltoall";
+}
+
 void TransformerConfig::finalize() {
   if (ffn_hidden_size == 0) ffn_hidden_size = 4 * hidden_size;
   if (num_query_groups == 0) num_query_groups = num_attention_heads;
@@ -117,6 +141,46 @@ void TransformerConfig::validate() const {
                                           << kv_channels << " * " << rotary_percent << " = " << rot
                                           << " rotary dims; must be even and > 0");
   }
+  // Mixture of Experts, as Megatron's __post_init__ / validate_args check it.
+  MG_CHECK(num_moe_experts >= 0,
+           "num_moe_experts (--num-experts) must be >= 0, got " << num_moe_experts);
+  if (num_moe_experts > 0) {
+    MG_CHECK(moe_router_topk >= 1 && moe_router_topk <= num_moe_experts,
+             "--moe-router-topk " << moe_router_topk << " must be in [1, --num-experts "
+                                  << num_moe_experts << "]");
+    MG_CHECK(
+        moe_ffn_hidden_size >= 0,
+        "--moe-ffn-hidden-size must be >= 1 (0: ffn_hidden_size), got " << moe_ffn_hidden_size);
+    MG_CHECK(moe_shared_expert_intermediate_size >= 0,
+             "--moe-shared-expert-intermediate-size must be >= 0, got "
+                 << moe_shared_expert_intermediate_size);
+    MG_CHECK(moe_aux_loss_coeff >= 0.0 && std::isfinite(moe_aux_loss_coeff),
+             "--moe-aux-loss-coeff must be finite and >= 0, got " << moe_aux_loss_coeff);
+    MG_CHECK(moe_z_loss_coeff >= 0.0 && std::isfinite(moe_z_loss_coeff),
+             "--moe-z-loss-coeff must be finite and >= 0, got " << moe_z_loss_coeff);
+    if (moe_expert_capacity_factor) {
+      MG_CHECK(*moe_expert_capacity_factor > 0.0,
+               "--moe-expert-capacity-factor must be > 0, got " << *moe_expert_capacity_factor);
+      MG_CHECK(moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall,
+               "--moe-expert-capacity-factor works with --moe-token-dispatcher-type alltoall only "
+               "(Megatron's rule), got "
+                   << to_string(moe_token_dispatcher_type));
+    }
+    MG_CHECK(!add_bias_linear,
+             "MoE experts have no biases here (Megatron's grouped experts neither): pass "
+             "--disable-bias-linear with --num-experts "
+                 << num_moe_experts);
+    MG_CHECK(moe_layer_freq >= 1, "--moe-layer-freq must be >= 1, got " << moe_layer_freq);
+    if (!moe_layer_pattern.empty()) {
+      MG_CHECK(static_cast<int64_t>(moe_layer_pattern.size()) == num_layers,
+               "--moe-layer-freq pattern has " << moe_layer_pattern.size()
+                                               << " entries; it needs one per layer (num_layers "
+                                               << num_layers << ")");
+      for (int v : moe_layer_pattern)
+        MG_CHECK(v == 0 || v == 1, "--moe-layer-freq pattern entries must be 0 or 1, got " << v);
+    }
+  }
+
   // Recomputation, as Megatron's __post_init__ checks it.
   switch (recompute_granularity) {
     case RecomputeGranularity::none:
@@ -162,6 +226,14 @@ bool TransformerConfig::layer_recomputed(int64_t layer) const {
   return layer < recompute_num_layers;  // block: the first N layers
 }
 
+bool TransformerConfig::is_moe_layer(int64_t layer) const {
+  if (num_moe_experts <= 0) return false;
+  if (!moe_layer_pattern.empty())
+    return layer >= 0 && layer < static_cast<int64_t>(moe_layer_pattern.size()) &&
+           moe_layer_pattern[static_cast<std::size_t>(layer)] == 1;
+  return layer % moe_layer_freq == 0;
+}
+
 std::string TransformerConfig::str() const {
   std::ostringstream os;
   os << "num_layers " << num_layers << "\nhidden_size " << hidden_size << "\nffn_hidden_size "
@@ -182,6 +254,19 @@ std::string TransformerConfig::str() const {
      << to_string(recompute_granularity) << "\nrecompute_method " << to_string(recompute_method)
      << "\nrecompute_num_layers " << recompute_num_layers << "\ncalculate_per_token_loss "
      << calculate_per_token_loss;
+  if (num_moe_experts > 0) {
+    os << "\nnum_moe_experts " << num_moe_experts << "\nmoe_ffn_hidden_size "
+       << expert_ffn_hidden_size() << "\nmoe_router_topk " << moe_router_topk
+       << "\nmoe_router_load_balancing_type " << to_string(moe_router_load_balancing_type)
+       << "\nmoe_aux_loss_coeff " << moe_aux_loss_coeff << "\nmoe_z_loss_coeff " << moe_z_loss_coeff
+       << "\nmoe_router_score_function " << to_string(moe_router_score_function)
+       << "\nmoe_router_pre_softmax " << moe_router_pre_softmax << "\nmoe_expert_capacity_factor "
+       << (moe_expert_capacity_factor ? std::to_string(*moe_expert_capacity_factor) : "None")
+       << "\nmoe_token_drop_policy " << to_string(moe_token_drop_policy)
+       << "\nmoe_token_dispatcher_type " << to_string(moe_token_dispatcher_type)
+       << "\nmoe_shared_expert_intermediate_size " << moe_shared_expert_intermediate_size
+       << "\nmoe_layer_freq " << moe_layer_freq << "\nmoe_grouped_gemm " << moe_grouped_gemm;
+  }
   return os.str();
 }
 

@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "megatron/core/tensor/dtype.h"
 
@@ -24,12 +26,21 @@ enum class Activation : uint8_t { gelu, swiglu, squared_relu };
 enum class PositionEmbeddingType : uint8_t { learned_absolute, rope, none };
 enum class RecomputeGranularity : uint8_t { none, full, selective };
 enum class RecomputeMethod : uint8_t { none, uniform, block };
+// Mixture of Experts (megatron/core/transformer/moe/, Megatron's --moe-* flags).
+enum class MoeLoadBalancingType : uint8_t { aux_loss, seq_aux_loss, none };
+enum class MoeScoreFunction : uint8_t { softmax, sigmoid };
+enum class MoeTokenDropPolicy : uint8_t { probs, position };
+enum class MoeTokenDispatcherType : uint8_t { allgather, alltoall };
 
 std::string to_string(Normalization v);
 std::string to_string(Activation v);
 std::string to_string(PositionEmbeddingType v);
 std::string to_string(RecomputeGranularity v);
 std::string to_string(RecomputeMethod v);
+std::string to_string(MoeLoadBalancingType v);
+std::string to_string(MoeScoreFunction v);
+std::string to_string(MoeTokenDropPolicy v);
+std::string to_string(MoeTokenDispatcherType v);
 
 struct TransformerConfig {
   // ---- shape ----
@@ -76,6 +87,27 @@ struct TransformerConfig {
   // micro-batches; true: the sum, with gradients divided by the global number of tokens.
   bool calculate_per_token_loss = false;
 
+  // ---- mixture of experts (moe/moe_layer.h); Megatron's defaults ----
+  int64_t num_moe_experts = 0;      // --num-experts E; 0: a dense MLP in every layer
+  int64_t moe_ffn_hidden_size = 0;  // --moe-ffn-hidden-size; 0 -> ffn_hidden_size
+  int64_t moe_router_topk = 2;      // --moe-router-topk k, in [1, E]
+  MoeLoadBalancingType moe_router_load_balancing_type = MoeLoadBalancingType::aux_loss;
+  double moe_aux_loss_coeff = 0.0;  // --moe-aux-loss-coeff (0: the aux loss adds nothing)
+  double moe_z_loss_coeff = 0.0;    // --moe-z-loss-coeff (0: none)
+  MoeScoreFunction moe_router_score_function = MoeScoreFunction::softmax;
+  bool moe_router_pre_softmax = false;  // softmax over all E before top-k (else over the top k)
+  // --moe-expert-capacity-factor: each expert keeps at most ceil(T k / E * factor) of a
+  // micro-batch's T local tokens, choosing by --moe-token-drop-policy; nullopt: dropless.
+  std::optional<double> moe_expert_capacity_factor;
+  MoeTokenDropPolicy moe_token_drop_policy = MoeTokenDropPolicy::probs;
+  MoeTokenDispatcherType moe_token_dispatcher_type = MoeTokenDispatcherType::allgather;
+  int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
+  // --moe-layer-freq: layer l (0-based) is MoE iff l % moe_layer_freq == 0, or, when
+  // moe_layer_pattern is given ("[1,0,1,1]"), iff moe_layer_pattern[l] == 1 (one per layer).
+  int64_t moe_layer_freq = 1;
+  std::vector<int> moe_layer_pattern;
+  bool moe_grouped_gemm = false;  // --moe-grouped-gemm (same math and names here: moe_layer.h)
+
   // Fills the 0-valued derived fields with Megatron's defaults, then validate()s.
   void finalize();
   // Throws mg::Error naming the offending values. Expects a finalized config.
@@ -101,6 +133,12 @@ struct TransformerConfig {
   }
   // Whether layer l (0-based) runs under full recompute (keeps only its input in forward).
   bool layer_recomputed(int64_t layer) const;
+  // Whether layer l (0-based, global) has an MoE MLP.
+  bool is_moe_layer(int64_t layer) const;
+  // The routed experts' FFN size (moe_ffn_hidden_size, or ffn_hidden_size).
+  int64_t expert_ffn_hidden_size() const {
+    return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size;
+  }
 
   // One line per field, for the start-up summary.
   std::string str() const;

@@ -60,7 +60,10 @@ TransformerLayer::TransformerLayer(const ModuleContext& ctx, ParamBuilder& pb,
   attn_ = std::make_unique<SelfAttention>(ctx, pb, p + "self_attention.", spec.self_attention);
   norm2_ =
       make_norm(ctx, pb, spec.pre_mlp_layernorm, p + "pre_mlp_layernorm.", p + "mlp.linear_fc1.");
-  mlp_ = std::make_unique<MLP>(ctx, pb, p + "mlp.", spec.mlp);
+  if (ctx.config->is_moe_layer(layer_number))
+    moe_ = std::make_unique<moe::MoELayer>(ctx, pb, p + "mlp.", layer_number);
+  else
+    mlp_ = std::make_unique<MLP>(ctx, pb, p + "mlp.", spec.mlp);
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, Saved& saved, const AttentionInputs& in,
@@ -76,10 +79,11 @@ Tensor TransformerLayer::forward(const Tensor& x, Saved& saved, const AttentionI
       hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::attention_bda, x));
   saved.h = h;
   saved.ln2 = norm2_ ? norm2_->forward(h, saved.norm2) : h;
-  Tensor z = mlp_->forward(saved.ln2, saved.mlp);
+  Tensor z = moe_ ? moe_->forward(saved.ln2, saved.moe, rng.training)
+                  : mlp_->forward(saved.ln2, saved.mlp);
   Tensor out = ctx_.empty(x.shape());
   ctx_.op().bias_dropout_add_fwd(
-      out, z, mlp_->fc2_bias().value, h,
+      out, z, moe_ ? Tensor() : mlp_->fc2_bias().value, h,
       hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::mlp_bda, x));
   saved.complete = true;
   return out;
@@ -90,10 +94,11 @@ Tensor TransformerLayer::backward(const Tensor& dout, Saved& saved, const Attent
   const TransformerConfig& c = *ctx_.config;
   // mlp_bda: dz = dropout'(dout), d(fc2 bias) += sum; the residual passes dout through.
   Tensor dz = ctx_.empty(dout.shape());
+  Tensor no_bias;
   ctx_.op().bias_dropout_add_bwd(
-      dz, mlp_->fc2_bias().grad, dout,
+      dz, moe_ ? no_bias : mlp_->fc2_bias().grad, dout,
       hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::mlp_bda, dout));
-  Tensor dln2 = mlp_->backward(dz, saved.ln2, saved.mlp);
+  Tensor dln2 = moe_ ? moe_->backward(dz, saved.moe) : mlp_->backward(dz, saved.ln2, saved.mlp);
   Tensor dh = norm2_ ? norm2_->backward(dln2, saved.h, saved.norm2) : dln2;
   ctx_.op().axpy(dh, dout, 1.0f);
   // self_attn_bda

@@ -9,6 +9,9 @@
 // ranks); under sequence parallelism the layer's input, output, norms and bias-dropout-adds work on
 // [S/TP, B, H] shards, hidden dropout drawing at the shard's offset so SP on/off drop the same
 // elements; attention-probability dropout uses Megatron's model-parallel seed when TP > 1.
+// Mixture of Experts: a layer with config.is_moe_layer(layer_number) has an moe::MoELayer (router,
+// experts, shared experts; moe/moe_layer.h) in the mlp slot instead of the dense MLP; the mlp_bda
+// then has no bias.
 #pragma once
 
 #include <memory>
@@ -17,6 +20,7 @@
 #include "megatron/core/transformer/attention.h"
 #include "megatron/core/transformer/mlp.h"
 #include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/moe/moe_layer.h"
 #include "megatron/core/transformer/norm.h"
 #include "megatron/core/transformer/transformer_layer_spec.h"
 
@@ -33,6 +37,7 @@ class TransformerLayer {
     Tensor ln2;
     Norm::Saved norm2;
     MLP::Saved mlp;
+    moe::MoELayer::Saved moe;
     bool complete = false;  // false: only x is held (recompute before backward)
   };
 
@@ -59,7 +64,8 @@ class TransformerLayer {
   int64_t layer_;
   std::unique_ptr<Norm> norm1_, norm2_;  // null: identity
   std::unique_ptr<SelfAttention> attn_;
-  std::unique_ptr<MLP> mlp_;
+  std::unique_ptr<MLP> mlp_;            // dense layers
+  std::unique_ptr<moe::MoELayer> moe_;  // MoE layers
 };
 
 }  // namespace mg::transformer

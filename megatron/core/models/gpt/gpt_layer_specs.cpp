@@ -54,6 +54,30 @@ void apply_qwen2_architecture(TransformerConfig& c) {
   c.rotary_base = 1000000.0;
 }
 
+void apply_mixtral_architecture(TransformerConfig& c, int64_t num_experts) {
+  apply_llama_architecture(c);
+  c.num_moe_experts = num_experts;
+  c.moe_router_topk = 2;
+  c.moe_router_score_function = transformer::MoeScoreFunction::softmax;
+  c.moe_router_pre_softmax = false;
+  c.moe_router_load_balancing_type = transformer::MoeLoadBalancingType::aux_loss;
+  c.moe_aux_loss_coeff = 1e-2;
+  c.moe_layer_freq = 1;
+  c.moe_layer_pattern.clear();
+  c.moe_shared_expert_intermediate_size = 0;
+}
+
+void apply_deepseek_moe_architecture(TransformerConfig& c, int64_t num_experts, int64_t topk,
+                                     int64_t shared_expert_size) {
+  apply_llama_architecture(c);
+  c.num_moe_experts = num_experts;
+  c.moe_router_topk = topk;
+  c.moe_router_score_function = transformer::MoeScoreFunction::sigmoid;
+  c.moe_router_load_balancing_type = transformer::MoeLoadBalancingType::seq_aux_loss;
+  c.moe_aux_loss_coeff = 1e-4;
+  c.moe_shared_expert_intermediate_size = shared_expert_size;
+}
+
 TransformerLayerSpec gpt2_layer_spec(const TransformerConfig& config) {
   return get_gpt_layer_with_transformer_engine_spec(config);
 }
@@ -63,6 +87,14 @@ TransformerLayerSpec llama_layer_spec(const TransformerConfig& config) {
 }
 
 TransformerLayerSpec qwen2_layer_spec(const TransformerConfig& config) {
+  return get_gpt_layer_with_transformer_engine_spec(config);
+}
+
+TransformerLayerSpec mixtral_layer_spec(const TransformerConfig& config) {
+  return get_gpt_layer_with_transformer_engine_spec(config);
+}
+
+TransformerLayerSpec deepseek_moe_layer_spec(const TransformerConfig& config) {
   return get_gpt_layer_with_transformer_engine_spec(config);
 }
 

@@ -1,0 +1,431 @@
+// MoELayer forward/backward: router, dispatchers, SequentialMLP experts, shared experts
+// (moe_layer.h). Gradient rule: parameter gradients +=, activation gradients =.
+#include "megatron/core/transformer/moe/moe_layer.h"
+
+#include <numeric>
+
+#include "megatron/core/common/error.h"
+
+namespace mg::transformer::moe {
+
+namespace {
+
+Tensor device_tensor(const ModuleContext& ctx, const std::vector<double>& v, const Shape& shape,
+                     DType dtype) {
+  return Tensor::from_vector(v, shape, dtype).to(ctx.device);
+}
+
+void all_reduce_host(const ModuleContext& ctx, comm::ProcessGroup& g, std::vector<double>& v) {
+  if (g.size() == 1 || v.empty()) return;
+  Tensor t = device_tensor(ctx, v, {static_cast<int64_t>(v.size())}, DType::f64);
+  g.all_reduce(t, comm::ReduceOp::sum)->wait();
+  v = t.to_vector<double>();
+}
+
+// Received rows are laid out [source rank j][local expert i]; the experts want [i][j]. Returns,
+// for each row in [i][j] order, its index in the received layout.
+std::vector<int64_t> chunk_order(const std::vector<int64_t>& counts, int64_t ep, int64_t local) {
+  std::vector<int64_t> start(static_cast<std::size_t>(ep * local));
+  int64_t off = 0;
+  for (int64_t j = 0; j < ep; ++j)
+    for (int64_t i = 0; i < local; ++i) {
+      start[j * local + i] = off;
+      off += counts[j * local + i];
+    }
+  std::vector<int64_t> order;
+  order.reserve(static_cast<std::size_t>(off));
+  for (int64_t i = 0; i < local; ++i)
+    for (int64_t j = 0; j < ep; ++j)
+      for (int64_t r = 0; r < counts[j * local + i]; ++r) order.push_back(start[j * local + i] + r);
+  return order;
+}
+
+// rows (row-major [n, h]) gathered: out[r] = in[order[r]]; or scattered: out[order[r]] = in[r].
+std::vector<double> permute_rows(const std::vector<double>& in, const std::vector<int64_t>& order,
+                                 int64_t h, bool scatter) {
+  std::vector<double> out(in.size());
+  for (std::size_t r = 0; r < order.size(); ++r) {
+    const int64_t a = scatter ? order[r] : static_cast<int64_t>(r);
+    const int64_t b = scatter ? static_cast<int64_t>(r) : order[r];
+    std::copy_n(in.begin() + b * h, h, out.begin() + a * h);
+  }
+  return out;
+}
+
+// all_to_all_v of rows [*, h] (in the params dtype on the device): send_counts[j] rows to member
+// j, recv_counts[j] rows from it.
+std::vector<double> exchange_rows(const ModuleContext& ctx, comm::ProcessGroup& g,
+                                  const std::vector<double>& rows, int64_t h,
+                                  const std::vector<int64_t>& send_counts,
+                                  const std::vector<int64_t>& recv_counts) {
+  const int64_t n_in = static_cast<int64_t>(rows.size()) / h;
+  const int64_t n_out = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+  std::vector<int64_t> sc, rc;
+  for (int64_t c : send_counts) sc.push_back(c * h);
+  for (int64_t c : recv_counts) rc.push_back(c * h);
+  Tensor in = device_tensor(ctx, rows, {n_in * h}, ctx.dtype);
+  Tensor out = Tensor::empty({n_out * h}, ctx.dtype, ctx.device);
+  g.all_to_all_v(out, in, sc, rc)->wait();
+  return out.to_vector<double>();
+}
+
+}  // namespace
+
+MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix,
+                   int64_t layer_number)
+    : ctx_(ctx), layer_(layer_number) {
+  const TransformerConfig& c = *ctx.config;
+  MG_CHECK(c.num_moe_experts >= 1, "MoELayer needs num_moe_experts >= 1");
+  h_ = c.hidden_size;
+  e_ = c.num_moe_experts;
+  k_ = c.moe_router_topk;
+  f_ = c.expert_ffn_hidden_size();
+  router_ = RouterOptions::from_config(c);
+  const int64_t ep = ep_size();
+  MG_CHECK(e_ % ep == 0, "--num-experts " << e_ << " must be divisible by "
+                                          << "--expert-model-parallel-size " << ep);
+  MG_CHECK(ctx.tp_size() == 1 || ctx.sequence_parallel,
+           "MoE with tensor parallelism needs --sequence-parallel (Megatron's rule)");
+  local_ = e_ / ep;
+  first_ = (ctx.ep_group ? ctx.ep_group->rank() : 0) * local_;
+  // The router sees this rank's sequence shard under SP: its grad is summed over TP.
+  pb.add(router_w_, prefix + "router.weight", {e_, h_}, InitRule::normal,
+         tensor_parallel::Partition{}, ctx.sequence_parallel && ctx.tp_size() > 1);
+  const int64_t fc1_rows = c.gated_linear_unit() ? 2 * f_ : f_;
+  experts_.resize(static_cast<std::size_t>(local_));
+  for (int64_t i = 0; i < local_; ++i) {
+    const std::string p = prefix + "experts.local_experts." + std::to_string(first_ + i) + ".";
+    Expert& x = experts_[static_cast<std::size_t>(i)];
+    pb.add(x.fc1, p + "linear_fc1.weight", {fc1_rows, h_}, InitRule::normal);
+    pb.set_expert(x.fc1);
+    pb.add(x.fc2, p + "linear_fc2.weight", {h_, f_}, InitRule::scaled_normal);
+    pb.set_expert(x.fc2);
+  }
+  if (c.moe_shared_expert_intermediate_size > 0)
+    shared_ = std::make_unique<MLP>(ctx, pb, prefix + "shared_experts.", MlpSpec{},
+                                    c.moe_shared_expert_intermediate_size);
+}
+
+Tensor MoELayer::experts_forward(const Tensor& rows, Saved& s) const {
+  const TransformerConfig& c = *ctx_.config;
+  const int64_t total = rows.defined() ? rows.size(0) : 0;
+  Tensor out = ctx_.empty({total, h_});
+  s.expert_in.assign(static_cast<std::size_t>(local_), Tensor());
+  s.fc1_out.assign(static_cast<std::size_t>(local_), Tensor());
+  s.act_out.assign(static_cast<std::size_t>(local_), Tensor());
+  const ops::GeluApprox gelu =
+      c.bias_activation_fusion ? ops::GeluApprox::tanh : ops::GeluApprox::none;
+  int64_t off = 0;
+  for (int64_t i = 0; i < local_; ++i) {
+    const int64_t n = s.local_counts[static_cast<std::size_t>(i)];
+    if (n == 0) continue;
+    const Expert& x = experts_[static_cast<std::size_t>(i)];
+    Tensor in = rows.slice(off, n);
+    Tensor u = linear_fwd(ctx_, in, x.fc1.value);
+    Tensor a = ctx_.empty({n, f_});
+    switch (c.activation) {
+      case Activation::gelu:
+        ctx_.op().gelu_fwd(a, u, gelu);
+        break;
+      case Activation::swiglu:
+        ctx_.op().swiglu_fwd(a, u);
+        break;
+      case Activation::squared_relu:
+        ctx_.op().squared_relu_fwd(a, u);
+        break;
+    }
+    Tensor z = linear_fwd(ctx_, a, x.fc2.value);
+    Tensor dst = out.slice(off, n);
+    dst.copy_(z);
+    s.expert_in[static_cast<std::size_t>(i)] = in;
+    s.fc1_out[static_cast<std::size_t>(i)] = u;
+    s.act_out[static_cast<std::size_t>(i)] = a;
+    off += n;
+  }
+  return out;
+}
+
+Tensor MoELayer::experts_backward(const Tensor& drows, Saved& s) {
+  const TransformerConfig& c = *ctx_.config;
+  const int64_t total = drows.size(0);
+  Tensor din = ctx_.empty({total, h_});
+  const ops::GeluApprox gelu =
+      c.bias_activation_fusion ? ops::GeluApprox::tanh : ops::GeluApprox::none;
+  int64_t off = 0;
+  for (int64_t i = 0; i < local_; ++i) {
+    const int64_t n = s.local_counts[static_cast<std::size_t>(i)];
+    if (n == 0) continue;
+    Expert& x = experts_[static_cast<std::size_t>(i)];
+    const Tensor& u = s.fc1_out[static_cast<std::size_t>(i)];
+    Tensor da = ctx_.empty({n, f_});
+    linear_bwd(ctx_, da, x.fc2.grad, drows.slice(off, n), s.act_out[static_cast<std::size_t>(i)],
+               x.fc2.value);
+    Tensor du = ctx_.empty(u.shape());
+    switch (c.activation) {
+      case Activation::gelu:
+        ctx_.op().gelu_bwd(du, da, u, gelu);
+        break;
+      case Activation::swiglu:
+        ctx_.op().swiglu_bwd(du, da, u);
+        break;
+      case Activation::squared_relu:
+        ctx_.op().squared_relu_bwd(du, da, u);
+        break;
+    }
+    Tensor dx = din.slice(off, n);
+    linear_bwd(ctx_, dx, x.fc1.grad, du, s.expert_in[static_cast<std::size_t>(i)], x.fc1.value);
+    off += n;
+  }
+  return din;
+}
+
+void MoELayer::dispatch_alltoall(const std::vector<double>& xh, Saved& s,
+                                 std::vector<double>& y) const {
+  const int64_t ep = ep_size();
+  const Permutation p = permutation(s.routing);
+  s.row_token = p.row_token;
+  s.row_slot = p.row_slot;
+  const int64_t rows = static_cast<int64_t>(p.row_token.size());
+  std::vector<double> send(static_cast<std::size_t>(rows * h_));
+  for (int64_t i = 0; i < rows; ++i)
+    std::copy_n(xh.begin() + p.row_token[i] * h_, h_, send.begin() + i * h_);
+  s.send_counts.assign(static_cast<std::size_t>(ep), 0);
+  for (int64_t e = 0; e < e_; ++e) s.send_counts[e / local_] += p.expert_counts[e];
+  std::vector<double> recv;
+  if (ep == 1) {
+    s.recv_counts = s.send_counts;
+    s.recv_expert_counts = p.expert_counts;
+    recv = std::move(send);
+  } else {
+    Tensor cin = Tensor::from_vector(p.expert_counts, {e_}, DType::i64).to(ctx_.device);
+    Tensor cout = Tensor::empty({e_}, DType::i64, ctx_.device);
+    ctx_.ep_group->all_to_all(cout, cin)->wait();
+    s.recv_expert_counts = cout.to_vector<int64_t>();
+    s.recv_counts.assign(static_cast<std::size_t>(ep), 0);
+    for (int64_t j = 0; j < ep; ++j)
+      for (int64_t i = 0; i < local_; ++i) s.recv_counts[j] += s.recv_expert_counts[j * local_ + i];
+    recv = exchange_rows(ctx_, *ctx_.ep_group, send, h_, s.send_counts, s.recv_counts);
+  }
+  s.local_counts.assign(static_cast<std::size_t>(local_), 0);
+  for (int64_t j = 0; j < ep; ++j)
+    for (int64_t i = 0; i < local_; ++i) s.local_counts[i] += s.recv_expert_counts[j * local_ + i];
+  const std::vector<int64_t> order = chunk_order(s.recv_expert_counts, ep, local_);
+  const int64_t r = static_cast<int64_t>(order.size());
+  const Tensor in = device_tensor(ctx_, permute_rows(recv, order, h_, false), {r, h_}, ctx_.dtype);
+  const std::vector<double> out = experts_forward(in, s).to_vector<double>();
+  std::vector<double> back = permute_rows(out, order, h_, true);
+  if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, h_, s.recv_counts, s.send_counts);
+  // Combine on the token's rank: y[t] += prob[t, k] * expert output.
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t t = s.row_token[i];
+    const double pr = s.routing.prob[t * k_ + s.row_slot[i]];
+    for (int64_t j = 0; j < h_; ++j) y[t * h_ + j] += pr * back[i * h_ + j];
+  }
+  s.out_rows = std::move(back);
+}
+
+void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
+  comm::ProcessGroup& g = *ctx_.ep_group;
+  const int64_t ep = g.size(), t_local = s.x.size(0);
+  Tensor xg = Tensor::empty({ep * t_local * h_}, ctx_.dtype, ctx_.device);
+  g.all_gather(xg, s.x.view({t_local * h_}))->wait();
+  const std::vector<double> xall = xg.to_vector<double>();
+  std::vector<double> info(static_cast<std::size_t>(t_local * k_ * 3));
+  for (int64_t i = 0; i < t_local * k_; ++i) {
+    info[i * 3] = static_cast<double>(s.routing.expert[i]);
+    info[i * 3 + 1] = s.routing.prob[i];
+    info[i * 3 + 2] = s.routing.kept[i];
+  }
+  Tensor info_t = device_tensor(ctx_, info, {t_local * k_ * 3}, DType::f64);
+  Tensor info_all = Tensor::empty({ep * t_local * k_ * 3}, DType::f64, ctx_.device);
+  g.all_gather(info_all, info_t)->wait();
+  const std::vector<double> iall = info_all.to_vector<double>();
+  // Rows for this rank's experts: expert-major, then gathered token order, then choice.
+  s.local_counts.assign(static_cast<std::size_t>(local_), 0);
+  std::vector<std::vector<int64_t>> per(static_cast<std::size_t>(local_));
+  for (int64_t i = 0; i < ep * t_local * k_; ++i) {
+    const auto e = static_cast<int64_t>(iall[i * 3]);
+    if (iall[i * 3 + 2] == 0.0 || e < first_ || e >= first_ + local_) continue;
+    per[static_cast<std::size_t>(e - first_)].push_back(i);
+  }
+  std::vector<double> rows_h;
+  for (int64_t l = 0; l < local_; ++l) {
+    s.local_counts[l] = static_cast<int64_t>(per[l].size());
+    for (int64_t i : per[l]) {
+      s.row_token.push_back(i / k_);
+      s.row_slot.push_back(i % k_);
+      s.row_prob.push_back(iall[i * 3 + 1]);
+      rows_h.insert(rows_h.end(), xall.begin() + (i / k_) * h_, xall.begin() + (i / k_ + 1) * h_);
+    }
+  }
+  const int64_t r = static_cast<int64_t>(s.row_token.size());
+  s.out_rows =
+      experts_forward(device_tensor(ctx_, rows_h, {r, h_}, ctx_.dtype), s).to_vector<double>();
+  std::vector<double> yall(static_cast<std::size_t>(ep * t_local * h_), 0.0);
+  for (int64_t i = 0; i < r; ++i) {
+    const int64_t t = s.row_token[i];
+    for (int64_t j = 0; j < h_; ++j) yall[t * h_ + j] += s.row_prob[i] * s.out_rows[i * h_ + j];
+  }
+  Tensor yin = device_tensor(ctx_, yall, {ep * t_local * h_}, ctx_.dtype);
+  Tensor yout = Tensor::empty({t_local * h_}, ctx_.dtype, ctx_.device);
+  g.reduce_scatter(yout, yin, comm::ReduceOp::sum)->wait();
+  const std::vector<double> mine = yout.to_vector<double>();
+  for (std::size_t i = 0; i < mine.size(); ++i) y[i] += mine[i];
+}
+
+Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
+  const TransformerConfig& c = *ctx_.config;
+  s = Saved{};
+  s.shape = x.shape();
+  MG_CHECK(x.dim() == 3 && x.size(2) == h_,
+           "MoELayer: input must be [S, B, " << h_ << "], got " << x.str());
+  const int64_t T = x.size(0) * x.size(1);
+  s.x = x.view({T, h_});
+  s.training = training;
+  const int64_t nss = seq_partition();
+
+  // Router: logits in f32 (f64 for f64), then top-k (with capacity) on the host.
+  Tensor lg = Tensor::empty({T, e_}, ctx_.stat_dtype(), ctx_.device);
+  if (T > 0) ctx_.op().gemm(lg, s.x, router_w_.value, ops::GemmArgs{.trans_b = true});
+  s.logits = lg.to_vector<double>();
+  s.routing = topk_routing(s.logits, T, router_);
+
+  if (training && c.moe_router_load_balancing_type != MoeLoadBalancingType::none) {
+    s.aux_scores = aux_loss_scores(s.logits, T, e_, c.moe_router_score_function);
+    s.aux_dscores.assign(s.aux_scores.size(), 0.0);
+    if (c.moe_router_load_balancing_type == MoeLoadBalancingType::aux_loss) {
+      std::vector<double> tpe = s.routing.tokens_per_expert;
+      if (nss > 1) all_reduce_host(ctx_, *ctx_.tp_group, tpe);
+      s.lb_loss =
+          switch_load_balancing_loss(s.aux_scores, T, e_, tpe, k_, nss, 1.0, &s.aux_dscores);
+    } else {
+      const int64_t seq = x.size(0), b = x.size(1);
+      std::vector<double> counts(static_cast<std::size_t>(b * e_), 0.0);
+      for (int64_t i = 0; i < T * k_; ++i) counts[(i / k_) % b * e_ + s.routing.expert[i]] += 1.0;
+      if (nss > 1) all_reduce_host(ctx_, *ctx_.tp_group, counts);
+      s.lb_loss = sequence_load_balancing_loss(s.aux_scores, seq, b, e_, counts, k_, nss, 1.0,
+                                               &s.aux_dscores);
+    }
+  }
+  if (training && c.moe_z_loss_coeff > 0.0)
+    s.z_loss = z_loss(s.logits, T, e_, 1.0 / static_cast<double>(nss), 0.0, nullptr);
+
+  std::vector<double> y(static_cast<std::size_t>(T * h_), 0.0);
+  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall)
+    dispatch_alltoall(s.x.to_vector<double>(), s, y);
+  else
+    dispatch_allgather(s, y);
+  Tensor out = device_tensor(ctx_, y, s.shape, ctx_.dtype);
+  if (shared_) {
+    Tensor z = shared_->forward(x, s.shared);
+    ctx_.op().axpy(out, z, 1.0f);
+  }
+  return out;
+}
+
+void MoELayer::combine_backward_alltoall(const std::vector<double>& dy, Saved& s,
+                                         std::vector<double>& dx, std::vector<double>& dprob) {
+  const int64_t ep = ep_size();
+  const int64_t rows = static_cast<int64_t>(s.row_token.size());
+  std::vector<double> drows(static_cast<std::size_t>(rows * h_));
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t t = s.row_token[i], slot = t * k_ + s.row_slot[i];
+    const double pr = s.routing.prob[slot];
+    double dot = 0.0;
+    for (int64_t j = 0; j < h_; ++j) {
+      drows[i * h_ + j] = pr * dy[t * h_ + j];
+      dot += dy[t * h_ + j] * s.out_rows[i * h_ + j];
+    }
+    dprob[slot] += dot;
+  }
+  std::vector<double> recv =
+      ep > 1 ? exchange_rows(ctx_, *ctx_.ep_group, drows, h_, s.send_counts, s.recv_counts)
+             : std::move(drows);
+  const std::vector<int64_t> order = chunk_order(s.recv_expert_counts, ep, local_);
+  const int64_t r = static_cast<int64_t>(order.size());
+  const Tensor din_rows =
+      device_tensor(ctx_, permute_rows(recv, order, h_, false), {r, h_}, ctx_.dtype);
+  std::vector<double> back =
+      permute_rows(experts_backward(din_rows, s).to_vector<double>(), order, h_, true);
+  if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, h_, s.recv_counts, s.send_counts);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t t = s.row_token[i];
+    for (int64_t j = 0; j < h_; ++j) dx[t * h_ + j] += back[i * h_ + j];
+  }
+}
+
+void MoELayer::combine_backward_allgather(const Tensor& dy, Saved& s, std::vector<double>& dx,
+                                          std::vector<double>& dprob) {
+  comm::ProcessGroup& g = *ctx_.ep_group;
+  const int64_t ep = g.size(), t_local = s.x.size(0);
+  Tensor dyc = dy.view({t_local * h_}).clone();
+  Tensor dyg = Tensor::empty({ep * t_local * h_}, ctx_.dtype, ctx_.device);
+  g.all_gather(dyg, dyc)->wait();
+  const std::vector<double> dyall = dyg.to_vector<double>();
+  const int64_t r = static_cast<int64_t>(s.row_token.size());
+  std::vector<double> drows(static_cast<std::size_t>(r * h_));
+  std::vector<double> dprob_all(static_cast<std::size_t>(ep * t_local * k_), 0.0);
+  for (int64_t i = 0; i < r; ++i) {
+    const int64_t t = s.row_token[i];
+    double dot = 0.0;
+    for (int64_t j = 0; j < h_; ++j) {
+      drows[i * h_ + j] = s.row_prob[i] * dyall[t * h_ + j];
+      dot += dyall[t * h_ + j] * s.out_rows[i * h_ + j];
+    }
+    dprob_all[t * k_ + s.row_slot[i]] += dot;
+  }
+  const std::vector<double> din =
+      experts_backward(device_tensor(ctx_, drows, {r, h_}, ctx_.dtype), s).to_vector<double>();
+  std::vector<double> dxall(static_cast<std::size_t>(ep * t_local * h_), 0.0);
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < h_; ++j) dxall[s.row_token[i] * h_ + j] += din[i * h_ + j];
+  Tensor xin = device_tensor(ctx_, dxall, {ep * t_local * h_}, ctx_.dtype);
+  Tensor xout = Tensor::empty({t_local * h_}, ctx_.dtype, ctx_.device);
+  g.reduce_scatter(xout, xin, comm::ReduceOp::sum)->wait();
+  const std::vector<double> mine = xout.to_vector<double>();
+  for (std::size_t i = 0; i < mine.size(); ++i) dx[i] += mine[i];
+  all_reduce_host(ctx_, g, dprob_all);
+  const int64_t base = static_cast<int64_t>(g.rank()) * t_local * k_;
+  for (int64_t i = 0; i < t_local * k_; ++i) dprob[i] += dprob_all[base + i];
+}
+
+Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
+  const TransformerConfig& c = *ctx_.config;
+  const int64_t T = s.x.size(0);
+  const int64_t nss = seq_partition();
+  std::vector<double> dx(static_cast<std::size_t>(T * h_), 0.0);
+  std::vector<double> dprob(static_cast<std::size_t>(T * k_), 0.0);
+  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall)
+    combine_backward_alltoall(dy.to_vector<double>(), s, dx, dprob);
+  else
+    combine_backward_allgather(dy, s, dx, dprob);
+
+  // Router: the routing's backward, plus the aux and z losses' (MoEAuxLossAutoScaler's seed).
+  std::vector<double> dlogits(static_cast<std::size_t>(T * e_), 0.0);
+  topk_routing_backward(s.routing, s.logits, dprob, router_, dlogits);
+  const double scale = MoEAuxLossAutoScaler::loss_scale();
+  if (!s.aux_dscores.empty() && c.moe_aux_loss_coeff > 0.0) {
+    std::vector<double> ds = s.aux_dscores;
+    for (double& v : ds) v *= c.moe_aux_loss_coeff * scale;
+    aux_loss_scores_backward(s.logits, s.aux_scores, ds, T, e_, c.moe_router_score_function,
+                             dlogits);
+  }
+  if (s.training && c.moe_z_loss_coeff > 0.0)
+    z_loss(s.logits, T, e_, c.moe_z_loss_coeff / static_cast<double>(nss), scale, &dlogits);
+  if (s.training)
+    MoEMetricsTracker::instance().add(layer_, s.lb_loss, s.z_loss, s.routing.tokens_per_expert);
+  Tensor dxt = device_tensor(ctx_, dx, {T, h_}, ctx_.dtype);
+  if (T > 0) {
+    const Tensor dl = device_tensor(ctx_, dlogits, {T, e_}, ctx_.dtype);
+    linear_bwd(ctx_, dxt, router_w_.grad, dl, s.x, router_w_.value, /*accumulate=*/true);
+  }
+  Tensor out = dxt.view(s.shape);
+  if (shared_) {
+    Tensor dxs = shared_->backward(dy, s.x.view(s.shape), s.shared);
+    ctx_.op().axpy(out, dxs, 1.0f);
+  }
+  s = Saved{};
+  return out;
+}
+
+}  // namespace mg::transformer::moe

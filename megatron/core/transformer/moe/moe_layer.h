@@ -1,0 +1,113 @@
+// MoELayer: Megatron-Core's MoE MLP (megatron/core/transformer/moe/moe_layer.py) with its
+// TopKRouter, token dispatcher (alltoall or allgather over the expert-model-parallel group),
+// SequentialMLP experts and optional shared experts; explicit forward and backward.
+//
+//   x [S, B, H] -> router: logits [T, E] = x W_r^T (f32; f64 for f64), top-k with optional
+//   capacity (moe_utils.h) -> dispatch each kept (token, choice) to its expert's EP rank -> expert
+//   e: linear_fc2(act(linear_fc1(rows))) -> back to the token's rank -> y[t] = sum_k prob[t, k] *
+//   expert_out -> + shared_experts(x) (an MLP of F = moe_shared_expert_intermediate_size)
+//
+// Parameters (Megatron's names, the GLOBAL expert index in every name on every rank, so a layout
+// with more EP ranks holds a subset of the same names and the init is EP-invariant):
+//   decoder.layers.N.mlp.router.weight                                [E, H]
+//   decoder.layers.N.mlp.experts.local_experts.<e>.linear_fc1.weight  [F_moe (2 F_moe gated), H]
+//   decoder.layers.N.mlp.experts.local_experts.<e>.linear_fc2.weight  [H, F_moe]
+//   decoder.layers.N.mlp.shared_experts.linear_fc{1,2}.weight         (as the dense MLP)
+// Experts hold no biases. --moe-grouped-gemm keeps these SequentialMLP names and computes the
+// same loop of per-expert GEMMs (the op table has no grouped GEMM yet).
+//
+// Expert parallelism (ctx.ep_group, EP ranks): rank r holds experts [r L, (r + 1) L), L = E / EP.
+//   alltoall : counts per expert exchanged by all-to-all, rows by all-to-all-v (a rank may send
+//              or receive none), sorted to [local expert][source rank], and back the same way;
+//              the probabilities are applied on the token's own rank.
+//   allgather: every rank gathers the EP group's tokens and routing, runs its experts on the
+//              rows routed to them, weights them by their probabilities and reduce-scatters
+//              the sums back.
+// Both give each expert its rows in (source rank, token, choice) order, so the experts' sums match
+// the single-rank layer's up to f32 round-off. Expert tensor parallelism (ETP > 1) is not here:
+// experts are whole on their rank; with TP > 1 the layer needs sequence parallelism (each TP rank
+// routes its own sequence shard), as Megatron requires.
+//
+// Aux losses (training only): the load-balancing loss (aux_loss / seq_aux_loss) over the scores
+// of aux_loss_scores, with tokens per expert summed over the sequence partition (the TP group
+// under SP), and the z-loss (coeff / partition size, Megatron's). They add nothing to forward's
+// output; backward adds their gradient times MoEAuxLossAutoScaler::loss_scale() to the router
+// logits' (Megatron's MoEAuxLossAutoScaler), and records their values (without coefficients) and
+// the tokens per expert in MoEMetricsTracker.
+//
+// Token-level work (router softmax/top-k, permutation, probability weighting) runs on the host in
+// f64; the expert and router GEMMs and activations go through the op table.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megatron/core/transformer/mlp.h"
+#include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
+
+namespace mg::transformer::moe {
+
+class MoELayer {
+ public:
+  struct Saved {
+    Tensor x;                    // [T, H] layer input (normalised)
+    Shape shape;                 // its [S, B, H]
+    std::vector<double> logits;  // [T, E]
+    Routing routing;
+    bool training = false;
+    std::vector<double> aux_scores, aux_dscores;  // [T, E] (empty: no load-balancing loss)
+    double lb_loss = 0.0, z_loss = 0.0;           // values without coefficients (logging)
+    // Dispatch: the rows this rank's tokens send (alltoall: Permutation over global experts;
+    // allgather: rows of the gathered tokens for this rank's experts), and what came back.
+    std::vector<int64_t> row_token, row_slot;  // per row: token (gathered index) and its choice
+    std::vector<double> row_prob;              // per row (allgather)
+    std::vector<int64_t> send_counts, recv_counts;  // alltoall, per EP rank (rows)
+    std::vector<int64_t> recv_expert_counts;        // alltoall, [EP][L] rows received
+    std::vector<double> out_rows;  // [rows, H] expert outputs (host, f64) for d(prob)
+    // The experts: input rows per local expert and their activations.
+    std::vector<int64_t> local_counts;  // [L]
+    std::vector<Tensor> expert_in, fc1_out, act_out;
+    MLP::Saved shared;
+  };
+
+  // prefix: "decoder.layers.N.mlp."
+  MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix,
+           int64_t layer_number);
+
+  // x [S, B, H] (an SP shard under sequence parallelism) -> [S, B, H]. training: compute the aux
+  // losses (their collectives run on every rank alike).
+  Tensor forward(const Tensor& x, Saved& saved, bool training) const;
+  // dy -> dx (written); router, expert and shared-expert grads accumulate. Clears `saved`.
+  Tensor backward(const Tensor& dy, Saved& saved);
+
+  int64_t num_local_experts() const { return local_; }
+  int64_t first_expert() const { return first_; }
+
+ private:
+  struct Expert {
+    Weight fc1, fc2;
+  };
+  int64_t ep_size() const { return ctx_.ep_group ? ctx_.ep_group->size() : 1; }
+  int64_t seq_partition() const { return ctx_.sequence_parallel ? ctx_.tp_size() : 1; }
+  // Rows [R, H] grouped by local expert (counts) -> expert outputs [R, H]; saves activations.
+  Tensor experts_forward(const Tensor& rows, Saved& s) const;
+  Tensor experts_backward(const Tensor& drows, Saved& s);
+  void dispatch_alltoall(const std::vector<double>& xh, Saved& s, std::vector<double>& y) const;
+  void dispatch_allgather(Saved& s, std::vector<double>& y) const;
+  void combine_backward_alltoall(const std::vector<double>& dy, Saved& s, std::vector<double>& dx,
+                                 std::vector<double>& dprob);
+  void combine_backward_allgather(const Tensor& dy, Saved& s, std::vector<double>& dx,
+                                  std::vector<double>& dprob);
+
+  const ModuleContext& ctx_;
+  int64_t layer_;
+  int64_t h_, e_, k_, f_, local_, first_;
+  RouterOptions router_;
+  Weight router_w_;
+  std::vector<Expert> experts_;
+  std::unique_ptr<MLP> shared_;
+};
+
+}  // namespace mg::transformer::moe

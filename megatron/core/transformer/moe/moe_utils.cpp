@@ -1,0 +1,368 @@
+// MoE routing math on the host (moe_utils.h).
+#include "megatron/core/transformer/moe/moe_utils.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <sstream>
+
+#include "megatron/core/common/error.h"
+
+namespace mg::transformer::moe {
+
+namespace {
+
+constexpr double kSigmoidNormEps = 1e-20;  // Megatron's "+ 1e-20" in the sigmoid normalisation
+
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+
+// softmax of row[0..n) into out.
+void softmax_row(const double* row, int64_t n, double* out) {
+  double mx = row[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += (out[i] = std::exp(row[i] - mx));
+  for (int64_t i = 0; i < n; ++i) out[i] /= sum;
+}
+
+void check_sizes(const std::vector<double>& v, int64_t t, int64_t e, const char* what) {
+  MG_CHECK(static_cast<int64_t>(v.size()) == t * e,
+           what << ": " << v.size() << " values, expected [" << t << ", " << e << "]");
+}
+
+}  // namespace
+
+RouterOptions RouterOptions::from_config(const TransformerConfig& c) {
+  RouterOptions o;
+  o.num_experts = c.num_moe_experts;
+  o.topk = c.moe_router_topk;
+  o.score_function = c.moe_router_score_function;
+  o.pre_softmax = c.moe_router_pre_softmax;
+  o.capacity_factor = c.moe_expert_capacity_factor;
+  o.drop_policy = c.moe_token_drop_policy;
+  return o;
+}
+
+Routing topk_routing(const std::vector<double>& logits, int64_t T, const RouterOptions& o) {
+  const int64_t E = o.num_experts, K = o.topk;
+  MG_CHECK(E >= 1 && K >= 1 && K <= E, "topk_routing: topk " << K << " of " << E << " experts");
+  check_sizes(logits, T, E, "topk_routing logits");
+  Routing r;
+  r.num_tokens = T;
+  r.num_experts = E;
+  r.topk = K;
+  r.expert.resize(static_cast<std::size_t>(T * K));
+  r.prob.resize(static_cast<std::size_t>(T * K));
+  r.kept.assign(static_cast<std::size_t>(T * K), 1);
+  r.scores.resize(static_cast<std::size_t>(T * E));
+  r.tokens_per_expert.assign(static_cast<std::size_t>(E), 0.0);
+  std::vector<int64_t> order(static_cast<std::size_t>(E));
+  std::vector<double> sel(static_cast<std::size_t>(K));
+  for (int64_t t = 0; t < T; ++t) {
+    const double* l = logits.data() + t * E;
+    double* s = r.scores.data() + t * E;
+    if (o.score_function == MoeScoreFunction::softmax)
+      softmax_row(l, E, s);
+    else
+      for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(l[e]);
+    // Top-k by logit (softmax and sigmoid are monotonic): descending, ties to the lower expert.
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                      [l](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    int64_t* ex = r.expert.data() + t * K;
+    double* p = r.prob.data() + t * K;
+    for (int64_t k = 0; k < K; ++k) {
+      ex[k] = order[static_cast<std::size_t>(k)];
+      r.tokens_per_expert[static_cast<std::size_t>(ex[k])] += 1.0;
+    }
+    if (o.score_function == MoeScoreFunction::softmax) {
+      if (o.pre_softmax) {
+        for (int64_t k = 0; k < K; ++k) p[k] = s[ex[k]];
+      } else {
+        for (int64_t k = 0; k < K; ++k) sel[k] = l[ex[k]];
+        softmax_row(sel.data(), K, p);
+      }
+    } else {
+      double sum = 0.0;
+      for (int64_t k = 0; k < K; ++k) sum += (p[k] = s[ex[k]]);
+      if (K > 1)
+        for (int64_t k = 0; k < K; ++k) p[k] /= sum + kSigmoidNormEps;
+    }
+  }
+  if (o.capacity_factor) {
+    r.capacity = static_cast<int64_t>(
+        std::ceil(static_cast<double>(T * K) / static_cast<double>(E) * *o.capacity_factor));
+    std::vector<std::vector<int64_t>> chosen(static_cast<std::size_t>(E));  // entries t*K+k
+    for (int64_t i = 0; i < T * K; ++i) chosen[static_cast<std::size_t>(r.expert[i])].push_back(i);
+    for (auto& list : chosen) {
+      if (static_cast<int64_t>(list.size()) <= r.capacity) continue;
+      if (o.drop_policy == MoeTokenDropPolicy::probs)
+        std::stable_sort(list.begin(), list.end(),
+                         [&r](int64_t a, int64_t b) { return r.prob[a] > r.prob[b]; });
+      for (std::size_t j = static_cast<std::size_t>(r.capacity); j < list.size(); ++j)
+        r.kept[static_cast<std::size_t>(list[j])] = 0;
+    }
+  }
+  return r;
+}
+
+void topk_routing_backward(const Routing& r, const std::vector<double>& logits,
+                           const std::vector<double>& dprob, const RouterOptions& o,
+                           std::vector<double>& dlogits) {
+  const int64_t T = r.num_tokens, E = r.num_experts, K = r.topk;
+  check_sizes(dprob, T, K, "topk_routing_backward dprob");
+  check_sizes(dlogits, T, E, "topk_routing_backward dlogits");
+  std::vector<double> g(static_cast<std::size_t>(K)), ds(static_cast<std::size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t* ex = r.expert.data() + t * K;
+    const double* p = r.prob.data() + t * K;
+    const double* s = r.scores.data() + t * E;
+    double* dl = dlogits.data() + t * E;
+    bool any = false;
+    for (int64_t k = 0; k < K; ++k) {
+      g[k] = r.kept[t * K + k] ? dprob[t * K + k] : 0.0;
+      any |= g[k] != 0.0;
+    }
+    if (!any) continue;
+    if (o.score_function == MoeScoreFunction::softmax) {
+      if (o.pre_softmax) {
+        std::fill(ds.begin(), ds.end(), 0.0);
+        for (int64_t k = 0; k < K; ++k) ds[ex[k]] += g[k];
+        double dot = 0.0;
+        for (int64_t e = 0; e < E; ++e) dot += s[e] * ds[e];
+        for (int64_t e = 0; e < E; ++e) dl[e] += s[e] * (ds[e] - dot);
+      } else {
+        double dot = 0.0;
+        for (int64_t k = 0; k < K; ++k) dot += p[k] * g[k];
+        for (int64_t k = 0; k < K; ++k) dl[ex[k]] += p[k] * (g[k] - dot);
+      }
+    } else {
+      double sum = 0.0, gq = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        sum += s[ex[k]];
+        gq += g[k] * s[ex[k]];
+      }
+      const double den = sum + kSigmoidNormEps;
+      (void)logits;
+      for (int64_t k = 0; k < K; ++k) {
+        const double q = s[ex[k]];
+        const double dq = K > 1 ? g[k] / den - gq / (den * den) : g[k];
+        dl[ex[k]] += dq * q * (1.0 - q);
+      }
+    }
+  }
+}
+
+std::vector<double> aux_loss_scores(const std::vector<double>& logits, int64_t T, int64_t E,
+                                    MoeScoreFunction f) {
+  check_sizes(logits, T, E, "aux_loss_scores logits");
+  std::vector<double> out(logits.size());
+  for (int64_t t = 0; t < T; ++t) {
+    const double* l = logits.data() + t * E;
+    double* s = out.data() + t * E;
+    if (f == MoeScoreFunction::softmax) {
+      softmax_row(l, E, s);
+    } else {
+      double sum = 0.0;
+      for (int64_t e = 0; e < E; ++e) sum += (s[e] = sigmoid(l[e]));
+      for (int64_t e = 0; e < E; ++e) s[e] /= sum + kSigmoidNormEps;
+    }
+  }
+  return out;
+}
+
+void aux_loss_scores_backward(const std::vector<double>& logits, const std::vector<double>& scores,
+                              const std::vector<double>& dscores, int64_t T, int64_t E,
+                              MoeScoreFunction f, std::vector<double>& dlogits) {
+  check_sizes(dscores, T, E, "aux_loss_scores_backward dscores");
+  check_sizes(dlogits, T, E, "aux_loss_scores_backward dlogits");
+  for (int64_t t = 0; t < T; ++t) {
+    const double* l = logits.data() + t * E;
+    const double* s = scores.data() + t * E;
+    const double* d = dscores.data() + t * E;
+    double* dl = dlogits.data() + t * E;
+    if (f == MoeScoreFunction::softmax) {
+      double dot = 0.0;
+      for (int64_t e = 0; e < E; ++e) dot += s[e] * d[e];
+      for (int64_t e = 0; e < E; ++e) dl[e] += s[e] * (d[e] - dot);
+    } else {
+      double sum = 0.0, gs = 0.0;
+      for (int64_t e = 0; e < E; ++e) {
+        const double q = sigmoid(l[e]);
+        sum += q;
+        gs += d[e] * q;
+      }
+      const double den = sum + kSigmoidNormEps;
+      for (int64_t e = 0; e < E; ++e) {
+        const double q = sigmoid(l[e]);
+        dl[e] += (d[e] / den - gs / (den * den)) * q * (1.0 - q);
+      }
+    }
+  }
+}
+
+double switch_load_balancing_loss(const std::vector<double>& scores, int64_t T, int64_t E,
+                                  const std::vector<double>& tokens_per_expert, int64_t topk,
+                                  int64_t num_sub_sequence, double coeff,
+                                  std::vector<double>* dscores) {
+  check_sizes(scores, T, E, "switch_load_balancing_loss scores");
+  MG_CHECK(static_cast<int64_t>(tokens_per_expert.size()) == E,
+           "switch_load_balancing_loss: tokens_per_expert has "
+               << tokens_per_expert.size() << " entries for " << E << " experts");
+  const double n = static_cast<double>(T * num_sub_sequence);
+  if (n == 0.0) return 0.0;
+  const double factor = static_cast<double>(E) * coeff / (static_cast<double>(topk) * n * n);
+  double loss = 0.0;
+  for (int64_t e = 0; e < E; ++e) {
+    double agg = 0.0;
+    for (int64_t t = 0; t < T; ++t) agg += scores[t * E + e];
+    loss += agg * tokens_per_expert[e];
+  }
+  if (dscores)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t e = 0; e < E; ++e) (*dscores)[t * E + e] += factor * tokens_per_expert[e];
+  return loss * factor;
+}
+
+double sequence_load_balancing_loss(const std::vector<double>& scores, int64_t S, int64_t B,
+                                    int64_t E, const std::vector<double>& counts, int64_t topk,
+                                    int64_t num_sub_sequence, double coeff,
+                                    std::vector<double>* dscores) {
+  check_sizes(scores, S * B, E, "sequence_load_balancing_loss scores");
+  check_sizes(counts, B, E, "sequence_load_balancing_loss counts");
+  const double s_full = static_cast<double>(S * num_sub_sequence);
+  if (s_full == 0.0 || B == 0) return 0.0;
+  double loss = 0.0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t e = 0; e < E; ++e) {
+      const double w = coeff / static_cast<double>(B) * counts[b * E + e] * static_cast<double>(E) /
+                       (s_full * static_cast<double>(topk)) / s_full;
+      double sum = 0.0;
+      for (int64_t s = 0; s < S; ++s) sum += scores[(s * B + b) * E + e];
+      loss += w * sum;
+      if (dscores)
+        for (int64_t s = 0; s < S; ++s) (*dscores)[(s * B + b) * E + e] += w;
+    }
+  return loss;
+}
+
+double z_loss(const std::vector<double>& logits, int64_t T, int64_t E, double coeff, double scale,
+              std::vector<double>* dlogits) {
+  check_sizes(logits, T, E, "z_loss logits");
+  if (T == 0) return 0.0;
+  double sum = 0.0;
+  std::vector<double> sm(static_cast<std::size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const double* l = logits.data() + t * E;
+    double mx = l[0];
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+    double se = 0.0;
+    for (int64_t e = 0; e < E; ++e) se += std::exp(l[e] - mx);
+    const double lse = mx + std::log(se);
+    sum += lse * lse;
+    if (dlogits) {
+      softmax_row(l, E, sm.data());
+      const double g = scale * coeff * 2.0 * lse / static_cast<double>(T);
+      for (int64_t e = 0; e < E; ++e) (*dlogits)[t * E + e] += g * sm[e];
+    }
+  }
+  return coeff * sum / static_cast<double>(T);
+}
+
+Permutation permutation(const Routing& r) {
+  const int64_t T = r.num_tokens, E = r.num_experts, K = r.topk;
+  std::vector<std::vector<int64_t>> per(static_cast<std::size_t>(E));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k)
+      if (r.kept[t * K + k])
+        per[static_cast<std::size_t>(r.expert[t * K + k])].push_back(t * K + k);
+  Permutation p;
+  p.expert_counts.resize(static_cast<std::size_t>(E));
+  for (int64_t e = 0; e < E; ++e) {
+    p.expert_counts[e] = static_cast<int64_t>(per[e].size());
+    for (int64_t i : per[e]) {
+      p.row_token.push_back(i / K);
+      p.row_slot.push_back(i % K);
+    }
+  }
+  return p;
+}
+
+MoEMetricsTracker& MoEMetricsTracker::instance() {
+  static MoEMetricsTracker t;
+  return t;
+}
+
+void MoEMetricsTracker::add(int64_t layer, double lb_loss, double z,
+                            const std::vector<double>& tokens) {
+  MoELayerMetrics& m = layers_[layer];
+  m.load_balancing_loss += lb_loss;
+  m.z_loss += z;
+  if (m.tokens_per_expert.size() < tokens.size()) m.tokens_per_expert.resize(tokens.size(), 0.0);
+  for (std::size_t e = 0; e < tokens.size(); ++e) m.tokens_per_expert[e] += tokens[e];
+  ++m.microbatches;
+}
+
+MoELogLines moe_metrics_log(comm::ProcessGroup* world, const TransformerConfig& c,
+                            int64_t seq_partition, int64_t iterations) {
+  MoELogLines out;
+  const int64_t L = c.num_layers, E = c.num_moe_experts, w = 3 + E;
+  if (E <= 0) return out;
+  auto& tracker = MoEMetricsTracker::instance();
+  std::vector<double> v(static_cast<std::size_t>(L * w), 0.0);
+  for (const auto& [layer, m] : tracker.layers()) {
+    if (layer < 0 || layer >= L) continue;
+    v[layer * w] = m.load_balancing_loss;
+    v[layer * w + 1] = m.z_loss;
+    v[layer * w + 2] = static_cast<double>(m.microbatches);
+    for (std::size_t e = 0; e < m.tokens_per_expert.size() && e < static_cast<std::size_t>(E); ++e)
+      v[layer * w + 3 + e] = m.tokens_per_expert[e];
+  }
+  tracker.clear();
+  if (world && world->size() > 1) {
+    Tensor t = Tensor::from_vector(v, {L * w}, DType::f64);
+    world->all_reduce(t, comm::ReduceOp::sum)->wait();
+    v = t.to_vector<double>();
+  }
+  auto sci = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.6E", x);
+    return std::string(buf);
+  };
+  const bool lb = c.moe_router_load_balancing_type != MoeLoadBalancingType::none;
+  const bool z = c.moe_z_loss_coeff > 0.0;
+  double lb_sum = 0.0, z_sum = 0.0;
+  int64_t n = 0;
+  std::ostringstream lines;
+  for (int64_t l = 0; l < L; ++l) {
+    // Each rank holding the layer recorded its micro-batches: count = replicas * partition * mbs.
+    const double count = v[l * w + 2];
+    if (!c.is_moe_layer(l) || count <= 0.0) continue;
+    const double per = count / static_cast<double>(seq_partition);
+    const double lbv = v[l * w] / per, zv = v[l * w + 1] / per;
+    lb_sum += lbv;
+    z_sum += zv;
+    ++n;
+    lines << " moe layer " << l << " |";
+    if (lb) lines << " load_balancing_loss: " << sci(lbv) << " |";
+    if (z) lines << " z_loss: " << sci(zv) << " |";
+    lines << " tokens per expert:";
+    for (int64_t e = 0; e < E; ++e) {
+      const double tok = v[l * w + 3 + e] / static_cast<double>(std::max<int64_t>(iterations, 1));
+      lines << (e == 0 ? " [" : " ") << static_cast<int64_t>(std::llround(tok));
+    }
+    lines << "] |\n";
+  }
+  if (n == 0) return out;
+  std::ostringstream in;
+  if (lb) in << " load_balancing_loss: " << sci(lb_sum / static_cast<double>(n)) << " |";
+  if (z) in << " z_loss: " << sci(z_sum / static_cast<double>(n)) << " |";
+  out.inline_part = in.str();
+  out.layer_lines = lines.str();
+  return out;
+}
+
+}  // namespace mg::transformer::moe

@@ -1,0 +1,142 @@
+// Mixture-of-Experts routing math (megatron/core/transformer/moe/moe_utils.py and router.py), on
+// host vectors in f64: score functions, top-k with capacity (token dropping), the load-balancing
+// losses (switch aux loss, sequence aux loss) and the z-loss, each with its exact backward; the
+// token permutation order; Megatron's MoEAuxLossAutoScaler scale and the per-layer metrics
+// tracker that the training log prints.
+//
+// Layouts: logits / scores [T, E] row-major (token t = row, sequence-first: t = s * B + b);
+// top-k results [T, K] (the k-th choice of token t at t * K + k, experts in descending score).
+// Gradient rule: d(logits) is accumulated (+=) by every backward here.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megatron/core/comm/process_group.h"
+#include "megatron/core/transformer/transformer_config.h"
+
+namespace mg::transformer::moe {
+
+struct RouterOptions {
+  int64_t num_experts = 0;
+  int64_t topk = 1;
+  MoeScoreFunction score_function = MoeScoreFunction::softmax;
+  bool pre_softmax = false;
+  std::optional<double> capacity_factor;  // nullopt: dropless
+  MoeTokenDropPolicy drop_policy = MoeTokenDropPolicy::probs;
+  static RouterOptions from_config(const TransformerConfig& c);
+};
+
+// Megatron's topk_softmax_with_capacity for T local tokens.
+struct Routing {
+  int64_t num_tokens = 0, num_experts = 0, topk = 0;
+  std::vector<int64_t> expert;  // [T, K] chosen experts, descending score (ties: lower index)
+  std::vector<double> prob;     // [T, K] their routing probabilities
+  std::vector<uint8_t> kept;    // [T, K] 1 unless dropped for capacity (all 1 when dropless)
+  std::vector<double> scores;   // [T, E] the score function's output (backward)
+  std::vector<double> tokens_per_expert;  // [E] choices per expert before dropping
+  int64_t capacity = -1;                  // per expert; -1 dropless
+};
+
+//   softmax, pre_softmax: s = softmax(l); top-k of s; prob = s at the chosen experts
+//   softmax            : top-k of l; prob = softmax over the k chosen logits
+//   sigmoid            : s = sigmoid(l); top-k of s; prob = s / (sum of the k chosen + 1e-20)
+//                        (k > 1; k = 1 keeps s)
+// Capacity c = ceil(T k / E * factor) per expert: policy probs keeps each expert's c chosen tokens
+// with the highest probabilities (ties: lower token), position its first c chosen tokens.
+Routing topk_routing(const std::vector<double>& logits, int64_t num_tokens, const RouterOptions& o);
+// d(prob) [T, K] (dropped entries ignored) -> d(logits) [T, E] += the routing's backward.
+void topk_routing_backward(const Routing& r, const std::vector<double>& logits,
+                           const std::vector<double>& dprob, const RouterOptions& o,
+                           std::vector<double>& dlogits);
+
+// The scores the load-balancing losses use: softmax(l), or sigmoid(l) normalised per token.
+std::vector<double> aux_loss_scores(const std::vector<double>& logits, int64_t num_tokens,
+                                    int64_t num_experts, MoeScoreFunction f);
+// d(scores) -> d(logits) += through aux_loss_scores.
+void aux_loss_scores_backward(const std::vector<double>& logits, const std::vector<double>& scores,
+                              const std::vector<double>& dscores, int64_t num_tokens,
+                              int64_t num_experts, MoeScoreFunction f,
+                              std::vector<double>& dlogits);
+
+// Megatron's switch_load_balancing_loss_func with a sequence partition of `num_sub_sequence`
+// ranks: loss = sum_e (sum_t scores[t, e]) * tokens_per_expert[e] * E * coeff / (k * N^2), with
+// N = T * num_sub_sequence and tokens_per_expert summed over the partition (the caller's
+// all-reduce). The partition's losses sum to the whole sequence's. dscores (optional, [T, E]) +=
+// d loss / d scores.
+double switch_load_balancing_loss(const std::vector<double>& scores, int64_t num_tokens,
+                                  int64_t num_experts, const std::vector<double>& tokens_per_expert,
+                                  int64_t topk, int64_t num_sub_sequence, double coeff,
+                                  std::vector<double>* dscores);
+// Megatron's sequence_load_balancing_loss_func (DeepSeek-V2's per-sequence aux loss): rows are
+// t = s * B + b over S local positions; counts [B, E] are the chosen-expert counts per sequence
+// summed over the partition, S_full = S * num_sub_sequence:
+//   loss = coeff / B * sum_b sum_e counts[b, e] * E / (S_full k) * sum_s scores[s, b, e] / S_full
+double sequence_load_balancing_loss(const std::vector<double>& scores, int64_t seq_local,
+                                    int64_t batch, int64_t num_experts,
+                                    const std::vector<double>& counts, int64_t topk,
+                                    int64_t num_sub_sequence, double coeff,
+                                    std::vector<double>* dscores);
+// Megatron's z_loss_func: coeff * mean_t logsumexp(l_t)^2; dlogits (optional) += scale * grad.
+double z_loss(const std::vector<double>& logits, int64_t num_tokens, int64_t num_experts,
+              double coeff, double scale, std::vector<double>* dlogits);
+
+// The permutation of Megatron's permute(): the kept (token, choice) pairs in expert-major order,
+// tokens ascending within an expert. row_token[i] / row_slot[i] say which token and which of its
+// k choices row i is; expert_counts[e] rows go to expert e.
+struct Permutation {
+  std::vector<int64_t> row_token, row_slot;
+  std::vector<int64_t> expert_counts;
+};
+Permutation permutation(const Routing& r);
+
+// Megatron's MoEAuxLossAutoScaler: the aux and z losses' backward seed, which must match the lm
+// loss's: loss_scale / num_microbatches (loss_scale alone under calculate_per_token_loss). Set by
+// the training step before the backward passes; 1 by default. Process-wide, as in Megatron.
+class MoEAuxLossAutoScaler {
+ public:
+  static void set_loss_scale(double scale) { scale_ = scale; }
+  static double loss_scale() { return scale_; }
+
+ private:
+  static inline double scale_ = 1.0;
+};
+
+// Megatron's MoE layer-wise logging tracker: per layer (global number), the load-balancing and z
+// losses (without their coefficients, summed over the layer's micro-batches) and the tokens each
+// expert was chosen by (summed). Layers add in backward, so a recomputed forward is not counted
+// twice. Process-wide, as in Megatron.
+struct MoELayerMetrics {
+  double load_balancing_loss = 0.0;
+  double z_loss = 0.0;
+  std::vector<double> tokens_per_expert;
+  int64_t microbatches = 0;
+};
+class MoEMetricsTracker {
+ public:
+  static MoEMetricsTracker& instance();
+  void add(int64_t layer, double lb_loss, double z_loss, const std::vector<double>& tokens);
+  std::map<int64_t, MoELayerMetrics>& layers() { return layers_; }
+  void clear() { layers_.clear(); }
+
+ private:
+  std::map<int64_t, MoELayerMetrics> layers_;
+};
+
+// The training log's MoE part, Megatron's track_moe_metrics: a collective over `world` (every rank
+// calls it at each log line with the same arguments; null: this process only). Per layer: the
+// load-balancing and z losses averaged over micro-batches and data-parallel replicas (summed over
+// the sequence partition of `seq_partition` ranks), and the tokens each expert was chosen by per
+// iteration (the whole batch). Clears the tracker.
+struct MoELogLines {
+  std::string inline_part;  // " load_balancing_loss: 1.000123E+00 | z_loss: ... |" (layer mean)
+  std::string layer_lines;  // one " moe layer N | load_balancing_loss: ... | tokens per expert:
+                            // [...]" line per MoE layer, each ending in "\n"
+};
+MoELogLines moe_metrics_log(comm::ProcessGroup* world, const TransformerConfig& config,
+                            int64_t seq_partition, int64_t iterations);
+
+}  // namespace mg::transformer::moe

@@ -1,0 +1,418 @@
+// MoE routing math and the MoE layer on one rank against serial references: the router's top-k
+// probabilities, aux/z losses and their backward against finite differences; capacity dropping
+// against a brute-force reference of Megatron's two drop policies; the permutation order; the aux
+// loss on balanced vs skewed routing; MoELayer forward against a per-token loop over the experts
+// and its backward (input, router and expert grads) against finite differences of
+// sum(dy * y) + aux losses, in f64.
+#include "megatron/core/transformer/moe/moe_layer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "megatron/core/inference/inference_context.h"
+#include "megatron/core/models/gpt/gpt_layer_specs.h"
+#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
+#include "tests/unit/test_util.h"
+
+namespace mg::test {
+namespace {
+
+using transformer::MoeScoreFunction;
+using transformer::MoeTokenDropPolicy;
+using namespace transformer::moe;
+
+std::vector<double> randn(std::size_t n, uint32_t seed, double scale = 1.0) {
+  std::mt19937 g(seed);
+  std::normal_distribution<double> d(0.0, scale);
+  std::vector<double> v(n);
+  for (double& x : v) x = d(g);
+  return v;
+}
+
+double dot(const std::vector<double>& a, const std::vector<double>& b) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+struct RouterCase {
+  MoeScoreFunction f;
+  bool pre;
+  int64_t k;
+};
+
+TEST(MoERouter, TopkProbabilitiesBackwardMatchesFiniteDifferences) {
+  const int64_t T = 5, E = 6;
+  for (const RouterCase rc : {RouterCase{MoeScoreFunction::softmax, false, 2},
+                              RouterCase{MoeScoreFunction::softmax, true, 2},
+                              RouterCase{MoeScoreFunction::sigmoid, false, 2},
+                              RouterCase{MoeScoreFunction::sigmoid, false, 1}}) {
+    RouterOptions o;
+    o.num_experts = E;
+    o.topk = rc.k;
+    o.score_function = rc.f;
+    o.pre_softmax = rc.pre;
+    const auto logits = randn(static_cast<std::size_t>(T * E), 3);
+    const auto w = randn(static_cast<std::size_t>(T * rc.k), 4);
+    const Routing r = topk_routing(logits, T, o);
+    // Reference selection: the k largest logits of each row.
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int64_t> idx(E);
+      for (int64_t e = 0; e < E; ++e) idx[e] = e;
+      std::sort(idx.begin(), idx.end(),
+                [&](int64_t a, int64_t b) { return logits[t * E + a] > logits[t * E + b]; });
+      for (int64_t k = 0; k < rc.k; ++k) EXPECT_EQ(r.expert[t * rc.k + k], idx[k]);
+    }
+    std::vector<double> grad(logits.size(), 0.0);
+    topk_routing_backward(r, logits, w, o, grad);
+    const double eps = 1e-6;
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      auto lp = logits, lm = logits;
+      lp[i] += eps;
+      lm[i] -= eps;
+      const double fd =
+          (dot(topk_routing(lp, T, o).prob, w) - dot(topk_routing(lm, T, o).prob, w)) / (2 * eps);
+      EXPECT_NEAR(grad[i], fd, 1e-7) << "logit " << i;
+    }
+  }
+}
+
+TEST(MoERouter, AuxScoresAndZLossBackwardMatchFiniteDifferences) {
+  const int64_t T = 4, E = 5;
+  const auto logits = randn(static_cast<std::size_t>(T * E), 7);
+  const auto c = randn(static_cast<std::size_t>(T * E), 8);
+  for (MoeScoreFunction f : {MoeScoreFunction::softmax, MoeScoreFunction::sigmoid}) {
+    std::vector<double> grad(logits.size(), 0.0);
+    aux_loss_scores_backward(logits, aux_loss_scores(logits, T, E, f), c, T, E, f, grad);
+    for (std::size_t i = 0; i < logits.size(); ++i) {
+      auto lp = logits, lm = logits;
+      lp[i] += 1e-6;
+      lm[i] -= 1e-6;
+      const double fd =
+          (dot(aux_loss_scores(lp, T, E, f), c) - dot(aux_loss_scores(lm, T, E, f), c)) / 2e-6;
+      EXPECT_NEAR(grad[i], fd, 1e-7);
+    }
+  }
+  std::vector<double> grad(logits.size(), 0.0);
+  const double z = z_loss(logits, T, E, 0.3, 2.0, &grad);
+  double ref = 0.0;
+  for (int64_t t = 0; t < T; ++t) {
+    double s = 0.0;
+    for (int64_t e = 0; e < E; ++e) s += std::exp(logits[t * E + e]);
+    ref += std::log(s) * std::log(s);
+  }
+  EXPECT_NEAR(z, 0.3 * ref / T, 1e-12);
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    auto lp = logits, lm = logits;
+    lp[i] += 1e-6;
+    lm[i] -= 1e-6;
+    const double fd =
+        2.0 * (z_loss(lp, T, E, 0.3, 0, nullptr) - z_loss(lm, T, E, 0.3, 0, nullptr)) / 2e-6;
+    EXPECT_NEAR(grad[i], fd, 1e-7);
+  }
+}
+
+TEST(MoERouter, AuxLossBalancedVersusSkewed) {
+  const int64_t T = 8, E = 4, K = 1;
+  RouterOptions o;
+  o.num_experts = E;
+  o.topk = K;
+  // Balanced: token t prefers expert t % E by a small margin: every expert gets T/E tokens and the
+  // mean scores are nearly uniform, so the loss is about coeff (its minimum, 1 x coeff).
+  std::vector<double> bal(T * E, 0.0), skew(T * E, 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    bal[t * E + t % E] = 1e-3;
+    skew[t * E] = 4.0;  // every token strongly prefers expert 0
+  }
+  auto loss = [&](const std::vector<double>& l) {
+    const Routing r = topk_routing(l, T, o);
+    return switch_load_balancing_loss(aux_loss_scores(l, T, E, MoeScoreFunction::softmax), T, E,
+                                      r.tokens_per_expert, K, 1, 0.01, nullptr);
+  };
+  EXPECT_NEAR(loss(bal), 0.01, 1e-5);
+  EXPECT_GT(loss(skew), 0.03);  // E * max(p) * coeff = 4 * 0.95 * 0.01
+  // The sequence partition: two halves with globally summed counts add up to the whole.
+  const Routing r = topk_routing(skew, T, o);
+  const auto sc = aux_loss_scores(skew, T, E, MoeScoreFunction::softmax);
+  const std::vector<double> a(sc.begin(), sc.begin() + T / 2 * E),
+      b(sc.begin() + T / 2 * E, sc.end());
+  EXPECT_NEAR(switch_load_balancing_loss(a, T / 2, E, r.tokens_per_expert, K, 2, 0.01, nullptr) +
+                  switch_load_balancing_loss(b, T / 2, E, r.tokens_per_expert, K, 2, 0.01, nullptr),
+              loss(skew), 1e-12);
+}
+
+TEST(MoERouter, CapacityDropsTheTokensOfASerialReference) {
+  const int64_t T = 12, E = 4, K = 2;
+  const auto logits = randn(static_cast<std::size_t>(T * E), 11);
+  for (MoeTokenDropPolicy policy : {MoeTokenDropPolicy::probs, MoeTokenDropPolicy::position}) {
+    RouterOptions o;
+    o.num_experts = E;
+    o.topk = K;
+    o.capacity_factor = 0.5;
+    o.drop_policy = policy;
+    const Routing r = topk_routing(logits, T, o);
+    EXPECT_EQ(r.capacity, 3);  // ceil(12 * 2 / 4 * 0.5)
+    // Serial reference: per expert, its choices sorted by the policy, the first `capacity` kept.
+    for (int64_t e = 0; e < E; ++e) {
+      std::vector<std::pair<double, int64_t>> c;  // (key, entry)
+      for (int64_t i = 0; i < T * K; ++i)
+        if (r.expert[i] == e)
+          c.emplace_back(policy == MoeTokenDropPolicy::probs ? -r.prob[i] : double(i / K), i);
+      std::stable_sort(c.begin(), c.end());
+      for (std::size_t j = 0; j < c.size(); ++j)
+        EXPECT_EQ(r.kept[c[j].second], j < 3 ? 1 : 0) << "expert " << e << " rank " << j;
+    }
+    // Dropped choices get no gradient.
+    std::vector<double> g(T * E, 0.0), ones(T * K, 1.0);
+    topk_routing_backward(r, logits, ones, o, g);
+    const Permutation p = permutation(r);
+    int64_t kept = 0;
+    for (uint8_t k : r.kept) kept += k;
+    EXPECT_EQ(static_cast<int64_t>(p.row_token.size()), kept);
+  }
+}
+
+TEST(MoERouter, PermutationIsExpertMajorTokensAscending) {
+  const int64_t T = 7, E = 3, K = 2;
+  RouterOptions o;
+  o.num_experts = E;
+  o.topk = K;
+  const auto logits = randn(static_cast<std::size_t>(T * E), 5);
+  const Routing r = topk_routing(logits, T, o);
+  const Permutation p = permutation(r);
+  std::size_t row = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k)
+        if (r.expert[t * K + k] == e) {
+          ASSERT_LT(row, p.row_token.size());
+          EXPECT_EQ(p.row_token[row], t);
+          EXPECT_EQ(p.row_slot[row], k);
+          ++row, ++n;
+        }
+    EXPECT_EQ(p.expert_counts[e], n);
+  }
+  EXPECT_EQ(row, p.row_token.size());
+}
+
+// ---- MoELayer on one rank, f64 ----
+struct LayerFixture {
+  transformer::TransformerConfig c;
+  transformer::ModuleContext ctx;
+  std::unique_ptr<transformer::ParamBuilder> pb;
+  std::unique_ptr<MoELayer> layer;
+  std::vector<transformer::Parameter> params;
+  transformer::ParamAndGradBuffer buffer;
+  std::vector<transformer::ParamDecl> decls;
+
+  explicit LayerFixture(MoeScoreFunction f, bool shared) {
+    c.num_layers = 1;
+    c.hidden_size = 8;
+    c.num_attention_heads = 2;
+    c.seq_length = 3;
+    c.add_bias_linear = false;
+    c.activation = transformer::Activation::swiglu;
+    c.num_moe_experts = 4;
+    c.moe_router_topk = 2;
+    c.moe_ffn_hidden_size = 6;
+    c.moe_router_score_function = f;
+    c.moe_aux_loss_coeff = 0.1;
+    c.moe_z_loss_coeff = 0.01;
+    c.moe_shared_expert_intermediate_size = shared ? 5 : 0;
+    c.params_dtype = DType::f64;
+    c.finalize();
+    ctx.ops = &ops_on("cpu");
+    ctx.device = Device::cpu();
+    ctx.config = &c;
+    ctx.dtype = DType::f64;
+    ctx.grad_dtype = DType::f64;
+    pb = std::make_unique<transformer::ParamBuilder>(ctx);
+    layer = std::make_unique<MoELayer>(ctx, *pb, "decoder.layers.0.mlp.", 0);
+    pb->finish(params, buffer, decls);
+    uint32_t seed = 1;
+    for (auto& p : params) {
+      auto v = randn(static_cast<std::size_t>(p.param.numel()), seed++, 0.5);
+      p.param.copy_(Tensor::from_vector(v, p.param.shape(), DType::f64));
+    }
+  }
+};
+
+std::vector<double> row_of(const Tensor& w, int64_t r) {
+  const auto v = w.to_vector<double>();
+  const int64_t n = w.size(1);
+  return std::vector<double>(v.begin() + r * n, v.begin() + (r + 1) * n);
+}
+
+// y = W2 swiglu(W1 x) for one token, host f64.
+std::vector<double> mlp_ref(const Tensor& w1, const Tensor& w2, const std::vector<double>& x) {
+  const int64_t f = w2.size(1), h = w2.size(0);
+  std::vector<double> a(f), y(h, 0.0);
+  for (int64_t j = 0; j < f; ++j) {
+    const double g = dot(row_of(w1, j), x), u = dot(row_of(w1, f + j), x);
+    a[j] = g / (1.0 + std::exp(-g)) * u;
+  }
+  for (int64_t i = 0; i < h; ++i) y[i] = dot(row_of(w2, i), a);
+  return y;
+}
+
+TEST(MoELayer, ForwardMatchesPerTokenExpertLoop) {
+  for (bool shared : {false, true}) {
+    LayerFixture fx(MoeScoreFunction::softmax, shared);
+    const int64_t S = 3, B = 2, H = 8, T = S * B;
+    const auto xv = randn(static_cast<std::size_t>(T * H), 21);
+    const Tensor x = Tensor::from_vector(xv, {S, B, H}, DType::f64);
+    MoELayer::Saved saved;
+    const auto y = fx.layer->forward(x, saved, true).to_vector<double>();
+    auto param = [&](const std::string& n) -> const Tensor& {
+      for (const auto& p : fx.params)
+        if (p.name == n) return p.param;
+      throw std::runtime_error(n);
+    };
+    const Tensor& wr = param("decoder.layers.0.mlp.router.weight");
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<double> xt(xv.begin() + t * H, xv.begin() + (t + 1) * H);
+      std::vector<double> logits(4);
+      for (int64_t e = 0; e < 4; ++e) logits[e] = dot(row_of(wr, e), xt);
+      RouterOptions o = RouterOptions::from_config(fx.c);
+      const Routing r = topk_routing(logits, 1, o);
+      std::vector<double> ref(H, 0.0);
+      for (int64_t k = 0; k < 2; ++k) {
+        const std::string p =
+            "decoder.layers.0.mlp.experts.local_experts." + std::to_string(r.expert[k]) + ".";
+        const auto ye = mlp_ref(param(p + "linear_fc1.weight"), param(p + "linear_fc2.weight"), xt);
+        for (int64_t i = 0; i < H; ++i) ref[i] += r.prob[k] * ye[i];
+      }
+      if (shared) {
+        const auto ys = mlp_ref(param("decoder.layers.0.mlp.shared_experts.linear_fc1.weight"),
+                                param("decoder.layers.0.mlp.shared_experts.linear_fc2.weight"), xt);
+        for (int64_t i = 0; i < H; ++i) ref[i] += ys[i];
+      }
+      for (int64_t i = 0; i < H; ++i) EXPECT_NEAR(y[t * H + i], ref[i], 1e-12);
+    }
+  }
+}
+
+TEST(MoELayer, BackwardMatchesFiniteDifferences) {
+  for (MoeScoreFunction f : {MoeScoreFunction::softmax, MoeScoreFunction::sigmoid}) {
+    LayerFixture fx(f, true);
+    const int64_t S = 3, B = 2, H = 8;
+    const auto xv = randn(static_cast<std::size_t>(S * B * H), 31);
+    const auto dyv = randn(xv.size(), 32);
+    const double ca = fx.c.moe_aux_loss_coeff, cz = fx.c.moe_z_loss_coeff;
+    // J = sum(dy * y) + aux_coeff * load-balancing loss + z_coeff * z-loss.
+    auto objective = [&](const std::vector<double>& xs) {
+      MoELayer::Saved s;
+      const auto y = fx.layer->forward(Tensor::from_vector(xs, {S, B, H}, DType::f64), s, true)
+                         .to_vector<double>();
+      return dot(y, dyv) + ca * s.lb_loss + cz * s.z_loss;
+    };
+    MoEAuxLossAutoScaler::set_loss_scale(1.0);
+    fx.buffer.grads.zero_();
+    MoELayer::Saved s;
+    fx.layer->forward(Tensor::from_vector(xv, {S, B, H}, DType::f64), s, true);
+    const auto dx =
+        fx.layer->backward(Tensor::from_vector(dyv, {S, B, H}, DType::f64), s).to_vector<double>();
+    MoEMetricsTracker::instance().clear();
+    const double eps = 1e-6;
+    for (std::size_t i = 0; i < xv.size(); i += 3) {
+      auto xp = xv, xm = xv;
+      xp[i] += eps;
+      xm[i] -= eps;
+      EXPECT_NEAR(dx[i], (objective(xp) - objective(xm)) / (2 * eps), 1e-6) << "x " << i;
+    }
+    // Parameter grads: a few elements of each parameter.
+    for (auto& p : fx.params) {
+      const auto g = p.main_grad.to_vector<double>();
+      auto v = p.param.to_vector<double>();
+      for (std::size_t i = 0; i < v.size(); i += 7) {
+        const double old = v[i];
+        v[i] = old + eps;
+        p.param.copy_(Tensor::from_vector(v, p.param.shape(), DType::f64));
+        const double jp = objective(xv);
+        v[i] = old - eps;
+        p.param.copy_(Tensor::from_vector(v, p.param.shape(), DType::f64));
+        const double jm = objective(xv);
+        v[i] = old;
+        p.param.copy_(Tensor::from_vector(v, p.param.shape(), DType::f64));
+        EXPECT_NEAR(g[i], (jp - jm) / (2 * eps), 1e-6) << p.name << " [" << i << "]";
+      }
+    }
+    EXPECT_TRUE(MoEMetricsTracker::instance().layers().empty());  // forward alone adds nothing
+  }
+}
+
+TEST(MoELayer, ExpertParametersAreMarkedWithGlobalNames) {
+  LayerFixture fx(MoeScoreFunction::softmax, true);
+  int experts = 0;
+  for (const auto& p : fx.params) {
+    const bool is_expert = p.name.find(".experts.local_experts.") != std::string::npos;
+    EXPECT_EQ(p.is_expert, is_expert) << p.name;
+    experts += is_expert;
+  }
+  EXPECT_EQ(experts, 8);  // 4 experts x (fc1, fc2)
+}
+
+// The Mixtral-style and DeepSeek-style presets build GPT models whose MoE layers train: expert
+// parameters marked and named per global expert, every parameter gets a gradient, and the aux
+// losses reach the tracker in backward.
+TEST(MoEPresets, MixtralAndDeepSeekStyleModelsTrain) {
+  for (int preset = 0; preset < 2; ++preset) {
+    transformer::TransformerConfig c;
+    c.num_layers = 2;
+    c.hidden_size = 16;
+    c.num_attention_heads = 2;
+    c.ffn_hidden_size = 24;
+    c.seq_length = 8;
+    if (preset == 0)
+      models::apply_mixtral_architecture(c, 4);
+    else
+      models::apply_deepseek_moe_architecture(c, 4, 2, 8);
+    c.moe_z_loss_coeff = 1e-3;
+    models::GPTModel model(c, 50, ops_on("cpu"), Device::cpu());
+    model.init_weights(3);
+    int experts = 0;
+    for (const auto& p : model.parameters()) experts += p.is_expert;
+    EXPECT_EQ(experts, 2 * 4 * 2);  // layers x experts x (fc1, fc2)
+    model.parameter("decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight");
+    if (preset == 1) model.parameter("decoder.layers.0.mlp.shared_experts.linear_fc2.weight");
+    std::vector<int64_t> tok(16), lab(16);
+    for (int i = 0; i < 16; ++i) tok[i] = (i * 7) % 50, lab[i] = (i * 7 + 1) % 50;
+    models::GPTBatch b;
+    b.tokens = Tensor::from_vector(tok, {2, 8}, DType::i64);
+    b.labels = Tensor::from_vector(lab, {2, 8}, DType::i64);
+    models::GPTForwardState st;
+    model.zero_grad();
+    MoEMetricsTracker::instance().clear();
+    const auto sums = model.forward(b, st, models::StepRng{}, true);
+    EXPECT_TRUE(std::isfinite(sums.loss_sum));
+    model.backward(st, 1.0 / sums.num_tokens);
+    for (const auto& p : model.parameters()) {
+      double sq = 0.0;
+      for (double v : p.main_grad.to_vector<double>()) sq += v * v;
+      EXPECT_GT(sq, 0.0) << p.name;
+    }
+    EXPECT_EQ(MoEMetricsTracker::instance().layers().size(), 2u);
+    MoEMetricsTracker::instance().clear();
+    // KV-cache inference through the MoE layers: prefill + one token equal the full logits.
+    const auto full = model.logits(b).to_vector<double>();  // [S, B, V]
+    inference::StaticInferenceContext ic(2, 8);
+    std::vector<int64_t> head, last;
+    for (int bi = 0; bi < 2; ++bi) {
+      head.insert(head.end(), tok.begin() + bi * 8, tok.begin() + bi * 8 + 7);
+      last.push_back(tok[bi * 8 + 7]);
+    }
+    model.infer(Tensor::from_vector(head, {2, 7}, DType::i64), ic);
+    const auto step = model.infer(Tensor::from_vector(last, {2, 1}, DType::i64), ic);
+    const auto sv = step.to_vector<double>();
+    const int64_t v = step.size(2);
+    for (int64_t i = 0; i < 2 * v; ++i) EXPECT_NEAR(sv[i], full[7 * 2 * v + i], 1e-4);
+  }
+}
+
+}  // namespace
+}  // namespace mg::test

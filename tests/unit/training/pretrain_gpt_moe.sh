@@ -1,0 +1,79 @@
+#!/bin/sh
+# pretrain_gpt with Mixture of Experts and expert parallelism under mpirun prints the same lm loss,
+# grad norm and load-balancing loss values as the single-rank run of the same global batch (a
+# Mixtral-style model: SwiGLU experts, top-2, aux loss and z-loss on).
+# np 4: EP 4 (8 experts, 2 per rank) with the alltoall and the allgather dispatcher; EP 4 with 4
+# experts (1 per rank); EP 2 x DP 4; EP 2 x TP 2 (+ SP, expert TP 1); EP 4 with a capacity factor
+# (tokens dropped per micro-batch as on one rank; the run differs from the dropless one, so tokens
+# were dropped). np 2: EP 2 with both dispatchers.
+# usage: pretrain_gpt_moe.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
+# (CTest label `mpi`; tests/CMakeLists.txt.) lm loss to 2e-6 relative (f32 round-off of a
+# different summation order), grad norm (3 decimals) to 2e-3, load_balancing_loss to 1e-5.
+set -eu
+bin=$1; np=$2; shift 2
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
+  --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 8 --train-iters 4
+  --lr 1e-3 --mock-data --tokenizer-type NullTokenizer --vocab-size 301
+  --make-vocab-size-divisible-by 4 --log-interval 1 --eval-iters 0 --hidden-dropout 0
+  --attention-dropout 0 --seed 7 --disable-bias-linear --swiglu --moe-router-topk 2
+  --moe-ffn-hidden-size 24 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3"
+
+values() { grep -o "$2: [^ ]*" "$1" | sed "s/$2: //"; }
+compare_one() {  # compare_one <reference> <candidate> <what> <field> <relative tol> <absolute tol>
+  values "$1" "$4" > "$work/a"; values "$2" "$4" > "$work/b"
+  n=$(wc -l < "$work/a")
+  [ "$n" -ge 2 ] || { echo "FAIL $3: reference printed $n $4 lines"; cat "$1"; exit 1; }
+  paste "$work/a" "$work/b" | awk -v what="$3 $4" -v n="$n" -v rel="$5" -v abs="$6" '
+    { a = $1 + 0; b = $2 + 0; d = a - b; if (d < 0) d = -d;
+      if ($2 == "" || d > rel * (a < 0 ? -a : a) + abs) { print "FAIL " what ": line " NR ": " $1 " vs " $2; bad = 1 } }
+    END { if (NR != n) bad = 1; if (bad) exit 1; print "ok " what ": " NR " values agree" }' \
+    || { echo "--- $2:"; cat "$2"; exit 1; }
+}
+compare() {
+  compare_one "$1" "$2" "$3" "lm loss" 2e-6 0
+  compare_one "$1" "$2" "$3" "grad norm" 0 2e-3
+  compare_one "$1" "$2" "$3" "load_balancing_loss" 1e-5 0
+}
+run() {  # run <log> <np> <extra args...>
+  log=$1; n=$2; shift 2
+  "$mpi" $mpi_args -np "$n" "$bin" $args "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
+}
+single() {  # single <log> <extra args...>
+  log=$1; shift
+  "$bin" $args "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
+}
+mpi=$1; shift; mpi_args="$*"
+
+single "$work/single8.log" --num-experts 8
+grep -q "tokens per expert: \[" "$work/single8.log" || { echo "FAIL: no expert load logged"; cat "$work/single8.log"; exit 1; }
+if [ "$np" -eq 2 ]; then
+  for d in alltoall allgather; do
+    run "$work/ep2.log" 2 --num-experts 8 --expert-model-parallel-size 2 --moe-token-dispatcher-type $d
+    compare "$work/single8.log" "$work/ep2.log" "EP 2 ($d)"
+  done
+else
+  for d in alltoall allgather; do
+    run "$work/ep4.log" "$np" --num-experts 8 --expert-model-parallel-size 4 --moe-token-dispatcher-type $d
+    compare "$work/single8.log" "$work/ep4.log" "EP 4 x 8 experts ($d)"
+  done
+  run "$work/ep2dp.log" "$np" --num-experts 8 --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
+  compare "$work/single8.log" "$work/ep2dp.log" "EP 2 x DP 4"
+  run "$work/ep2tp2.log" "$np" --num-experts 8 --expert-model-parallel-size 2 \
+    --tensor-model-parallel-size 2 --sequence-parallel --expert-tensor-parallel-size 1 \
+    --moe-token-dispatcher-type alltoall
+  compare "$work/single8.log" "$work/ep2tp2.log" "EP 2 x TP 2 + SP"
+  single "$work/single4.log" --num-experts 4
+  for d in alltoall allgather; do
+    run "$work/ep4e4.log" "$np" --num-experts 4 --expert-model-parallel-size 4 --moe-token-dispatcher-type $d
+    compare "$work/single4.log" "$work/ep4e4.log" "EP 4 x 4 experts ($d)"
+  done
+  cap="--num-experts 8 --moe-token-dispatcher-type alltoall --moe-expert-capacity-factor 1.0"
+  single "$work/singlecap.log" $cap
+  run "$work/ep4cap.log" "$np" $cap --expert-model-parallel-size 4
+  compare "$work/singlecap.log" "$work/ep4cap.log" "EP 4 capacity factor 1.0"
+  if [ "$(values "$work/singlecap.log" "lm loss" | tail -1)" = "$(values "$work/single8.log" "lm loss" | tail -1)" ]; then
+    echo "FAIL: the capacity factor dropped no token (same loss as dropless)"; exit 1
+  fi
+  echo "ok capacity factor: tokens dropped (loss differs from the dropless run)"
+fi
