@@ -256,6 +256,8 @@ void add_ddp_flags(ArgParser& p, distributed::DistributedDataParallelConfig& d) 
                "shard optimizer state over data-parallel ranks (ZeRO-1)");
   p.add_switch("--overlap-grad-reduce", d.overlap_grad_reduce, true,
                "reduce gradient buckets during the last micro-batch's backward");
+  p.add_switch("--overlap-param-gather", d.overlap_param_gather, true,
+               "all-gather updated parameters during the next forward (distributed optimizer)");
   p.add("--ddp-bucket-size", d.bucket_size, "elements per gradient bucket");
   p.add_switch("--accumulate-allreduce-grads-in-fp32", d.grad_reduce_in_fp32, true,
                "accumulate and reduce grads in fp32 (always so in this build)");

@@ -512,16 +512,21 @@ std::vector<ShardedTensor> collect_pieces(const std::vector<transformer::Paramet
     MG_CHECK(by_name.emplace(params[i].name, i).second,
              "save_checkpoint: parameter '" << params[i].name << "' appears twice");
   }
+  // A pipeline stage's replica of a parameter another stage owns (the tied word embedding on the
+  // last stage, Parameter::shared) is not saved: its owner's pieces are the tensor (and its
+  // distributed-optimizer ranges would differ from the owner's). Loads read it like any other.
   std::vector<ShardedTensor> out;
   for (const auto& p : params)
-    add_pieces(out, p.name, global_of(p), boxes_of(p, ranks), p.param.view({p.param.numel()}), 0,
-               p.param.numel());
+    if (!p.shared)
+      add_pieces(out, p.name, global_of(p), boxes_of(p, ranks), p.param.view({p.param.numel()}), 0,
+                 p.param.numel());
   if (!state.optimizer) return out;
   const auto& sd = *state.optimizer;
   for (const auto& [key, t] : sd.tensors) {
     std::string kind, name;
     if (split_state_key(key, kind, name) && by_name.count(name)) {
       const auto& p = params[by_name[name]];
+      if (p.shared) continue;
       MG_CHECK(t.shape() == p.param.shape(), "save_checkpoint: optimizer state '"
                                                  << key << "' has shape " << shape_str(t.shape())
                                                  << ", its parameter "
@@ -535,9 +540,10 @@ std::vector<ShardedTensor> collect_pieces(const std::vector<transformer::Paramet
       int64_t total = 0;
       for (const auto& s : slots) {
         const auto& p = params[s.param];
+        total = s.pos + (s.hi - s.lo);
+        if (p.shared) continue;
         add_pieces(out, kStatePrefix + kind + "." + p.name, global_of(p), boxes_of(p, ranks),
                    t.slice(s.pos, s.hi - s.lo), s.lo - p.buffer_offset, s.hi - p.buffer_offset);
-        total = s.pos + (s.hi - s.lo);
       }
       MG_CHECK(total == t.numel(), "save_checkpoint: optimizer shard '"
                                        << key << "' has " << t.numel()

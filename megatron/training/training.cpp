@@ -145,6 +145,7 @@ void save(Run& r) {
   st.consumed_valid_samples = r.consumed_valid;
   st.floating_point_operations_so_far = r.flops_so_far;
   st.vocab_size = r.model->vocab_size();
+  r.ddp->finish_param_sync();  // --overlap-param-gather: the parameters saved are the updated ones
   if (!c.no_save_optim) {
     st.optimizer = r.opt->state_dict();
     st.scheduler = r.scheduler->state_dict();
@@ -693,10 +694,16 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     shard.emplace();
     shard->ranges = r.ddp->optimizer_shard_ranges();
     shard->group = dp_group;
-    shard->gather_params = [&r] {
+    // --overlap-param-gather: the all-gathers run during the next forward, each bucket waited
+    // for by the model's param-use hook just before its parameters are first used.
+    const bool overlap_gather = args.ddp.overlap_param_gather;
+    shard->gather_params = [&r, overlap_gather] {
       r.ddp->start_param_sync();
-      r.ddp->finish_param_sync();
+      if (!overlap_gather) r.ddp->finish_param_sync();
     };
+    if (overlap_gather)
+      r.model->set_param_use_hook(
+          [&r](std::span<const std::size_t> idx) { r.ddp->wait_param_gather(idx); });
   }
   r.opt = std::make_unique<optimizer::MegatronOptimizer>(
       args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
@@ -752,6 +759,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     log << "> training ..." << std::endl;
     train(r);
   }
+  r.ddp->finish_param_sync();  // --overlap-param-gather: the last step's gather
   r.train_iter.reset();
 
   // After training: validation and test (Megatron's evaluate_and_print_results), final save.

@@ -11,8 +11,9 @@
 #           TP2xDP2 (replicated) and TP2xDP2 (distributed, exact)
 #   nodopt: save TP2xDP2 replicated optimizer; load TP1, TP4, DP4 + distributed optimizer,
 #           TP2xDP2 + distributed optimizer, TP2xDP2 (exact)
-#   pp:     save TP2xPP2; load TP1xPP1, TP4, TP1xPP4, TP2xDP2 + distributed optimizer,
-#           PP2 x virtual 2, TP2xPP2 (exact)
+#   pp:     save TP2xPP2 + distributed optimizer (the last stage's tied embedding copy is not
+#           saved); load TP1xPP1, TP4, TP1xPP4, TP2xDP2 + distributed optimizer, PP2 x virtual 2,
+#           TP2xPP2 (exact)
 #   crash:  a rank dies in the middle of saving iteration 4 (MG_CHECKPOINT_FAULT_INJECT): the
 #           tracker still names iteration 2, which loads and resumes with the reference losses
 # (CTest label `mpi`; tests/CMakeLists.txt.)
@@ -87,14 +88,14 @@ case "$source" in
     ;;
   pp)
     pp2="--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"
-    save 4 $pp2
+    save 4 $pp2 $dopt
     load 1 "TP2xPP2 -> TP1xPP1" 2e-6
     load 4 "TP2xPP2 -> TP4" 2e-6 --tensor-model-parallel-size 4
     load 4 "TP2xPP2 -> TP1xPP4" 2e-6 --pipeline-model-parallel-size 4
     load 4 "TP2xPP2 -> TP2xDP2 dist-opt" 2e-6 $save $dopt
     load 2 "TP2xPP2 -> PP2 x VP2" 2e-6 --pipeline-model-parallel-size 2 \
       --num-layers-per-virtual-pipeline-stage 1
-    load 4 "TP2xPP2 -> TP2xPP2 (same layout, exact)" 0 $pp2
+    load 4 "TP2xPP2 -> TP2xPP2 (same layout, exact)" 0 $pp2 $dopt
     ;;
   crash)
     # Saves at 2 and 4; rank 1 dies after writing its file of iteration 4, before metadata.json.
