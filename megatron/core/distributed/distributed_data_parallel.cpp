@@ -13,10 +13,11 @@ struct DistributedDataParallel::BucketState {
   int pending = 0;  // params not yet ready in this backward
   bool launched = false;
   comm::WorkPtr work;
-  Tensor rs_out;          // [shard_size] reduce-scatter output (distributed optimizer)
-  Tensor staging;         // [dp * shard_size] zero-padded copy, only for an uneven bucket
-  Tensor gather_in;       // [shard_size] params chunk for the all-gather
-  Tensor gather_staging;  // [dp * shard_size] params, only for an uneven bucket
+  Tensor rs_out;              // [shard_size] reduce-scatter output (distributed optimizer)
+  Tensor staging;             // [dp * shard_size] zero-padded copy, only for an uneven bucket
+  Tensor gather_in;           // [shard_size] params chunk for the all-gather
+  Tensor gather_staging;      // [dp * shard_size] params, only for an uneven bucket
+  comm::WorkPtr gather_work;  // the bucket's parameter all-gather while in flight
 };
 
 DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelConfig& config,
@@ -83,12 +84,13 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
 
 DistributedDataParallel::~DistributedDataParallel() {
   for (auto& s : state_)
-    if (s.work) {
-      try {
-        s.work->wait();
-      } catch (...) {  // a destructor must not throw; the error surfaced elsewhere
+    for (comm::WorkPtr* w : {&s.work, &s.gather_work})
+      if (*w) {
+        try {
+          (*w)->wait();
+        } catch (...) {  // a destructor must not throw; the error surfaced elsewhere
+        }
       }
-    }
 }
 
 void DistributedDataParallel::reset_readiness() {
@@ -219,6 +221,7 @@ void DistributedDataParallel::start_param_sync() {
            "DistributedDataParallel: param sync exists only with --use-distributed-optimizer");
   const int dp = dp_group_->size();
   if (dp == 1) return;
+  finish_param_sync();  // a previous gather still in flight completes first
   for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
     const GradBucket& b = buckets_[bi];
     BucketState& s = state_[bi];
@@ -232,24 +235,38 @@ void DistributedDataParallel::start_param_sync() {
     }
     if (b.padded_numel(dp) == b.numel()) {
       Tensor out = params.slice(b.start, b.numel());
-      param_gather_work_.push_back(dp_group_->all_gather(out, s.gather_in));
+      s.gather_work = dp_group_->all_gather(out, s.gather_in);
     } else {
       if (!s.gather_staging.defined())
         s.gather_staging = Tensor::empty({b.padded_numel(dp)}, params.dtype(), params.device());
-      param_gather_work_.push_back(dp_group_->all_gather(s.gather_staging, s.gather_in));
+      s.gather_work = dp_group_->all_gather(s.gather_staging, s.gather_in);
     }
+    ++gathers_pending_;
   }
 }
 
+void DistributedDataParallel::finish_gather(std::size_t bi) {
+  BucketState& s = state_[bi];
+  if (!s.gather_work) return;
+  comm::WorkPtr w = std::move(s.gather_work);
+  --gathers_pending_;
+  w->wait();
+  const GradBucket& b = buckets_[bi];
+  if (b.padded_numel(dp_group_->size()) == b.numel()) return;
+  Tensor dst = buffer_.params.slice(b.start, b.numel());
+  dst.copy_(s.gather_staging.slice(0, b.numel()));
+}
+
 void DistributedDataParallel::finish_param_sync() {
-  for (auto& w : param_gather_work_) w->wait();
-  param_gather_work_.clear();
-  const int dp = dp_group_->size();
-  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
-    const GradBucket& b = buckets_[bi];
-    if (dp == 1 || b.padded_numel(dp) == b.numel()) continue;
-    Tensor dst = buffer_.params.slice(b.start, b.numel());
-    dst.copy_(state_[bi].gather_staging.slice(0, b.numel()));
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) finish_gather(bi);
+}
+
+void DistributedDataParallel::wait_param_gather(std::span<const std::size_t> param_indices) {
+  if (gathers_pending_ == 0) return;
+  for (std::size_t i : param_indices) {
+    MG_CHECK(i < buckets_of_param_.size(), "DistributedDataParallel::wait_param_gather: parameter "
+                                               << i << " of " << buckets_of_param_.size());
+    for (std::size_t bi : buckets_of_param_[i]) finish_gather(bi);
   }
 }
 

@@ -15,14 +15,18 @@
 // Invariants: every rank builds the same buckets and launches the same collectives in the same
 // order (backward is deterministic); a group of one rank communicates nothing and scales nothing,
 // so single-rank training is bit-identical to running without DDP.
+// --overlap-param-gather: start_param_sync() launches every bucket's all-gather and returns;
+// the model's param-use hook calls wait_param_gather() before a module's first use of its
+// parameters in the next forward, which waits for (only) the buckets holding them; anything else
+// that reads the parameters (checkpoint save, the end of training) calls finish_param_sync().
 // Expert parameters (MoE with expert parallelism) are bucketed apart and reduced over the
 // expert-data-parallel group (constructor).
-// Not here: --overlap-param-gather (the gather is synchronous after the step), FSDP, bucket
-// groups of several buckets, the distributed optimizer with expert groups.
+// Not here: FSDP, bucket groups of several buckets, the distributed optimizer with expert groups.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -72,9 +76,15 @@ class DistributedDataParallel {
 
   // Distributed optimizer: this rank's element ranges (its chunk of every bucket), ascending.
   std::vector<std::pair<int64_t, int64_t>> optimizer_shard_ranges() const;
-  // Distributed optimizer: all-gather each bucket's parameter chunks (after the step).
+  // Distributed optimizer: all-gather each bucket's parameter chunks (after the step). start
+  // launches them all asynchronously; finish waits for those still in flight.
   void start_param_sync();
   void finish_param_sync();
+  // Waits for the all-gathers of the buckets holding these parameters (indices into params), if
+  // in flight: the forward pre-hook of --overlap-param-gather. Cheap when nothing is pending.
+  void wait_param_gather(std::span<const std::size_t> param_indices);
+  // Whether any parameter all-gather is still in flight.
+  bool param_sync_pending() const { return gathers_pending_ > 0; }
 
   // Buckets launched by param_grad_ready (during backward) vs by start_grad_sync, since
   // construction: tells a test that overlap really overlaps.
@@ -84,6 +94,7 @@ class DistributedDataParallel {
  private:
   struct BucketState;
   void launch(std::size_t bucket);
+  void finish_gather(std::size_t bucket);  // waits for one bucket's all-gather and unstages
   void reset_readiness();
 
   DistributedDataParallelConfig config_;
@@ -98,7 +109,7 @@ class DistributedDataParallel {
   std::vector<bool> param_ready_;
   bool is_last_microbatch_ = true;
   int64_t launched_in_backward_ = 0, launched_after_backward_ = 0;
-  std::vector<comm::WorkPtr> param_gather_work_;
+  int64_t gathers_pending_ = 0;  // buckets whose all-gather is in flight
 };
 
 }  // namespace mg::distributed

@@ -20,6 +20,11 @@ struct DistributedDataParallelConfig {
   // --use-distributed-optimizer: reduce-scatter each bucket (each rank keeps its 1/DP chunk) and
   // all-gather the updated parameters after the optimizer step (ZeRO-1).
   bool use_distributed_optimizer = false;
+  // --overlap-param-gather: after the distributed optimizer's step, every bucket's parameter
+  // all-gather is launched asynchronously and each is waited for only when the next forward first
+  // uses one of its parameters (the model's param-use hook). Needs use_distributed_optimizer and
+  // overlap_grad_reduce (Megatron's rule).
+  bool overlap_param_gather = false;
   // --ddp-bucket-size (elements). Unset: Megatron's max(40M, 1M * dp) with overlap, else one
   // bucket holding the whole buffer.
   std::optional<int64_t> bucket_size;

@@ -1,6 +1,7 @@
 #!/bin/sh
 # pretrain_gpt under mpirun prints the same lm loss values as the single-rank run: plain data
-# parallel, and the distributed optimizer with --overlap-grad-reduce across a checkpoint save at
+# parallel, and the distributed optimizer with --overlap-grad-reduce and --overlap-param-gather
+# across a checkpoint save at
 # iteration 2 and a resume (per-rank optimizer shard files).
 # usage: pretrain_gpt_dp.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
 # (CTest label `mpi`; tests/CMakeLists.txt.) Values are compared to 2e-6 relative: f32 round-off
@@ -29,9 +30,11 @@ compare() {  # compare <reference> <candidate> <what>
 "$@" -np "$np" "$bin" $args > "$work/dp.log" 2>&1 || { cat "$work/dp.log"; exit 1; }
 compare "$work/single.log" "$work/dp.log" "np $np"
 
-# Distributed optimizer + overlap: save at iteration 2, resume to 4 (each rank writes its own
-# optimizer pieces): the same losses as the single-rank run.
-dopt="--use-distributed-optimizer --overlap-grad-reduce --ddp-bucket-size 2000"
+# Distributed optimizer + overlap of the grad reduce and of the param gather (the save at
+# iteration 2 happens while the last step's gathers are in flight, so it must wait for them):
+# save at iteration 2, resume to 4 (each rank writes its own optimizer pieces): the same losses
+# as the single-rank run.
+dopt="--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 2000"
 "$@" -np "$np" "$bin" $args $dopt --save "$work/ckpt" --save-interval 2 --exit-interval 2 \
   > "$work/first.log" 2>&1 || { cat "$work/first.log"; exit 1; }
 ls "$work/ckpt/iter_0000002/rank_00000.safetensors" > /dev/null

@@ -81,6 +81,12 @@ struct GPTModel::Impl {
   std::vector<std::size_t> head_params;                // output layer (untied) and final norm
   std::vector<std::size_t> embedding_params;           // the rest: embeddings
 
+  // Param-use hook (forward pre-hook): called before a module first uses these parameters.
+  GPTModel::ParamUseHook param_use;
+  void use(const std::vector<std::size_t>& indices) const {
+    if (param_use && !indices.empty()) param_use(std::span<const std::size_t>(indices));
+  }
+
   void report_ready(const std::vector<std::size_t>& indices) const {
     if (grad_ready)
       for (std::size_t i : indices) grad_ready(i);
@@ -434,6 +440,7 @@ Tensor GPTModel::Impl::decoder(int v, Tensor x, detail::GPTSaved& st) {
   st.layers.resize(static_cast<std::size_t>(hi - lo));
   for (int64_t l = lo; l < hi; ++l) {
     TransformerLayer::Saved& ls = st.layers[static_cast<std::size_t>(l - lo)];
+    use(layer_params[static_cast<std::size_t>(l)]);
     Tensor y = layers[static_cast<std::size_t>(l)]->forward(x, ls, st.in, st.rng, !selective);
     const int rc = chunk_of(l);
     if (rc >= 0) {  // full recompute: keep only the chunk's input
@@ -513,6 +520,7 @@ Tensor GPTModel::forward_chunk(int v, const GPTBatch& batch, const Tensor& input
   m.prepare(batch, st, rng, training, ch.pre_process, ch.post_process);
   Tensor x;
   if (ch.pre_process) {
+    m.use(m.embedding_params);
     x = m.embed(st);
   } else {
     const Shape want = pipeline_tensor_shape(st.s, st.b);
@@ -525,6 +533,7 @@ Tensor GPTModel::forward_chunk(int v, const GPTBatch& batch, const Tensor& input
   x = m.decoder(v, x, st);
   Tensor out;
   if (ch.post_process) {
+    m.use(m.head_params);
     const LossSums ls = m.head(x, st);
     if (sums) *sums = ls;
   } else {
@@ -655,6 +664,10 @@ Shape GPTModel::pipeline_tensor_shape(int64_t seq_length, int64_t micro_batch_si
 }
 DType GPTModel::pipeline_tensor_dtype() const {
   return impl_->ctx.dtype;
+}
+
+void GPTModel::set_param_use_hook(ParamUseHook hook) {
+  impl_->param_use = std::move(hook);
 }
 
 void GPTModel::set_grad_ready_hook(GradReadyHook hook) {

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -216,6 +217,14 @@ class GPTModel {
   // Empty by default; it observes and never changes what backward computes.
   using GradReadyHook = std::function<void(std::size_t param_index)>;
   void set_grad_ready_hook(GradReadyHook hook);
+
+  // Called during forward() / forward_chunk() before a module first uses its parameters, with
+  // their indices in parameters(): the embedding's, then each layer's, then the final norm's and
+  // output layer's. DDP's --overlap-param-gather waits there for the all-gathers of the buckets
+  // holding them (Megatron's forward pre-hook). Empty by default; it never changes what forward
+  // computes.
+  using ParamUseHook = std::function<void(std::span<const std::size_t> param_indices)>;
+  void set_param_use_hook(ParamUseHook hook);
 
   // Logits [S, B, V_pad] (f32 under bf16/f16, else the params dtype) without dropout, for tests and
   // generation; labels are not needed. With TP: this rank's vocabulary columns [S, B, V_pad/TP]

@@ -2,8 +2,9 @@
 // for 3 optimizer steps on one global batch per step, split over DP ranks, must match the
 // single-rank run (PITFALLS #5, #8): losses, pre-clip grad norms and the weights within f32
 // round-off, for DP 2 and 4, the distributed optimizer on and off, --overlap-grad-reduce on and
-// off, several buckets (one uneven). Also: with overlap every bucket is launched from the
-// grad-ready hook during backward; with the distributed optimizer each rank holds 1/DP of the
+// off, --overlap-param-gather (gathers in flight after the step, waited by the next forward's
+// param-use hook), several buckets (one uneven). Also: with overlap every bucket is launched from
+// the grad-ready hook during backward; with the distributed optimizer each rank holds 1/DP of the
 // optimizer state and the ranks' state together is the single-rank state; a sharded state_dict
 // restores into a fresh optimizer and training continues identically.
 //
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,7 +57,8 @@ struct Options {
   DType dtype = DType::f32;
   bool distributed_optimizer = false;
   bool overlap = false;
-  int64_t bucket_size = 700;  // elements: several buckets over the ~2.7k-element tiny GPT-2
+  bool overlap_param_gather = false;  // needs distributed_optimizer and overlap
+  int64_t bucket_size = 700;          // elements: several buckets over the ~2.7k-element tiny GPT-2
 };
 
 struct Outcome {
@@ -79,6 +82,7 @@ struct Trainer {
     DistributedDataParallelConfig dc;
     dc.overlap_grad_reduce = o.overlap;
     dc.use_distributed_optimizer = o.distributed_optimizer;
+    dc.overlap_param_gather = o.overlap_param_gather;
     dc.bucket_size = o.bucket_size;
     dc.check_for_nan_in_grad = true;
     ddp = std::make_unique<DistributedDataParallel>(dc, model.parameters(), model.buffer(),
@@ -95,10 +99,14 @@ struct Trainer {
       shard.emplace();
       shard->ranges = ddp->optimizer_shard_ranges();
       shard->group = group;
-      shard->gather_params = [this] {
+      const bool overlap_gather = o.overlap_param_gather;
+      shard->gather_params = [this, overlap_gather] {
         ddp->start_param_sync();
-        ddp->finish_param_sync();
+        if (!overlap_gather) ddp->finish_param_sync();
       };
+      if (overlap_gather)
+        model.set_param_use_hook(
+            [this](std::span<const std::size_t> idx) { ddp->wait_param_gather(idx); });
     }
     opt = std::make_unique<optimizer::MegatronOptimizer>(
         oc, model.parameters(), model.buffer(), model.ops(), optimizer::ParamGroupOptions{},
@@ -121,6 +129,8 @@ struct Trainer {
       cfg.set_is_last_microbatch = [this](bool last) { ddp->set_is_last_microbatch(last); };
     const auto fb = pipeline_parallel::forward_backward_no_pipelining(model, next, n_mb, cfg,
                                                                       models::StepRng{1, step, 0});
+    // --overlap-param-gather: the forward waited for every bucket's gather (all params are used).
+    EXPECT_FALSE(ddp->param_sync_pending());
     ddp->finish_grad_sync();
     Tensor sums =
         Tensor::from_vector(std::vector<double>{fb.loss_sum, fb.num_tokens}, {2}, DType::f64);
@@ -128,11 +138,14 @@ struct Trainer {
     const auto v = sums.to_vector<double>();
     const auto r = opt->step(kLr, 0.1);
     EXPECT_TRUE(r.success);
+    // --overlap-param-gather leaves the gathers in flight for the next forward.
+    EXPECT_EQ(ddp->param_sync_pending(), ddp->config().overlap_param_gather && dp > 1);
     out.losses.push_back(v[0] / v[1]);
     out.grad_norms.push_back(r.grad_norm);
   }
 
   void finish(Outcome& out) {
+    ddp->finish_param_sync();  // --overlap-param-gather: the last step's gathers
     out.weights = model.buffer().params.to_vector<double>();
     out.noise_only.assign(out.weights.size(), false);
     const auto& c = model.config();
@@ -202,12 +215,16 @@ TEST_F(DataParallel, MatchesSingleRankInF32) {
   const Outcome ref = train(Options{}, blocks_of(1));
   for (bool dist_opt : {false, true}) {
     for (int dp : dp_sizes())
-      for (bool overlap : {false, true}) {
+      for (int mode : {0, 1, 2}) {  // no overlap, overlap-grad-reduce, + overlap-param-gather
+        if (mode == 2 && !dist_opt) continue;
+        const bool overlap = mode >= 1;
         Options o;
         o.distributed_optimizer = dist_opt;
         o.overlap = overlap;
+        o.overlap_param_gather = mode == 2;
         const std::string what = "dp " + std::to_string(dp) + (dist_opt ? " dist-opt" : "") +
-                                 (overlap ? " overlap" : "");
+                                 (overlap ? " overlap" : "") +
+                                 (o.overlap_param_gather ? " overlap-param-gather" : "");
         SCOPED_TRACE(what);
         const Outcome got = train(o, blocks_of(dp));
         expect_close(got.losses, ref.losses, 1e-6, 0.0, what + " loss");
