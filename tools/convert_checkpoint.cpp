@@ -490,6 +490,7 @@ void run_import(const ImportOptions& o) {
   }
   mg::training::CheckpointState state;
   state.iteration = 0;
+  state.vocab_size = m.vocab;  // lets a layout with another vocabulary padding load it
   state.args = args_json;
   state.extra = json{{"hf_model_type", m.model_type}, {"hf_config", cfg}};
   mg::training::save_checkpoint(o.save, params, state);

@@ -97,6 +97,7 @@ CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::O
   o.load_optimizer = false;
   o.load_rng = false;
   o.iteration = iteration;
+  o.vocab_size = cm.model->vocab_size();  // the padding may differ from the saved layout's
   cm.state = load_checkpoint(root, cm.model->parameters(), o, ranks);
   return cm;
 }

@@ -18,7 +18,8 @@ flags=(--yaml-cfg "$work/ckpt/model_args.yaml" --load "$work/ckpt" --finetune --
 losses() { grep -o 'lm loss: [0-9.E+-]*' | awk '{print $3}'; }
 # The yaml asks for TP 2: the single-rank reference overrides it.
 OMP_NUM_THREADS=1 "$pretrain" "${flags[@]}" --tensor-model-parallel-size 1 | losses > "$work/tp1"
-OMP_NUM_THREADS=1 "$mpirun" "$@" -np 2 "$pretrain" "${flags[@]}" | losses > "$work/tp2"
+OMP_NUM_THREADS=1 "$mpirun" "$@" -np 2 "$pretrain" "${flags[@]}" --save "$work/tp2ckpt" \
+  --save-interval 4 | losses > "$work/tp2"
 echo "TP 1: $(tr '\n' ' ' < "$work/tp1")"
 echo "TP 2: $(tr '\n' ' ' < "$work/tp2")"
 [ "$(wc -l < "$work/tp1")" -eq 4 ] || { echo "expected 4 loss values on one rank" >&2; exit 1; }
@@ -27,12 +28,15 @@ paste "$work/tp1" "$work/tp2" | awk '{ d = $1 - $2; if (d < 0) d = -d;
   END { exit bad }'
 echo "imported checkpoint: TP 2 losses equal the single-rank run"
 
+# The import (saved on one rank) and the TP 2 finetune's checkpoint, each generated on 1 and 2 ranks.
+for ckpt in ckpt tp2ckpt; do
 for mode in "--greedy" "--temperature 0.9 --top-k 20 --top-p 0.9 --seed 5"; do
-  gen=(--load "$work/ckpt" --prompt "3 1 4 1 5" --max-new-tokens 12 --ignore-eod --print-tokens
+  gen=(--load "$work/$ckpt" --prompt "3 1 4 1 5" --max-new-tokens 12 --ignore-eod --print-tokens
        $mode)
   one=$(OMP_NUM_THREADS=1 "$generate" "${gen[@]}" | grep '^generated tokens:')
   two=$(OMP_NUM_THREADS=1 "$mpirun" "$@" -np 2 "$generate" "${gen[@]}" | grep '^generated tokens:')
-  echo "generate $mode: 1 rank: $one | 2 ranks: $two"
+  echo "generate $ckpt $mode: 1 rank: $one | 2 ranks: $two"
   [ -n "$one" ] && [ "$one" = "$two" ] || { echo "TP 2 generation differs" >&2; exit 1; }
+done
 done
 echo "imported checkpoint: TP 2 generation equals the single-rank one"
