@@ -58,5 +58,12 @@ best of $(get reps).
 | load_checkpoint, warm page cache | $(get load_warm_s) | $(get load_warm_gbs) |
 
 The loaded parameters and optimizer state were checked equal to the saved ones (bit for bit).
+Reading: save_checkpoint runs at the disk's durable write speed (dd with conv=fsync): the pieces
+are written straight from the tensors and fsynced once per file. --async-save returns after the
+host copy; the background write then takes about as long as a synchronous save (it shares the
+disk and, here, two loaded cores). "Cold" reads are only as cold as the guest can make them: the
+virtual disk has a host-side cache, so dd's and load_checkpoint's cold figures vary run to run
+(the two are measured seconds apart and may both hit it). Warm loads are bound by one thread's
+copies out of the mapping (metadata, overlap arithmetic and a staging copy per tensor included).
 EOF
 cat "$out.md"

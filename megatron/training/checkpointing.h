@@ -19,8 +19,9 @@
 // writes the flat pieces it owns (a flat range inside the param's TP box), so the stored state
 // is the same whatever the DP size or whether the optimizer was distributed.
 // Save: the ranks exchange their piece descriptions; for identical pieces (DP replicas, TP-
-// replicated norms, the tied embedding on the first and last PP stage) the lowest world rank is
-// the main replica and the only writer. Load: every rank maps the files (mmap) and copies only
+// replicated norms) the lowest world rank is the main replica and the only writer; a pipeline
+// stage's replica of another stage's parameter (the last stage's tied word embedding,
+// Parameter::shared) is not saved, only loaded. Load: every rank maps the files (mmap) and copies only
 // the intersections of the stored pieces with the boxes it needs, so any TP / PP / DP / virtual
 // pipeline layout (distributed optimizer on or off) loads any other. Vocabulary padding: the
 // padded vocabulary grows with TP; when it differs (and the real vocabulary size, recorded in
