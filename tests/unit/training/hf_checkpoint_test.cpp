@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -148,6 +149,39 @@ TEST(HfImport, ReimportOfTheExportGivesTheSameCheckpointTensors) {
   auto m2 = load_model_from_checkpoint(c2, test::ops_on("cpu"), Device::cpu());
   EXPECT_EQ(m1.model->buffer().params.to_vector<float>(),
             m2.model->buffer().params.to_vector<float>());
+}
+
+TEST(HfImport, Bf16ModelRoundTripsBitExact) {
+  // The LLaMA fixture in bf16 (config "dtype": "bfloat16"): imported as a --bf16 model, exported
+  // with the same bf16 bytes.
+  const std::string src = temp_dir("bf16_src"), c = temp_dir("bf16_ckpt"),
+                    out = temp_dir("bf16_out");
+  {
+    st::SafetensorsFile f((kFixtures / "llama" / "model.safetensors").string());
+    std::vector<std::pair<std::string, Tensor>> t;
+    for (const auto& n : f.names()) t.emplace_back(n, f.tensor(n).to(DType::bf16));
+    st::save_safetensors((fs::path(src) / "model.safetensors").string(), t);
+    std::ifstream cf(kFixtures / "llama" / "config.json");
+    auto j = nlohmann::json::parse(cf);
+    j["dtype"] = "bfloat16";
+    std::ofstream(fs::path(src) / "config.json") << j.dump(2);
+  }
+  std::string log;
+  ASSERT_EQ(run(kConvert + " import --hf-dir " + src + " --save " + c, &log), 0) << log;
+  std::ifstream y(fs::path(c) / "model_args.yaml");
+  std::stringstream ys;
+  ys << y.rdbuf();
+  EXPECT_NE(ys.str().find("bf16: true"), std::string::npos) << ys.str();
+  ASSERT_EQ(run(kConvert + " export --load " + c + " --hf-dir " + out, &log), 0) << log;
+  HfDir a{fs::path(src)}, e{fs::path(out)};
+  ASSERT_EQ(a.by_name.size(), e.by_name.size());
+  for (const auto& [n, f] : a.by_name) {
+    ASSERT_TRUE(e.by_name.count(n)) << n;
+    EXPECT_EQ(e.by_name[n]->entry(n).dtype, "BF16") << n;
+    const auto ba = f->bytes(n), be = e.by_name[n]->bytes(n);
+    ASSERT_EQ(ba.size(), be.size()) << n;
+    EXPECT_EQ(std::memcmp(ba.data(), be.data(), ba.size()), 0) << n << " differs";
+  }
 }
 
 TEST(HfImport, TpPpAreValidatedAndWrittenToTheFlagsFile) {
