@@ -1,7 +1,8 @@
 // The KV-cache forward (GPTModel::infer, megatron/core/inference/) against the full forward:
 // a prompt prefilled in one call and the rest fed one token at a time give, at every position, the
 // logits GPTModel::logits() gives for the whole sequence (GPT-2: learned positions, biases, tied;
-// LLaMA: RoPE, GQA, SwiGLU; Qwen2: qkv bias), in f64 (1e-10) and f32 (1e-4), batch 1 and 2.
+// LLaMA: RoPE, GQA, SwiGLU; Qwen2: qkv bias; MoE: top-2 of 4 experts and a shared expert in every
+// other layer), in f64 (1e-10) and f32 (1e-4), batch 1 and 2.
 // Generation with the cache equals generation recomputing the prefix (greedy and sampled), and
 // stops at EOD / max-new-tokens / the position table.
 #include <gtest/gtest.h>
@@ -29,6 +30,16 @@ const ops::OpTable& cpu_ops() {
 TransformerConfig qwen2_config(DType dtype) {
   TransformerConfig c = tiny_llama_config(dtype);
   models::apply_qwen2_architecture(c);
+  return c;
+}
+
+// LLaMA with dropless top-2 MoE (4 experts) in every other layer and a shared expert.
+TransformerConfig moe_config(DType dtype) {
+  TransformerConfig c = tiny_llama_config(dtype);
+  c.num_moe_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_layer_freq = 2;
+  c.moe_shared_expert_intermediate_size = 8;
   return c;
 }
 
@@ -109,7 +120,7 @@ INSTANTIATE_TEST_SUITE_P(
     Archs, CachedLogits,
     ::testing::Values(Arch{"gpt2", [](DType d) { return tiny_gpt2_config(d); }},
                       Arch{"llama", [](DType d) { return tiny_llama_config(d); }},
-                      Arch{"qwen2", qwen2_config}),
+                      Arch{"qwen2", qwen2_config}, Arch{"moe", moe_config}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Generate, CachedEqualsRecomputedGreedyAndSampled) {
