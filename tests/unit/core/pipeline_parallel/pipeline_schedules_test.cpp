@@ -3,6 +3,7 @@
 //    Megatron's rules (warm-up, steady state, cool-down; the interleaved schedule table);
 //  * the activation bound: in 1F1B a stage holds at most min(PP - rank, M) micro-batches;
 //  * the layer layout (even, uneven, virtual) and its refusals, naming the numbers;
+//  * np 2: a peer that never sends ends in the pipeline group's timeout, naming the group;
 //  * under mpirun -np 2 / 4 (label mpi; alone the multi-rank cases skip): a tiny GPT-2 (tied
 //    embeddings) and LLaMA (untied) split over the world as the pipeline, 1F1B and interleaved,
 //    against the whole model on one rank in f64: lm loss equal, every stage's gradient equal to
@@ -271,6 +272,36 @@ void run_pipe_case(const PipeCase& pc) {
     for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
     EXPECT_LE(worst, 1e-10) << "rank " << rank << ": weight " << p.name;
   }
+}
+
+// A schedule whose peer never sends (here rank 1 runs one micro-batch fewer than rank 0) ends in
+// the pipeline group's timeout with a message naming the group, never a silent hang.
+TEST(PipelineSchedule, MissingPeerEndsInTimeout) {
+  test::ensure_runtime();
+  comm::Communicator& comm = world();
+  if (comm.world_size() != 2) GTEST_SKIP() << "needs mpirun -np 2";
+  const int rank = comm.world_rank();
+  // Its own communicator: the unmatched message cannot reach another test's receive.
+  auto g = comm.new_groups({{0, 1}}, "pp-hang");
+  g->set_timeout(500ms);
+  const Shape shape{2, 1, 4};
+  StageFunctions fns;
+  fns.forward = [&](int, int64_t, const Tensor&) {
+    return rank == 0 ? Tensor::zeros(shape, DType::f32) : Tensor();
+  };
+  fns.backward = [&](int, int64_t, const Tensor&) {
+    return rank == 1 ? Tensor::zeros(shape, DType::f32) : Tensor();
+  };
+  const auto steps = schedule_1f1b(2, rank, rank == 0 ? 2 : 1, false);
+  if (rank == 0) {
+    const auto e = test::error_message(
+        [&] { run_pipeline_schedule(steps, 1, *g, shape, DType::f32, Device::cpu(), fns); });
+    EXPECT_NE(e.find("pp-hang"), std::string::npos) << e;
+    EXPECT_NE(e.find("did not finish within 500 ms"), std::string::npos) << e;
+  } else {
+    EXPECT_NO_THROW(run_pipeline_schedule(steps, 1, *g, shape, DType::f32, Device::cpu(), fns));
+  }
+  comm.world()->barrier();
 }
 
 TEST(PipelineGPT, OneFOneBGpt2TiedMatchesOneRank) {
