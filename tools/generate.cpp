@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
     const std::vector<int32_t> ids = tok.tokenize(prompt);
     if (!ignore_eod) go.eod = tok.eod();
     go.use_kv_cache = !no_cache;
+    go.sample_vocab = tok.vocab_size();  // the model's may be larger (checkpoint_model.h)
     // Streamed as the text grows: the whole sequence is detokenized each time and the new suffix
     // printed (token-by-token decoding loses SentencePiece's word-boundary spaces).
     std::vector<int32_t> all = ids;

@@ -83,15 +83,19 @@ CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::O
     MG_THROW("the flags recorded in checkpoint '" << root << "' do not parse: " << e.what());
   }
   cm.tokenizer = tokenizers::build_tokenizer(cm.args.tokenizer);
+  // The model's vocabulary: the tokenizer's, or the checkpoint's real vocabulary when that is
+  // larger (an HF model whose embedding has rows past its tokenizer, e.g. Qwen2's 151936 rows
+  // for 151665 tokens; generation then samples only the tokenizer's ids).
+  int64_t vocab = cm.tokenizer->vocab_size();
+  vocab = std::max(vocab, meta.value("vocab_size", int64_t{0}));
   if (ranks.tp_group && ranks.tp_group->size() > 1) {
     models::GPTModelParallel par;
     par.tp_group = ranks.tp_group.get();
     cm.model = std::make_unique<models::GPTModel>(
-        cm.args.model, cm.tokenizer->vocab_size(), ops, device,
+        cm.args.model, vocab, ops, device,
         models::get_gpt_layer_with_transformer_engine_spec(cm.args.model), par);
   } else {
-    cm.model =
-        std::make_unique<models::GPTModel>(cm.args.model, cm.tokenizer->vocab_size(), ops, device);
+    cm.model = std::make_unique<models::GPTModel>(cm.args.model, vocab, ops, device);
   }
   LoadOptions o;
   o.load_optimizer = false;

@@ -6,9 +6,10 @@
 // flags that `overrides` gives again (the command line of the tool wins, e.g. a tokenizer path on
 // another machine), drops --yaml-cfg (its flags are already in the record), and adds placeholders
 // for the training-only flags parse_args requires (--micro-batch-size, --lr, --train-iters) when
-// the record lacks them. load_model_from_checkpoint() then builds the tokenizer and a single-rank
-// GPTModel of that config (vocabulary from the tokenizer, padded as in training) and loads the
-// parameters (no optimizer, no RNG).
+// the record lacks them. load_model_from_checkpoint() then builds the tokenizer and a GPTModel of
+// that config (vocabulary from the tokenizer, padded as in training, or the checkpoint's recorded
+// real vocabulary when that is larger than the tokenizer's) and loads the parameters (no
+// optimizer, no RNG).
 // With CheckpointRanks::tp_group the model is built tensor-parallel over that group (generate under
 // mpirun). Not done: pipeline stages (one rank holds every layer).
 #pragma once

@@ -48,7 +48,10 @@ GenerationResult generate(models::GPTModel& model, const std::vector<int32_t>& p
                << prompt.size() << " tokens, more than the "
                << (learned ? "model's max_position_embeddings " : "maximum sequence length ")
                << cap);
-  const int64_t vocab = model.vocab_size();
+  MG_CHECK(o.sample_vocab >= 0 && o.sample_vocab <= model.vocab_size(),
+           "generate: sample_vocab " << o.sample_vocab << " is outside [0, the model's vocabulary "
+                                     << model.vocab_size() << "]");
+  const int64_t vocab = o.sample_vocab > 0 ? o.sample_vocab : model.vocab_size();
   for (std::size_t i = 0; i < prompt.size(); ++i)
     MG_CHECK(prompt[i] >= 0 && prompt[i] < vocab,
              "generate: prompt token " << prompt[i] << " at " << i

@@ -30,6 +30,9 @@ struct GenerationOptions {
   std::optional<int32_t> eod;       // stop after generating this id
   int64_t max_sequence_length = 0;  // prompt + new tokens cap; 0 -> the model's
                                     // max_position_embeddings (learned) or prompt + max_new_tokens
+  // Sample only ids in [0, sample_vocab) (a tokenizer smaller than the model's vocabulary);
+  // 0 -> the model's vocabulary.
+  int64_t sample_vocab = 0;
   bool use_kv_cache = true;
   // Called with each new token as soon as it is sampled (streaming output); may be empty.
   std::function<void(int32_t token)> on_token;

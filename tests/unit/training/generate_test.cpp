@@ -140,5 +140,68 @@ TEST(Generate, SeededSamplingRepeatsAndCacheMatchesRecompute) {
   EXPECT_NE(log.find("--temperature 0 must be > 0"), std::string::npos) << log;
 }
 
+TEST(Generate, TokenizerSmallerThanTheCheckpointVocabulary) {
+  // A model trained with 1101 ids, generated with an 805-token HF tokenizer (as Qwen2's 151936
+  // embedding rows for 151665 tokens): the model keeps the checkpoint's vocabulary, sampling only
+  // the tokenizer's ids.
+  const std::string d = temp_dir("bigvocab");
+  const std::vector<std::string> flags = {"--num-layers",
+                                          "1",
+                                          "--hidden-size",
+                                          "16",
+                                          "--num-attention-heads",
+                                          "2",
+                                          "--seq-length",
+                                          "16",
+                                          "--micro-batch-size",
+                                          "2",
+                                          "--train-iters",
+                                          "2",
+                                          "--lr",
+                                          "1e-3",
+                                          "--mock-data",
+                                          "--vocab-size",
+                                          "1100",
+                                          "--eval-iters",
+                                          "0",
+                                          "--save",
+                                          d,
+                                          "--save-interval",
+                                          "2"};
+  std::ostringstream log;
+  pretrain(parse_args(flags), log);
+  const std::string tok =
+      std::string(MG_TEST_FIXTURES_DIR) + "/hf_tokenizers/gpt2_bytelevel/tokenizer.json";
+  test::ensure_runtime();
+  CheckpointModel cm = load_model_from_checkpoint(
+      d, test::ops_on("cpu"), Device::cpu(),
+      {"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", tok});
+  EXPECT_EQ(cm.model->vocab_size(), 1101);
+  const int64_t v = cm.tokenizer->vocab_size();
+  EXPECT_LT(v, 1101);
+  inference::GenerationOptions o;
+  o.sampling.temperature = 5.0;  // flat: ids past the tokenizer would show up if allowed
+  o.sample_vocab = v;
+  o.max_new_tokens = 200;
+  o.max_sequence_length = 16;
+  o.sampling.seed = 3;
+  int drawn = 0;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    o.sampling.seed = seed;
+    for (int32_t t : inference::generate(*cm.model, cm.tokenizer->tokenize("the"), o).tokens) {
+      EXPECT_LT(t, v);
+      ++drawn;
+    }
+  }
+  EXPECT_GT(drawn, 100);
+  std::string out;
+  ASSERT_EQ(run(std::string(MG_BIN_DIR) + "/generate --load " + d +
+                    " --tokenizer-type HuggingFaceTokenizer --tokenizer-model " + tok +
+                    " --prompt 'the' --max-new-tokens 5 --platform cpu",
+                &out),
+            0)
+      << out;
+}
+
 }  // namespace
 }  // namespace mg::training
