@@ -357,8 +357,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   p.add_choice(
       "--cp-comm-type", {"p2p", "a2a", "allgather"},
       [&a](const std::string& v) { a.cp_comm_type = v; },
-      "how attention crosses the CP group: p2p (ring, default), allgather, a2a (not supported "
-      "yet)");
+      "how attention crosses the CP group: p2p (ring, default), allgather, a2a (Ulysses)");
   add_ddp_flags(p, a.ddp);
   add_moe_flags(p, a.model, a, x);
   a.help_text = p.help();
@@ -498,9 +497,15 @@ Arguments parse_args(const std::vector<std::string>& raw) {
                    << cp << ": the CP rank's " << a.model.seq_length / cp
                    << " tokens must be divisible by --tensor-model-parallel-size "
                    << a.tensor_model_parallel_size);
-      MG_CHECK(a.cp_comm_type != "a2a",
-               "--cp-comm-type a2a (Ulysses, heads split across CP) is "
-               "not supported yet; use p2p or allgather");
+      if (a.cp_comm_type == "a2a") {
+        const int64_t tp = a.tensor_model_parallel_size;
+        MG_CHECK(
+            a.model.num_attention_heads / tp % cp == 0 && a.model.num_query_groups / tp % cp == 0,
+            "--cp-comm-type a2a splits each TP rank's heads across CP: "
+                << a.model.num_attention_heads / tp << " heads and "
+                << a.model.num_query_groups / tp
+                << " query groups per TP rank must be divisible by --context-parallel-size " << cp);
+      }
       MG_CHECK(a.pipeline_model_parallel_size == 1,
                "--context-parallel-size " << cp << " with --pipeline-model-parallel-size "
                                           << a.pipeline_model_parallel_size

@@ -73,7 +73,7 @@ struct Arguments {
   // Context parallelism: --context-parallel-size CP cuts each sequence into 2 CP chunks (rank r
   // keeps chunks r and 2 CP - 1 - r; --seq-length must divide by 2 CP) and --cp-comm-type p2p |
   // a2a | allgather picks how core attention crosses the CP group (transformer/context_parallel.h;
-  // a2a is refused for now).
+  // a2a splits heads, so each TP rank's heads and query groups must divide by CP).
   int32_t context_parallel_size = 1;
   std::string cp_comm_type = "p2p";
 

@@ -76,8 +76,7 @@ ops::AttentionArgs SelfAttention::attention_args(const AttentionInputs& in,
 }
 
 Tensor SelfAttention::new_lse(int64_t s, int64_t b) const {
-  const Shape shape = ctx_.cp.active() ? Shape{2, b, nh_, s / 2} : Shape{b, nh_, s};
-  return Tensor::empty(shape, ctx_.stat_dtype(), ctx_.device);
+  return Tensor::empty(cp_lse_shape(ctx_.cp, s, b, nh_), ctx_.stat_dtype(), ctx_.device);
 }
 
 void SelfAttention::core_attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,

@@ -12,7 +12,7 @@
 // input enters the TP region by copy (or SP all-gather) and the output leaves by all-reduce (or
 // SP reduce-scatter), tensor_parallel/mappings.h. NH and NH/NG below are this rank's.
 // Context parallelism (ctx.cp active): S is this rank's two sequence chunks (2C tokens); only core
-// attention crosses the CP group (context_parallel.h), and its lse is then [2, B, NH, C].
+// attention crosses the CP group (context_parallel.h), and its lse is then cp_lse_shape's.
 #pragma once
 
 #include <memory>
@@ -38,7 +38,7 @@ class SelfAttention {
     Tensor q, k, v;       // after qk-norm and rope: [S, B, NH, HD], [S, B, NG, HD]
     Tensor q_pre, k_pre;  // before q/k layernorm (qk_layernorm only)
     Norm::Saved q_norm, k_norm;
-    Tensor out, lse;  // core attention [S, B, NH, HD], [B, NH, S] (CP: [2, B, NH, S/2]); empty
+    Tensor out, lse;  // core attention [S, B, NH, HD], [B, NH, S] (CP: cp_lse_shape); empty
                       // when recomputed
     Tensor input;     // TP > 1: the input gathered/copied into the TP region [S, B, H]
   };

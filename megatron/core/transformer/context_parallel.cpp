@@ -86,8 +86,6 @@ struct Setup {
 Setup setup(const char* op, const ContextParallel& cp, const Tensor& q, const Tensor& k,
             const ops::AttentionArgs& a) {
   MG_CHECK(cp.active(), op << ": no context-parallel group");
-  MG_CHECK(cp.comm_type != CpCommType::a2a,
-           op << ": --cp-comm-type a2a (Ulysses) is not supported yet; use p2p or allgather");
   MG_CHECK(!a.cu_seqlens.defined(), op << ": cu_seqlens masks are not supported with context "
                                           "parallelism (give doc_ids)");
   MG_CHECK(!a.kv_doc_ids.defined(), op << ": kv_doc_ids are set by context parallelism itself");
@@ -269,6 +267,24 @@ void ring_bwd(const ops::OpTable& ops, const ContextParallel& cp, const Setup& s
   dv.copy_(dv_in);
 }
 
+// ---- all-gather / all-to-all shared: the whole sequence's document ids
+// ---------------------------
+
+// Doc ids of the whole sequence [B, 2 CP C] (sequence order) from every rank's chunk-major ids.
+std::vector<int32_t> gather_sequence_ids(const ContextParallel& cp, const Setup& st) {
+  const int64_t p = st.cp, c = st.c, n = 2 * p * c;
+  Tensor all = Tensor::empty({2 * p, st.b, c}, DType::i32, st.ids.device());
+  cp.group->all_gather(all, st.ids)->wait();
+  const std::vector<int32_t> h = all.to_vector<int32_t>();
+  std::vector<int32_t> o(static_cast<std::size_t>(st.b * n));
+  for (int64_t g = 0; g < 2 * p; ++g) {
+    const int64_t rank = g < p ? g : 2 * p - 1 - g, slot = rank * 2 + (g < p ? 0 : 1);
+    for (int64_t row = 0; row < st.b; ++row)
+      for (int64_t j = 0; j < c; ++j) o[row * n + g * c + j] = h[(slot * st.b + row) * c + j];
+  }
+  return o;
+}
+
 // ---- all-gather -------------------------------------------------------------------------------
 
 // Rows of global chunk g in the all-gathered (rank-major) layout [CP * 2C, ...].
@@ -386,16 +402,113 @@ void allgather_bwd(const ops::OpTable& ops, const ContextParallel& cp, const Set
   wv->wait();
 }
 
+// ---- all-to-all (Ulysses) ----------------------------------------------------------------------
+//
+// Heads are split across CP: rank j attends, over the whole sequence, heads [j H/CP, (j+1) H/CP)
+// (whole KV groups: NG % CP == 0), so core attention is one causal call and lse is [B, NH/CP, S].
+
+// x [2C, B, H, HD] (this rank's chunks, every head) -> [2 CP C, B, H/CP, HD] (the whole sequence in
+// order, this rank's heads).
+Tensor heads_to_sequence(const ContextParallel& cp, const Setup& st, const Tensor& x) {
+  const int64_t p = st.cp, c = st.c, hp = x.size(2) / p, hd = x.size(3);
+  Tensor send = Tensor::empty({p * 2 * c, st.b, hp, hd}, x.dtype(), x.device());
+  for (int64_t j = 0; j < p; ++j)
+    for (int64_t s = 0; s < 2 * c; ++s)
+      for (int64_t b = 0; b < st.b; ++b) {
+        Tensor d = send.select(j * 2 * c + s).select(b);
+        d.copy_(x.select(s).select(b).slice(j * hp, hp));
+      }
+  Tensor recv = Tensor::empty(send.shape(), x.dtype(), x.device());
+  cp.group->all_to_all(recv, send)->wait();  // chunk j: rank j's two chunks, this rank's heads
+  Tensor seq = Tensor::empty(send.shape(), x.dtype(), x.device());
+  reorder(seq, recv, p, c, true);
+  return seq;
+}
+
+// The inverse: x_seq [2 CP C, B, H/CP, HD] -> out [2C, B, H, HD] (written).
+void sequence_to_heads(const ContextParallel& cp, const Setup& st, Tensor& out, const Tensor& x) {
+  const int64_t p = st.cp, c = st.c, hp = x.size(2);
+  Tensor send = Tensor::empty(x.shape(), x.dtype(), x.device());
+  reorder(send, x, p, c, false);  // rank-major: chunk j holds rank j's two chunks
+  Tensor recv = Tensor::empty(x.shape(), x.dtype(), x.device());
+  cp.group->all_to_all(recv, send)->wait();  // chunk j: this rank's chunks, rank j's heads
+  for (int64_t j = 0; j < p; ++j)
+    for (int64_t s = 0; s < 2 * c; ++s)
+      for (int64_t b = 0; b < st.b; ++b) {
+        Tensor d = out.select(s).select(b).slice(j * hp, hp);
+        d.copy_(recv.select(j * 2 * c + s).select(b));
+      }
+}
+
+ops::AttentionArgs a2a_args(const ContextParallel& cp, const Setup& st, const ops::AttentionArgs& a,
+                            const Tensor& like) {
+  ops::AttentionArgs r;
+  r.causal = a.causal;
+  r.softmax_scale = a.softmax_scale;
+  r.dropout = a.dropout;
+  const int64_t n = 2 * st.cp * st.c;
+  r.dropout.offset += static_cast<uint64_t>(st.rank * st.b * (st.nh / st.cp) * n * n);
+  if (st.ids.defined())
+    r.doc_ids =
+        Tensor::from_vector(gather_sequence_ids(cp, st), {st.b, n}, DType::i32).to(like.device());
+  return r;
+}
+
+void a2a_check(const Setup& st, const Tensor& k) {
+  MG_CHECK(st.nh % st.cp == 0 && k.size(2) % st.cp == 0,
+           "--cp-comm-type a2a splits heads across CP: this rank's " << st.nh << " heads and "
+                                                                     << k.size(2)
+                                                                     << " query groups must be "
+                                                                        "divisible by CP = "
+                                                                     << st.cp);
+}
+
+void a2a_fwd(const ops::OpTable& ops, const ContextParallel& cp, const Setup& st, Tensor& out,
+             Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+             const ops::AttentionArgs& a) {
+  a2a_check(st, k);
+  const Tensor qs = heads_to_sequence(cp, st, q), ks = heads_to_sequence(cp, st, k),
+               vs = heads_to_sequence(cp, st, v);
+  Tensor os = Tensor::empty(qs.shape(), q.dtype(), q.device());
+  ops.attention_fwd(os, lse, qs, ks, vs, a2a_args(cp, st, a, q));
+  sequence_to_heads(cp, st, out, os);
+}
+
+void a2a_bwd(const ops::OpTable& ops, const ContextParallel& cp, const Setup& st, Tensor& dq,
+             Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+             const Tensor& v, const Tensor& out, const Tensor& lse, const ops::AttentionArgs& a) {
+  a2a_check(st, k);
+  const Tensor qs = heads_to_sequence(cp, st, q), ks = heads_to_sequence(cp, st, k),
+               vs = heads_to_sequence(cp, st, v), os = heads_to_sequence(cp, st, out),
+               dos = heads_to_sequence(cp, st, dout);
+  Tensor dqs = Tensor::empty(qs.shape(), q.dtype(), q.device());
+  Tensor dks = Tensor::empty(ks.shape(), k.dtype(), k.device());
+  Tensor dvs = Tensor::empty(vs.shape(), v.dtype(), v.device());
+  ops.attention_bwd(dqs, dks, dvs, dos, qs, ks, vs, os, lse, a2a_args(cp, st, a, q));
+  sequence_to_heads(cp, st, dq, dqs);
+  sequence_to_heads(cp, st, dk, dks);
+  sequence_to_heads(cp, st, dv, dvs);
+}
+
 }  // namespace
+
+Shape cp_lse_shape(const ContextParallel& cp, int64_t s, int64_t b, int64_t nh) {
+  if (!cp.active()) return {b, nh, s};
+  const int64_t p = cp.group->size();
+  if (cp.comm_type == CpCommType::a2a) return {b, nh / p, s * p};
+  return {2, b, nh, s / 2};
+}
 
 void cp_attention_fwd(const ops::OpTable& ops, const ContextParallel& cp, Tensor& out, Tensor& lse,
                       const Tensor& q, const Tensor& k, const Tensor& v,
                       const ops::AttentionArgs& args) {
   const Setup st = setup("cp_attention_fwd", cp, q, k, args);
-  MG_CHECK(out.shape() == q.shape() && lse.shape() == (Shape{2, st.b, st.nh, st.c}),
+  MG_CHECK(out.shape() == q.shape() && lse.shape() == cp_lse_shape(cp, 2 * st.c, st.b, st.nh),
            "cp_attention_fwd: out " << out.str() << " must be like q " << q.str() << ", lse "
-                                    << lse.str() << " [2, B, NH, C]");
-  if (cp.comm_type == CpCommType::allgather)
+                                    << lse.str() << " like cp_lse_shape");
+  if (cp.comm_type == CpCommType::a2a)
+    a2a_fwd(ops, cp, st, out, lse, q, k, v, args);
+  else if (cp.comm_type == CpCommType::allgather)
     allgather_fwd(ops, cp, st, out, lse, q, k, v, args);
   else
     ring_fwd(ops, cp, st, out, lse, q, k, v, args);
@@ -406,9 +519,11 @@ void cp_attention_bwd(const ops::OpTable& ops, const ContextParallel& cp, Tensor
                       const Tensor& v, const Tensor& out, const Tensor& lse,
                       const ops::AttentionArgs& args) {
   const Setup st = setup("cp_attention_bwd", cp, q, k, args);
-  MG_CHECK(lse.shape() == (Shape{2, st.b, st.nh, st.c}),
-           "cp_attention_bwd: lse " << lse.str() << " is not [2, B, NH, C]");
-  if (cp.comm_type == CpCommType::allgather)
+  MG_CHECK(lse.shape() == cp_lse_shape(cp, 2 * st.c, st.b, st.nh),
+           "cp_attention_bwd: lse " << lse.str() << " is not like cp_lse_shape");
+  if (cp.comm_type == CpCommType::a2a)
+    a2a_bwd(ops, cp, st, dq, dk, dv, dout, q, k, v, out, lse, args);
+  else if (cp.comm_type == CpCommType::allgather)
     allgather_bwd(ops, cp, st, dq, dk, dv, dout, q, k, v, out, lse, args);
   else
     ring_bwd(ops, cp, st, dq, dk, dv, dout, q, k, v, out, lse, args);

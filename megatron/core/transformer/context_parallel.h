@@ -11,18 +11,22 @@
 //   allgather  K/V of the whole sequence are all-gathered and put in sequence order; each query
 //              chunk attends its prefix (causal, bottom-right aligned); backward reduce-scatters
 //              dK/dV.
-//   a2a        (Ulysses: heads split across CP) not supported yet: a clear error.
+//   a2a        Ulysses: all-to-all of q/k/v turns "this rank's tokens, every head" into "the whole
+//              sequence, heads [r H/CP, (r+1) H/CP)" (whole KV groups: NH and NG divisible by
+//              CP), one causal attention call, and the output (backward: dq/dk/dv) goes back the
+//              same way. Its lse is [B, NH/CP, S] (this rank's heads, the whole sequence).
 // For a query chunk g_q and a key chunk g_k (global chunk indices): g_k < g_q full attention,
 // g_k == g_q causal, g_k > g_q nothing (non-causal attention: always full). Per-document masks of
 // packed sequences (doc_ids [B, 2C], the local chunks' ids) hold across chunks: a K/V block
 // carries its tokens' ids. A query chunk whose tokens attend nothing on some block (all masked)
 // gets lse = -inf there and the merge ignores it: results stay finite (PITFALLS.md row 14).
 // Layouts: q, out, dq, dout [2C, B, NH, HD]; k, v, dk, dv [2C, B, NG, HD] (this rank's two chunks
-// in that order, as the batch slicing gives them); lse [2, B, NH, C] (per local chunk, over the
-// whole sequence). Attention dropout works but its masks differ from a CP = 1 run (each block pair
-// draws from its own counter range). cu_seqlens masks are refused (give doc_ids).
-// Not here: the batch slicing of tokens/labels/masks/positions (slice_sequence_for_cp_rank below
-// is the tensor helper; training/ applies it), the gradient reduction over dp-cp (DDP's group).
+// in that order, as the batch slicing gives them); lse (cp_lse_shape) [2, B, NH, C] per local
+// chunk over the whole sequence for p2p and allgather, [B, NH/CP, S] for a2a. Attention dropout
+// works but its masks differ from a CP = 1 run (each block pair draws from its own counter range).
+// cu_seqlens masks are refused (give doc_ids). Not here: the batch slicing of tokens, labels,
+// masks and positions (slice_sequence_for_cp_rank below is the tensor helper; training/ applies
+// it), the gradient reduction over dp-cp (DDP's group).
 #pragma once
 
 #include <cstdint>
@@ -46,7 +50,11 @@ struct ContextParallel {
   bool active() const { return group != nullptr && group->size() > 1; }
 };
 
-// out [2C, B, NH, HD], lse [2, B, NH, C] <- q [2C, B, NH, HD], k, v [2C, B, NG, HD] over the whole
+// The lse shape of CP attention for local length s = 2C, batch b and nh heads (cp inactive: the
+// attention op's [B, NH, S]).
+Shape cp_lse_shape(const ContextParallel& cp, int64_t s, int64_t b, int64_t nh);
+
+// out [2C, B, NH, HD], lse (cp_lse_shape) <- q [2C, B, NH, HD], k, v [2C, B, NG, HD] over the whole
 // sequence held by cp.group; args as for attention_fwd (doc_ids [B, 2C]: the local tokens').
 void cp_attention_fwd(const ops::OpTable& ops, const ContextParallel& cp, Tensor& out, Tensor& lse,
                       const Tensor& q, const Tensor& k, const Tensor& v,

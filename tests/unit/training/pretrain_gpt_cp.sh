@@ -1,11 +1,12 @@
 #!/bin/sh
 # pretrain_gpt with context parallelism under mpirun prints the same lm loss and grad norm values
-# as the single-rank run (same seed, same global batch). np 2: CP 2 with the p2p ring and the
-# all-gather variant, GPT-2-like (learned positions) and LLaMA-like (RoPE: the positions must
-# follow each chunk's real positions; GQA, SwiGLU, RMSNorm), and packed documents of 2-9 tokens
-# (a dataset made here with preprocess_data; --reset-attention-mask --reset-position-ids
-# --eod-mask-loss: per-document masks across chunks, unequal token counts per CP rank). np 4: CP 4 (p2p, all-gather, documents), CP 2 x TP 2
-# (+ SP; p2p and all-gather) and CP 2 x DP 2 with the distributed optimizer.
+# as the single-rank run (same seed, same global batch). np 2: CP 2 with the p2p ring, the
+# all-gather and the all-to-all (Ulysses) variants, GPT-2-like (learned positions) and LLaMA-like
+# (RoPE: the positions must follow each chunk's real positions; GQA, SwiGLU, RMSNorm), and packed
+# documents of 2-9 tokens (a dataset made here with preprocess_data; --reset-attention-mask
+# --reset-position-ids --eod-mask-loss: per-document masks across chunks, unequal token counts per
+# CP rank). np 4: CP 4 (p2p, all-gather, a2a, documents), CP 2 x TP 2 (+ SP; p2p, all-gather,
+# a2a) and CP 2 x DP 2 with the distributed optimizer.
 # usage: pretrain_gpt_cp.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
 # (CTest label `mpi`; tests/CMakeLists.txt.) lm loss to 2e-6 relative (f32 round-off: partial
 # attention results merge in another order); grad norm (3 decimals printed) to 2e-3.
@@ -71,26 +72,32 @@ if [ "$np" -eq 2 ]; then
   check docs 2 "CP 2 p2p documents" $llama $docs --context-parallel-size 2
   check docs 2 "CP 2 allgather documents" $llama $docs --context-parallel-size 2 \
     --cp-comm-type allgather
-  # Refused before any work: a2a, and a sequence length CP does not divide.
-  if "$mpi" $mpi_args -np 2 "$bin" $args $mock --context-parallel-size 2 --cp-comm-type a2a \
-    > "$work/bad.log" 2>&1; then
-    echo "FAIL: --cp-comm-type a2a was accepted"; exit 1
-  fi
-  grep -q "cp-comm-type a2a" "$work/bad.log" || { cat "$work/bad.log"; exit 1; }
+  check gpt 2 "CP 2 a2a" $mock --context-parallel-size 2 --cp-comm-type a2a
+  check docs 2 "CP 2 a2a documents" $llama $docs --context-parallel-size 2 --cp-comm-type a2a
+  # Refused before any work: a sequence length CP does not divide, heads a2a cannot split.
   if "$bin" $args $mock --context-parallel-size 3 > "$work/bad.log" 2>&1; then
     echo "FAIL: --seq-length 16 with --context-parallel-size 3 was accepted"; exit 1
   fi
   grep -q "must be divisible by 2 x --context-parallel-size = 6" "$work/bad.log" \
     || { cat "$work/bad.log"; exit 1; }
-  echo "ok a2a and --seq-length 16 with CP 3 refused"
+  if "$bin" $args $mock $llama --context-parallel-size 4 --cp-comm-type a2a > "$work/bad.log" 2>&1
+  then
+    echo "FAIL: a2a with 2 query groups over CP 4 was accepted"; exit 1
+  fi
+  grep -q "2 query groups per TP rank must be divisible by --context-parallel-size 4" \
+    "$work/bad.log" || { cat "$work/bad.log"; exit 1; }
+  echo "ok --seq-length 16 with CP 3 and a2a with 2 groups over CP 4 refused"
 else
   check gpt "$np" "CP 4 p2p" $mock --context-parallel-size 4
   check gpt "$np" "CP 4 allgather" $mock --context-parallel-size 4 --cp-comm-type allgather
+  check gpt "$np" "CP 4 a2a" $mock --context-parallel-size 4 --cp-comm-type a2a
   check docs "$np" "CP 4 p2p documents" $llama $docs --context-parallel-size 4
   check llama "$np" "CP 2 x TP 2 p2p + SP" $mock $llama --context-parallel-size 2 \
     --tensor-model-parallel-size 2 --sequence-parallel
   check gpt "$np" "CP 2 x TP 2 allgather" $mock --context-parallel-size 2 \
     --tensor-model-parallel-size 2 --cp-comm-type allgather
+  check gpt "$np" "CP 2 x TP 2 a2a + SP" $mock --context-parallel-size 2 \
+    --tensor-model-parallel-size 2 --sequence-parallel --cp-comm-type a2a
   check docs "$np" "CP 2 x DP 2 + distributed optimizer" $llama $docs --context-parallel-size 2 \
     --use-distributed-optimizer
 fi

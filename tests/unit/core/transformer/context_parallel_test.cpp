@@ -2,16 +2,17 @@
 // attention_fwd / attention_bwd over the whole sequence in one process. tests/CMakeLists.txt runs
 // it under mpirun -np 2 and 4 (label mpi); alone (one rank) only the slicing checks run. f64, so
 // "equal" means equal to f64 round-off (the partial results merge in another order). Checked, for
-// the p2p ring and the all-gather variant:
+// the p2p ring, the all-gather and the all-to-all (Ulysses, heads split) variants:
 //   - the merged output, lse, dq, dk and dv of this rank's chunks r and 2CP-1-r equal the
 //     full attention's rows of those chunks (causal and not, GQA), on random inputs;
 //   - with per-document masks of packed sequences (documents crossing chunk boundaries), and with
 //     a whole chunk of padding (PITFALLS.md row 14: finite, and equal to CP = 1);
 //   - with attention dropout the result is finite and the same on a second run;
-//   - slice_sequence_for_cp_rank keeps chunks r and 2CP-1-r; a2a and bad lengths are refused.
+//   - slice_sequence_for_cp_rank keeps chunks r and 2CP-1-r; bad lengths are refused.
 // Every rank runs the same collectives whatever a check gives (EXPECT_*, never ASSERT_*).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -69,10 +70,15 @@ struct Case {
   float dropout = 0.0f;
 };
 
-void check_case(const Case& cs, CpCommType type, uint64_t seed) {
+void check_case(Case cs, CpCommType type, uint64_t seed) {
   const auto& ops = test::ops_on("cpu");
   comm::ProcessGroup& g = world();
   const int p = g.size(), r = g.rank();
+  if (type == CpCommType::a2a && (cs.nh % p != 0 || cs.ng % p != 0)) {
+    // Ulysses splits whole heads and KV groups across CP: the same case with CP | NG.
+    cs.nh = cs.nh / cs.ng * p;
+    cs.ng = p;
+  }
   const Shape qs{cs.s, cs.b, cs.nh, cs.hd}, ks{cs.s, cs.b, cs.ng, cs.hd};
   const Tensor q = det_tensor(qs, seed), k = det_tensor(ks, seed + 1), v = det_tensor(ks, seed + 2);
   const Tensor dout = det_tensor(qs, seed + 3);
@@ -96,7 +102,7 @@ void check_case(const Case& cs, CpCommType type, uint64_t seed) {
   const Tensor lq = local_rows(q, r, p), lk = local_rows(k, r, p), lv = local_rows(v, r, p),
                ldo = local_rows(dout, r, p);
   Tensor lo = Tensor::empty(lq.shape(), DType::f64),
-         ll = Tensor::empty({2, cs.b, cs.nh, c}, DType::f64);
+         ll = Tensor::empty(cp_lse_shape(cp, 2 * c, cs.b, cs.nh), DType::f64);
   cp_attention_fwd(ops, cp, lo, ll, lq, lk, lv, a);
   Tensor ldq = Tensor::empty(lq.shape(), DType::f64), ldk = Tensor::empty(lk.shape(), DType::f64),
          ldv = Tensor::empty(lk.shape(), DType::f64);
@@ -117,8 +123,21 @@ void check_case(const Case& cs, CpCommType type, uint64_t seed) {
   EXPECT_TRUE(
       test::all_close(lo.to_vector<double>(), local_rows(out, r, p).to_vector<double>(), tol))
       << "out " << what;
-  const auto want_lse = local_lse(lse, r, p), got_lse = ll.to_vector<double>();
-  for (std::size_t i = 0; i < want_lse.size(); ++i) {
+  // lse: this rank's chunks, every head (p2p, allgather); this rank's heads, the whole sequence
+  // (a2a).
+  std::vector<double> want_lse;
+  if (type == CpCommType::a2a) {
+    const auto all = lse.to_vector<double>();
+    const int64_t hp = cs.nh / p;
+    for (int64_t b = 0; b < cs.b; ++b)
+      for (int64_t h = r * hp; h < (r + 1) * hp; ++h)
+        for (int64_t i = 0; i < cs.s; ++i) want_lse.push_back(all[(b * cs.nh + h) * cs.s + i]);
+  } else {
+    want_lse = local_lse(lse, r, p);
+  }
+  const auto got_lse = ll.to_vector<double>();
+  EXPECT_EQ(got_lse.size(), want_lse.size()) << what;
+  for (std::size_t i = 0; i < std::min(want_lse.size(), got_lse.size()); ++i) {
     if (std::isinf(want_lse[i]))
       EXPECT_EQ(got_lse[i], want_lse[i]) << "lse " << i << " " << what;
     else
@@ -195,7 +214,7 @@ TEST_P(CpAttention, DropoutIsFiniteAndReproducible) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CommTypes, CpAttention,
-                         ::testing::Values(CpCommType::p2p, CpCommType::allgather),
+                         ::testing::Values(CpCommType::p2p, CpCommType::allgather, CpCommType::a2a),
                          [](const auto& info) {
                            return std::string(cp_comm_type_name(info.param));
                          });
