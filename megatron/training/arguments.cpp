@@ -510,6 +510,8 @@ Arguments parse_args(const std::vector<std::string>& raw) {
                "--context-parallel-size " << cp << " with --pipeline-model-parallel-size "
                                           << a.pipeline_model_parallel_size
                                           << " is not supported yet");
+      MG_CHECK(a.model.num_moe_experts == 0,
+               "--context-parallel-size " << cp << " with --num-experts is not supported yet");
       MG_CHECK(!a.checkpoint.save && !a.checkpoint.load,
                "--save/--load with --context-parallel-size " << cp << " are not supported yet");
     }
