@@ -24,7 +24,7 @@ struct Pending {
   std::optional<int64_t> num_query_groups;
   std::optional<std::string> yaml_cfg;
   std::optional<int64_t> virtual_pipeline_model_parallel_size;  // resolved with the layout
-  std::optional<std::string> moe_layer_freq;  // int or "[1,0,...]"
+  std::optional<std::string> moe_layer_freq;                    // int or "[1,0,...]"
 };
 
 // ---- Mixture of Experts and expert parallelism (Megatron's --moe-* flags) ----

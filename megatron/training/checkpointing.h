@@ -21,10 +21,10 @@
 // Save: the ranks exchange their piece descriptions; for identical pieces (DP replicas, TP-
 // replicated norms) the lowest world rank is the main replica and the only writer; a pipeline
 // stage's replica of another stage's parameter (the last stage's tied word embedding,
-// Parameter::shared) is not saved, only loaded. Load: every rank maps the files (mmap) and copies only
-// the intersections of the stored pieces with the boxes it needs, so any TP / PP / DP / virtual
-// pipeline layout (distributed optimizer on or off) loads any other. Vocabulary padding: the
-// padded vocabulary grows with TP; when it differs (and the real vocabulary size, recorded in
+// Parameter::shared) is not saved, only loaded. Load: every rank maps the files (mmap) and copies
+// only the intersections of the stored pieces with the boxes it needs, so any TP / PP / DP /
+// virtual pipeline layout (distributed optimizer on or off) loads any other. Vocabulary padding:
+// the padded vocabulary grows with TP; when it differs (and the real vocabulary size, recorded in
 // metadata.json, equals the loading model's), the real rows are copied and the padding rows keep
 // their initial values (their optimizer moments 0); any other shape difference is an error. A model
 // key the checkpoint lacks, a dtype or (other) shape mismatch, a checkpoint key no rank uses

@@ -557,7 +557,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
       given_args.decoder_last_pipeline_num_layers);
   comm::ProcessGroupPtr dp_group, tp_group, world_group, pp_group, embedding_group;
   const int32_t cp = given_args.context_parallel_size;
-  comm::ProcessGroupPtr cp_group, data_group;  // context parallelism (CP > 1)
+  comm::ProcessGroupPtr cp_group, data_group;                        // context parallelism (CP > 1)
   comm::ProcessGroupPtr ep_group, expert_dp_group, expert_mp_group;  // MoE (EP > 1 or TP > 1)
   const bool expert_groups =
       given_args.model.num_moe_experts > 0 && (given_args.expert_model_parallel_size > 1 || tp > 1);

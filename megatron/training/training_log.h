@@ -35,10 +35,10 @@ struct IntervalStats {
   int64_t global_batch_size = 0;
   std::optional<double> lm_loss;  // averaged over non-skipped iterations; nullopt if none
   double loss_scale = 1.0;
-  std::optional<double> grad_norm;  // of the last successful step
+  std::optional<double> grad_norm;           // of the last successful step
   std::optional<int64_t> num_zeros_in_grad;  // --log-num-zeros-in-grad, same step
-  int64_t skipped_iters = 0;        // in this interval
-  int64_t nan_iters = 0;            // in this interval
+  int64_t skipped_iters = 0;                 // in this interval
+  int64_t nan_iters = 0;                     // in this interval
   std::optional<double> mem_allocated_mb, mem_max_allocated_mb;
 };
 
