@@ -32,17 +32,7 @@ awk 'BEGIN { x = 7; for (d = 0; d < 400; d++) { x = (x * 1103515245 + 12345) % 2
 docs_data="--data-path $work/docs_text_document --data-cache-path $work/cache --split 100,0,0"
 docs="$docs_data --reset-attention-mask --reset-position-ids --eod-mask-loss"
 
-values() { grep -o "$2: [^ ]*" "$1" | sed "s/$2: //"; }
-compare_one() {  # compare_one <reference> <candidate> <what> <field> <relative tol> <absolute tol>
-  values "$1" "$4" > "$work/a"; values "$2" "$4" > "$work/b"
-  n=$(wc -l < "$work/a")
-  [ "$n" -ge 2 ] || { echo "FAIL $3: reference printed $n $4 lines"; cat "$1"; exit 1; }
-  paste "$work/a" "$work/b" | awk -v what="$3 $4" -v n="$n" -v rel="$5" -v abs="$6" '
-    { a = $1 + 0; b = $2 + 0; d = a - b; if (d < 0) d = -d;
-      if ($2 == "" || d > rel * (a < 0 ? -a : a) + abs) { print "FAIL " what ": line " NR ": " $1 " vs " $2; bad = 1 } }
-    END { if (NR != n) bad = 1; if (bad) exit 1; print "ok " what ": " NR " values agree" }' \
-    || { echo "--- $2:"; cat "$2"; exit 1; }
-}
+. "$(dirname "$0")/compare_logs.sh"  # values, compare_one
 single() {  # single <name> <extra args...>: the one-rank reference, run once
   name=$1; shift
   [ -f "$work/$name.log" ] || "$bin" $args "$@" > "$work/$name.log" 2>&1 \

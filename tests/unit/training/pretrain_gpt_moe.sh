@@ -19,17 +19,7 @@ args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
   --attention-dropout 0 --seed 7 --disable-bias-linear --swiglu --moe-router-topk 2
   --moe-ffn-hidden-size 24 --moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3"
 
-values() { grep -o "$2: [^ ]*" "$1" | sed "s/$2: //"; }
-compare_one() {  # compare_one <reference> <candidate> <what> <field> <relative tol> <absolute tol>
-  values "$1" "$4" > "$work/a"; values "$2" "$4" > "$work/b"
-  n=$(wc -l < "$work/a")
-  [ "$n" -ge 2 ] || { echo "FAIL $3: reference printed $n $4 lines"; cat "$1"; exit 1; }
-  paste "$work/a" "$work/b" | awk -v what="$3 $4" -v n="$n" -v rel="$5" -v abs="$6" '
-    { a = $1 + 0; b = $2 + 0; d = a - b; if (d < 0) d = -d;
-      if ($2 == "" || d > rel * (a < 0 ? -a : a) + abs) { print "FAIL " what ": line " NR ": " $1 " vs " $2; bad = 1 } }
-    END { if (NR != n) bad = 1; if (bad) exit 1; print "ok " what ": " NR " values agree" }' \
-    || { echo "--- $2:"; cat "$2"; exit 1; }
-}
+. "$(dirname "$0")/compare_logs.sh"  # values, compare_one
 compare() {
   compare_one "$1" "$2" "$3" "lm loss" 2e-6 0
   compare_one "$1" "$2" "$3" "grad norm" 0 2e-3

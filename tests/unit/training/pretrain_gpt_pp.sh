@@ -33,17 +33,8 @@ llama="$common --global-batch-size 16 --num-layers 8 --hidden-dropout 0 --normal
   --position-embedding-type rope --disable-bias-linear --untie-embeddings-and-output-weights
   --group-query-attention --num-query-groups 2"
 
-values() { grep -o "$2: [^ ]*" "$1" | sed "s/$2: //"; }
-compare_one() {  # compare_one <reference> <candidate> <what> <field> <relative tol> <absolute tol>
-  values "$1" "$4" > "$work/a"; values "$2" "$4" > "$work/b"
-  n=$(wc -l < "$work/a")
-  [ "$n" -ge 3 ] || { echo "FAIL $3: reference printed $n $4 lines"; cat "$1"; exit 1; }
-  paste "$work/a" "$work/b" | awk -v what="$3 $4" -v n="$n" -v rel="$5" -v abs="$6" '
-    { a = $1 + 0; b = $2 + 0; d = a - b; if (d < 0) d = -d;
-      if ($2 == "" || d > rel * (a < 0 ? -a : a) + abs) { print "FAIL " what ": line " NR ": " $1 " vs " $2; bad = 1 } }
-    END { if (NR != n) bad = 1; if (bad) exit 1; print "ok " what ": " NR " values agree" }' \
-    || { echo "--- $2:"; cat "$2"; exit 1; }
-}
+min_lines=3
+. "$(dirname "$0")/compare_logs.sh"  # values, compare_one
 compare() {
   compare_one "$1" "$2" "$3" "lm loss" 2e-6 0
   compare_one "$1" "$2" "$3" "grad norm" 0 2e-3
