@@ -458,9 +458,6 @@ Arguments parse_args(const std::vector<std::string>& raw) {
                "--use-distributed-optimizer with --num-experts and expert parallelism or TP (the "
                "expert data-parallel group then differs from the data-parallel one) is not "
                "supported yet");
-      MG_CHECK(ep == 1 || (!a.checkpoint.save && !a.checkpoint.load),
-               "--save/--load with --expert-model-parallel-size "
-                   << ep << " are not supported yet (checkpoints hold every expert per rank)");
     }
   }
   {
@@ -512,8 +509,6 @@ Arguments parse_args(const std::vector<std::string>& raw) {
                                           << " is not supported yet");
       MG_CHECK(a.model.num_moe_experts == 0,
                "--context-parallel-size " << cp << " with --num-experts is not supported yet");
-      MG_CHECK(!a.checkpoint.save && !a.checkpoint.load,
-               "--save/--load with --context-parallel-size " << cp << " are not supported yet");
     }
   }
   {

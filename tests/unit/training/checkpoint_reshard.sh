@@ -16,6 +16,9 @@
 #           TP2xPP2 (exact)
 #   crash:  a rank dies in the middle of saving iteration 4 (MG_CHECKPOINT_FAULT_INJECT): the
 #           tracker still names iteration 2, which loads and resumes with the reference losses
+#   ep:     MoE (8 experts, top-2; expert keys per global expert index) saved at EP2 x DP2; load
+#           EP1, EP4, TP2 + SP with EP2, EP2 x DP2 (exact)
+#   cp:     saved at CP2 x TP2 + SP; load CP1, CP2, CP4, CP2 x TP2 (exact)
 # (CTest label `mpi`; tests/CMakeLists.txt.)
 set -eu
 bin=$1; source=$2; mpi=$3; shift 3; mpi_args="$*"
@@ -65,6 +68,9 @@ save() {
   printf 2 > "$ck/latest_checkpointed_iteration.txt"
 }
 
+if [ "$source" = ep ]; then
+  args="$args --disable-bias-linear --num-experts 8 --moe-router-topk 2"
+fi
 run "$work/single.log" 1
 ck="$work/ckpt"
 save="--tensor-model-parallel-size 2 --sequence-parallel"
@@ -110,5 +116,22 @@ case "$source" in
     echo "ok a rank killed mid-save left the tracker at iteration 2"
     load 4 "after the crash: TP2xDP2 dist-opt -> TP2xDP2 dist-opt" 2e-6 $save $dopt
     ;;
-  *) echo "unknown source '$source' (dopt, nodopt, pp, crash)"; exit 2 ;;
+  ep)
+    ep2="--expert-model-parallel-size 2"
+    save 4 $ep2
+    load 1 "EP2xDP2 -> EP1" 2e-6
+    load 4 "EP2xDP2 -> EP4" 2e-6 --expert-model-parallel-size 4
+    load 4 "EP2xDP2 -> TP2 + SP x EP2" 2e-6 --tensor-model-parallel-size 2 --sequence-parallel \
+      --expert-tensor-parallel-size 1 $ep2
+    load 4 "EP2xDP2 -> EP2xDP2 (same layout, exact)" 0 $ep2
+    ;;
+  cp)
+    cp2="--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel"
+    save 4 $cp2
+    load 1 "CP2xTP2 -> CP1" 2e-6
+    load 2 "CP2xTP2 -> CP2" 2e-6 --context-parallel-size 2
+    load 4 "CP2xTP2 -> CP4 (allgather)" 2e-6 --context-parallel-size 4 --cp-comm-type allgather
+    load 4 "CP2xTP2 -> CP2xTP2 (same layout, exact)" 0 $cp2
+    ;;
+  *) echo "unknown source '$source' (dopt, nodopt, pp, crash, ep, cp)"; exit 2 ;;
 esac
