@@ -503,10 +503,6 @@ Arguments parse_args(const std::vector<std::string>& raw) {
                 << a.model.num_query_groups / tp
                 << " query groups per TP rank must be divisible by --context-parallel-size " << cp);
       }
-      MG_CHECK(a.pipeline_model_parallel_size == 1,
-               "--context-parallel-size " << cp << " with --pipeline-model-parallel-size "
-                                          << a.pipeline_model_parallel_size
-                                          << " is not supported yet");
       MG_CHECK(a.model.num_moe_experts == 0,
                "--context-parallel-size " << cp << " with --num-experts is not supported yet");
     }

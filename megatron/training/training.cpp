@@ -307,7 +307,8 @@ pipeline_parallel::ForwardBackwardFunc forward_backward(const Run& r) {
 void set_pipeline(Run& r, pipeline_parallel::ForwardBackwardConfig& cfg) {
   if (!r.pp_group) return;
   cfg.pp_group = r.pp_group.get();
-  cfg.seq_length = r.args.model.seq_length;
+  // Each CP rank holds 2 of the sequence's 2 x CP chunks (get_batch_on_this_cp_rank).
+  cfg.seq_length = r.args.model.seq_length / r.args.context_parallel_size;
   cfg.micro_batch_size = r.args.training.micro_batch_size;
   cfg.memory_in_use = [&r] {
     return static_cast<int64_t>(r.rt->platform->memory_stats(r.rt->device.index).allocated_bytes);

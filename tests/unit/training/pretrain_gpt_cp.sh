@@ -6,7 +6,8 @@
 # documents of 2-9 tokens (a dataset made here with preprocess_data; --reset-attention-mask
 # --reset-position-ids --eod-mask-loss: per-document masks across chunks, unequal token counts per
 # CP rank). np 4: CP 4 (p2p, all-gather, a2a, documents), CP 2 x TP 2 (+ SP; p2p, all-gather,
-# a2a) and CP 2 x DP 2 with the distributed optimizer.
+# a2a), CP 2 x DP 2 with the distributed optimizer, CP 2 x PP 2 (p2p with documents, allgather
+# with the tied embedding).
 # usage: pretrain_gpt_cp.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
 # (CTest label `mpi`; tests/CMakeLists.txt.) lm loss to 2e-6 relative (f32 round-off: partial
 # attention results merge in another order); grad norm (3 decimals printed) to 2e-3.
@@ -90,4 +91,9 @@ else
     --tensor-model-parallel-size 2 --sequence-parallel --cp-comm-type a2a
   check docs "$np" "CP 2 x DP 2 + distributed optimizer" $llama $docs --context-parallel-size 2 \
     --use-distributed-optimizer
+  # With pipeline parallelism: the stages exchange the CP-local [2 S / (2 CP), B, H] chunks.
+  check docs "$np" "CP 2 x PP 2 p2p documents" $llama $docs --context-parallel-size 2 \
+    --pipeline-model-parallel-size 2
+  check gpt "$np" "CP 2 x PP 2 allgather (tied embedding)" $mock --context-parallel-size 2 \
+    --pipeline-model-parallel-size 2 --cp-comm-type allgather
 fi
