@@ -61,6 +61,19 @@ void write_file_atomic(const fs::path& path, const std::string& text) {
            "cannot rename '" << tmp.string() << "' to '" << path.string() << "': " << ec.message());
 }
 
+// The run state every checkpoint format records in its metadata (Megatron's names).
+json run_state_json(const char* format, int format_version, const CheckpointState& state) {
+  return {{"format", format},
+          {"format_version", format_version},
+          {"checkpoint_version", 3.0},
+          {"iteration", state.iteration},
+          {"consumed_train_samples", state.consumed_train_samples},
+          {"consumed_valid_samples", state.consumed_valid_samples},
+          {"num_floating_point_operations_so_far", state.floating_point_operations_so_far},
+          {"args", state.args},
+          {"extra", state.extra}};
+}
+
 // Numbers are doubles holding exact counters: dump with round-trip precision (nlohmann does).
 json state_dict_scalars(const optimizer::StateDict& sd) {
   json j = {{"numbers", json::object()}, {"strings", json::object()}};
@@ -178,18 +191,10 @@ void save_legacy(const std::string& root, const std::vector<transformer::Paramet
   }
   barrier();
 
-  json meta = {{"format", kCheckpointFormat},
-               {"format_version", kCheckpointFormatVersion},
-               {"checkpoint_version", 3.0},
-               {"iteration", state.iteration},
-               {"consumed_train_samples", state.consumed_train_samples},
-               {"consumed_valid_samples", state.consumed_valid_samples},
-               {"num_floating_point_operations_so_far", state.floating_point_operations_so_far},
-               {"args", state.args},
-               {"extra", state.extra},
-               {"tensor_parallel_size", tp_size},
-               {"data_parallel_size", dp_size_of(ranks)},
-               {"files", json::object()}};
+  json meta = run_state_json(kCheckpointFormat, kCheckpointFormatVersion, state);
+  meta["tensor_parallel_size"] = tp_size;
+  meta["data_parallel_size"] = dp_size_of(ranks);
+  meta["files"] = json::object();
 
   std::vector<std::pair<std::string, Tensor>> model;
   json param_meta = json::object();
@@ -748,23 +753,14 @@ CheckpointIOStats save_sharded(const std::string& root,
   if (world) world->barrier();
 
   std::map<std::string, std::string> scal_strings;
-  json meta = {{"format", kShardedCheckpointFormat},
-               {"format_version", kShardedCheckpointFormatVersion},
-               {"checkpoint_version", 3.0},
-               {"iteration", state.iteration},
-               {"consumed_train_samples", state.consumed_train_samples},
-               {"consumed_valid_samples", state.consumed_valid_samples},
-               {"num_floating_point_operations_so_far", state.floating_point_operations_so_far},
-               {"args", state.args},
-               {"extra", state.extra},
-               {"layout",
-                {{"world_size", world_size},
-                 {"tensor_model_parallel_size", tp_size_of(ranks)},
-                 {"pipeline_model_parallel_size", ranks.pp_group ? ranks.pp_group->size() : 1},
-                 {"data_parallel_size", dp_size_of(ranks)},
-                 {"use_distributed_optimizer", ranks.optimizer_sharded}}},
-               {"vocab_size", state.vocab_size},
-               {"index", index}};
+  json meta = run_state_json(kShardedCheckpointFormat, kShardedCheckpointFormatVersion, state);
+  meta["layout"] = {{"world_size", world_size},
+                    {"tensor_model_parallel_size", tp_size_of(ranks)},
+                    {"pipeline_model_parallel_size", ranks.pp_group ? ranks.pp_group->size() : 1},
+                    {"data_parallel_size", dp_size_of(ranks)},
+                    {"use_distributed_optimizer", ranks.optimizer_sharded}};
+  meta["vocab_size"] = state.vocab_size;
+  meta["index"] = index;
   if (state.optimizer) {
     optimizer::StateDict scal = *state.optimizer;
     scal.tensors.clear();
