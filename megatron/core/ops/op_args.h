@@ -22,6 +22,40 @@ struct GemmArgs {
   float beta = 0.0f;
 };
 
+// gemm_epilogue: a 2-D GEMM P = op(A) @ op(B) [M, N] with a fused epilogue, computed in f32 (f64
+// for f64) and rounded to C's dtype once. Gradient rule: c and aux are written; dbias accumulates
+// (+=). bias and dbias may have any float dtype.
+//   bias         c = P + bias[N]                                        (Linear with a bias)
+//   bias_gelu    t = P + bias[N] (bias optional); aux = t, c = gelu_tanh(t), both from the
+//                unrounded t; aux [M, N] has C's dtype and is the pre-activation for the backward
+//   dgelu_bgrad  g = gelu_tanh'(aux) * P; c = g; dbias[N] += sum over the M rows of the unrounded
+//                g (dbias optional): the fc2 data-gradient GEMM of a bias-GELU MLP, giving
+//                d(pre-activation) and the fc1 bias gradient in one call
+//   bgrad        c = P + beta * C; dbias[M] += sum over K of op(A)[m, k]: the weight-gradient GEMM
+//                dW += dY^T X (A = dY, trans_a) with the bias gradient sum_n dY[n, :]
+// beta (0 or 1) is allowed with bgrad only (parameter gradients accumulate).
+enum class GemmEpilogue : uint8_t { bias, bias_gelu, dgelu_bgrad, bgrad };
+inline const char* gemm_epilogue_name(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::bias:
+      return "bias";
+    case GemmEpilogue::bias_gelu:
+      return "bias_gelu";
+    case GemmEpilogue::dgelu_bgrad:
+      return "dgelu_bgrad";
+    case GemmEpilogue::bgrad:
+      return "bgrad";
+  }
+  return "unknown";
+}
+
+struct GemmEpilogueArgs {
+  bool trans_a = false;
+  bool trans_b = false;
+  GemmEpilogue epilogue = GemmEpilogue::bias;
+  float beta = 0.0f;
+};
+
 // LayerNorm / RMSNorm. zero_centered_gamma: the weight is stored as (gamma - 1) and applied as
 // (1 + w) (Megatron's apply_layernorm_1p / Gemma-style RMSNorm).
 struct NormArgs {

@@ -16,6 +16,10 @@
 #define MG_OP_LIST(X)                                                                            \
   /* ---- linear algebra ---- */                                                                 \
   X(gemm, op, "gemm", void(Tensor & c, const Tensor& a, const Tensor& b, const GemmArgs& args))  \
+  /* c [M,N] = epilogue(op(a) @ op(b)) with aux [M,N], bias, dbias: GemmEpilogueArgs */         \
+  X(gemm_epilogue, op, "",                                                                       \
+    void(Tensor & c, Tensor & aux, Tensor & dbias, const Tensor& a, const Tensor& b,             \
+         const Tensor& bias, const GemmEpilogueArgs& args))                                      \
   /* y[N,F] += bias[F] */                                                                        \
   X(bias_add, op, "bias_grad", void(Tensor & y, const Tensor& bias))                             \
   /* dbias[F] += sum_n dy[N,F] */                                                                \

@@ -134,6 +134,67 @@ GemmDims validate_gemm(const Placement& on, const Tensor& c, const Tensor& a, co
   return d;
 }
 
+GemmDims validate_gemm_epilogue(const Placement& on, const Tensor& c, const Tensor& aux,
+                                const Tensor& dbias, const Tensor& a, const Tensor& b,
+                                const Tensor& bias, const GemmEpilogueArgs& args) {
+  const char* op = "gemm_epilogue";
+  const GemmEpilogue e = args.epilogue;
+  const char* name = gemm_epilogue_name(e);
+  MG_CHECK(e == GemmEpilogue::bias || e == GemmEpilogue::bias_gelu ||
+               e == GemmEpilogue::dgelu_bgrad || e == GemmEpilogue::bgrad,
+           op << ": unknown epilogue " << static_cast<int>(e)
+              << " (valid: bias, bias_gelu, dgelu_bgrad, bgrad)");
+  const GemmDims d = validate_gemm(
+      on, c, a, b, GemmArgs{.trans_a = args.trans_a, .trans_b = args.trans_b, .beta = args.beta});
+  MG_CHECK(a.dim() == 2, op << " (" << name << "): A " << shape_str(a.shape()) << ", B "
+                            << shape_str(b.shape()) << " and C " << shape_str(c.shape())
+                            << " must be rank 2 (view [S, B, H] as [S*B, H])");
+  MG_CHECK(args.beta == 0.0f || (e == GemmEpilogue::bgrad && args.beta == 1.0f),
+           op << " (" << name << "): beta " << args.beta
+              << " not supported (0, or 0 or 1 with the bgrad epilogue)");
+  const bool wants_bias = e == GemmEpilogue::bias || e == GemmEpilogue::bias_gelu;
+  const bool wants_aux = e == GemmEpilogue::bias_gelu || e == GemmEpilogue::dgelu_bgrad;
+  const bool wants_dbias = e == GemmEpilogue::dgelu_bgrad || e == GemmEpilogue::bgrad;
+  if (e == GemmEpilogue::bias)
+    MG_CHECK(bias.defined(), op << " (bias): the bias epilogue needs a bias [" << d.n << "]");
+  if (e == GemmEpilogue::bgrad)
+    MG_CHECK(dbias.defined(), op << " (bgrad): the bgrad epilogue needs a dbias [" << d.m << "]");
+  MG_CHECK(wants_bias || !bias.defined(),
+           op << " (" << name << "): takes no bias (got " << bias.str() << ")");
+  MG_CHECK(wants_aux || !aux.defined(),
+           op << " (" << name << "): takes no aux (got " << aux.str() << ")");
+  MG_CHECK(wants_dbias || !dbias.defined(),
+           op << " (" << name << "): takes no dbias (got " << dbias.str() << ")");
+  if (bias.defined()) {
+    check_float(on, op, "bias", bias);
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == d.n,
+             op << " (" << name << "): bias " << shape_str(bias.shape()) << " does not match C "
+                << shape_str(c.shape()) << "'s columns (expected [" << d.n << "])");
+    MG_CHECK(!overlaps(c, bias), op << ": C overlaps bias");
+  }
+  if (wants_aux) {
+    MG_CHECK(aux.defined(), op << " (" << name << "): needs aux [" << d.m << ", " << d.n
+                               << "] (the pre-activation, C's dtype)");
+    check_like(on, op, "aux", aux, "C", c);
+    MG_CHECK(!overlaps(c, aux), op << " (" << name << "): C overlaps aux");
+    if (e == GemmEpilogue::bias_gelu)
+      MG_CHECK(!overlaps(aux, a) && !overlaps(aux, b) && !(bias.defined() && overlaps(aux, bias)),
+               op << " (bias_gelu): aux overlaps an input");
+  }
+  if (dbias.defined()) {
+    check_float(on, op, "dbias", dbias);
+    const int64_t len = e == GemmEpilogue::bgrad ? d.m : d.n;
+    MG_CHECK(dbias.dim() == 1 && dbias.size(0) == len,
+             op << " (" << name << "): dbias " << shape_str(dbias.shape()) << ", expected [" << len
+                << "] (" << (e == GemmEpilogue::bgrad ? "op(A)'s rows M" : "C's columns N")
+                << ")");
+    MG_CHECK(!overlaps(dbias, c) && !overlaps(dbias, a) && !overlaps(dbias, b) &&
+                 !(aux.defined() && overlaps(dbias, aux)),
+             op << " (" << name << "): dbias overlaps another argument");
+  }
+  return d;
+}
+
 int64_t validate_bias_add(const Placement& on, const Tensor& y, const Tensor& bias) {
   check_float(on, "bias_add", "y", y);
   check_float(on, "bias_add", "bias", bias);

@@ -73,6 +73,14 @@ struct GemmDims {
 // all rank 3 with a shared batch dim; inner and output dims agree.
 GemmDims validate_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,
                        const GemmArgs& args);
+// gemm_epilogue (op_args.h GemmEpilogueArgs): A, B, C rank 2 as for gemm (C A's dtype or f32);
+// per epilogue: bias [N] (required for bias, optional for bias_gelu, absent otherwise), aux [M, N]
+// of C's dtype (bias_gelu: output, dgelu_bgrad: input), dbias [N] (dgelu_bgrad, optional) or [M]
+// (bgrad, required), any float dtype; beta 0, or 0 or 1 for bgrad; c overlaps no other tensor.
+// Returns the dims (batch 1).
+GemmDims validate_gemm_epilogue(const Placement& on, const Tensor& c, const Tensor& aux,
+                                const Tensor& dbias, const Tensor& a, const Tensor& b,
+                                const Tensor& bias, const GemmEpilogueArgs& args);
 // y [N, F] += bias [F]; returns F.
 int64_t validate_bias_add(const Placement& on, const Tensor& y, const Tensor& bias);
 // dbias [F] += sum_n dy [N, F]; returns F.

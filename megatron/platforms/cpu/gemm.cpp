@@ -1,4 +1,9 @@
-// CPU linear algebra: gemm (OpenBLAS), bias_add, bias_grad, axpy, fill.
+// CPU linear algebra: gemm (OpenBLAS), gemm_epilogue, bias_add, bias_grad, axpy, fill.
+//
+// gemm_epilogue is the definition of the fused epilogues (op_args.h GemmEpilogueArgs) that the
+// CUDA platform's cuBLASLt epilogues mirror: the product in f32 (f64 for f64) through the same
+// BLAS path as gemm, then bias / GELU (tanh) / GELU gradient on the unrounded values, every output
+// rounded once to its dtype, bias gradients summed in the compute type and added (+=).
 //
 // Gradient rule: parameter gradients accumulate (+=: bias_grad, and gemm with beta = 1 for weight
 // gradients); activation gradients are written (=: gemm with beta = 0).
@@ -19,6 +24,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -103,6 +109,36 @@ void convert_copy(D* dst, const S* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = store_from<D>(load<compute_t<S>>(src[i]));
 }
 
+// cp [batch, M, N] = alpha * op(A) @ op(B) + beta * cp, all in the compute type Acc.
+template <typename Acc>
+void product_acc(Acc* cp, const Acc* a, const Acc* b, const GemmDims& d, bool trans_a, bool trans_b,
+                 Acc alpha, Acc beta) {
+  const int64_t c_numel = d.batch * d.m * d.n;
+  if (d.k == 0) {
+    // op(A) @ op(B) is all zeros; C = beta * C, with beta = 0 discarding old C (NaN included).
+    for (int64_t i = 0; i < c_numel; ++i) cp[i] = beta == Acc(0) ? Acc(0) : beta * cp[i];
+    return;
+  }
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  // Row-major leading dims: A is [M, K] (or [K, M] when transposed), B [K, N] (or [N, K]).
+  const int64_t lda = trans_a ? d.m : d.k;
+  const int64_t ldb = trans_b ? d.k : d.n;
+  const int64_t ldc = d.n;
+  const int threads = omp_get_max_threads();
+  if (d.batch >= threads && threads > 1 && d.m * d.n * d.k >= kMinSplitWork / 4) {
+    // Enough independent products: one per thread at a time.
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < d.batch; ++i)
+      blas_gemm(ta, tb, d.m, d.n, d.k, alpha, a + i * d.m * d.k, lda, b + i * d.k * d.n, ldb, beta,
+                cp + i * d.m * d.n, ldc);
+  } else {
+    for (int64_t i = 0; i < d.batch; ++i)
+      gemm_split(ta, tb, d.m, d.n, d.k, alpha, a + i * d.m * d.k, lda, b + i * d.k * d.n, ldb, beta,
+                 cp + i * d.m * d.n, ldc);
+  }
+}
+
 // A and B already in the compute type Acc; C of storage type TC (Acc itself or another dtype).
 template <typename Acc, typename TC>
 void gemm_compute(Tensor& c, const Acc* a, const Acc* b, const GemmDims& d, const GemmArgs& args) {
@@ -118,30 +154,7 @@ void gemm_compute(Tensor& c, const Acc* a, const Acc* b, const GemmDims& d, cons
     if (args.beta != 0.0f) convert_copy(c_tmp.data(), c_store, c_numel);
     cp = c_tmp.data();
   }
-  const Acc alpha = args.alpha, beta = args.beta;
-  if (d.k == 0) {
-    // op(A) @ op(B) is all zeros; C = beta * C, with beta = 0 discarding old C (NaN included).
-    for (int64_t i = 0; i < c_numel; ++i) cp[i] = beta == Acc(0) ? Acc(0) : beta * cp[i];
-  } else {
-    const auto ta = args.trans_a ? CblasTrans : CblasNoTrans;
-    const auto tb = args.trans_b ? CblasTrans : CblasNoTrans;
-    // Row-major leading dims: A is [M, K] (or [K, M] when transposed), B [K, N] (or [N, K]).
-    const int64_t lda = args.trans_a ? d.m : d.k;
-    const int64_t ldb = args.trans_b ? d.k : d.n;
-    const int64_t ldc = d.n;
-    const int threads = omp_get_max_threads();
-    if (d.batch >= threads && threads > 1 && d.m * d.n * d.k >= kMinSplitWork / 4) {
-      // Enough independent products: one per thread at a time.
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < d.batch; ++i)
-        blas_gemm(ta, tb, d.m, d.n, d.k, alpha, a + i * d.m * d.k, lda, b + i * d.k * d.n, ldb,
-                  beta, cp + i * d.m * d.n, ldc);
-    } else {
-      for (int64_t i = 0; i < d.batch; ++i)
-        gemm_split(ta, tb, d.m, d.n, d.k, alpha, a + i * d.m * d.k, lda, b + i * d.k * d.n, ldb,
-                   beta, cp + i * d.m * d.n, ldc);
-    }
-  }
+  product_acc<Acc>(cp, a, b, d, args.trans_a, args.trans_b, Acc(args.alpha), Acc(args.beta));
   if constexpr (!std::is_same_v<TC, Acc>) convert_copy(c_store, cp, c_numel);
 }
 
@@ -165,6 +178,141 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmArgs& args) {
       convert_copy(b32.data(), b.data<T>(), b.numel());
       gemm_with_c<float>(c, a32.data(), b32.data(), d, args);
     }
+  });
+}
+
+// ---- gemm_epilogue: the definition the other platforms mirror ---------------------------------
+// P = op(A) @ op(B) (+ beta * C for bgrad) in Acc (f32, f64 for f64), then the epilogue on the
+// unrounded values, each output rounded once (op_args.h GemmEpilogueArgs).
+
+template <typename Acc>
+Acc gelu_tanh(Acc x) {
+  const Acc kSqrt2OverPi = Acc(0.7978845608028654), kCubic = Acc(0.044715);
+  return Acc(0.5) * x * (Acc(1) + std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x)));
+}
+template <typename Acc>
+Acc gelu_tanh_grad(Acc x) {
+  const Acc kSqrt2OverPi = Acc(0.7978845608028654), kCubic = Acc(0.044715);
+  const Acc t = std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x));
+  return Acc(0.5) * (Acc(1) + t) +
+         Acc(0.5) * x * (Acc(1) - t * t) * kSqrt2OverPi * (Acc(1) + Acc(3) * kCubic * x * x);
+}
+
+// t's values in Acc: the data itself when t is stored in Acc, else a widened copy in tmp.
+template <typename T, typename Acc>
+const Acc* as_acc(const Tensor& t, std::vector<Acc>& tmp) {
+  if constexpr (std::is_same_v<T, Acc>) {
+    return t.data<T>();
+  } else {
+    tmp.resize(static_cast<std::size_t>(t.numel()));
+    convert_copy(tmp.data(), t.data<T>(), t.numel());
+    return tmp.data();
+  }
+}
+
+// dst (any kernel float dtype) = src rounded once; dst_to_acc the other way.
+template <typename Acc>
+void store_acc(Tensor& dst, const std::vector<Acc>& src) {
+  dispatch_float(dst.dtype(), "gemm_epilogue", [&]<typename D>(std::type_identity<D>) {
+    convert_copy(dst.data<D>(), src.data(), dst.numel());
+  });
+}
+template <typename Acc>
+void load_acc(std::vector<Acc>& dst, const Tensor& src) {
+  dispatch_float(src.dtype(), "gemm_epilogue", [&]<typename S>(std::type_identity<S>) {
+    convert_copy(dst.data(), src.data<S>(), src.numel());
+  });
+}
+
+template <typename T>
+void gemm_epilogue_typed(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, const Tensor& b,
+                         const Tensor& bias, const ops::GemmEpilogueArgs& args, const GemmDims& d) {
+  using Acc = compute_t<T>;
+  using ops::GemmEpilogue;
+  const int64_t m = d.m, n = d.n, k = d.k, mn = m * n;
+  std::vector<Acc> a_tmp, b_tmp;
+  const Acc* ap = as_acc<T, Acc>(a, a_tmp);
+  const Acc* bp = as_acc<T, Acc>(b, b_tmp);
+  std::vector<Acc> p(static_cast<std::size_t>(mn), Acc(0));
+  if (args.beta != 0.0f) load_acc(p, c);
+  if (mn > 0)
+    product_acc<Acc>(p.data(), ap, bp, d, args.trans_a, args.trans_b, Acc(1), Acc(args.beta));
+  std::vector<Acc> bv;
+  if (bias.defined()) bv = to_acc_vector<Acc>(bias, "gemm_epilogue");
+  switch (args.epilogue) {
+    case GemmEpilogue::bias: {
+#pragma omp parallel for schedule(static) if (mn >= kParallelMinElements)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) p[i * n + j] += bv[j];
+      store_acc(c, p);
+      break;
+    }
+    case GemmEpilogue::bias_gelu: {
+      std::vector<Acc> y(static_cast<std::size_t>(mn));
+#pragma omp parallel for schedule(static) if (mn >= kParallelMinElements)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          const Acc t = p[i * n + j] + (bv.empty() ? Acc(0) : bv[j]);
+          p[i * n + j] = t;
+          y[i * n + j] = gelu_tanh(t);
+        }
+      store_acc(aux, p);
+      store_acc(c, y);
+      break;
+    }
+    case GemmEpilogue::dgelu_bgrad: {
+      std::vector<Acc> x(static_cast<std::size_t>(mn));
+      load_acc(x, aux);
+#pragma omp parallel for schedule(static) if (mn >= kParallelMinElements)
+      for (int64_t i = 0; i < mn; ++i) p[i] *= gelu_tanh_grad(x[i]);
+      store_acc(c, p);
+      if (dbias.defined()) {
+        std::vector<Acc> sum;  // over the M rows of the unrounded gradient
+        chunked_row_reduce<Acc>(m, n, sum, [&](int64_t r0, int64_t r1, Acc* part) {
+          for (int64_t r = r0; r < r1; ++r)
+            for (int64_t j = 0; j < n; ++j) part[j] += p[r * n + j];
+        });
+        accumulate_into(dbias, sum, "gemm_epilogue");
+      }
+      break;
+    }
+    case GemmEpilogue::bgrad: {
+      if (mn > 0) store_acc(c, p);
+      // dbias [M] += sum over K of op(A)[m, k]: column sums of A [K, M] (trans_a), row sums of
+      // A [M, K] otherwise.
+      std::vector<Acc> sum;
+      if (args.trans_a) {
+        chunked_row_reduce<Acc>(k, m, sum, [&](int64_t r0, int64_t r1, Acc* part) {
+          for (int64_t r = r0; r < r1; ++r)
+            for (int64_t j = 0; j < m; ++j) part[j] += ap[r * m + j];
+        });
+      } else {
+        sum.assign(static_cast<std::size_t>(m), Acc(0));
+#pragma omp parallel for schedule(static) if (m * k >= kParallelMinElements)
+        for (int64_t i = 0; i < m; ++i) {
+          Acc s = 0;
+          for (int64_t j = 0; j < k; ++j) s += ap[i * k + j];
+          sum[static_cast<std::size_t>(i)] = s;
+        }
+      }
+      accumulate_into(dbias, sum, "gemm_epilogue");
+      break;
+    }
+  }
+}
+
+// c [M, N] = epilogue(op(A) @ op(B)); see op_args.h GemmEpilogueArgs.
+void gemm_epilogue(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, const Tensor& b,
+                   const Tensor& bias, const ops::GemmEpilogueArgs& args) {
+  const GemmDims d = ops::validate_gemm_epilogue(kOnHost, c, aux, dbias, a, b, bias, args);
+  MG_CHECK(!overlaps(c, a) && !overlaps(c, b),
+           "gemm_epilogue: C " << c.str() << " overlaps an input; BLAS needs a separate output");
+  constexpr int64_t kMax = std::numeric_limits<blasint>::max();
+  MG_CHECK(d.m <= kMax && d.n <= kMax && d.k <= kMax,
+           "gemm_epilogue: dims [" << d.m << ", " << d.n << ", " << d.k
+                                   << "] exceed the BLAS integer range " << kMax);
+  dispatch_float(a.dtype(), "gemm_epilogue", [&]<typename T>(std::type_identity<T>) {
+    gemm_epilogue_typed<T>(c, aux, dbias, a, b, bias, args, d);
   });
 }
 
@@ -266,6 +414,7 @@ void register_gemm_kernels(plugin::Registry& r) {
   // cores), so OpenBLAS runs single-threaded and gemm_split threads it with OpenMP.
   openblas_set_num_threads(1);
   r.register_op<ops::OpId::gemm>("cpu", &gemm, "cpu:openblas");
+  r.register_op<ops::OpId::gemm_epilogue>("cpu", &gemm_epilogue, "cpu:openblas+omp");
   r.register_op<ops::OpId::bias_add>("cpu", &bias_add, "cpu:omp");
   r.register_op<ops::OpId::bias_grad>("cpu", &bias_grad, "cpu:omp");
   r.register_op<ops::OpId::axpy>("cpu", &axpy, "cpu:omp");
