@@ -8,6 +8,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -64,13 +65,20 @@ Tensor cached_tensor(const Shape& shape, DType dtype, uint64_t seed, Make&& make
   return it->second;
 }
 
-// Runs fn once per benchmark iteration on the CPU, kGpuCallsPerIteration times on a GPU.
+// Runs fn once per benchmark iteration on the CPU, kGpuCallsPerIteration times on a GPU. Returns
+// the total timed seconds per call summed over the iterations (device-event time on a GPU,
+// wall-clock on the CPU), for benchmarks that derive a figure of their own from the time.
 template <typename F>
-void time_iterations(benchmark::State& state, F&& fn) {
+double time_iterations(benchmark::State& state, F&& fn) {
   const BenchPlatform& p = bench_platform();
+  double total = 0.0;
   if (!p.gpu()) {
-    for (auto _ : state) fn();
-    return;
+    for (auto _ : state) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return total;
   }
   auto& stream = p.platform->current_stream(p.device.index);
   auto start = p.platform->create_event(p.device.index, true);
@@ -82,8 +90,11 @@ void time_iterations(benchmark::State& state, F&& fn) {
     for (int i = 0; i < kGpuCallsPerIteration; ++i) fn();
     stop->record(stream);
     stop->synchronize();
-    state.SetIterationTime(stop->elapsed_ms(*start) / 1e3 / kGpuCallsPerIteration);
+    const double secs = stop->elapsed_ms(*start) / 1e3 / kGpuCallsPerIteration;
+    state.SetIterationTime(secs);
+    total += secs;
   }
+  return total;
 }
 
 // Whether MG_BENCH_PLATFORM names a GPU platform; read without mg::init(), so that benchmark

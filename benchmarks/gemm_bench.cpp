@@ -1,28 +1,59 @@
 // Google Benchmark of the gemm op at training shapes, f32 and bf16, reporting FLOP/s (2*M*N*K per
 // call). MG_BENCH_PLATFORM=cpu (default: OpenBLAS, wall-clock time, the work runs on several
 // threads) or cuda (cuBLASLt, device-event time; bench_platform.h), which adds 4096 and 8192
-// squares and GPT-sized linears (S*B = 8192 tokens, H = 4096, 3H QKV and 4H FFN).
+// squares and the GEMMs of the PERFORMANCE.md workloads.
 //
-// Shapes: squares 256..1024, and GPT-2-small's fused QKV linear Y [S*B, 3H] = X [S*B, H] @ W^T
-// with W [3H, H] (Megatron's ColumnParallelLinear layout, trans_b), S*B = 512, H = 768, plus its
-// weight gradient dW [3H, H] += dY^T @ X (trans_a, beta = 1, f32 C for bf16 inputs as main_grad).
-// On the CPU, bf16 runs include widening A and B to f32 (the CPU kernel's path), so bf16 vs f32
-// shows that cost. CUDA f32 is true f32 (no TF32), so its ceiling is the FP32 rate, not the tensor
-// cores'. Inputs are random non-zero values. Not run by the tests; build with the `benchmarks`
-// target.
+// Shapes: squares 256..1024; GPT-2-small's fused QKV linear at S*B = 512 (Y [S*B, 3H] = X [S*B, H]
+// @ W^T, W [3H, H]: Megatron's ColumnParallelLinear layout, trans_b) and its weight gradient
+// (dW [3H, H] += dY^T @ X: trans_a, beta = 1, f32 C for bf16 inputs as main_grad). On a GPU also
+// every linear of a training step of gpt2-124m (T = 16384 tokens: micro-batch 16 x seq 1024; H 768)
+// and llama-1b (T = 8192: micro-batch 4 x seq 2048; H 2048, QKV 3072 = 32 + 2 x 8 heads of 64,
+// SwiGLU fc1 2 x 8192), for each of QKV, proj, fc1, fc2 and the logits (vocab 50304 / 32000):
+//   fwd    Y [T, out] = X [T, in] @ W^T                      (trans_b)
+//   dgrad  dX [T, in] = dY [T, out] @ W [out, in]
+//   wgrad  dW [out, in] += dY^T @ X  into f32 main_grad      (trans_a, beta 1)
+// and, when built with the CUDA toolkit (MG_BENCH_CUBLAS), the same calls as one raw cublasGemmEx
+// each (BM_cublas_*: default algorithm, f32 compute, no TF32, on the same stream, timed the same
+// way): "cuBLAS alone", so ours / cuBLAS shows what our gemm op adds (descriptor set-up,
+// heuristics, validation, launch). On the CPU, bf16 runs include widening A and B to f32 (the CPU
+// kernel's path), so bf16 vs f32 shows that cost. CUDA f32 is true f32 (no TF32), so its ceiling is
+// the FP32 rate, not the tensor cores'. Inputs are random non-zero values (drawn on the device on a
+// GPU). Not run by the tests; build with the `benchmarks` target.
 #include <benchmark/benchmark.h>
 
+#include <map>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "benchmarks/bench_platform.h"
+
+#ifdef MG_BENCH_CUBLAS
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
 
 namespace {
 
 using mg::DType;
 using mg::Tensor;
 
+// Random non-zero values: +-U(0.1, 1) drawn on the host for the CPU platform; on a GPU N(0, 1)
+// drawn on the device (init_normal), since drawing the workload shapes' 800M-element logits on the
+// host would take most of a device call.
 Tensor random_tensor(const mg::Shape& shape, DType dtype, uint64_t seed) {
+  if (mg::bench::bench_platform().gpu()) {
+    static std::map<std::tuple<mg::Shape, DType, uint64_t>, Tensor> cache;
+    auto key = std::make_tuple(shape, dtype, seed);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
+    Tensor t = Tensor::empty(shape, dtype, mg::bench::bench_platform().device);
+    mg::ops::InitArgs a;
+    a.seed = seed;
+    mg::bench::bench_platform().ops->init_normal(t, a);
+    return cache.emplace(key, t).first->second;
+  }
   return mg::bench::cached_tensor(shape, dtype, seed, [&] {
     std::mt19937_64 gen(seed);
     std::uniform_real_distribution<float> u(0.1f, 1.0f);
@@ -76,6 +107,51 @@ void linear_args(benchmark::internal::Benchmark* b) {
   mg::bench::set_timing(b);
 }
 
+// The GEMMs of a training step of the PERFORMANCE.md workloads (see the file comment): fwd, dgrad
+// and wgrad of each linear. Rows: M, N, K, ta, tb, beta.
+void workload_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "ta", "tb", "beta"});
+  struct Linear {
+    int64_t in, out;
+  };
+  struct Workload {
+    int64_t tokens;
+    std::vector<Linear> linears;  // QKV, proj, fc1, fc2, logits
+  };
+  const std::vector<Workload> workloads = {
+      {16384, {{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}, {768, 50304}}},
+      {8192, {{2048, 3072}, {2048, 2048}, {2048, 16384}, {8192, 2048}, {2048, 32000}}}};
+  for (const auto& w : workloads)
+    for (const auto& l : w.linears) {
+      b->Args({w.tokens, l.out, l.in, 0, 1, 0});  // fwd
+      b->Args({w.tokens, l.in, l.out, 0, 0, 0});  // dgrad
+    }
+  b->Unit(benchmark::kMillisecond);
+  mg::bench::set_timing(b);
+}
+
+// The weight gradients of workload_args' linears (f32 main_grad C, beta 1).
+void workload_wgrad_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "ta", "tb", "beta"});
+  const std::vector<std::vector<int64_t>> wl = {
+      {16384, 768, 2304, 768, 768, 768, 3072, 3072, 768, 768, 50304},
+      {8192, 2048, 3072, 2048, 2048, 2048, 16384, 8192, 2048, 2048, 32000}};
+  for (const auto& w : wl)
+    for (std::size_t i = 1; i + 1 < w.size(); i += 2)
+      b->Args({w[i + 1], w[i], w[0], 1, 0, 1});  // dW [out, in] += dY^T [out, T] @ X [T, in]
+  b->Unit(benchmark::kMillisecond);
+  mg::bench::set_timing(b);
+}
+
+void gpu_only(benchmark::internal::Benchmark* b, void (*args)(benchmark::internal::Benchmark*)) {
+  if (mg::bench::gpu_requested()) {
+    args(b);
+  } else {  // one placeholder row that skips: the CPU run stays short
+    b->ArgNames({"M", "N", "K", "ta", "tb", "beta"});
+    b->Args({0, 0, 0, 0, 0, 0});
+  }
+}
+
 void BM_gemm_f32(benchmark::State& s) {
   run_gemm(s, DType::f32, DType::f32);
 }
@@ -86,11 +162,147 @@ void BM_gemm_bf16_into_f32(benchmark::State& s) {
   run_gemm(s, DType::bf16, DType::f32);
 }
 
+#ifdef MG_BENCH_CUBLAS
+// "cuBLAS alone": the op's call as one cublasGemmEx on raw device pointers. Row-major C [M, N] =
+// op(A) op(B) is column-major C^T [N, M] = op(B)^T op(A)^T, so cuBLAS gets B first: B is [K, N]
+// row-major (ld N) or [N, K] with trans_b (ld K); A is [M, K] (ld K) or [K, M] with trans_a (ld M).
+const char* cublas_status_name(cublasStatus_t st) {
+  switch (st) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "cuBLAS error";
+  }
+}
+
+// Google Benchmark 1.7 takes a const char* (and copies it).
+void skip(benchmark::State& state, const std::string& msg) {
+  state.SkipWithError(msg.c_str());
+}
+
+cudaDataType_t cuda_type(DType t) {
+  return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+void run_cublas(benchmark::State& state, DType ab, DType c_dtype) {
+  const mg::bench::BenchPlatform& p = mg::bench::bench_platform();
+  if (!p.gpu() || p.name != "cuda") {
+    state.SkipWithError("the cuBLAS baseline needs MG_BENCH_PLATFORM=cuda");
+    return;
+  }
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  const bool ta = state.range(3) != 0, tb = state.range(4) != 0;
+  const float alpha = 1.0f, beta = static_cast<float>(state.range(5));
+  static cublasHandle_t handle = nullptr;
+  if (!handle) {
+    const cublasStatus_t st = cublasCreate(&handle);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      handle = nullptr;
+      skip(state, std::string("cublasCreate: ") + cublas_status_name(st));
+      return;
+    }
+  }
+  auto stream =
+      static_cast<cudaStream_t>(p.platform->current_stream(p.device.index).native_handle());
+  cublasStatus_t st = cublasSetStream(handle, stream);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    skip(state, std::string("cublasSetStream/SetMathMode: ") + cublas_status_name(st));
+    return;
+  }
+  Tensor a = random_tensor(ta ? mg::Shape{k, m} : mg::Shape{m, k}, ab, 1);
+  Tensor b = random_tensor(tb ? mg::Shape{n, k} : mg::Shape{k, n}, ab, 2);
+  Tensor c = random_tensor({m, n}, c_dtype, 3);
+  const int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n);
+  auto call = [&] {
+    return cublasGemmEx(handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                        static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
+                        b.raw_data(), cuda_type(ab), ldb, a.raw_data(), cuda_type(ab), lda, &beta,
+                        c.raw_data(), cuda_type(c_dtype), static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT);
+  };
+  st = call();  // checked once outside the timed loop; a failure inside is reported after it
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    skip(state, std::string("cublasGemmEx: ") + cublas_status_name(st));
+    return;
+  }
+  cublasStatus_t loop_status = CUBLAS_STATUS_SUCCESS;
+  mg::bench::time_iterations(state, [&] {
+    const cublasStatus_t s = call();
+    if (s != CUBLAS_STATUS_SUCCESS) loop_status = s;
+  });
+  const cudaError_t err = cudaGetLastError();
+  if (loop_status != CUBLAS_STATUS_SUCCESS || err != cudaSuccess) {
+    skip(state, std::string("cublasGemmEx in the timed loop: ") + cublas_status_name(loop_status) +
+                    ", " + cudaGetErrorString(err));
+    return;
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+#endif
+
+// On the CPU the workload rows are placeholders that skip (gpu_only).
+void BM_gemm_bf16_workload(benchmark::State& s) {
+  if (s.range(0) == 0) return s.SkipWithError("the workload GEMMs run with MG_BENCH_PLATFORM=cuda");
+  run_gemm(s, DType::bf16, DType::bf16);
+}
+void BM_gemm_bf16_into_f32_workload(benchmark::State& s) {
+  if (s.range(0) == 0) return s.SkipWithError("the workload GEMMs run with MG_BENCH_PLATFORM=cuda");
+  run_gemm(s, DType::bf16, DType::f32);
+}
+
 BENCHMARK(BM_gemm_f32)->Apply(square_args);
 BENCHMARK(BM_gemm_bf16)->Apply(square_args);
 BENCHMARK(BM_gemm_f32)->Apply(linear_args);
 BENCHMARK(BM_gemm_bf16)->Apply(linear_args);
 BENCHMARK(BM_gemm_bf16_into_f32)->Apply(linear_args);
+BENCHMARK(BM_gemm_bf16_workload)->Apply([](benchmark::internal::Benchmark* b) {
+  gpu_only(b, workload_args);
+});
+BENCHMARK(BM_gemm_bf16_into_f32_workload)->Apply([](benchmark::internal::Benchmark* b) {
+  gpu_only(b, workload_wgrad_args);
+});
+#ifdef MG_BENCH_CUBLAS
+void BM_cublas_bf16(benchmark::State& s) {
+  run_cublas(s, DType::bf16, DType::bf16);
+}
+void BM_cublas_bf16_into_f32(benchmark::State& s) {
+  run_cublas(s, DType::bf16, DType::f32);
+}
+void BM_cublas_bf16_workload(benchmark::State& s) {
+  if (s.range(0) == 0) return s.SkipWithError("the cuBLAS baseline needs MG_BENCH_PLATFORM=cuda");
+  run_cublas(s, DType::bf16, DType::bf16);
+}
+void BM_cublas_bf16_into_f32_workload(benchmark::State& s) {
+  if (s.range(0) == 0) return s.SkipWithError("the cuBLAS baseline needs MG_BENCH_PLATFORM=cuda");
+  run_cublas(s, DType::bf16, DType::f32);
+}
+BENCHMARK(BM_cublas_bf16)->Apply([](benchmark::internal::Benchmark* b) {
+  gpu_only(b, square_args);
+});
+BENCHMARK(BM_cublas_bf16_into_f32)->Apply([](benchmark::internal::Benchmark* b) {
+  gpu_only(b, linear_args);
+});
+BENCHMARK(BM_cublas_bf16_workload)->Apply([](benchmark::internal::Benchmark* b) {
+  gpu_only(b, workload_args);
+});
+BENCHMARK(BM_cublas_bf16_into_f32_workload)->Apply([](benchmark::internal::Benchmark* b) {
+  gpu_only(b, workload_wgrad_args);
+});
+#endif
 
 }  // namespace
 

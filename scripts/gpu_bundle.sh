@@ -5,7 +5,8 @@
 # image has CUDA 13), as one gzipped tarball .gpu_bundle/bundle.tar.gz (git-ignored; pass
 # .gpu_bundle in the device tool's `carry`). Unpacked the bundle is ~66 MiB (OpenBLAS alone is 35),
 # over the 64 MiB a device call may carry; packed it is ~22 MiB. gpu_run_tests.sh unpacks it.
-# On the device: bash scripts/gpu_run_tests.sh
+# On the device: bash scripts/gpu_run_tests.sh, or everything at once: bash scripts/gpu_session.sh
+# (build the `benchmarks` target too so that the kernel benchmarks travel).
 #   bash scripts/gpu_bundle.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,11 @@ done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libc
 # NCCL (~200 MB) is left out: the device image has it (PyPI nvidia-nccl-cu13; gpu_env.sh finds it).
 # Tests carry absolute paths of this checkout (plugins, fixtures): record them for gpu_run_tests.sh.
 echo "$PWD $(cd "$build" && pwd)" > "$stage/paths"
+# The commit the binaries were built from (the device's copy of the tree has no .git): results.
+dirty=""
+[ -n "$(git status --porcelain -- megatron benchmarks pretrain_gpt.cpp tools 2>/dev/null | grep -v '^??' || true)" ] &&
+  dirty="+dirty"
+echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$dirty" > "$stage/commit"
 rm -rf "$dest"
 mkdir -p "$dest"
 tar -C "$stage" -czf "$dest/bundle.tar.gz" .
