@@ -12,6 +12,7 @@
 //   fwd    Y [T, out] = X [T, in] @ W^T                      (trans_b)
 //   dgrad  dX [T, in] = dY [T, out] @ W [out, in]
 //   wgrad  dW [out, in] += dY^T @ X  into f32 main_grad      (trans_a, beta 1)
+// and gemm_epilogue (BM_gemm_epilogue: bias, bias_gelu, dgelu_bgrad, bgrad) on gpt2-124m's MLP,
 // and, when built with the CUDA toolkit (MG_BENCH_CUBLAS), the same calls as one raw cublasGemmEx
 // each (BM_cublas_*: default algorithm, f32 compute, no TF32, on the same stream, timed the same
 // way): "cuBLAS alone", so ours / cuBLAS shows what our gemm op adds (descriptor set-up,
@@ -162,6 +163,55 @@ void BM_gemm_bf16_into_f32(benchmark::State& s) {
   run_gemm(s, DType::bf16, DType::f32);
 }
 
+// gemm_epilogue (the fused bias / bias-GELU / dGELU+bias-grad / bias-grad GEMMs of a bias-GELU
+// MLP): args M, N, K, ta, tb, beta, epilogue (0 bias, 1 bias_gelu, 2 dgelu_bgrad, 3 bgrad). A, B, C
+// and aux bf16 (C f32 for bgrad: main_grad), bias bf16, dbias f32. On a GPU gpt2-124m's shapes (T =
+// 16384): QKV fwd + bias, fc1 fwd + bias-GELU, fc2's dgrad + dGELU + fc1 bias grad, the fc1 wgrad +
+// bias grad; compare with BM_gemm_bf16_workload (the GEMM alone) on the same shape.
+void BM_gemm_epilogue(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
+  mg::ops::GemmEpilogueArgs g;
+  g.trans_a = state.range(3) != 0;
+  g.trans_b = state.range(4) != 0;
+  g.beta = static_cast<float>(state.range(5));
+  g.epilogue = static_cast<mg::ops::GemmEpilogue>(state.range(6));
+  const auto e = g.epilogue;
+  const auto& ops = *mg::bench::bench_platform().ops;
+  const DType c_dtype = e == mg::ops::GemmEpilogue::bgrad ? DType::f32 : DType::bf16;
+  Tensor a = random_tensor(g.trans_a ? mg::Shape{k, m} : mg::Shape{m, k}, DType::bf16, 1);
+  Tensor b = random_tensor(g.trans_b ? mg::Shape{n, k} : mg::Shape{k, n}, DType::bf16, 2);
+  Tensor c = random_tensor({m, n}, c_dtype, 3);
+  const bool has_aux =
+      e == mg::ops::GemmEpilogue::bias_gelu || e == mg::ops::GemmEpilogue::dgelu_bgrad;
+  const bool has_bias = e == mg::ops::GemmEpilogue::bias || e == mg::ops::GemmEpilogue::bias_gelu;
+  const bool has_dbias =
+      e == mg::ops::GemmEpilogue::dgelu_bgrad || e == mg::ops::GemmEpilogue::bgrad;
+  Tensor aux = has_aux ? random_tensor({m, n}, c_dtype, 4) : Tensor();
+  Tensor bias = has_bias ? random_tensor({n}, DType::bf16, 5) : Tensor();
+  Tensor dbias = has_dbias
+                     ? random_tensor({e == mg::ops::GemmEpilogue::bgrad ? m : n}, DType::f32, 6)
+                     : Tensor();
+  mg::bench::time_iterations(state, [&] {
+    ops.gemm_epilogue(c, aux, dbias, a, b, bias, g);
+    benchmark::DoNotOptimize(c.raw_data());
+    benchmark::ClobberMemory();
+  });
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(mg::ops::gemm_epilogue_name(e));
+}
+
+void epilogue_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "ta", "tb", "beta", "epi"});
+  const int64_t t = mg::bench::gpu_requested() ? 16384 : 512;
+  b->Args({t, 2304, 768, 0, 1, 0, 0});  // QKV fwd + bias
+  b->Args({t, 3072, 768, 0, 1, 0, 1});  // fc1 fwd + bias-GELU
+  b->Args({t, 3072, 768, 0, 0, 0, 2});  // fc2 dgrad dY [T, H] @ W2 [H, F] + dGELU + fc1 dbias
+  b->Args({3072, 768, t, 1, 0, 1, 3});  // fc1 wgrad dW [F, H] += dY^T X + dbias [F]
+  b->Unit(benchmark::kMillisecond);
+  mg::bench::set_timing(b);
+}
+
 #ifdef MG_BENCH_CUBLAS
 // "cuBLAS alone": the op's call as one cublasGemmEx on raw device pointers. Row-major C [M, N] =
 // op(A) op(B) is column-major C^T [N, M] = op(B)^T op(A)^T, so cuBLAS gets B first: B is [K, N]
@@ -275,6 +325,7 @@ BENCHMARK(BM_gemm_bf16_workload)->Apply([](benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_gemm_bf16_into_f32_workload)->Apply([](benchmark::internal::Benchmark* b) {
   gpu_only(b, workload_wgrad_args);
 });
+BENCHMARK(BM_gemm_epilogue)->Apply(epilogue_args);
 #ifdef MG_BENCH_CUBLAS
 void BM_cublas_bf16(benchmark::State& s) {
   run_cublas(s, DType::bf16, DType::bf16);

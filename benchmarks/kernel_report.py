@@ -95,6 +95,8 @@ def main():
                 fam, _, _ = name.partition("/")
                 kind = fam.replace("BM_gemm_", "").replace("BM_cublas_", "").replace(
                     "_workload", "")
+                if kind == "epilogue":
+                    kind = "bf16 + " + r.get("label", "epilogue")
                 key = (kind, tuple(sorted(args_of(name).items())))
                 (cublas if fam.startswith("BM_cublas") else ours)[key] = r
             L += ["| shape | A,B -> C | ms | ours TFLOP/s | cuBLAS TFLOP/s | ours / cuBLAS |",
