@@ -1,5 +1,7 @@
 // ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding forward/backward over the gemm,
-// bias and embedding ops and the conjugate mappings (layers.h).
+// gemm_epilogue, bias and embedding ops and the conjugate mappings (layers.h). ColumnParallelLinear
+// fuses its bias into the GEMM (bias epilogue) and its bias gradient into the weight-gradient GEMM
+// (bgrad); RowParallelLinear adds its bias after the TP reduction, so it stays a bias_add.
 // Gradient rule: parameter gradients +=, activation gradients =.
 #include "megatron/core/tensor_parallel/layers.h"
 
@@ -41,9 +43,17 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, Saved& saved) const {
   const Tensor total = cfg_.sequence_parallel ? gather_from_sequence_parallel_region(x, tp_)
                                               : copy_to_tensor_model_parallel_region(x, tp_);
   const int64_t n = total.numel() / in;
-  saved.input = total.view({n, in});                   // [N, in]
-  Tensor y = linear_fwd(ctx_, saved.input, w_.value);  // [N, out/TP]
-  if (b_.defined()) ctx_.op().bias_add(y, b_.value);
+  saved.input = total.view({n, in});  // [N, in]
+  Tensor y;                           // [N, out/TP]
+  if (b_.defined()) {                 // x W^T + b in one GEMM (bias epilogue)
+    y = ctx_.empty({n, out_local_});
+    Tensor none, none2;
+    ctx_.op().gemm_epilogue(
+        y, none, none2, saved.input, w_.value, b_.value,
+        ops::GemmEpilogueArgs{.trans_b = true, .epilogue = ops::GemmEpilogue::bias});
+  } else {
+    y = linear_fwd(ctx_, saved.input, w_.value);
+  }
   Tensor out = y.view(with_last(total.shape(), out_local_));
   return cfg_.gather_output ? gather_from_tensor_model_parallel_region(out, tp_) : out;
 }
@@ -52,10 +62,19 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, Saved& saved) {
   MG_CHECK(saved.input.defined(), "ColumnParallelLinear::backward without a forward");
   const Tensor g = cfg_.gather_output ? gather_from_tensor_model_parallel_region_bwd(dy, tp_) : dy;
   const int64_t n = saved.input.size(0);
-  const Tensor g2 = g.view({n, out_local_});  // [N, out/TP]
-  if (b_.defined()) ctx_.op().bias_grad(b_.grad, g2);
+  const Tensor g2 = g.view({n, out_local_});     // [N, out/TP]
   Tensor dx = ctx_.empty({n, cfg_.input_size});  // partial sum over the output shards
-  linear_bwd(ctx_, dx, w_.grad, g2, saved.input, w_.value);
+  if (b_.defined()) {
+    // dW += dy^T x with dbias += sum_n dy on the weight-gradient GEMM (bgrad epilogue); under SP
+    // the input is the gathered [N, in] and dy this rank's [N, out/TP]: the sums are complete.
+    Tensor none;
+    ctx_.op().gemm_epilogue(
+        w_.grad, none, b_.grad, g2, saved.input, Tensor(),
+        ops::GemmEpilogueArgs{.trans_a = true, .epilogue = ops::GemmEpilogue::bgrad, .beta = 1.0f});
+    ctx_.op().gemm(dx, g2, w_.value, ops::GemmArgs{});
+  } else {
+    linear_bwd(ctx_, dx, w_.grad, g2, saved.input, w_.value);
+  }
   saved = Saved{};
   dx = dx.view(with_last(g.shape(), cfg_.input_size));
   return cfg_.sequence_parallel ? gather_from_sequence_parallel_region_bwd(dx, tp_)

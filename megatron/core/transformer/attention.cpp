@@ -119,17 +119,24 @@ Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInpu
   Tensor wq = w.slice(0, nh_ * hd_), wk = w.slice(nh_ * hd_, ng_ * hd_),
          wv = w.slice((nh_ + ng_) * hd_, ng_ * hd_);
   ungroup(qkv_w_.value, wq, wk, wv);
-  Tensor q = linear_fwd(ctx_, x2, wq);  // [N, NH HD]
-  Tensor k = linear_fwd(ctx_, x2, wk);  // [N, NG HD]
-  Tensor v = linear_fwd(ctx_, x2, wv);  // [N, NG HD]
-  if (qkv_b_.defined()) {
+  Tensor q, k, v;          // [N, NH HD], [N, NG HD], [N, NG HD]
+  if (qkv_b_.defined()) {  // x W^T + b in one GEMM each (bias epilogue)
     Tensor bias = ctx_.empty(qkv_b_.value.shape());
     Tensor bq = bias.slice(0, nh_ * hd_), bk = bias.slice(nh_ * hd_, ng_ * hd_),
            bv = bias.slice((nh_ + ng_) * hd_, ng_ * hd_);
     ungroup(qkv_b_.value, bq, bk, bv);
-    ctx_.op().bias_add(q, bq);
-    ctx_.op().bias_add(k, bk);
-    ctx_.op().bias_add(v, bv);
+    q = ctx_.empty({n, nh_ * hd_});
+    k = ctx_.empty({n, ng_ * hd_});
+    v = ctx_.empty({n, ng_ * hd_});
+    const ops::GemmEpilogueArgs ea{.trans_b = true, .epilogue = ops::GemmEpilogue::bias};
+    Tensor none, none2;
+    ctx_.op().gemm_epilogue(q, none, none2, x2, wq, bq, ea);
+    ctx_.op().gemm_epilogue(k, none, none2, x2, wk, bk, ea);
+    ctx_.op().gemm_epilogue(v, none, none2, x2, wv, bv, ea);
+  } else {
+    q = linear_fwd(ctx_, x2, wq);
+    k = linear_fwd(ctx_, x2, wk);
+    v = linear_fwd(ctx_, x2, wv);
   }
   if (q_norm_) {
     saved.q_pre = q;
@@ -199,19 +206,22 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
   const int64_t rq = nh_ * hd_, rk = ng_ * hd_;
   Tensor dw = Tensor::empty(qkv_w_.grad.shape(), ctx_.grad_dtype, ctx_.device);
   Tensor dwq = dw.slice(0, rq), dwk = dw.slice(rq, rk), dwv = dw.slice(rq + rk, rk);
-  const ops::GemmArgs wgrad{.trans_a = true, .beta = 0.0f};
-  ctx_.op().gemm(dwq, dq2, x2, wgrad);
-  ctx_.op().gemm(dwk, dk2, x2, wgrad);
-  ctx_.op().gemm(dwv, dv2, x2, wgrad);
-  add_grouped(qkv_w_.grad, dwq, dwk, dwv);
-  if (qkv_b_.defined()) {
+  if (qkv_b_.defined()) {  // dW = dq^T x with dbias = sum_n dq on the same GEMM (bgrad epilogue)
     Tensor db = Tensor::zeros(qkv_b_.grad.shape(), ctx_.grad_dtype, ctx_.device);
     Tensor dbq = db.slice(0, rq), dbk = db.slice(rq, rk), dbv = db.slice(rq + rk, rk);
-    ctx_.op().bias_grad(dbq, dq2);
-    ctx_.op().bias_grad(dbk, dk2);
-    ctx_.op().bias_grad(dbv, dv2);
+    const ops::GemmEpilogueArgs wgrad{.trans_a = true, .epilogue = ops::GemmEpilogue::bgrad};
+    Tensor none;
+    ctx_.op().gemm_epilogue(dwq, none, dbq, dq2, x2, Tensor(), wgrad);
+    ctx_.op().gemm_epilogue(dwk, none, dbk, dk2, x2, Tensor(), wgrad);
+    ctx_.op().gemm_epilogue(dwv, none, dbv, dv2, x2, Tensor(), wgrad);
     add_grouped(qkv_b_.grad, dbq, dbk, dbv);
+  } else {
+    const ops::GemmArgs wgrad{.trans_a = true, .beta = 0.0f};
+    ctx_.op().gemm(dwq, dq2, x2, wgrad);
+    ctx_.op().gemm(dwk, dk2, x2, wgrad);
+    ctx_.op().gemm(dwv, dv2, x2, wgrad);
   }
+  add_grouped(qkv_w_.grad, dwq, dwk, dwv);
   // dx = dq Wq + dk Wk + dv Wv with the regrouped weight.
   Tensor w = ctx_.empty(qkv_w_.value.shape());
   Tensor wq = w.slice(0, rq), wk = w.slice(rq, rk), wv = w.slice(rq + rk, rk);

@@ -1,7 +1,9 @@
 // MLP: linear_fc1 (+ bias) -> activation -> linear_fc2 (its bias left to the layer's
 // bias-dropout-add). SwiGLU's linear_fc1.weight is [2F, H] = [gate; up] (FORMATS.md §6.3), so the
 // fc1 output [N, 2F] is [gate | up] along its last dim, which is the swiglu op's input layout.
-// GELU is the exact erf form, or the tanh approximation under config.bias_activation_fusion.
+// GELU is the exact erf form, or the tanh approximation under config.bias_activation_fusion, which
+// also fuses fc1's bias (and GELU) into its GEMM and the bias gradient into a backward GEMM
+// (gemm_epilogue; mlp.cpp says which).
 // Tensor parallelism (ctx.tp_group): fc1 column-parallel (SwiGLU rank r holds [gate_r; up_r],
 // partition_stride 2), fc2 row-parallel; F below is this rank's F/TP. The input enters the TP
 // region by copy (or SP all-gather), the output leaves by all-reduce (or SP reduce-scatter).
@@ -36,6 +38,7 @@ class MLP {
  private:
   const ModuleContext& ctx_;
   Activation act_;
+  bool fused_;  // config.bias_activation_fusion: gemm_epilogue paths (mlp.cpp)
   ops::GeluApprox gelu_;
   int64_t h_, f_;
   Weight fc1_w_, fc1_b_, fc2_w_, fc2_b_;
