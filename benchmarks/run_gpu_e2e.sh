@@ -21,7 +21,7 @@
 # logs equals the formula's over the same step time (both say which if not).
 #
 #   bash benchmarks/run_gpu_e2e.sh [--cpu-tiny] [--build DIR] [--workloads a,b] [--modes m,n]
-#                                  [--skip-gate] [--skip-torch]
+#                                  [--skip-gate] [--skip-torch] [--report-only]
 # Binaries: with .gpu_bundle/ (scripts/gpu_bundle.sh, carried to the GPU machine) those, after
 # scripts/gpu_env.sh; else DIR (default build-e2e, configured with MG_CUDA=ON for sm_90 if absent).
 # --cpu-tiny: the whole pipeline on the CPU platform with tiny shapes (gpt2-tiny, llama-tiny of
@@ -33,6 +33,7 @@
 # RESULTS_DIR (default benchmarks/results), GATE_TIMEOUT (s per test binary, 300),
 # MG_BENCH_COMMIT (the commit, when the tree has no .git: the GPU machine's copy).
 # Writes RESULTS_DIR/<date>-<gpu>-e2e.{json,md} and the raw logs to RESULTS_DIR/<date>-<gpu>-e2e-logs/.
+# --report-only: only the table again, from the logs of an earlier run of the same day.
 # Exit status 0 when everything ran, the gate passed and the checks held (targets not met are
 # reported, not failures).
 set -uo pipefail
@@ -43,6 +44,7 @@ workloads=""
 modes=eager,compile
 skip_gate=0
 skip_torch=0
+report_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu-tiny | --dry-run) cpu_tiny=1 ;;
@@ -51,6 +53,7 @@ while [ $# -gt 0 ]; do
     --modes) modes=$2; shift ;;
     --skip-gate) skip_gate=1 ;;
     --skip-torch) skip_torch=1 ;;
+    --report-only) report_only=1 ;;
     -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "run_gpu_e2e: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -80,7 +83,7 @@ if [ -z "${MG_BENCH_PYTHON:-}" ] && ! python3 -c "import torch" 2>/dev/null &&
   [ -x /tmp/venv-torch/bin/python ]; then
   py=/tmp/venv-torch/bin/python
 fi
-if [ $skip_torch = 0 ] && ! "$py" -c "import torch" 2>/dev/null; then
+if [ $skip_torch = 0 ] && [ $report_only = 0 ] && ! "$py" -c "import torch" 2>/dev/null; then
   echo "run_gpu_e2e: no torch at $py (set MG_BENCH_PYTHON, or --skip-torch)" >&2
   exit 2
 fi
@@ -99,18 +102,18 @@ else
     build=${build:-build-e2e}
     cfg=(-DMG_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
   fi
-  [ -f "$build/build.ninja" ] ||
+  [ $report_only = 1 ] || [ -f "$build/build.ninja" ] ||
     cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "${cfg[@]}" >/dev/null || exit 1
   targets=(pretrain_gpt)
   [ $skip_gate = 0 ] && targets+=("${gate_tests[@]}")
-  cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >/dev/null || exit 1
+  [ $report_only = 1 ] || cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >/dev/null || exit 1
   bindir=$build/bin
   commit=${MG_BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
   [ -n "$(git status --porcelain -- megatron benchmarks pretrain_gpt.cpp 2>/dev/null | grep -v '^??')" ] &&
     commit="$commit+dirty"
 fi
 bin=$bindir/pretrain_gpt
-[ -x "$bin" ] || { echo "run_gpu_e2e: no $bin" >&2; exit 1; }
+[ $report_only = 1 ] || [ -x "$bin" ] || { echo "run_gpu_e2e: no $bin" >&2; exit 1; }
 
 if [ $cpu_tiny = 1 ]; then
   gpu=cpu
@@ -128,10 +131,12 @@ name="$date-$gpu-e2e"
 mkdir -p "$results/$name-logs"
 logs=$results/$name-logs
 status=0
-: > "$logs/gate.txt"
+[ $report_only = 1 ] || : > "$logs/gate.txt"
 
 # ---- 1. correctness gate ----
-if [ $skip_gate = 0 ]; then
+if [ $report_only = 1 ]; then
+  :
+elif [ $skip_gate = 0 ]; then
   for t in "${gate_tests[@]}"; do
     if [ ! -x "$bindir/$t" ]; then
       echo "$t missing" | tee -a "$logs/gate.txt"; status=1; continue
@@ -203,6 +208,7 @@ micro_batch() {
 peak=()
 [ -n "${PEAK_TFLOPS:-}" ] && peak=(--peak-tflops "$PEAK_TFLOPS")
 for w in ${workloads//,/ }; do
+  [ $report_only = 1 ] && break
   mb=$(micro_batch "$w")
   echo "== $w: megatron-cpp (micro-batch $mb, $warmup + $steps iterations) ==" >&2
   # shellcheck disable=SC2046
@@ -243,6 +249,10 @@ def summarize(impl, ms, tokens, flops, mem, extra):
          "tokens_per_s": tokens / (med / 1e3), "tflops": tf, "mfu": tf / peak if peak else None,
          "peak_mem_mb": mem}
     r.update(extra)
+    # PERFORMANCE.md: peak bytes per parameter against the analytical 18 (bf16 param, fp32 grad,
+    # fp32 master + moments) of ours; 16 + autocast's bf16 weight copies for the PyTorch peer.
+    if mem and r.get("params"):
+        r["peak_bytes_per_param"] = mem * 2**20 / r["params"]
     return r
 
 gate = open(os.path.join(logs, "gate.txt")).read().strip().splitlines()
@@ -348,18 +358,19 @@ L = [f"# {title}", "",
      f"Full data: `{os.path.basename(out)}.json`.", "",
      f"Correctness gate: **{'passed' if gate_ok else 'FAILED'}** (" + "; ".join(gate) + ")", "",
      "| workload | implementation | ms/step (p25-p75) | tokens/s | TFLOP/s | MFU | peak mem MB "
-     "| ours / this |", "|---|---|---|---|---|---|---|---|"]
+     "| B/param | ours / this |", "|---|---|---|---|---|---|---|---|---|"]
 for w, ent in doc["workloads"].items():
     c = ent["config"]
     wl = f"{w} (mbs {c['micro_batch']}, seq {c['seq']})"
     for r in ent["results"]:
         if "error" in r:
-            L.append(f"| {wl} | {r['impl']} | failed: {str(r['error'])[:120]} | | | | | |")
+            L.append(f"| {wl} | {r['impl']} | failed: {str(r['error'])[:120]} | | | | | | |")
             continue
         L.append(f"| {wl} | {r['impl']} | {r['median_ms']:.1f} ({r['p25_ms']:.1f}-"
                  f"{r['p75_ms']:.1f}) | {r['tokens_per_s']:,.0f} | {r['tflops']:.3g} | "
                  f"{f(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} | "
-                 f"{f(r['peak_mem_mb'], ',.0f')} | {f(r.get('ours_over_this'), '.2f')}"
+                 f"{f(r['peak_mem_mb'], ',.0f')} | {f(r.get('peak_bytes_per_param'), '.1f')} | "
+                 f"{f(r.get('ours_over_this'), '.2f')}"
                  f"{'x' if r.get('ours_over_this') else ''} |")
 L.append("")
 for t in doc["targets"]:

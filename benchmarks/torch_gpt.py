@@ -132,7 +132,7 @@ class GPT(nn.Module):
             x = blk(x, rope)
         x = self.ln_f(x)
         logits = self.out(x) if self.out is not None else F.linear(x, self.wte.weight)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))  # f32 by autocast
 
 
 def hand_count_flops(model, a, batch):

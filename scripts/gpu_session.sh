@@ -24,6 +24,9 @@
 # benchmarks/results/<date>-<gpu>-{e2e,kernels}.* (see benchmarks/README.md).
 # Env: SESSION_BUDGET (s), E2E_LIMIT (s, default 330), KERNEL_MIN_TIME (s, default 0.05),
 # SKIP (a comma list of tests,e2e,kernels), and run_gpu_e2e.sh's WARMUP, STEPS, MB_GPT2, MB_LLAMA.
+# To exercise this script without a GPU (a test of the script, not results):
+#   SKIP=tests BIN_DIR=build/bin KERNEL_PLATFORM=cpu KERNEL_FILTER=S:128 \
+#     E2E_ARGS="--cpu-tiny --build build" bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_out}
@@ -52,14 +55,20 @@ part() {
   note "- $name: rc=$rc in $((SECONDS - t0)) s (limit ${limit}s)$([ $rc -eq 124 ] && echo ', TIMED OUT')"
 }
 
-source scripts/gpu_env.sh
+bindir=${BIN_DIR:-.gpu_bundle/bin}
+if [ -e .gpu_bundle/paths ] || [ -e .gpu_bundle/bundle.tar.gz ]; then
+  source scripts/gpu_env.sh
+elif [ -z "${BIN_DIR:-}" ]; then
+  echo "gpu_session: no .gpu_bundle (run scripts/gpu_bundle.sh here and carry .gpu_bundle)" >&2
+  exit 2
+fi
 note "# GPU session $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(cat .gpu_bundle/commit 2>/dev/null || echo unknown)"
 note ""
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   nvcc --version 2>/dev/null | tail -2
   python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
-  .gpu_bundle/bin/megatron_info --all-platforms 2>&1 | head -40
+  "$bindir/megatron_info" --all-platforms 2>&1 | head -40
 } > "$stage/device.txt" 2>&1
 head -3 "$stage/device.txt" | sed 's/^/    /' | tee -a "$summary"
 
@@ -69,15 +78,17 @@ part tests 120 env OUT="$stage/tests" MG_TEST_TIMEOUT=90 bash scripts/gpu_run_te
   note "  tests: $(grep -c 'rc=0' "$stage/tests/summary.txt") binaries passed, $(grep -vc 'rc=0' "$stage/tests/summary.txt") failed: $(grep -v 'rc=0' "$stage/tests/summary.txt" | cut -d' ' -f1-2 | tr '\n' ' ')"
 
 # 3. end-to-end
-part e2e "${E2E_LIMIT:-330}" env RESULTS_DIR="$stage/e2e" bash benchmarks/run_gpu_e2e.sh
+# shellcheck disable=SC2086
+part e2e "${E2E_LIMIT:-330}" env RESULTS_DIR="$stage/e2e" bash benchmarks/run_gpu_e2e.sh ${E2E_ARGS:-}
 
 # 4. kernel benchmarks: one repetition of at least KERNEL_MIN_TIME s each (Debian's Google
 # Benchmark 1.7 takes a plain number of seconds)
 kernels() {
   local rc=0 names=()
   for b in attention_bench gemm_bench fused_kernels_bench; do
-    [ -x ".gpu_bundle/bin/$b" ] || { echo "no $b in the bundle"; rc=1; continue; }
-    MG_BENCH_PLATFORM=cuda timeout 150 ".gpu_bundle/bin/$b" --benchmark_min_time="${KERNEL_MIN_TIME:-0.05}" \
+    [ -x "$bindir/$b" ] || { echo "no $b in $bindir"; rc=1; continue; }
+    MG_BENCH_PLATFORM=${KERNEL_PLATFORM:-cuda} timeout 150 "$bindir/$b" \
+      --benchmark_min_time="${KERNEL_MIN_TIME:-0.05}" --benchmark_filter="${KERNEL_FILTER:-.}" \
       --benchmark_out="$stage/kernels/cuda-$b.json" --benchmark_out_format=json \
       > "$stage/kernels/cuda-$b.txt" 2>&1 || rc=1
     [ -s "$stage/kernels/cuda-$b.json" ] && names+=("$stage/kernels/cuda-$b.json")
@@ -86,7 +97,7 @@ kernels() {
   return $rc
 }
 mkdir -p "$stage/kernels"
-export stage KERNEL_MIN_TIME
+export stage bindir KERNEL_MIN_TIME KERNEL_PLATFORM KERNEL_FILTER
 export -f kernels
 part kernels 240 bash -c kernels
 
