@@ -2,6 +2,7 @@
 #include "megatron/runtime.h"
 
 #include <mutex>
+#include <sstream>
 
 #include "megatron/build_info.h"
 #include "megatron/core/ops/generic.h"
@@ -42,9 +43,27 @@ Runtime& init(const RuntimeOptions& options) {
   rt.registry = &reg;
   rt.platform = &reg.select_platform(options.platform);
   rt.ops = &reg.ops(rt.platform->name());
-  rt.device = Device{rt.platform->device_type(), 0};
+  plugin::set_deterministic_mode(options.deterministic);
+  rt.local_rank = comm::local_rank();
+  int index = 0;
+  if (rt.platform->device_type() != DeviceType::cpu) {
+    index = comm::select_device(rt.local_rank.rank, rt.platform->device_count());
+    rt.platform->set_device(index);
+  }
+  rt.device = Device{rt.platform->device_type(), index};
   done = true;
   return rt;
+}
+
+std::string device_summary(const Runtime& rt) {
+  std::ostringstream os;
+  os << rt.device.str();
+  if (rt.platform) {
+    os << " (" << rt.platform->capabilities(rt.device.index).device_name << "), local rank "
+       << rt.local_rank.rank << " from " << rt.local_rank.source << ", "
+       << rt.platform->device_count() << " device" << (rt.platform->device_count() > 1 ? "s" : "");
+  }
+  return os.str();
 }
 
 BuildInfo build_info() {

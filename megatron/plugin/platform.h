@@ -5,6 +5,11 @@
 // pointer to its allocator). Ops run on the platform's current stream for the device; the CPU
 // platform's streams are synchronous. Availability is asked, never assumed: a CUDA build on a
 // machine without a GPU has a CUDA platform that says why it is unavailable.
+//
+// Also here, process-wide: the deterministic-mode flag (--deterministic-mode) that kernels with a
+// faster non-deterministic variant consult (none has one today: every built-in kernel is
+// deterministic; docs/architecture.md lists why), and the pinned host allocator of a platform
+// (page-locked staging memory for host<->device copies).
 #pragma once
 
 #include <cstddef>
@@ -84,6 +89,16 @@ class Platform {
 
   virtual Allocator& allocator(int device) = 0;
   MemoryStats memory_stats(int device) { return allocator(device).stats(); }
+  // Host memory for staging copies to and from this platform's devices: page-locked (CUDA:
+  // cudaHostAlloc, cached) where that makes copies faster and truly asynchronous; the default,
+  // and the CPU platform's, is the ordinary host allocator. Thread-safe, 256-byte aligned, with
+  // stats like allocator(). Tensor::empty_pinned allocates from it.
+  virtual Allocator& pinned_host_allocator();
+
+  // Makes `device` the calling thread's current device (CUDA: cudaSetDevice), so that work not
+  // routed through the platform (libraries, NCCL) lands on it too. mg::init calls it with the
+  // device of the node-local rank. The default (host platforms) only checks the index.
+  virtual void set_device(int device);
 
   virtual std::unique_ptr<Stream> create_stream(int device) = 0;
   virtual std::unique_ptr<Event> create_event(int device, bool enable_timing = false) = 0;
@@ -105,5 +120,10 @@ class Platform {
   virtual void convert(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n,
                        int device) = 0;
 };
+
+// --deterministic-mode (Megatron's flag), process-wide: set by mg::init / the training loop and
+// read by kernels that would otherwise pick a faster non-deterministic variant. Thread-safe.
+void set_deterministic_mode(bool on);
+bool deterministic_mode();
 
 }  // namespace mg::plugin

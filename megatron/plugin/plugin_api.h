@@ -18,7 +18,8 @@ namespace mg::plugin {
 class Registry;
 }
 
-#define MG_PLUGIN_API_VERSION 1u
+// 2: Platform gained pinned_host_allocator() and set_device() (its vtable changed).
+#define MG_PLUGIN_API_VERSION 2u
 #define MG_PLUGIN_ENTRY_SYMBOL "mg_plugin_descriptor"
 
 extern "C" {

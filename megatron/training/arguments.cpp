@@ -338,6 +338,8 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       "communication backend (default: mpi under mpirun/srun, else a single rank)");
   p.add("--distributed-timeout-minutes", a.distributed_timeout_minutes,
         "minutes a collective may wait for every rank before the job aborts (10)");
+  p.add_switch("--deterministic-mode", a.deterministic_mode, true,
+               "deterministic kernels only, bit-identical reruns (NCCL: needs NCCL_ALGO)");
   p.add("--tensor-model-parallel-size", a.tensor_model_parallel_size,
         "tensor-parallel ranks (1); the world size must be a multiple");
   p.add_switch("--sequence-parallel", a.sequence_parallel, true,

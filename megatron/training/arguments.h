@@ -43,6 +43,10 @@ struct Arguments {
   // --accumulate-allreduce-grads-in-fp32, --ddp-average-in-collective
   distributed::DistributedDataParallelConfig ddp;
   std::string platform;  // --platform: cuda | musa | txda | cpu; "" -> MG_PLATFORM, else auto
+  // --deterministic-mode (Megatron's): deterministic kernels only and bit-identical reruns; with
+  // NCCL it needs NCCL_ALGO (Tree, Ring, CollnetDirect, CollnetChain or ^NVLS). Published to the
+  // platforms as plugin::deterministic_mode() (docs/architecture.md lists what it covers).
+  bool deterministic_mode = false;
   // --distributed-backend: nccl | mpi | single; "" -> comm::init_communicator's choice (MPI under
   // mpirun/srun, else one rank; the training loop may prefer nccl on CUDA).
   std::string distributed_backend;

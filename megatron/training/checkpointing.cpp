@@ -779,7 +779,8 @@ CheckpointIOStats save_sharded(const std::string& root,
   double bytes = 0;
   for (std::size_t j : my_main) {
     Tensor d = mine[j].data;
-    if (async) d = d.is_host() ? d.clone() : d.to(Device::cpu());  // the device-to-host copy
+    // The device-to-host copy, into pinned staging memory of the device's platform.
+    if (async) d = d.is_host() ? d.clone() : d.to_pinned_host();
     bytes += static_cast<double>(d.nbytes());
     tensors.emplace_back(piece_name(mine[j].key, j), std::move(d));
   }
@@ -955,8 +956,9 @@ void read_local(ShardedReader& reader, const fs::path& dir, const std::string& k
   }
 }
 
+// A host copy staged in pinned memory of the tensor's platform (a plain clone for host tensors).
 Tensor host_copy(const Tensor& t) {
-  return t.is_host() ? t.clone() : t.to(Device::cpu());
+  return t.is_host() ? t.clone() : t.to_pinned_host();
 }
 
 CheckpointState load_sharded(const fs::path& dir, const fs::path& meta_path, const json& meta,

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <iomanip>
 #include <optional>
 #include <span>
@@ -262,8 +263,8 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
   const auto& m = *r.model;
   auto& plat = *r.rt->platform;
   r.log << "------------------------ Megatron-CPP pretrain_gpt ------------------------\n"
-        << "platform: " << plat.name() << " (" << plat.capabilities(r.rt->device.index).device_name
-        << ")\n"
+        << "platform: " << plat.name() << ", device " << device_summary(*r.rt)
+        << (r.args.deterministic_mode ? ", deterministic mode" : "") << "\n"
         << "tokenizer: " << tok.name() << ", vocab " << tok.vocab_size() << " (padded "
         << m.padded_vocab_size() << ")\n"
         << " > number of parameters: " << m.num_parameters() << "\n"
@@ -653,7 +654,11 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
         << std::endl;
   RuntimeOptions ro;
   ro.platform = args.platform;
+  ro.deterministic = args.deterministic_mode;
   r.rt = &mg::init(ro);
+  plugin::set_deterministic_mode(args.deterministic_mode);  // this run's (init keeps its first)
+  if (args.deterministic_mode)
+    check_deterministic_mode(world_group->backend(), world_group->size(), std::getenv("NCCL_ALGO"));
   r.rng_seed = args.training.seed;
   r.train_iters = args.training.total_iters();
 
@@ -788,6 +793,23 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.result.iteration = r.iteration;
   r.result.consumed_train_samples = r.consumed_train;
   return r.result;
+}
+
+void check_deterministic_mode(std::string_view backend, int world_size, const char* nccl_algo) {
+  if (backend != "nccl" || world_size == 1) return;
+  static constexpr const char* kAlgos[] = {"Tree", "Ring", "CollnetDirect", "CollnetChain",
+                                           "^NVLS"};
+  bool ok = false;
+  for (const char* a : kAlgos) ok |= nccl_algo != nullptr && std::string_view(nccl_algo) == a;
+  std::ostringstream got;
+  if (nccl_algo)
+    got << "'" << nccl_algo << "'";
+  else
+    got << "unset";
+  MG_CHECK(ok,
+           "--deterministic-mode with NCCL needs NCCL_ALGO set to one of Tree, Ring, "
+           "CollnetDirect, CollnetChain, ^NVLS (got "
+               << got.str() << ")");
 }
 
 }  // namespace mg::training

@@ -20,6 +20,8 @@
 // mins (each saves first when --save is set). Evaluation every --eval-interval iterations on
 // --eval-iters batches of the validation split: lm loss and perplexity.
 // Determinism: on the CPU a run of N iterations equals N/2 + save + load + N/2 bit for bit.
+// --deterministic-mode: plugin::deterministic_mode() for the run, its NCCL check
+// (check_deterministic_mode) before any work; two runs are bit-identical (docs/architecture.md).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
@@ -63,5 +66,11 @@ struct PretrainResult {
 // Runs everything; writes the log to `log`. Throws mg::Error on any failure.
 PretrainResult pretrain(const Arguments& args, std::ostream& log = std::cout,
                         const PretrainHooks& hooks = {});
+
+// --deterministic-mode's check (Megatron's validate_args): with the nccl backend and more than one
+// rank, nccl_algo (the NCCL_ALGO variable; null when unset) must be one of Tree, Ring,
+// CollnetDirect, CollnetChain or ^NVLS, a fixed algorithm without NVLS's in-switch reductions.
+// MPI and the single-rank backend reduce in a fixed order and need nothing.
+void check_deterministic_mode(std::string_view backend, int world_size, const char* nccl_algo);
 
 }  // namespace mg::training

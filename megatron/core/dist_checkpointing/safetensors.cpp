@@ -246,7 +246,7 @@ void save_safetensors(const std::string& path,
     MG_CHECK(name != "__metadata__", "save_safetensors: '__metadata__' is not a tensor name");
     MG_CHECK(seen.insert(name).second, "save_safetensors: tensor '" << name << "' given twice");
     MG_CHECK(t.defined(), "save_safetensors: tensor '" << name << "' is undefined");
-    order.emplace_back(name, t.is_host() ? t : t.to(Device::cpu()));
+    order.emplace_back(name, t.to_pinned_host());  // device tensors via pinned staging
   }
   std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
     const int ra = dtype_rank(safetensors_dtype(a.second.dtype()));

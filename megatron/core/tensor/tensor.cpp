@@ -38,6 +38,11 @@ Storage::Storage(std::size_t nbytes, Device device) : nbytes_(nbytes), device_(d
   data_ = allocator_->allocate(nbytes);
 }
 
+Storage::Storage(std::size_t nbytes, plugin::Allocator& allocator, bool pinned)
+    : pinned_(pinned), nbytes_(nbytes), device_(Device::cpu()), allocator_(&allocator) {
+  data_ = allocator_->allocate(nbytes);
+}
+
 Storage::~Storage() {
   allocator_->deallocate(data_, nbytes_);
 }
@@ -49,6 +54,18 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.dtype_ = dtype;
   t.device_ = device;
   t.storage_ = std::make_shared<Storage>(t.nbytes(), device);
+  return t;
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype, Device for_device) {
+  Tensor t;
+  t.numel_ = shape_numel(shape);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = Device::cpu();
+  plugin::Allocator& a = for_device.is_host() ? plugin::host_allocator()
+                                              : platform_of(for_device).pinned_host_allocator();
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), a, !for_device.is_host());
   return t;
 }
 
@@ -126,6 +143,19 @@ Tensor Tensor::to(DType dtype) const {
 Tensor Tensor::to(Device device) const {
   if (device == device_) return *this;
   Tensor out = empty(shape_, dtype_, device);
+  out.copy_(*this);
+  return out;
+}
+
+Tensor Tensor::to_pinned_host() const {
+  MG_CHECK(defined(), "to_pinned_host of an undefined tensor");
+  if (device_.is_host()) return *this;
+  Tensor out;
+  try {
+    out = empty_pinned(shape_, dtype_, device_);
+  } catch (const Error&) {  // page-locked memory exhausted: pageable staging still works
+    out = empty(shape_, dtype_, Device::cpu());
+  }
   out.copy_(*this);
   return out;
 }

@@ -4,6 +4,8 @@
 // dimensions (slice/select) or reshape (view); anything else is a kernel. Activations are
 // sequence-first [S, B, H] as in Megatron, so SP/CP shards along dim 0 are contiguous views.
 // Storage is allocated by the device's platform allocator and freed when the last view dies.
+// Pinned host tensors (empty_pinned) are host tensors whose storage comes from a platform's pinned
+// host allocator: the staging buffers of host<->device copies (batch upload, checkpoint staging).
 #pragma once
 
 #include <cstddef>
@@ -31,6 +33,8 @@ int64_t shape_numel(const Shape& s);
 class Storage {
  public:
   Storage(std::size_t nbytes, Device device);  // allocates through the device's platform
+  // Host storage from `allocator` (a platform's pinned host allocator); pinned() reports it.
+  Storage(std::size_t nbytes, plugin::Allocator& allocator, bool pinned);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -38,9 +42,11 @@ class Storage {
   void* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
 
  private:
   void* data_ = nullptr;
+  bool pinned_ = false;
   std::size_t nbytes_ = 0;
   Device device_;
   plugin::Allocator* allocator_ = nullptr;
@@ -59,6 +65,15 @@ class Tensor {
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape) {
     return from_vector(values, shape, dtype_v<T>);
   }
+  // Host tensor in the pinned host memory of the platform that owns `for_device` (page-locked
+  // on CUDA; ordinary host memory for the CPU platform): the staging buffer of a copy to or from
+  // that device. Its device() is the host.
+  static Tensor empty_pinned(const Shape& shape, DType dtype, Device for_device);
+  // Tensor on `device` holding `values` converted to dtype, staged through a pinned host buffer
+  // when `device` is not the host (the per-step batch upload).
+  template <typename T>
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype,
+                            Device device);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
@@ -69,6 +84,7 @@ class Tensor {
   std::size_t nbytes() const { return static_cast<std::size_t>(numel_) * dtype_size(dtype_); }
   Device device() const { return device_; }
   bool is_host() const { return device_.is_host(); }
+  bool is_pinned() const { return storage_ && storage_->pinned(); }  // from empty_pinned
   std::size_t offset_bytes() const { return offset_; }
   const std::shared_ptr<Storage>& storage() const { return storage_; }
   bool shares_storage_with(const Tensor& o) const { return storage_ && storage_ == o.storage_; }
@@ -91,6 +107,9 @@ class Tensor {
   // New tensor with converted elements (returns *this when nothing changes).
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
+  // Host copy in pinned memory of this tensor's platform (checkpoint staging), in pageable memory
+  // when no more can be pinned; a host tensor is returned as is.
+  Tensor to_pinned_host() const;
   Tensor clone() const;
   // Copies src into this tensor: same numel; any dtype and device (converts, then moves).
   void copy_(const Tensor& src);
@@ -122,6 +141,17 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, DTy
   Tensor t = empty(shape, dtype, Device::cpu());
   convert_host(t.raw_data(), dtype, values.data(), dtype_v<T>, values.size());
   return t;
+}
+
+template <typename T>
+Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, DType dtype,
+                           Device device) {
+  if (device.is_host()) return from_vector(values, shape, dtype);
+  MG_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+           "from_vector: " << values.size() << " values for shape " << shape_str(shape));
+  Tensor h = empty_pinned(shape, dtype, device);
+  convert_host(h.raw_data(), dtype, values.data(), dtype_v<T>, values.size());
+  return h.to(device);
 }
 
 template <typename T>

@@ -1,4 +1,4 @@
-// CudaAllocator (see cuda_allocator.h for the policy and its invariants).
+// CudaAllocator and CudaPinnedAllocator (see cuda_allocator.h for the policies and invariants).
 #include "megatron/platforms/cuda/cuda_allocator.h"
 
 #include <algorithm>
@@ -128,6 +128,94 @@ plugin::MemoryStats CudaAllocator::stats() const {
 void CudaAllocator::reset_peak() {
   std::lock_guard lock(mu_);
   stats_.peak_allocated_bytes = stats_.allocated_bytes;
+}
+
+// ---- CudaPinnedAllocator ----------------------------------------------------------------------
+
+void* CudaPinnedAllocator::allocate(std::size_t bytes) {
+  const std::size_t size = CudaAllocator::block_size(bytes);
+  std::lock_guard lock(mu_);
+  void* ptr = nullptr;
+  auto it = cache_.lower_bound(size);
+  if (it != cache_.end() && it->first * kMaxSlackDen <= size * kMaxSlackNum) {
+    const std::size_t block = it->first;
+    ptr = it->second;
+    cache_.erase(it);
+    cached_bytes_ -= block;
+    live_.emplace(ptr, Live{block, bytes});
+  } else {
+    cudaError_t err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      release_cached_locked();
+      err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
+    }
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      MG_THROW("pinned host allocation failed: cudaHostAlloc of "
+               << size << " bytes (requested " << bytes << ") failed with "
+               << cudaGetErrorString(err) << "; pinned allocated " << stats_.allocated_bytes
+               << " bytes, reserved " << stats_.reserved_bytes << " bytes");
+    }
+    stats_.reserved_bytes += size;
+    live_.emplace(ptr, Live{size, bytes});
+  }
+  stats_.allocated_bytes += bytes;
+  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  ++stats_.num_allocs;
+  return ptr;
+}
+
+void CudaPinnedAllocator::deallocate(void* ptr, std::size_t) {
+  if (!ptr) return;
+  std::lock_guard lock(mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return;  // not ours; never throw from a destructor path
+  const Live l = it->second;
+  live_.erase(it);
+  stats_.allocated_bytes -= l.requested;
+  ++stats_.num_frees;
+  if (cached_bytes_ + l.block > kMaxCachedBytes) {
+    detail::cuda_ok_or_ignore(cudaFreeHost(ptr));
+    stats_.reserved_bytes -= l.block;
+    return;
+  }
+  cache_.emplace(l.block, ptr);
+  cached_bytes_ += l.block;
+}
+
+void CudaPinnedAllocator::release_cached_locked() {
+  for (auto& [size, p] : cache_) {
+    detail::cuda_ok_or_ignore(cudaFreeHost(p));
+    stats_.reserved_bytes -= size;
+  }
+  cache_.clear();
+  cached_bytes_ = 0;
+}
+
+void CudaPinnedAllocator::release_cached() {
+  std::lock_guard lock(mu_);
+  release_cached_locked();
+}
+
+std::size_t CudaPinnedAllocator::cached_bytes() const {
+  std::lock_guard lock(mu_);
+  return cached_bytes_;
+}
+
+plugin::MemoryStats CudaPinnedAllocator::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void CudaPinnedAllocator::reset_peak() {
+  std::lock_guard lock(mu_);
+  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+}
+
+CudaPinnedAllocator& pinned_allocator() {
+  static CudaPinnedAllocator* a = new CudaPinnedAllocator();  // never destroyed
+  return *a;
 }
 
 }  // namespace mg::platforms::cuda

@@ -1,4 +1,7 @@
-// The caching device allocator of the CUDA platform (one per device, process lifetime).
+// The caching allocators of the CUDA platform: device memory (CudaAllocator, one per device) and
+// pinned host memory (CudaPinnedAllocator, one per process); both live for the process.
+//
+// ---- CudaAllocator
 //
 // Blocks come from cudaMalloc (256-byte aligned) in size classes (512 B steps up to 1 MiB, 1 MiB
 // steps above) and return to a free list on deallocate. Reuse is stream-safe: deallocate records
@@ -12,6 +15,16 @@
 // cudaMalloc, live or cached. deallocate never throws (it runs in destructors, also at process
 // teardown when the CUDA runtime may already be gone; then the block is dropped).
 // Not here: block splitting, expandable segments, per-stream pools (the speed issue).
+//
+// ---- CudaPinnedAllocator
+// Page-locked host memory (cudaHostAlloc with cudaHostAllocPortable: pinned for every device's
+// context) for the staging buffers of host<->device copies: the per-step batch upload and
+// checkpoint staging. cudaHostAlloc is slow (it pins pages: ~ms per MB), so freed blocks are kept
+// in the same size classes as device blocks and reused, up to kMaxCachedBytes in all (a block that
+// would exceed it is freed at once). Reuse needs no event: the platform's copy() is synchronous,
+// so no copy reads or writes a block after its tensor died (an asynchronous user must synchronise
+// before dropping the tensor). When cudaHostAlloc fails the cache is released and the call retried
+// once; a second failure throws with the statistics. Stats as CudaAllocator's.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,5 +71,32 @@ class CudaAllocator final : public plugin::Allocator {
   std::vector<cudaEvent_t> event_pool_;
   plugin::MemoryStats stats_;
 };
+
+class CudaPinnedAllocator final : public plugin::Allocator {
+ public:
+  static constexpr std::size_t kMaxCachedBytes = std::size_t{4} << 30;
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* ptr, std::size_t bytes) override;
+  plugin::MemoryStats stats() const override;
+  void reset_peak() override;
+  void release_cached();  // frees every cached block (cudaFreeHost)
+  std::size_t cached_bytes() const;
+
+ private:
+  struct Live {
+    std::size_t block;
+    std::size_t requested;
+  };
+  void release_cached_locked();
+
+  mutable std::mutex mu_;
+  std::multimap<std::size_t, void*> cache_;  // block size -> cached blocks
+  std::size_t cached_bytes_ = 0;
+  std::unordered_map<void*, Live> live_;
+  plugin::MemoryStats stats_;
+};
+
+// The process's pinned host allocator (created on first use, never destroyed).
+CudaPinnedAllocator& pinned_allocator();
 
 }  // namespace mg::platforms::cuda

@@ -1,5 +1,6 @@
-// The CUDA platform: availability, devices and their properties, streams and events, the caching
-// allocators, memory movement and conversion, and register_cuda().
+// The CUDA platform: availability, devices and their properties, the current device (set_device:
+// cudaSetDevice, called by mg::init with the node-local rank's device), streams and events, the
+// caching allocators (device and pinned host), memory movement and conversion, and register_cuda().
 //
 // Invariants:
 //   - Availability is probed once with cudaGetDeviceCount and never throws: on a machine without a
@@ -13,7 +14,9 @@
 //     The current stream is per thread and per device; set_current_stream(d, nullptr) restores the
 //     default. Every op launches on the current stream of its tensors' device.
 //   - copy() is synchronous (cudaMemcpyAsync on the current stream, then a stream synchronize);
-//     memset_zero() and convert() are stream-ordered and return before completion.
+//     memset_zero() and convert() are stream-ordered and return before completion. Host buffers
+//     from pinned_host_allocator() (Tensor::empty_pinned) make the copy a direct DMA; pageable
+//     ones are staged by the driver.
 // Not here: kernels (one family per .cu file), the allocator policy (cuda_allocator.h).
 #include "megatron/platforms/cuda/cuda_platform.h"
 
@@ -252,6 +255,17 @@ class CudaPlatform final : public plugin::Platform {
   }
 
   plugin::Allocator& allocator(int device) override { return device_allocator(device); }
+
+  plugin::Allocator& pinned_host_allocator() override {
+    MG_CHECK(Devices::get().availability().available,
+             "the CUDA platform is unavailable: " << Devices::get().availability().reason);
+    return pinned_allocator();
+  }
+
+  void set_device(int device) override {
+    Devices::get().check(device);
+    MG_CUDA_CHECK(cudaSetDevice(device));
+  }
 
   std::unique_ptr<plugin::Stream> create_stream(int device) override {
     Devices::get().check(device);

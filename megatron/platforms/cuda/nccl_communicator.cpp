@@ -1,8 +1,10 @@
 // The NCCL backend of comm::ProcessGroup: device tensors of one GPU per process.
 //
 //   - Bootstrap: one process: a world of one (no MPI needed). Under mpirun/srun: the MPI backend's
-//     world broadcasts rank 0's ncclUniqueId; the device is the node-local rank modulo the visible
-//     GPUs (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID, MPI_LOCALRANKID). new_groups = ncclCommSplit
+//     world broadcasts rank 0's ncclUniqueId; the device is comm::select_device(comm::local_rank())
+//     (core/comm/local_rank.h: LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID,
+//     MPI_LOCALRANKID, modulo the visible GPUs), the same one mg::init made current, so the
+//     communicator and the rank's tensors share one GPU. new_groups = ncclCommSplit
 //     of the world (collective over the world; NCCL_SPLIT_NOCOLOR for ranks in no group), after an
 //     MPI check that every process passed the same partition.
 //   - Streams: every communicator owns one non-blocking stream. An op waits (event) for the
@@ -33,6 +35,7 @@
 #include <thread>
 
 #include "megatron/core/comm/checks.h"
+#include "megatron/core/comm/local_rank.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 
 #define MG_NCCL_CHECK(call, ...)                                               \
@@ -389,13 +392,6 @@ class NcclGroup final : public ProcessGroup {
   std::chrono::milliseconds timeout_;
 };
 
-int local_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}) {
-    if (const char* v = std::getenv(var)) return std::atoi(v);
-  }
-  return 0;
-}
-
 uint64_t partition_hash(const std::vector<std::vector<int>>& groups) {
   uint64_t h = 1469598103934665603ull;
   for (const auto& g : groups) {
@@ -414,7 +410,7 @@ class NcclCommunicator final : public comm::Communicator {
     if (comm::launched_by_mpi_launcher()) bootstrap_ = comm::init_communicator("mpi");
     rank_ = bootstrap_ ? bootstrap_->world_rank() : 0;
     size_ = bootstrap_ ? bootstrap_->world_size() : 1;
-    device_ = local_rank() % count;
+    device_ = comm::select_device(comm::local_rank().rank, count);  // as mg::init's
     ncclUniqueId id;
     if (rank_ == 0) MG_NCCL_CHECK(ncclGetUniqueId(&id), "creating the NCCL world");
     if (bootstrap_) {

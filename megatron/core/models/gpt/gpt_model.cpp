@@ -100,7 +100,11 @@ struct GPTModel::Impl {
     return a;
   }
 
-  DType logits_dtype() const { return ctx.dtype == DType::f64 ? DType::f64 : DType::f32; }
+  // Logits in the model dtype, as Megatron's output layer (bf16 training keeps bf16 logits: half
+  // the memory of f32 ones for the whole vocabulary); the cross entropy computes in f32 from them
+  // and its per-row statistics (loss, max, sum_exp, dloss) are stat_dtype(): f32, f64 for f64.
+  DType logits_dtype() const { return ctx.dtype; }
+  DType stat_dtype() const { return ctx.dtype == DType::f64 ? DType::f64 : DType::f32; }
   const Weight& output_weight() const { return output.defined() ? output : word; }
   Weight& output_weight() { return output.defined() ? output : word; }
   // The rows of the output weight (or its grad) that produce logits.
@@ -366,11 +370,11 @@ void GPTModel::Impl::prepare(const GPTBatch& batch, detail::GPTSaved& st, const 
       MG_CHECK(tok[i] >= 0 && tok[i] < vocab_padded,
                "token id " << tok[i] << " at flat index " << i << " is outside [0, " << vocab_padded
                            << ") (padded vocab)");
-    st.tokens = Tensor::from_vector(tok, {n}, DType::i64).to(dev);
+    st.tokens = Tensor::from_vector(tok, {n}, DType::i64, dev);  // via pinned memory
   }
   if (post && batch.labels.defined()) {
     check_bs("labels", batch.labels, b, s);
-    st.labels = Tensor::from_vector(to_sb_i64(batch.labels, b, s), {n}, DType::i64).to(dev);
+    st.labels = Tensor::from_vector(to_sb_i64(batch.labels, b, s), {n}, DType::i64, dev);
     if (batch.loss_mask.defined()) {
       check_bs("loss_mask", batch.loss_mask, b, s);
       const std::vector<double> mk = batch.loss_mask.to_vector<double>();
@@ -395,7 +399,7 @@ void GPTModel::Impl::prepare(const GPTBatch& batch, detail::GPTSaved& st, const 
       MG_CHECK(pos[i] >= 0 && pos[i] < c.max_position_embeddings,
                "position id " << pos[i] << " is outside [0, " << c.max_position_embeddings
                               << ") (max_position_embeddings)");
-    st.positions = Tensor::from_vector(pos, {n}, DType::i64).to(dev);
+    st.positions = Tensor::from_vector(pos, {n}, DType::i64, dev);
   }
   if (batch.doc_ids.defined()) {
     check_bs("doc_ids", batch.doc_ids, b, s);
@@ -455,7 +459,8 @@ Tensor GPTModel::Impl::decoder(int v, Tensor x, detail::GPTSaved& st) {
 }
 
 // Final norm, output layer and loss. logits [N, V_pad] ([N, V_pad/TP] vocab-parallel, never
-// gathered) in f32 (f64 for f64). With TP the input enters the TP region (copy, or SP all-gather).
+// gathered) in the model dtype; the loss statistics [N] in f32 (f64 for f64). With TP the input
+// enters the TP region (copy, or SP all-gather).
 LossSums GPTModel::Impl::head(const Tensor& x, detail::GPTSaved& st) {
   const auto& ops = ctx.op();
   const int64_t n = st.s * st.b, h = config.hidden_size;
@@ -469,7 +474,7 @@ LossSums GPTModel::Impl::head(const Tensor& x, detail::GPTSaved& st) {
              ops::GemmArgs{.trans_b = true});
   LossSums sums;
   if (st.labels.defined()) {
-    const DType stat = logits_dtype();
+    const DType stat = stat_dtype();
     if (ctx.tp_size() > 1) {
       tensor_parallel::CrossEntropySaved ce;
       st.loss = tensor_parallel::vocab_parallel_cross_entropy(
@@ -551,11 +556,11 @@ Tensor GPTModel::Impl::head_bwd(detail::GPTSaved& st, double dloss) {
   // Cross entropy: dlogits = dloss * mask * (softmax - onehot), written over the logits.
   std::vector<double> dl(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) dl[i] = dloss * st.mask[i];
-  const Tensor dloss_t = Tensor::from_vector(dl, {n}, logits_dtype()).to(ctx.device);
+  const Tensor dloss_t = Tensor::from_vector(dl, {n}, stat_dtype(), ctx.device);
   if (logit_rows > 0)
     ops.cross_entropy_bwd(st.logits, dloss_t, st.logits, st.max, st.sum_exp, st.labels,
                           vocab_shard.start);
-  const Tensor dlogits = st.logits.to(ctx.dtype);  // [N, V_pad(/TP)] in P for the gemms
+  const Tensor dlogits = st.logits;  // [N, V_pad(/TP)] in the model dtype, as the gemms take
   st.logits = Tensor();
 
   // Output layer (the word embedding when tied): d(final_ln) = dlogits W; dW += dlogits^T ln.
@@ -680,7 +685,7 @@ Tensor GPTModel::logits(const GPTBatch& batch) {
   GPTForwardState state;
   forward(b, state, StepRng{}, /*training=*/false);
   const detail::GPTSaved& st = *state.saved_;
-  return st.logits.view({st.s, st.b, impl_->logit_rows});
+  return st.logits.view({st.s, st.b, impl_->logit_rows}).to(impl_->stat_dtype());
 }
 
 Tensor GPTModel::token_losses(const GPTForwardState& state) const {
@@ -712,7 +717,7 @@ Tensor GPTModel::infer(const Tensor& tokens, inference::StaticInferenceContext& 
              "token id " << tok[i] << " is outside [0, " << m.vocab_padded << ") (padded vocab)");
   const Device dev = m.ctx.device;
   Tensor emb = m.ctx.empty({s, b, h});
-  ops.embedding_fwd(emb, Tensor::from_vector(tok, {n}, DType::i64).to(dev), m.word.value,
+  ops.embedding_fwd(emb, Tensor::from_vector(tok, {n}, DType::i64, dev), m.word.value,
                     m.vocab_shard.start);
   if (m.ctx.tp_size() > 1)
     emb = tensor_parallel::reduce_from_tensor_model_parallel_region(emb, *m.ctx.tp_group);
@@ -721,7 +726,7 @@ Tensor GPTModel::infer(const Tensor& tokens, inference::StaticInferenceContext& 
     for (int64_t j = 0; j < s; ++j)
       for (int64_t i = 0; i < b; ++i) pos[j * b + i] = off + j;
     Tensor pe = m.ctx.empty({s, b, h});
-    ops.embedding_fwd(pe, Tensor::from_vector(pos, {n}, DType::i64).to(dev), m.position.value, 0);
+    ops.embedding_fwd(pe, Tensor::from_vector(pos, {n}, DType::i64, dev), m.position.value, 0);
     ops.axpy(emb, pe, 1.0f);
   }
   Tensor x = emb;
@@ -734,7 +739,7 @@ Tensor GPTModel::infer(const Tensor& tokens, inference::StaticInferenceContext& 
     ops.gemm(logits, ln.view({n, h}), m.logit_rows_of(m.output_weight().value),
              ops::GemmArgs{.trans_b = true});
   ic.sequence_len_offset = off + s;
-  return logits.view({s, b, m.logit_rows});
+  return logits.view({s, b, m.logit_rows}).to(m.stat_dtype());  // as logits(): model dtype, f32
 }
 
 }  // namespace mg::models

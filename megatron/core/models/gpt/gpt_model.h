@@ -226,7 +226,8 @@ class GPTModel {
   using ParamUseHook = std::function<void(std::span<const std::size_t> param_indices)>;
   void set_param_use_hook(ParamUseHook hook);
 
-  // Logits [S, B, V_pad] (f32 under bf16/f16, else the params dtype) without dropout, for tests and
+  // Logits [S, B, V_pad] (computed in the model dtype as in training, returned in f32 under
+  // bf16/f16, else the params dtype) without dropout, for tests and
   // generation; labels are not needed. With TP: this rank's vocabulary columns [S, B, V_pad/TP]
   // (exclude_vocab_padding: only its real rows, V overall).
   Tensor logits(const GPTBatch& batch);
