@@ -3,7 +3,10 @@
 // gemm_epilogue is the definition of the fused epilogues (op_args.h GemmEpilogueArgs) that the
 // CUDA platform's cuBLASLt epilogues mirror: the product in f32 (f64 for f64) through the same
 // BLAS path as gemm, then bias / GELU (tanh) / GELU gradient on the unrounded values, every output
-// rounded once to its dtype, bias gradients summed in the compute type and added (+=).
+// rounded once to its dtype, bias gradients summed in the compute type and added (+=). The product
+// lands in C (in aux for bias_gelu) when that is stored in the compute type, so f32/f64 calls need
+// no temporaries; f32 GELU uses gelu_fwd's vectorised sigmoid form (0.5 (1 + tanh u) =
+// sigmoid(2u)), f64 std::tanh.
 //
 // Gradient rule: parameter gradients accumulate (+=: bias_grad, and gemm with beta = 1 for weight
 // gradients); activation gradients are written (=: gemm with beta = 0).
@@ -32,6 +35,7 @@
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
+#include "megatron/platforms/cpu/vec_math.h"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cpu {
@@ -224,48 +228,107 @@ void load_acc(std::vector<Acc>& dst, const Tensor& src) {
   });
 }
 
+// f32 GELU (tanh form) on vec_math.h lanes as gelu_fwd / gelu_bwd compute it: 0.5 (1 + tanh u) =
+// sigmoid(2u), y = x s, y' = s + 2 x s (1 - s) du/dx (no tanhf calls; lane-wise, so independent
+// of the thread count).
+inline vec::FV gelu_sigmoid_v(vec::FV x) {
+  const vec::FV u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 1.0f / (1.0f + vec::exp_v(-2.0f * u));
+}
+// out[i] = f(x[i], out[i]) (READ_OUT) or f(x[i], 0) over n f32 elements, kLanes at a time (out
+// may alias x).
+template <bool READ_OUT, typename F>
+void map_f32_inplace(float* out, const float* x, int64_t n, F&& f) {
+  using namespace vec;
+  const int64_t blocks = (n + kLanes - 1) / kLanes;
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t i = b * kLanes, m = std::min<int64_t>(kLanes, n - i);
+    if (m == kLanes)
+      store_v(out + i, f(load_v(x + i), READ_OUT ? load_v(out + i) : FV{}));
+    else
+      store_partial_v(
+          out + i, f(partial_v(x + i, m, 0.0f), READ_OUT ? partial_v(out + i, m, 0.0f) : FV{}), m);
+  }
+}
+// y = gelu(x); g *= gelu'(x): f32 vectorised, f64 scalar with std::tanh.
+template <typename Acc>
+void gelu_acc(Acc* y, const Acc* x, int64_t n) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    map_f32_inplace<false>(y, x, n, [](vec::FV v, vec::FV) { return v * gelu_sigmoid_v(v); });
+  } else {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+    for (int64_t i = 0; i < n; ++i) y[i] = gelu_tanh(x[i]);
+  }
+}
+template <typename Acc>
+void dgelu_mul_acc(Acc* g, const Acc* x, int64_t n) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    map_f32_inplace<true>(g, x, n, [](vec::FV v, vec::FV gv) {
+      const vec::FV sg = gelu_sigmoid_v(v);
+      const vec::FV du = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * v * v);
+      return gv * (sg + 2.0f * v * sg * (1.0f - sg) * du);
+    });
+  } else {
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+    for (int64_t i = 0; i < n; ++i) g[i] *= gelu_tanh_grad(x[i]);
+  }
+}
+
 template <typename T>
 void gemm_epilogue_typed(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, const Tensor& b,
                          const Tensor& bias, const ops::GemmEpilogueArgs& args, const GemmDims& d) {
   using Acc = compute_t<T>;
   using ops::GemmEpilogue;
+  const GemmEpilogue e = args.epilogue;
   const int64_t m = d.m, n = d.n, k = d.k, mn = m * n;
   std::vector<Acc> a_tmp, b_tmp;
   const Acc* ap = as_acc<T, Acc>(a, a_tmp);
   const Acc* bp = as_acc<T, Acc>(b, b_tmp);
-  std::vector<Acc> p(static_cast<std::size_t>(mn), Acc(0));
-  if (args.beta != 0.0f) load_acc(p, c);
-  if (mn > 0)
-    product_acc<Acc>(p.data(), ap, bp, d, args.trans_a, args.trans_b, Acc(1), Acc(args.beta));
+  // The unrounded product P lands in C itself (bias_gelu: in aux, the pre-activation) when that
+  // is stored in Acc, else in a temporary rounded into C once at the end.
+  const bool in_place = c.dtype() == (std::is_same_v<Acc, double> ? DType::f64 : DType::f32);
+  std::vector<Acc> p_tmp;
+  Acc* p = nullptr;
+  if (in_place) {
+    p = e == GemmEpilogue::bias_gelu ? aux.data<Acc>() : c.data<Acc>();
+  } else {
+    p_tmp.assign(static_cast<std::size_t>(mn), Acc(0));
+    if (args.beta != 0.0f) load_acc(p_tmp, c);
+    p = p_tmp.data();
+  }
+  if (mn > 0) product_acc<Acc>(p, ap, bp, d, args.trans_a, args.trans_b, Acc(1), Acc(args.beta));
   std::vector<Acc> bv;
-  if (bias.defined()) bv = to_acc_vector<Acc>(bias, "gemm_epilogue");
-  switch (args.epilogue) {
-    case GemmEpilogue::bias: {
+  if (bias.defined()) {
+    bv = to_acc_vector<Acc>(bias, "gemm_epilogue");
 #pragma omp parallel for schedule(static) if (mn >= kParallelMinElements)
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) p[i * n + j] += bv[j];
-      store_acc(c, p);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) p[i * n + j] += bv[static_cast<std::size_t>(j)];
+  }
+  switch (e) {
+    case GemmEpilogue::bias:
+      if (!in_place) store_acc(c, p_tmp);
       break;
-    }
-    case GemmEpilogue::bias_gelu: {
-      std::vector<Acc> y(static_cast<std::size_t>(mn));
-#pragma omp parallel for schedule(static) if (mn >= kParallelMinElements)
-      for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) {
-          const Acc t = p[i * n + j] + (bv.empty() ? Acc(0) : bv[j]);
-          p[i * n + j] = t;
-          y[i * n + j] = gelu_tanh(t);
-        }
-      store_acc(aux, p);
-      store_acc(c, y);
+    case GemmEpilogue::bias_gelu:  // p = t, the pre-activation
+      if (in_place) {
+        gelu_acc(c.data<Acc>(), p, mn);
+      } else {
+        store_acc(aux, p_tmp);
+        gelu_acc(p, p, mn);
+        store_acc(c, p_tmp);
+      }
       break;
-    }
     case GemmEpilogue::dgelu_bgrad: {
-      std::vector<Acc> x(static_cast<std::size_t>(mn));
-      load_acc(x, aux);
-#pragma omp parallel for schedule(static) if (mn >= kParallelMinElements)
-      for (int64_t i = 0; i < mn; ++i) p[i] *= gelu_tanh_grad(x[i]);
-      store_acc(c, p);
+      std::vector<Acc> x_tmp;
+      const Acc* x = nullptr;
+      if (in_place) {
+        x = aux.data<Acc>();
+      } else {
+        x_tmp.resize(static_cast<std::size_t>(mn));
+        load_acc(x_tmp, aux);
+        x = x_tmp.data();
+      }
+      dgelu_mul_acc(p, x, mn);  // p = g, unrounded
       if (dbias.defined()) {
         std::vector<Acc> sum;  // over the M rows of the unrounded gradient
         chunked_row_reduce<Acc>(m, n, sum, [&](int64_t r0, int64_t r1, Acc* part) {
@@ -274,10 +337,11 @@ void gemm_epilogue_typed(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a,
         });
         accumulate_into(dbias, sum, "gemm_epilogue");
       }
+      if (!in_place) store_acc(c, p_tmp);
       break;
     }
     case GemmEpilogue::bgrad: {
-      if (mn > 0) store_acc(c, p);
+      if (!in_place && mn > 0) store_acc(c, p_tmp);
       // dbias [M] += sum over K of op(A)[m, k]: column sums of A [K, M] (trans_a), row sums of
       // A [M, K] otherwise.
       std::vector<Acc> sum;
