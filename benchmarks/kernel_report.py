@@ -66,8 +66,13 @@ def main():
     out, paths = sys.argv[1], sys.argv[2:]
     L = []
     for path in paths:
-        ctx, runs = load(path)
         base = os.path.basename(path)
+        try:
+            ctx, runs = load(path)
+        except (OSError, ValueError) as e:  # a run that crashed mid-way leaves a cut JSON
+            L += [f"## {base}", "", f"unreadable ({type(e).__name__}: {e}): the benchmark "
+                  "probably crashed; see its .txt", ""]
+            continue
         L += [f"## {base}", "",
               f"host {ctx.get('host_name', '?')}, {ctx.get('num_cpus', '?')} CPUs, "
               f"date {ctx.get('date', '?')}", ""]

@@ -22,8 +22,9 @@
 #
 #   bash benchmarks/run_gpu_e2e.sh [--cpu-tiny] [--build DIR] [--workloads a,b] [--modes m,n]
 #                                  [--skip-gate] [--skip-torch] [--report-only]
-# Binaries: with .gpu_bundle/ (scripts/gpu_bundle.sh, carried to the GPU machine) those, after
-# scripts/gpu_env.sh; else DIR (default build-e2e, configured with MG_CUDA=ON for sm_90 if absent).
+# Binaries: DIR when --build is given; else those of .gpu_bundle/ (scripts/gpu_bundle.sh, carried to
+# the GPU machine) after scripts/gpu_env.sh, when there is one; else build-e2e (build with
+# --cpu-tiny), configured (MG_CUDA=ON for sm_90; OFF with --cpu-tiny) and built as needed.
 # --cpu-tiny: the whole pipeline on the CPU platform with tiny shapes (gpt2-tiny, llama-tiny of
 # torch_gpt.py; the gate's "other platform" is the CPU with another thread count), to test the
 # script without a GPU: its figures are not GPU results and go to RESULTS_DIR (default
@@ -90,7 +91,7 @@ fi
 gate_tests=(gpt_flops_test gpt_platforms_test cuda_ops_test)
 
 # ---- binaries ----
-if [ $cpu_tiny = 0 ] && [ -z "$build" ] && [ -e .gpu_bundle/paths -o -e .gpu_bundle/bundle.tar.gz ]; then
+if [ -z "$build" ] && [ -e .gpu_bundle/paths -o -e .gpu_bundle/bundle.tar.gz ]; then
   source scripts/gpu_env.sh
   bindir=.gpu_bundle/bin
   commit=${MG_BENCH_COMMIT:-$(cat .gpu_bundle/commit 2>/dev/null || echo unknown)}
