@@ -24,16 +24,16 @@
 // shared_ptr). gemm_plan_cache_stats() (cuda_kernels.h) counts hits, misses, fused epilogues and
 // unfused fallbacks. Workspace: the algorithm's own workspaceSize (at most 32 MiB) from the caching
 // allocator per call: stream-ordered frees make it stream-safe with no per-stream buffer.
-// Epilogues: fused in cuBLASLt when the heuristic offers an algorithm (aux epilogues need N % 8 ==
-// 0, bias epilogues a bias of C's dtype); bias gradients are written by cuBLASLt into an f32
-// scratch [N] or [M] (C's dtype if the f32 bias-gradient type has no algorithm) and then added to
-// dbias. Otherwise (f64, K = 0, no algorithm) the unfused sequence mirrors the CPU definition
-// exactly: the product in the compute type into a scratch, one element-wise epilogue kernel from
-// the unrounded values, deterministic column sums for the bias gradients.
-// beta = 0 never reads C (cuBLAS's contract; K = 0 is handled here and writes beta * C, 0 for
-// beta = 0). The cuBLASLt handle is one per device (thread-safe, the stream is per call); cuBLAS
-// handles are per thread and device (their stream is handle state) and live until process exit.
-// Not here: fp8, batched epilogues (rank-3 gemm_epilogue), other activations' epilogues (ReLU).
+// Epilogues: fused in cuBLASLt when the heuristic offers an algorithm (GELU epilogues need N % 8 ==
+// 0 and a bf16/f16 C, bias epilogues a bias of C's dtype); bias gradients are written by cuBLASLt
+// into an f32 scratch [N] or [M] (C's dtype if the f32 bias-gradient type has no algorithm) and
+// then added to dbias. Otherwise (f64, K = 0, no algorithm) the unfused sequence mirrors the CPU
+// definition exactly: the product in the compute type into a scratch, one element-wise epilogue
+// kernel from the unrounded values, deterministic column sums for the bias gradients. beta = 0
+// never reads C (cuBLAS's contract; K = 0 is handled here and writes beta * C, 0 for beta = 0). The
+// cuBLASLt handle is one per device (thread-safe, the stream is per call); cuBLAS handles are per
+// thread and device (their stream is handle state) and live until process exit. Not here: fp8,
+// batched epilogues (rank-3 gemm_epilogue), other activations' epilogues (ReLU).
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -631,7 +631,11 @@ bool epilogue_fused(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, cons
   x.trans_a = args.trans_a;
   x.trans_b = args.trans_b;
   x.beta = args.beta;
-  const bool aux_ok = d.n % 8 == 0;  // EPILOGUE_AUX_LD (= N) must be a multiple of 8
+  // EPILOGUE_AUX_LD (= N) must be a multiple of 8. The GELU epilogues are fused only for a bf16 or
+  // f16 C: cuBLASLt does not document the accuracy of its GELU (it may use a fast tanh), which is
+  // below a 16-bit output's rounding but not an f32 one's; an f32 C keeps the exact mirror of the
+  // CPU (the f32 GPU-vs-CPU training checks rely on it).
+  const bool aux_ok = d.n % 8 == 0 && c.dtype() != DType::f32;
   auto run_fused = [&](const LtCall& call) {
     if (!run_lt(call, dev, s)) return false;
     counters().fused.fetch_add(1, std::memory_order_relaxed);
