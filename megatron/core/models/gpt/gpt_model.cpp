@@ -344,6 +344,15 @@ std::vector<int64_t> to_sb_i64(const Tensor& t, int64_t b, int64_t s) {
   return out;
 }
 
+// A batch tensor converted to dtype on `dev`; a host tensor bound for a device is staged in pinned
+// memory of the device's platform (the per-step upload; a plain conversion on the host).
+Tensor upload(const Tensor& t, DType dtype, Device dev) {
+  if (dev.is_host() || !t.is_host()) return t.to(dtype).to(dev);
+  Tensor pinned = Tensor::empty_pinned(t.shape(), dtype, dev);
+  pinned.copy_(t);
+  return pinned.to(dev);
+}
+
 void check_bs(const char* name, const Tensor& t, int64_t b, int64_t s) {
   MG_CHECK(t.shape() == (Shape{b, s}), "GPTBatch." << name << " " << shape_str(t.shape())
                                                    << " must be [B, S] = " << shape_str(Shape{b, s})
@@ -389,7 +398,7 @@ void GPTModel::Impl::prepare(const GPTBatch& batch, detail::GPTSaved& st, const 
   if (batch.position_ids.defined()) {
     check_bs("position_ids", batch.position_ids, b, s);
     pos = to_sb_i64(batch.position_ids, b, s);
-    st.in.position_ids = batch.position_ids.to(DType::i64).to(dev);
+    st.in.position_ids = upload(batch.position_ids, DType::i64, dev);
   } else {
     for (int64_t j = 0; j < s; ++j)
       for (int64_t i = 0; i < b; ++i) pos[j * b + i] = j;
@@ -403,7 +412,7 @@ void GPTModel::Impl::prepare(const GPTBatch& batch, detail::GPTSaved& st, const 
   }
   if (batch.doc_ids.defined()) {
     check_bs("doc_ids", batch.doc_ids, b, s);
-    st.in.doc_ids = batch.doc_ids.to(DType::i32).to(dev);
+    st.in.doc_ids = upload(batch.doc_ids, DType::i32, dev);
   }
   MG_CHECK(!ctx.sequence_parallel || s % ctx.tp_size() == 0,
            "sequence parallelism: sequence length "
@@ -487,7 +496,7 @@ LossSums GPTModel::Impl::head(const Tensor& x, detail::GPTSaved& st) {
       st.sum_exp = Tensor::empty({n}, stat, ctx.device);
       ops.cross_entropy_fwd(st.loss, st.max, st.sum_exp, st.logits, st.labels);
     }
-    const std::vector<double> loss = st.loss.to_vector<double>();
+    const std::vector<double> loss = st.loss.to_pinned_host().to_vector<double>();
     for (int64_t i = 0; i < n; ++i) {
       if (st.mask[i] == 0.0) continue;  // a masked NaN loss must not poison the sum
       sums.loss_sum += loss[i] * st.mask[i];
