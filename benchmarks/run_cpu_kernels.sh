@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU kernel benchmarks (GEMM and attention, Google Benchmark): builds them, runs them on an
+# CPU kernel benchmarks (GEMM, attention and the memory-bound kernels, Google Benchmark): builds them, runs them on an
 # otherwise idle machine, and writes benchmarks/results/<date>-cpu-<name>.json (Google Benchmark's
 # JSON, with the host's CPU and the commit in its context) plus a short .md summary.
 #   bash benchmarks/run_cpu_kernels.sh [build-dir]
@@ -7,12 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 make -s build BUILD="$build" >/dev/null
-cmake --build "$build" --target gemm_bench attention_bench >/dev/null
+cmake --build "$build" --target gemm_bench attention_bench fused_kernels_bench >/dev/null
 date=$(date -u +%Y-%m-%d)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 threads=${OMP_NUM_THREADS:-$(nproc)}
 mkdir -p benchmarks/results
-for name in gemm_bench attention_bench; do
+for name in gemm_bench attention_bench fused_kernels_bench; do
   out="benchmarks/results/${date}-cpu-${name}"
   OMP_NUM_THREADS=$threads "$build/bin/$name" --benchmark_repetitions=5 \
     --benchmark_report_aggregates_only=true --benchmark_out="$out.json" \
