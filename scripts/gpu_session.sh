@@ -10,7 +10,7 @@
 #      fused_kernels_bench) with MG_BENCH_PLATFORM=cuda and short minimum times, and their tables
 #      (benchmarks/kernel_report.py)                                      ~1-2 min
 # Each part runs under its own time limit and the later parts are skipped when the whole budget
-# (SESSION_BUDGET, default 560 s) is nearly spent, so a slow part costs its own results only.
+# (SESSION_BUDGET, default 570 s) is nearly spent, so a slow part costs its own results only.
 # Everything goes under ${OUT:-/tmp/gpu_out}: session.tar.gz (every log, JSON and table) and
 # summary.md (the tables, the test summary, what was skipped); the device tool brings back at most
 # 8 files, hence the tarball.
@@ -18,7 +18,8 @@
 # Here, before the call (a machine with this repository's build dependencies, no GPU needed):
 #   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMG_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
 #   cmake --build build-gpu -j"$(nproc)" && cmake --build build-gpu --target benchmarks
-#   bash scripts/gpu_bundle.sh build-gpu          # -> .gpu_bundle/bundle.tar.gz (~25 MiB)
+#   bash scripts/gpu_bundle.sh build-gpu   # -> .gpu_bundle/bundle.tar.gz (~35-45 MiB with ICU data;
+#                                          # the call carries 64 MiB, the tree is ~8)
 # The device call: command "bash scripts/gpu_session.sh", carry [".gpu_bundle"], timeout_s 600.
 # Afterwards: unpack session.tar.gz and commit e2e/<date>-<gpu>-e2e.{md,json} and kernels.md as
 # benchmarks/results/<date>-<gpu>-{e2e,kernels}.* (see benchmarks/README.md).
@@ -32,7 +33,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/gpu_out}
 mkdir -p "$out"
 stage=$(mktemp -d)
-budget=${SESSION_BUDGET:-560}
+budget=${SESSION_BUDGET:-570}
 skip=",${SKIP:-},"
 begin=$SECONDS
 status=0
