@@ -70,8 +70,8 @@ class SafetensorsFile {
   std::map<std::string, std::size_t> index_;
 };
 
-// Writes `tensors` (any devices; copied to the host) to `path` atomically. Names must be unique
-// and must not be "__metadata__".
+// Writes `tensors` (any devices; copied to the host through pinned staging memory) to `path`
+// atomically. Names must be unique and must not be "__metadata__".
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});

@@ -63,9 +63,15 @@ Tensor Tensor::empty_pinned(const Shape& shape, DType dtype, Device for_device) 
   t.shape_ = shape;
   t.dtype_ = dtype;
   t.device_ = Device::cpu();
-  plugin::Allocator& a = for_device.is_host() ? plugin::host_allocator()
-                                              : platform_of(for_device).pinned_host_allocator();
-  t.storage_ = std::make_shared<Storage>(t.nbytes(), a, !for_device.is_host());
+  if (!for_device.is_host()) {
+    try {
+      t.storage_ = std::make_shared<Storage>(t.nbytes(),
+                                             platform_of(for_device).pinned_host_allocator(), true);
+      return t;
+    } catch (const Error&) {  // no more page-locked memory: pageable staging still works
+    }
+  }
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), plugin::host_allocator(), false);
   return t;
 }
 
@@ -150,12 +156,7 @@ Tensor Tensor::to(Device device) const {
 Tensor Tensor::to_pinned_host() const {
   MG_CHECK(defined(), "to_pinned_host of an undefined tensor");
   if (device_.is_host()) return *this;
-  Tensor out;
-  try {
-    out = empty_pinned(shape_, dtype_, device_);
-  } catch (const Error&) {  // page-locked memory exhausted: pageable staging still works
-    out = empty(shape_, dtype_, Device::cpu());
-  }
+  Tensor out = empty_pinned(shape_, dtype_, device_);
   out.copy_(*this);
   return out;
 }

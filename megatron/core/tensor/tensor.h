@@ -67,7 +67,8 @@ class Tensor {
   }
   // Host tensor in the pinned host memory of the platform that owns `for_device` (page-locked
   // on CUDA; ordinary host memory for the CPU platform): the staging buffer of a copy to or from
-  // that device. Its device() is the host.
+  // that device. Its device() is the host. When the platform cannot pin more (its allocator
+  // throws: cap reached, cudaHostAlloc failed) it is ordinary host memory and is_pinned() false.
   static Tensor empty_pinned(const Shape& shape, DType dtype, Device for_device);
   // Tensor on `device` holding `values` converted to dtype, staged through a pinned host buffer
   // when `device` is not the host (the per-step batch upload).
@@ -107,8 +108,8 @@ class Tensor {
   // New tensor with converted elements (returns *this when nothing changes).
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
-  // Host copy in pinned memory of this tensor's platform (checkpoint staging), in pageable memory
-  // when no more can be pinned; a host tensor is returned as is.
+  // Host copy in pinned memory of this tensor's platform (checkpoint staging; see empty_pinned);
+  // a host tensor is returned as is.
   Tensor to_pinned_host() const;
   Tensor clone() const;
   // Copies src into this tensor: same numel; any dtype and device (converts, then moves).

@@ -1,6 +1,8 @@
 // CudaAllocator and CudaPinnedAllocator (see cuda_allocator.h for the policies and invariants).
 #include "megatron/platforms/cuda/cuda_allocator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "megatron/core/common/error.h"
@@ -144,6 +146,11 @@ void* CudaPinnedAllocator::allocate(std::size_t bytes) {
     cached_bytes_ -= block;
     live_.emplace(ptr, Live{block, bytes});
   } else {
+    if (stats_.reserved_bytes + size > max_reserved_bytes()) release_cached_locked();
+    MG_CHECK(stats_.reserved_bytes + size <= max_reserved_bytes(),
+             "pinned host memory: " << size << " more bytes would exceed the cap of "
+                                    << max_reserved_bytes() << " bytes (a quarter of RAM; "
+                                    << stats_.allocated_bytes << " bytes live)");
     cudaError_t err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
@@ -164,6 +171,15 @@ void* CudaPinnedAllocator::allocate(std::size_t bytes) {
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
   ++stats_.num_allocs;
   return ptr;
+}
+
+std::size_t CudaPinnedAllocator::max_reserved_bytes() {
+  static const std::size_t cap = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return std::size_t{8} << 30;
+    return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) / 4;
+  }();
+  return cap;
 }
 
 void CudaPinnedAllocator::deallocate(void* ptr, std::size_t) {

@@ -23,8 +23,10 @@
 // in the same size classes as device blocks and reused, up to kMaxCachedBytes in all (a block that
 // would exceed it is freed at once). Reuse needs no event: the platform's copy() is synchronous,
 // so no copy reads or writes a block after its tensor died (an asynchronous user must synchronise
-// before dropping the tensor). When cudaHostAlloc fails the cache is released and the call retried
-// once; a second failure throws with the statistics. Stats as CudaAllocator's.
+// before dropping the tensor). When cudaHostAlloc fails, or the pinned total would pass
+// max_reserved_bytes(), the cache is released and the call retried once; a second failure throws
+// with the statistics (Tensor::empty_pinned then stages in pageable memory). Stats as
+// CudaAllocator's.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -75,6 +77,10 @@ class CudaAllocator final : public plugin::Allocator {
 class CudaPinnedAllocator final : public plugin::Allocator {
  public:
   static constexpr std::size_t kMaxCachedBytes = std::size_t{4} << 30;
+  // Pinned bytes held at most (live + cached): a quarter of physical memory, so that staging
+  // never locks most of the host's RAM; past it allocate() throws and Tensor::empty_pinned falls
+  // back to pageable memory.
+  static std::size_t max_reserved_bytes();
   void* allocate(std::size_t bytes) override;
   void deallocate(void* ptr, std::size_t bytes) override;
   plugin::MemoryStats stats() const override;
