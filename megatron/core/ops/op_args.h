@@ -63,6 +63,10 @@ struct NormArgs {
   bool zero_centered_gamma = false;
 };
 
+// Which normalisation the fused norm ops (bias_dropout_add_norm_fwd, norm_bwd_add) apply; the
+// unfused ops name it by their slot (layernorm_* / rmsnorm_*).
+enum class NormKind : uint8_t { layernorm, rmsnorm };
+
 enum class GeluApprox : uint8_t {
   none,  // exact: x * Phi(x) with erf (Megatron's unfused default, torch gelu)
   tanh,  // tanh approximation (GPT-2 / HF gelu_new, Megatron's fused bias-gelu)

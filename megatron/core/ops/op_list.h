@@ -44,6 +44,20 @@
   X(rmsnorm_bwd, op, "",                                                                         \
     void(Tensor & dx, Tensor & dgamma, const Tensor& dy, const Tensor& x, const Tensor& rstd,    \
          const Tensor& gamma, const NormArgs& args))                                             \
+  /* fused (pre-norm layer): sum [N,H] = residual + dropout(x + bias) (bias [H] optional),       \
+     stored in x's dtype, then y = norm(sum) as layernorm_fwd / rmsnorm_fwd compute it from the  \
+     stored sum (mean undefined for rmsnorm). Bit-identical to bias_dropout_add_fwd + the norm   \
+     on the cpu */                                                                               \
+  X(bias_dropout_add_norm_fwd, op, "norm_bwd_add",                                               \
+    void(Tensor & y, Tensor & sum, Tensor & mean, Tensor & rstd, const Tensor& x,                \
+         const Tensor& bias, const Tensor& residual, const Tensor& gamma, const Tensor& beta,    \
+         const DropoutArgs& dropout, const NormArgs& args, NormKind kind))                       \
+  /* dx = store(store(norm_bwd(dy)) + dresidual) (dresidual optional): layernorm_bwd /           \
+     rmsnorm_bwd then axpy(dx, dresidual, 1) in one pass, bit-identical on the cpu */            \
+  X(norm_bwd_add, op, "",                                                                        \
+    void(Tensor & dx, Tensor & dgamma, Tensor & dbeta, const Tensor& dy,                         \
+         const Tensor& dresidual, const Tensor& x, const Tensor& mean, const Tensor& rstd,       \
+         const Tensor& gamma, const NormArgs& args, NormKind kind))                              \
   /* ---- activations (element-wise; swiglu: x[N,2F] = [gate | up], y[N,F] = silu(gate)*up) ---- \
    */                                                                                            \
   X(gelu_fwd, op, "gelu_bwd", void(Tensor & y, const Tensor& x, GeluApprox approx))              \

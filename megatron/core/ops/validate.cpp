@@ -694,6 +694,77 @@ NormDims validate_rmsnorm_bwd(const Placement& on, const Tensor& dx, const Tenso
   return d;
 }
 
+namespace {
+
+// The kind-dependent arguments of the fused norm ops: layernorm needs mean and may have beta;
+// rmsnorm has neither.
+void validate_norm_kind(const Placement& on, const char* op, NormKind kind, const char* mean_name,
+                        const Tensor& mean, const char* beta_name, const Tensor& beta,
+                        const Tensor& x, const NormDims& d) {
+  MG_CHECK(kind == NormKind::layernorm || kind == NormKind::rmsnorm,
+           op << ": unknown norm kind " << static_cast<int>(kind) << " (layernorm or rmsnorm)");
+  if (kind == NormKind::layernorm) {
+    validate_norm_stat(on, op, mean_name, mean, x, d.rows);
+    if (beta.defined()) validate_norm_param(on, op, beta_name, beta, d.h);
+  } else {
+    MG_CHECK(!mean.defined(), op << ": " << mean_name << " " << mean.str()
+                                 << " must be undefined for rmsnorm (it has no mean)");
+    MG_CHECK(!beta.defined(), op << ": " << beta_name << " " << beta.str()
+                                 << " must be undefined for rmsnorm (it has no bias)");
+  }
+}
+
+}  // namespace
+
+NormDims validate_bias_dropout_add_norm_fwd(const Placement& on, const Tensor& y,
+                                            const Tensor& sum, const Tensor& mean,
+                                            const Tensor& rstd, const Tensor& x,
+                                            const Tensor& bias, const Tensor& residual,
+                                            const Tensor& gamma, const Tensor& beta,
+                                            const DropoutArgs& dropout, const NormArgs& args,
+                                            NormKind kind) {
+  const char* op = "bias_dropout_add_norm_fwd";
+  validate_dropout_p(op, dropout);
+  const NormDims d = validate_norm_x(on, op, x);
+  check_like(on, op, "residual", residual, "x", x);
+  check_like(on, op, "sum", sum, "x", x);
+  validate_like_x(on, op, "y", y, x);
+  MG_CHECK(!overlaps(y, sum), op << ": y " << y.str() << " overlaps sum " << sum.str()
+                                 << " (both are outputs)");
+  if (bias.defined()) {
+    check_float(on, op, "bias", bias);
+    check_same_dtype(op, "bias", bias, "x", x);
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == d.h,
+             op << ": bias " << shape_str(bias.shape()) << " does not match x's last dim " << d.h);
+  }
+  validate_norm_param(on, op, "gamma", gamma, d.h);
+  validate_norm_kind(on, op, kind, "mean", mean, "beta", beta, x, d);
+  validate_norm_stat(on, op, "rstd", rstd, x, d.rows);
+  validate_eps(op, args);
+  return d;
+}
+
+NormDims validate_norm_bwd_add(const Placement& on, const Tensor& dx, const Tensor& dgamma,
+                               const Tensor& dbeta, const Tensor& dy, const Tensor& dresidual,
+                               const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& gamma, NormKind kind) {
+  const char* op = "norm_bwd_add";
+  const NormDims d = validate_norm_x(on, op, x);
+  validate_like_x(on, op, "dx", dx, x);
+  validate_like_x(on, op, "dy", dy, x);
+  if (dresidual.defined()) {
+    validate_like_x(on, op, "dresidual", dresidual, x);
+    MG_CHECK(!overlaps(dx, dresidual), op << ": dx " << dx.str() << " overlaps dresidual "
+                                          << dresidual.str() << " (dresidual is read after dx "
+                                          << "is written; pass a separate dx)");
+  }
+  validate_norm_param(on, op, "gamma", gamma, d.h);
+  validate_norm_param(on, op, "dgamma", dgamma, d.h);
+  validate_norm_kind(on, op, kind, "mean", mean, "dbeta", dbeta, x, d);
+  validate_norm_stat(on, op, "rstd", rstd, x, d.rows);
+  return d;
+}
+
 // ---- optimizer ----------------------------------------------------------------------------------
 
 namespace {

@@ -194,6 +194,23 @@ NormDims validate_rmsnorm_fwd(const Placement& on, const Tensor& y, const Tensor
 NormDims validate_rmsnorm_bwd(const Placement& on, const Tensor& dx, const Tensor& dgamma,
                               const Tensor& dy, const Tensor& x, const Tensor& rstd,
                               const Tensor& gamma);
+// bias_dropout_add_norm_fwd: x [N, H] and residual, sum, y like it (same dtype and shape; y must
+// not overlap sum); bias [H] optional of x's dtype; dropout p in [0, 1); gamma [H], and for
+// layernorm beta [H] optional and mean [N]; for rmsnorm beta and mean undefined; rstd [N];
+// eps >= 0.
+NormDims validate_bias_dropout_add_norm_fwd(const Placement& on, const Tensor& y,
+                                            const Tensor& sum, const Tensor& mean,
+                                            const Tensor& rstd, const Tensor& x,
+                                            const Tensor& bias, const Tensor& residual,
+                                            const Tensor& gamma, const Tensor& beta,
+                                            const DropoutArgs& dropout, const NormArgs& args,
+                                            NormKind kind);
+// norm_bwd_add: as layernorm_bwd / rmsnorm_bwd (rmsnorm: mean and dbeta undefined), plus
+// dresidual (optional) with x's dtype and element count, not overlapping dx (dx may alias dy).
+NormDims validate_norm_bwd_add(const Placement& on, const Tensor& dx, const Tensor& dgamma,
+                               const Tensor& dbeta, const Tensor& dy, const Tensor& dresidual,
+                               const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& gamma, NormKind kind);
 
 // ---- optimizer ----------------------------------------------------------------------------------
 

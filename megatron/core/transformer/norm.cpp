@@ -38,4 +38,26 @@ Tensor Norm::backward(const Tensor& dy, const Tensor& x, const Saved& saved) {
   return dx;
 }
 
+Tensor Norm::forward_bda(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                         const ops::DropoutArgs& dropout, Tensor& sum, Saved& saved) const {
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  Tensor y = ctx_.empty(x.shape());
+  sum = ctx_.empty(x.shape());
+  saved.rstd = Tensor::empty({rows}, ctx_.stat_dtype(), ctx_.device);
+  if (layernorm_) saved.mean = Tensor::empty({rows}, ctx_.stat_dtype(), ctx_.device);
+  ctx_.op().bias_dropout_add_norm_fwd(y, sum, saved.mean, saved.rstd, x, bias, residual,
+                                      weight_.value, layernorm_ ? bias_.value : Tensor(), dropout,
+                                      args_, kind());
+  return y;
+}
+
+Tensor Norm::backward_add(const Tensor& dy, const Tensor& dresidual, const Tensor& x,
+                          const Saved& saved) {
+  Tensor dx = ctx_.empty(x.shape());
+  Tensor no_dbeta;
+  ctx_.op().norm_bwd_add(dx, weight_.grad, layernorm_ ? bias_.grad : no_dbeta, dy, dresidual, x,
+                         saved.mean, saved.rstd, weight_.value, args_, kind());
+  return dx;
+}
+
 }  // namespace mg::transformer

@@ -1,6 +1,7 @@
 // A norm slot: LayerNorm (weight + bias) or RMSNorm (weight) over the last dim, per
 // config.normalization, eps and apply_layernorm_1p (zero-centred weight). Used for the layer norms,
-// the final norm and q/k layernorm.
+// the final norm and q/k layernorm. forward_bda / backward_add are the residual-path fusions the
+// transformer layer uses (norm.cpp's ops; bit-identical to the unfused sequences on the CPU).
 #pragma once
 
 #include <string>
@@ -26,7 +27,21 @@ class Norm {
   // dx (written) from dy; accumulates the weight/bias grads.
   Tensor backward(const Tensor& dy, const Tensor& x, const Saved& saved);
 
+  // Fused with the bias-dropout-add in front of the norm (op bias_dropout_add_norm_fwd): writes
+  // sum [.., h] = residual + dropout(x + bias) (bias [h] optional) and returns norm(sum); the same
+  // bits as bias_dropout_add_fwd followed by forward(sum) on the CPU.
+  Tensor forward_bda(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                     const ops::DropoutArgs& dropout, Tensor& sum, Saved& saved) const;
+  // dx = backward(dy) + dresidual in one pass (op norm_bwd_add; dresidual optional): the same
+  // bits as backward followed by axpy(dx, dresidual, 1) on the CPU.
+  Tensor backward_add(const Tensor& dy, const Tensor& dresidual, const Tensor& x,
+                      const Saved& saved);
+
  private:
+  ops::NormKind kind() const {
+    return layernorm_ ? ops::NormKind::layernorm : ops::NormKind::rmsnorm;
+  }
+
   const ModuleContext& ctx_;
   bool layernorm_;
   ops::NormArgs args_;

@@ -1,5 +1,10 @@
 // TransformerLayer forward/backward (transformer_layer.h).
 // Gradient rule: parameter gradients +=, activation gradients =.
+// Fusions (norm.cpp / norm.cu ops, bit-identical to the unfused sequences on the CPU): the
+// attention bias-dropout-add and pre_mlp_layernorm run as one op (bias_dropout_add_norm_fwd); in
+// backward each norm's dx and the residual gradient are summed in the norm's pass (norm_bwd_add).
+// Not fused: the MLP bias-dropout-add with the next layer's input_layernorm (a cross-layer fusion),
+// and inference (infer(), unfused ops).
 #include "megatron/core/transformer/transformer_layer.h"
 
 #include "megatron/core/tensor_parallel/random.h"
@@ -73,12 +78,18 @@ Tensor TransformerLayer::forward(const Tensor& x, Saved& saved, const AttentionI
   saved.ln1 = norm1_ ? norm1_->forward(x, saved.norm1) : x;
   const ops::DropoutArgs probs = attention_dropout(ctx_, rng, c.attention_dropout, layer_);
   Tensor y = attn_->forward(saved.ln1, saved.attn, in, probs, keep_core_attention);
-  Tensor h = ctx_.empty(x.shape());
-  ctx_.op().bias_dropout_add_fwd(
-      h, y, attn_->proj_bias().value, x,
-      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::attention_bda, x));
+  // self_attn_bda + pre_mlp_layernorm in one op (h written, then normalised from the stored h).
+  const ops::DropoutArgs bda1 =
+      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::attention_bda, x);
+  Tensor h;
+  if (norm2_) {
+    saved.ln2 = norm2_->forward_bda(y, attn_->proj_bias().value, x, bda1, h, saved.norm2);
+  } else {
+    h = ctx_.empty(x.shape());
+    ctx_.op().bias_dropout_add_fwd(h, y, attn_->proj_bias().value, x, bda1);
+    saved.ln2 = h;
+  }
   saved.h = h;
-  saved.ln2 = norm2_ ? norm2_->forward(h, saved.norm2) : h;
   Tensor z = moe_ ? moe_->forward(saved.ln2, saved.moe, rng.training)
                   : mlp_->forward(saved.ln2, saved.mlp);
   Tensor out = ctx_.empty(x.shape());
@@ -99,8 +110,12 @@ Tensor TransformerLayer::backward(const Tensor& dout, Saved& saved, const Attent
       dz, moe_ ? no_bias : mlp_->fc2_bias().grad, dout,
       hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::mlp_bda, dout));
   Tensor dln2 = moe_ ? moe_->backward(dz, saved.moe) : mlp_->backward(dz, saved.ln2, saved.mlp);
-  Tensor dh = norm2_ ? norm2_->backward(dln2, saved.h, saved.norm2) : dln2;
-  ctx_.op().axpy(dh, dout, 1.0f);
+  // pre_mlp_layernorm's dx + the residual path's dout, in one pass.
+  Tensor dh = dln2;
+  if (norm2_)
+    dh = norm2_->backward_add(dln2, dout, saved.h, saved.norm2);
+  else
+    ctx_.op().axpy(dh, dout, 1.0f);
   // self_attn_bda
   Tensor dy = ctx_.empty(dh.shape());
   ctx_.op().bias_dropout_add_bwd(
@@ -108,8 +123,12 @@ Tensor TransformerLayer::backward(const Tensor& dout, Saved& saved, const Attent
       hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::attention_bda, dout));
   const ops::DropoutArgs probs = attention_dropout(ctx_, rng, c.attention_dropout, layer_);
   Tensor dln1 = attn_->backward(dy, saved.ln1, saved.attn, in, probs);
-  Tensor dx = norm1_ ? norm1_->backward(dln1, saved.x, saved.norm1) : dln1;
-  ctx_.op().axpy(dx, dh, 1.0f);
+  // input_layernorm's dx + the residual path's dh, in one pass.
+  Tensor dx = dln1;
+  if (norm1_)
+    dx = norm1_->backward_add(dln1, dh, saved.x, saved.norm1);
+  else
+    ctx_.op().axpy(dx, dh, 1.0f);
   saved = Saved{};
   return dx;
 }

@@ -3,15 +3,16 @@
 //   h   = x + dropout(linear_proj(attention(input_layernorm(x))) + proj_bias)     self_attn_bda
 //   out = h + dropout(linear_fc2(act(linear_fc1(pre_mlp_layernorm(h)))) + fc2_bias)  mlp_bda
 //
-// Tensors [S, B, H]. Dropout seeds come from (iteration, micro-batch, layer, site), so a recomputed
-// forward replays the same masks.
-// Tensor parallelism (ctx.tp_group): attention and MLP are TP regions (heads and F split across
-// ranks); under sequence parallelism the layer's input, output, norms and bias-dropout-adds work on
-// [S/TP, B, H] shards, hidden dropout drawing at the shard's offset so SP on/off drop the same
-// elements; attention-probability dropout uses Megatron's model-parallel seed when TP > 1.
-// Mixture of Experts: a layer with config.is_moe_layer(layer_number) has an moe::MoELayer (router,
-// experts, shared experts; moe/moe_layer.h) in the mlp slot instead of the dense MLP; the mlp_bda
-// then has no bias.
+// self_attn_bda + pre_mlp_layernorm run fused (Norm::forward_bda), and backward adds each norm's
+// dx to the residual gradient in the norm's own pass (Norm::backward_add); identity norms fall back
+// to the separate ops. Tensors [S, B, H]. Dropout seeds come from (iteration, micro-batch, layer,
+// site), so a recomputed forward replays the same masks. Tensor parallelism (ctx.tp_group):
+// attention and MLP are TP regions (heads and F split across ranks); under sequence parallelism the
+// layer's input, output, norms and bias-dropout-adds work on [S/TP, B, H] shards, hidden dropout
+// drawing at the shard's offset so SP on/off drop the same elements; attention-probability dropout
+// uses Megatron's model-parallel seed when TP > 1. Mixture of Experts: a layer with
+// config.is_moe_layer(layer_number) has an moe::MoELayer (router, experts, shared experts;
+// moe/moe_layer.h) in the mlp slot instead of the dense MLP; the mlp_bda then has no bias.
 #pragma once
 
 #include <memory>

@@ -7,14 +7,16 @@
 // forward's mask from (seed, offset), and a shard run with offset + its global start reproduces
 // the slice of the full run. Kept values are scaled by 1/(1-p); p == 0 is the identity.
 // Storage f32/bf16/f16 with f32 math, f64 with f64 math; x, bias, residual and y share a dtype,
-// dbias may be any kernel float dtype (an f32 main-grad buffer for bf16 weights).
+// dbias may be any kernel float dtype (an f32 main-grad buffer for bf16 weights). The
+// bias-dropout-add element loop is dropout_util.h's, shared with the fused
+// bias_dropout_add_norm_fwd of norm.cpp (bit-identical sums).
 // Not here: attention-probability dropout (attention.cpp uses the same stream).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include "megatron/core/random/philox.h"
+#include "megatron/platforms/cpu/dropout_util.h"
 #include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
@@ -26,30 +28,6 @@ namespace {
 // Elements per OpenMP work item. A multiple of 4, so chunks start on Philox block boundaries
 // when the offset is aligned (not required for correctness: every chunk walks its own counters).
 constexpr int64_t kChunk = 1 << 14;
-
-// philox.h's uniform() on one lane of an already computed block (same expression, same bits).
-inline float lane_uniform(uint32_t u) {
-  return static_cast<float>(u >> 8) * (1.0f / 16777216.0f);
-}
-
-// Calls f(i, keep) for i in [begin, end), keep = dropout_keep(seed, offset + i, p). One Philox
-// block serves four consecutive counters, so it is computed once per four elements.
-template <typename F>
-inline void for_each_keep(const ops::DropoutArgs& a, int64_t begin, int64_t end, F&& f) {
-  int64_t i = begin;
-  while (i < end) {
-    const uint64_t e = a.offset + static_cast<uint64_t>(i);
-    const random::Philox4x32 r = random::philox_block(a.seed, e >> 2);
-    for (uint64_t lane = e & 3u; lane < 4 && i < end; ++lane, ++i)
-      f(i, lane_uniform(r.v[lane]) >= a.p);
-  }
-}
-
-// 1/(1-p) in the compute type C.
-template <typename C>
-C keep_scale(float p) {
-  return C(1) / (C(1) - static_cast<C>(p));
-}
 
 // ---- dropout
 // -------------------------------------------------------------------------------------
@@ -99,33 +77,12 @@ void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const 
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_float(x.dtype(), op, [&]<typename T>(std::type_identity<T>) {
-    using C = compute_t<T>;
-    const T* xp = x.data<T>();
-    const T* rp = residual.data<T>();
     const T* bp = bias.defined() ? bias.data<T>() : nullptr;
-    T* yp = y.data<T>();
-    const bool identity = args.p == 0.0f;
-    const C scale = identity ? C(1) : keep_scale<C>(args.p);
     const int64_t chunks = (n + kChunk - 1) / kChunk;
-    // Element-wise at the same index, so y may alias x or residual.
-    auto one = [&](int64_t i, bool keep) {
-      C v = C(0);
-      if (keep) {
-        v = to_f32(xp[i]);
-        if (bp) v += to_f32(bp[i % f]);
-        v *= scale;
-      }
-      yp[i] = store<T>(static_cast<C>(to_f32(rp[i])) + v);
-    };
 #pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t b = c * kChunk, e = std::min(n, (c + 1) * kChunk);
-      if (identity) {
-        for (int64_t i = b; i < e; ++i) one(i, true);
-      } else {
-        for_each_keep(args, b, e, one);
-      }
-    }
+    for (int64_t c = 0; c < chunks; ++c)
+      bias_dropout_add_range(y.data<T>(), x.data<T>(), bp, residual.data<T>(), f, args, c * kChunk,
+                             std::min(n, (c + 1) * kChunk));
   });
 }
 

@@ -8,13 +8,15 @@
 // p == 0 is the identity, p must be in [0, 1). x, bias, residual and y share a dtype; dbias may
 // be any kernel float dtype (f64 sums in a fixed order, reduce.cuh). Outputs may alias their
 // same-shaped inputs (each element is read, then written by the same thread).
-// Not here: attention-probability dropout (attention.cu uses the same stream); one Philox block
-// per element is computed (4x the needed work; the speed issue).
+// The mask (DropoutMask, dropout_mask.cuh) is shared with norm.cu's fused
+// bias_dropout_add_norm_fwd. Not here: attention-probability dropout (attention.cu uses the same
+// stream); one Philox block per element is computed (4x the needed work; the speed issue).
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/random/philox.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/platforms/cuda/dropout_mask.cuh"
 #include "megatron/platforms/cuda/reduce.cuh"
 #include "megatron/plugin/registry.h"
 
@@ -22,23 +24,7 @@ namespace mg::platforms::cuda {
 
 namespace {
 
-struct Mask {
-  uint64_t seed, offset;
-  float p;
-  bool identity;
-  __device__ __forceinline__ bool keep(int64_t i) const {
-    return identity || random::dropout_keep(seed, offset + static_cast<uint64_t>(i), p);
-  }
-};
-
-Mask make_mask(const ops::DropoutArgs& a) {
-  return Mask{a.seed, a.offset, a.p, a.p == 0.0f};
-}
-
-template <typename C>
-C keep_scale(float p) {
-  return C(1) / (C(1) - static_cast<C>(p));
-}
+using Mask = DropoutMask;
 
 // out [*] = mask * in [*] * scale
 template <typename C>

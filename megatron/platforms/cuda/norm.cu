@@ -1,4 +1,8 @@
-// CUDA LayerNorm and RMSNorm over the last dim (x viewed as [N, H]), forward and backward.
+// CUDA LayerNorm and RMSNorm over the last dim (x viewed as [N, H]), forward and backward, and
+// their fusions with the residual path of a pre-norm transformer layer:
+//   bias_dropout_add_norm_fwd: sum = residual + dropout(x + bias), stored in x's dtype, then
+//                              y = norm(sum) from the stored (rounded) sum, in one kernel
+//   norm_bwd_add:              dx = store(store(norm dx) + dresidual), in the dx kernel
 //
 // Gradient rule: parameter gradients accumulate (+=: dgamma, dbeta); activation gradients are
 // written (=: dx).
@@ -10,14 +14,22 @@
 //   LayerNorm dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   RMSNorm   dx = rstd * (g - xhat * mean(g * xhat))
 //   dgamma += sum_n dy * xhat;  dbeta += sum_n dy   (f64 column sums in a fixed order)
-// The same formulas and checks as megatron/platforms/cpu/norm.cpp. gamma/beta and their grads may
-// have another float dtype than x (f32 grads of bf16 params). dx may alias dy: the column sums
-// run before the dx kernel, and each dx element is written by the thread that read it last.
-// Not here: fused residual add, dropout, fp8 outputs, rows cached in shared memory (speed issue).
+// The same formulas, checks and fused-op definitions as megatron/platforms/cpu/norm.cpp: the sum
+// is rounded to the storage dtype before its statistics are taken, the dropout mask is dropout.cu's
+// (DropoutMask, the flat index of x), and norm_bwd_add rounds the norm's dx to the storage dtype
+// before adding dresidual with a non-contracted add (__fadd_rn / __dadd_rn), as layernorm_bwd +
+// axpy do. Results agree with the CPU to the dtype's tolerance (other reduction order), not bits.
+// gamma/beta and their grads may have another float dtype than x (f32 grads of bf16 params).
+// dx may alias dy or dresidual: the column sums run before the dx kernel, and each dx element is
+// written by the thread that read it last. In the fused forward, sum may alias x or residual (each
+// element is read, then written, by one thread); y must not overlap sum (validated).
+// Not here: fp8 outputs, rows cached in shared memory, vectorised loads (the speed issue); the
+// MLP-BDA + next layer's input norm fusion.
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/platforms/cuda/dropout_mask.cuh"
 #include "megatron/platforms/cuda/reduce.cuh"
 #include "megatron/plugin/registry.h"
 
@@ -26,6 +38,7 @@ namespace mg::platforms::cuda {
 namespace {
 
 using ops::NormArgs;
+using ops::NormKind;
 
 struct Param {
   const void* p;
@@ -38,12 +51,12 @@ struct Param {
   }
 };
 
-// y [R, H], mean [R], rstd [R] <- x [R, H]; mean == nullptr: RMSNorm (no centring, no beta).
+// Row r of the forward: y [R, H], mean [R], rstd [R] <- x [R, H]; mean == nullptr: RMSNorm (no
+// centring, no beta). Each thread reads only the elements j = threadIdx.x + k * blockDim.x.
 template <typename C>
-__global__ void norm_fwd_kernel(void* y, void* mean, void* rstd, DType st, const void* x, DType t,
-                                Param gamma, Param beta, C eps, int64_t rows, int64_t h) {
-  const int64_t r = block_row();
-  if (r >= rows) return;
+__device__ __forceinline__ void norm_fwd_row(void* y, void* mean, void* rstd, DType st,
+                                             const void* x, DType t, const Param& gamma,
+                                             const Param& beta, C eps, int64_t r, int64_t h) {
   const int64_t base = r * h;
   const C inv_h = C(1) / static_cast<C>(h);
   C mu = C(0);
@@ -70,10 +83,71 @@ __global__ void norm_fwd_kernel(void* y, void* mean, void* rstd, DType st, const
   }
 }
 
-// dx [R, H] <- dy, x [R, H], mean/rstd [R] (mean == nullptr: RMSNorm), gamma [H]
+// y [R, H], mean [R], rstd [R] <- x [R, H]; mean == nullptr: RMSNorm.
 template <typename C>
-__global__ void norm_bwd_kernel(void* dx, const void* dy, const void* x, DType t, const void* mean,
-                                const void* rstd, DType st, Param gamma, int64_t rows, int64_t h) {
+__global__ void norm_fwd_kernel(void* y, void* mean, void* rstd, DType st, const void* x, DType t,
+                                Param gamma, Param beta, C eps, int64_t rows, int64_t h) {
+  const int64_t r = block_row();
+  if (r >= rows) return;
+  norm_fwd_row<C>(y, mean, rstd, st, x, t, gamma, beta, eps, r, h);
+}
+
+// The bias-dropout-add inputs of the fused forward (bias [H] optional: null).
+struct BdaArgs {
+  const void* x;
+  const void* bias;
+  const void* residual;
+  DropoutMask mask;
+};
+
+// sum [R, H] = residual + mask * (x + bias) * scale, stored in t (bias_dropout_add_kernel's
+// element), then y, mean, rstd = norm(sum) from the stored values. The thread that stores a sum
+// element is the one that reads it back (same j stride), so no barrier is needed in between.
+template <typename C>
+__global__ void bda_norm_fwd_kernel(void* y, void* sum, void* mean, void* rstd, DType st, DType t,
+                                    BdaArgs in, C scale, Param gamma, Param beta, C eps,
+                                    int64_t rows, int64_t h) {
+  const int64_t r = block_row();
+  if (r >= rows) return;
+  const int64_t base = r * h;
+  for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
+    const int64_t i = base + j;
+    C v = C(0);
+    if (in.mask.keep(i)) {
+      v = load<C>(in.x, t, i);
+      if (in.bias) v += load<C>(in.bias, t, j);
+      v *= scale;
+    }
+    store<C>(sum, t, i, load<C>(in.residual, t, i) + v);
+  }
+  norm_fwd_row<C>(y, mean, rstd, st, sum, t, gamma, beta, eps, r, h);
+}
+
+// v rounded to storage dtype t and widened back (store + load through a register-sized buffer);
+// the identity for f32 (C float) and f64 (C double).
+template <typename C>
+__device__ __forceinline__ C round_to(C v, DType t) {
+  if (t == DType::f32 || t == DType::f64) return v;
+  uint64_t buf = 0;
+  store<C>(&buf, t, 0, v);
+  return load<C>(&buf, t, 0);
+}
+
+// a + b rounded once, never contracted with the multiply that produced a (norm_bwd_add's add must
+// round like a separate axpy).
+__device__ __forceinline__ float add_rn(float a, float b) {
+  return __fadd_rn(a, b);
+}
+__device__ __forceinline__ double add_rn(double a, double b) {
+  return __dadd_rn(a, b);
+}
+
+// dx [R, H] <- dy, x [R, H], mean/rstd [R] (mean == nullptr: RMSNorm), gamma [H]
+// dres (optional, null: none): dx = store(store(norm dx) + dres), norm_bwd_add's definition.
+template <typename C>
+__global__ void norm_bwd_kernel(void* dx, const void* dy, const void* dres, const void* x, DType t,
+                                const void* mean, const void* rstd, DType st, Param gamma,
+                                int64_t rows, int64_t h) {
   const int64_t r = block_row();
   if (r >= rows) return;
   const int64_t base = r * h;
@@ -92,7 +166,14 @@ __global__ void norm_bwd_kernel(void* dx, const void* dy, const void* x, DType t
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
     const C xh = (load<C>(x, t, base + j) - mu) * rs;
     const C g = load<C>(dy, t, base + j) * gamma.at<C>(j);
-    store<C>(dx, t, base + j, rs * (g - mg - xh * mgx));
+    const C v = rs * (g - mg - xh * mgx);
+    if (dres) {
+      // The norm's dx rounded to the storage dtype first (a no-op for f32/f64), then the add.
+      const C rounded = round_to<C>(v, t);
+      store<C>(dx, t, base + j, add_rn(rounded, load<C>(dres, t, base + j)));
+    } else {
+      store<C>(dx, t, base + j, v);
+    }
   }
 }
 
@@ -137,8 +218,10 @@ void launch_fwd(Tensor& y, Tensor* mean, Tensor& rstd, const Tensor& x, const Te
   MG_CUDA_CHECK_LAUNCH();
 }
 
-void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, const Tensor& x,
-                const Tensor* mean, const Tensor& rstd, const Tensor& gamma, const NormArgs& args) {
+// dres: optional (null) residual gradient added to dx (norm_bwd_add).
+void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, const Tensor* dres,
+                const Tensor& x, const Tensor* mean, const Tensor& rstd, const Tensor& gamma,
+                const NormArgs& args) {
   const int64_t h = x.size(-1), rows = x.numel() / h;
   const int dev = x.device().index;
   DeviceGuard guard(dev);
@@ -157,8 +240,8 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
                             dev);
     if (rows == 0) return;
     norm_bwd_kernel<C><<<grid_rows(rows), kThreads, 0, current_stream(dev)>>>(
-        dx.raw_data(), dy.raw_data(), x.raw_data(), x.dtype(), mp, rstd.raw_data(), rstd.dtype(),
-        param_of(gamma, args.zero_centered_gamma), rows, h);
+        dx.raw_data(), dy.raw_data(), dres ? dres->raw_data() : nullptr, x.raw_data(), x.dtype(),
+        mp, rstd.raw_data(), rstd.dtype(), param_of(gamma, args.zero_centered_gamma), rows, h);
     MG_CUDA_CHECK_LAUNCH();
   });
 }
@@ -175,7 +258,8 @@ void layernorm_bwd(Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor& dy, 
                    const Tensor& mean, const Tensor& rstd, const Tensor& gamma,
                    const NormArgs& args) {
   ops::validate_layernorm_bwd(OnCudaDevice{}, dx, dgamma, dbeta, dy, x, mean, rstd, gamma);
-  launch_bwd(dx, dgamma, dbeta.defined() ? &dbeta : nullptr, dy, x, &mean, rstd, gamma, args);
+  launch_bwd(dx, dgamma, dbeta.defined() ? &dbeta : nullptr, dy, nullptr, x, &mean, rstd, gamma,
+             args);
 }
 
 // y [N, H], rstd [N] <- x [N, H], gamma [H]
@@ -189,7 +273,44 @@ void rmsnorm_fwd(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& gamma,
 void rmsnorm_bwd(Tensor& dx, Tensor& dgamma, const Tensor& dy, const Tensor& x, const Tensor& rstd,
                  const Tensor& gamma, const NormArgs& args) {
   ops::validate_rmsnorm_bwd(OnCudaDevice{}, dx, dgamma, dy, x, rstd, gamma);
-  launch_bwd(dx, dgamma, nullptr, dy, x, nullptr, rstd, gamma, args);
+  launch_bwd(dx, dgamma, nullptr, dy, nullptr, x, nullptr, rstd, gamma, args);
+}
+
+// y [N, H], sum [N, H], mean [N] (layernorm), rstd [N] <- x [N, H], bias [H] (optional),
+// residual [N, H], gamma [H], beta [H] (optional, layernorm)
+void bias_dropout_add_norm_fwd(Tensor& y, Tensor& sum, Tensor& mean, Tensor& rstd, const Tensor& x,
+                               const Tensor& bias, const Tensor& residual, const Tensor& gamma,
+                               const Tensor& beta, const ops::DropoutArgs& dropout,
+                               const NormArgs& args, NormKind kind) {
+  const ops::NormDims nd = ops::validate_bias_dropout_add_norm_fwd(
+      OnCudaDevice{}, y, sum, mean, rstd, x, bias, residual, gamma, beta, dropout, args, kind);
+  if (nd.rows == 0) return;
+  const bool ln = kind == NormKind::layernorm;
+  const int dev = x.device().index;
+  DeviceGuard guard(dev);
+  with_compute(x.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    const BdaArgs in{x.raw_data(), bias.defined() ? bias.raw_data() : nullptr, residual.raw_data(),
+                     make_mask(dropout)};
+    bda_norm_fwd_kernel<C><<<grid_rows(nd.rows), kThreads, 0, current_stream(dev)>>>(
+        y.raw_data(), sum.raw_data(), ln ? mean.raw_data() : nullptr, rstd.raw_data(), rstd.dtype(),
+        x.dtype(), in, keep_scale<C>(dropout.p), param_of(gamma, args.zero_centered_gamma),
+        ln ? param_of(beta, false) : param_of(Tensor(), false), static_cast<C>(args.eps), nd.rows,
+        nd.h);
+  });
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// dx [N, H] = norm_bwd(dy) + dresidual (optional), dgamma [H] +=, dbeta [H] += (optional)
+void norm_bwd_add(Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor& dy,
+                  const Tensor& dresidual, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                  const Tensor& gamma, const NormArgs& args, NormKind kind) {
+  ops::validate_norm_bwd_add(OnCudaDevice{}, dx, dgamma, dbeta, dy, dresidual, x, mean, rstd, gamma,
+                             kind);
+  const bool ln = kind == NormKind::layernorm;
+  launch_bwd(dx, dgamma, ln && dbeta.defined() ? &dbeta : nullptr, dy,
+             dresidual.defined() ? &dresidual : nullptr, x, ln ? &mean : nullptr, rstd, gamma,
+             args);
 }
 
 }  // namespace
@@ -200,6 +321,9 @@ void register_norm_kernels(plugin::Registry& r) {
   r.register_op<OpId::layernorm_bwd>(kPlatformName, &layernorm_bwd, "cuda:kernel");
   r.register_op<OpId::rmsnorm_fwd>(kPlatformName, &rmsnorm_fwd, "cuda:kernel");
   r.register_op<OpId::rmsnorm_bwd>(kPlatformName, &rmsnorm_bwd, "cuda:kernel");
+  r.register_op<OpId::bias_dropout_add_norm_fwd>(kPlatformName, &bias_dropout_add_norm_fwd,
+                                                 "cuda:kernel");
+  r.register_op<OpId::norm_bwd_add>(kPlatformName, &norm_bwd_add, "cuda:kernel");
 }
 
 }  // namespace mg::platforms::cuda
