@@ -14,8 +14,10 @@
 // synchronises its stream after each call, so on a GPU the reference includes one host round trip
 // per 1 GiB copy (~1%); on the CPU it is one thread's memmove while the kernels use every OpenMP
 // thread, so copy_frac can exceed 1 there. Inputs are random (init_normal on the device), never
-// zeros. The GEMM epilogues are in gemm_bench. Not measured yet: the fused bias-dropout-add + norm
-// ops (not in op_list.h when this was written).
+// zeros. Also the fused pre-norm ops (bias_dropout_add_norm_fwd: residual + dropout(x + bias) then
+// the norm, in one pass; norm_bwd_add: the norm's backward plus the residual gradient); compare
+// with bias_dropout_add + layernorm / rmsnorm above (their sum is the unfused cost). The GEMM
+// epilogues are in gemm_bench.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -226,6 +228,42 @@ void BM_bias_dropout_add(benchmark::State& state) {
         [&] { ops().bias_dropout_add_bwd(dx, dbias, dy, d); });
 }
 
+// ---- fused pre-norm: bias_dropout_add_norm_fwd / norm_bwd_add: args N, H, dtype, backward, kind
+// (0 layernorm, 1 rmsnorm); dropout p 0.1 ----
+
+void BM_bda_norm(benchmark::State& state) {
+  const int64_t n = state.range(0), h = state.range(1);
+  const DType dt = dtype_arg(state.range(2));
+  const bool bwd = state.range(3) != 0;
+  const auto kind = state.range(4) == 0 ? mg::ops::NormKind::layernorm : mg::ops::NormKind::rmsnorm;
+  const bool ln = kind == mg::ops::NormKind::layernorm;
+  mg::ops::DropoutArgs d;
+  d.p = 0.1f;
+  d.seed = 1234;
+  mg::ops::NormArgs args;
+  Tensor x = random_tensor({n, h}, dt, 1), res = random_tensor({n, h}, dt, 2);
+  Tensor bias = random_tensor({h}, dt, 3), gamma = random_tensor({h}, dt, 4);
+  Tensor beta = ln ? random_tensor({h}, dt, 5) : Tensor();
+  Tensor dy = random_tensor({n, h}, dt, 6), dres = random_tensor({n, h}, dt, 7);
+  Tensor y = empty({n, h}, dt), sum = empty({n, h}, dt), dx = empty({n, h}, dt);
+  Tensor mean = ln ? empty({n}, DType::f32) : Tensor(), rstd = empty({n}, DType::f32);
+  Tensor dgamma = random_tensor({h}, DType::f32, 8);
+  Tensor dbeta = ln ? random_tensor({h}, DType::f32, 9) : Tensor();
+  ops().bias_dropout_add_norm_fwd(y, sum, mean, rstd, x, bias, res, gamma, beta, d, args, kind);
+  const double e = esize(dt), nh = static_cast<double>(n * h) * e;
+  const double stats = (ln ? 8.0 : 4.0) * static_cast<double>(n);
+  const double params = (ln ? 2.0 : 1.0) * static_cast<double>(h);
+  const std::string name = ln ? "layernorm" : "rmsnorm";
+  if (!bwd)  // x, residual in; sum, y out; stats out; bias, gamma (beta) in
+    run(state, 4 * nh + stats + (params + h) * e, "bias_dropout_add+" + name + " fwd p 10%", [&] {
+      ops().bias_dropout_add_norm_fwd(y, sum, mean, rstd, x, bias, res, gamma, beta, d, args, kind);
+    });
+  else  // dy, dresidual, x in; dx out; stats, gamma in; dgamma (dbeta) f32 read + written
+    run(state, 4 * nh + stats + h * e + 8.0 * params, name + " bwd + residual grad", [&] {
+      ops().norm_bwd_add(dx, dgamma, dbeta, dy, dres, sum, mean, rstd, gamma, args, kind);
+    });
+}
+
 // ---- cross entropy: args N, V, logits dtype, backward ----
 
 void BM_cross_entropy(benchmark::State& state) {
@@ -315,6 +353,16 @@ void bda_args(benchmark::internal::Benchmark* b) {
       for (auto [n, h] : shapes) b->Args({n, h, 1, bwd, p});
 }
 
+void bda_norm_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"N", "H", "bf16", "bwd", "rms"});
+  // gpt2-124m: LayerNorm at H 768; llama-1b: RMSNorm at H 2048.
+  const int64_t n1 = gpu() ? 16384 : 2048, n2 = gpu() ? 8192 : 1024;
+  for (int64_t bwd : {0, 1}) {
+    b->Args({n1, 768, 1, bwd, 0});
+    b->Args({n2, 2048, 1, bwd, 1});
+  }
+}
+
 void ce_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"N", "V", "bf16", "bwd"});
   const std::vector<std::pair<int64_t, int64_t>> shapes =
@@ -350,6 +398,7 @@ BENCHMARK(BM_rmsnorm)->Apply(norm_args)->Apply(setup);
 BENCHMARK(BM_gelu)->Apply(gelu_args)->Apply(setup);
 BENCHMARK(BM_swiglu)->Apply(swiglu_args)->Apply(setup);
 BENCHMARK(BM_bias_dropout_add)->Apply(bda_args)->Apply(setup);
+BENCHMARK(BM_bda_norm)->Apply(bda_norm_args)->Apply(setup);
 BENCHMARK(BM_cross_entropy)->Apply(ce_args)->Apply(setup);
 BENCHMARK(BM_adamw)->Apply(adam_args)->Apply(setup);
 
