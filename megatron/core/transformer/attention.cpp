@@ -52,6 +52,35 @@ void SelfAttention::ungroup(const Tensor& grouped, Tensor& q, Tensor& k, Tensor&
   }
 }
 
+// x2 [N, H] -> q [N, NH HD], k and v [N, NG HD]: the weight (and bias) rows regrouped as
+// [q-all; k-all; v-all], then one GEMM per part (the bias as the GEMM's bias epilogue). Shared by
+// forward() and infer(), so that the KV-cache path has the training numerics.
+void SelfAttention::project_qkv(const Tensor& x2, Tensor& q, Tensor& k, Tensor& v) const {
+  const int64_t n = x2.size(0);
+  Tensor w = ctx_.empty(qkv_w_.value.shape());
+  Tensor wq = w.slice(0, nh_ * hd_), wk = w.slice(nh_ * hd_, ng_ * hd_),
+         wv = w.slice((nh_ + ng_) * hd_, ng_ * hd_);
+  ungroup(qkv_w_.value, wq, wk, wv);
+  if (qkv_b_.defined()) {
+    Tensor bias = ctx_.empty(qkv_b_.value.shape());
+    Tensor bq = bias.slice(0, nh_ * hd_), bk = bias.slice(nh_ * hd_, ng_ * hd_),
+           bv = bias.slice((nh_ + ng_) * hd_, ng_ * hd_);
+    ungroup(qkv_b_.value, bq, bk, bv);
+    q = ctx_.empty({n, nh_ * hd_});
+    k = ctx_.empty({n, ng_ * hd_});
+    v = ctx_.empty({n, ng_ * hd_});
+    const ops::GemmEpilogueArgs ea{.trans_b = true, .epilogue = ops::GemmEpilogue::bias};
+    Tensor none, none2;
+    ctx_.op().gemm_epilogue(q, none, none2, x2, wq, bq, ea);
+    ctx_.op().gemm_epilogue(k, none, none2, x2, wk, bk, ea);
+    ctx_.op().gemm_epilogue(v, none, none2, x2, wv, bv, ea);
+  } else {
+    q = linear_fwd(ctx_, x2, wq);
+    k = linear_fwd(ctx_, x2, wk);
+    v = linear_fwd(ctx_, x2, wv);
+  }
+}
+
 void SelfAttention::add_grouped(Tensor& grouped, const Tensor& q, const Tensor& k,
                                 const Tensor& v) const {
   const int64_t qpg = nh_ / ng_;
@@ -114,30 +143,8 @@ Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInpu
   const Tensor xt = tp_region_enter(ctx_, x);
   if (ctx_.tp_size() > 1) saved.input = xt;
   const Tensor x2 = xt.view({n, h_});  // [N, H]
-  // Weight (and bias) rows regrouped as [q-all; k-all; v-all].
-  Tensor w = ctx_.empty(qkv_w_.value.shape());
-  Tensor wq = w.slice(0, nh_ * hd_), wk = w.slice(nh_ * hd_, ng_ * hd_),
-         wv = w.slice((nh_ + ng_) * hd_, ng_ * hd_);
-  ungroup(qkv_w_.value, wq, wk, wv);
-  Tensor q, k, v;          // [N, NH HD], [N, NG HD], [N, NG HD]
-  if (qkv_b_.defined()) {  // x W^T + b in one GEMM each (bias epilogue)
-    Tensor bias = ctx_.empty(qkv_b_.value.shape());
-    Tensor bq = bias.slice(0, nh_ * hd_), bk = bias.slice(nh_ * hd_, ng_ * hd_),
-           bv = bias.slice((nh_ + ng_) * hd_, ng_ * hd_);
-    ungroup(qkv_b_.value, bq, bk, bv);
-    q = ctx_.empty({n, nh_ * hd_});
-    k = ctx_.empty({n, ng_ * hd_});
-    v = ctx_.empty({n, ng_ * hd_});
-    const ops::GemmEpilogueArgs ea{.trans_b = true, .epilogue = ops::GemmEpilogue::bias};
-    Tensor none, none2;
-    ctx_.op().gemm_epilogue(q, none, none2, x2, wq, bq, ea);
-    ctx_.op().gemm_epilogue(k, none, none2, x2, wk, bk, ea);
-    ctx_.op().gemm_epilogue(v, none, none2, x2, wv, bv, ea);
-  } else {
-    q = linear_fwd(ctx_, x2, wq);
-    k = linear_fwd(ctx_, x2, wk);
-    v = linear_fwd(ctx_, x2, wv);
-  }
+  Tensor q, k, v;                      // [N, NH HD], [N, NG HD], [N, NG HD]
+  project_qkv(x2, q, k, v);
   if (q_norm_) {
     saved.q_pre = q;
     saved.k_pre = k;

@@ -78,6 +78,8 @@ class SelfAttention {
                           const ops::AttentionArgs& a) const;
   // Row blocks of grouped [(NH+2NG) HD, ..] into q [NH HD, ..], k, v [NG HD, ..] (copies).
   void ungroup(const Tensor& grouped, Tensor& q, Tensor& k, Tensor& v) const;
+  // x2 [N, H] -> q [N, NH HD], k, v [N, NG HD] (+ the QKV bias, as a GEMM epilogue).
+  void project_qkv(const Tensor& x2, Tensor& q, Tensor& k, Tensor& v) const;
   // grouped += the row blocks of q, k, v (axpy per block).
   void add_grouped(Tensor& grouped, const Tensor& q, const Tensor& k, const Tensor& v) const;
 

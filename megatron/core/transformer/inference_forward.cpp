@@ -19,29 +19,8 @@ Tensor SelfAttention::infer(const Tensor& x, inference::StaticInferenceContext& 
                          << "max_sequence_length " << ic.max_sequence_length());
   const Tensor xt = tp_region_enter(ctx_, x);  // TP: copy into the region (SP is refused above)
   const Tensor x2 = xt.view({n, h_});
-  Tensor w = ctx_.empty(qkv_w_.value.shape());
-  Tensor wq = w.slice(0, nh_ * hd_), wk = w.slice(nh_ * hd_, ng_ * hd_),
-         wv = w.slice((nh_ + ng_) * hd_, ng_ * hd_);
-  ungroup(qkv_w_.value, wq, wk, wv);
-  Tensor q, k, v;          // [N, NH HD], [N, NG HD], [N, NG HD]
-  if (qkv_b_.defined()) {  // the bias epilogue, as SelfAttention::forward (same numerics)
-    Tensor bias = ctx_.empty(qkv_b_.value.shape());
-    Tensor bq = bias.slice(0, nh_ * hd_), bk = bias.slice(nh_ * hd_, ng_ * hd_),
-           bv = bias.slice((nh_ + ng_) * hd_, ng_ * hd_);
-    ungroup(qkv_b_.value, bq, bk, bv);
-    q = ctx_.empty({n, nh_ * hd_});
-    k = ctx_.empty({n, ng_ * hd_});
-    v = ctx_.empty({n, ng_ * hd_});
-    const ops::GemmEpilogueArgs ea{.trans_b = true, .epilogue = ops::GemmEpilogue::bias};
-    Tensor none, none2;
-    ctx_.op().gemm_epilogue(q, none, none2, x2, wq, bq, ea);
-    ctx_.op().gemm_epilogue(k, none, none2, x2, wk, bk, ea);
-    ctx_.op().gemm_epilogue(v, none, none2, x2, wv, bv, ea);
-  } else {
-    q = linear_fwd(ctx_, x2, wq);
-    k = linear_fwd(ctx_, x2, wk);
-    v = linear_fwd(ctx_, x2, wv);
-  }
+  Tensor q, k, v;            // [N, NH HD], [N, NG HD], [N, NG HD]
+  project_qkv(x2, q, k, v);  // as forward() (same numerics)
   if (q_norm_) {
     Norm::Saved unused;
     q = q_norm_->forward(q.view({n * nh_, hd_}), unused);
