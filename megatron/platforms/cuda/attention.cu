@@ -36,6 +36,7 @@
 // skipping tiles that documents mask entirely, split-KV; sliding windows.
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "megatron/core/ops/ops.h"
@@ -835,6 +836,20 @@ bool use_tiled(DType t, const Dims& d) {
   return !force_rows && t != DType::f64 && d.hd <= 128;
 }
 
+// MG_CUDA_ATTENTION picks the forward's kernel: unset, empty or "default": the kernels of this
+// file; "mma": attention_mma.cu's tensor-core forward wherever it applies (bf16/f16, head dim 64 or
+// 128, 16-byte aligned tensors; opt-in until a GPU has verified it), this file's kernels elsewhere.
+// Read on every call (getenv is cheap next to a launch, and a test can switch it).
+bool mma_requested() {
+  const char* e = std::getenv("MG_CUDA_ATTENTION");
+  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "default") == 0) return false;
+  MG_CHECK(std::strcmp(e, "mma") == 0,
+           "MG_CUDA_ATTENTION='" << e
+                                 << "' is not valid: use 'mma' (tensor-core forward for bf16/f16 "
+                                    "with head dim 64 or 128) or 'default' (or leave it unset)");
+  return true;
+}
+
 // One block per 64-row tile of `len` rows (Sq for queries, Sk for keys) of each (b, head) of
 // `heads` heads.
 unsigned fa_blocks(const Dims& d, int64_t heads, int64_t len) {
@@ -854,8 +869,40 @@ void attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, c
   const int dev = q.device().index;
   DeviceGuard guard(dev);
   const AttnParams p = params_of(d, q.dtype(), args, m);
+  const bool mma = mma_requested();
   if (use_tiled(q.dtype(), d)) {
     const float scale = softmax_scale<float>(args, d), ks = keep_scale<float>(args);
+    if (mma) {
+      MmaAttentionFwd ma;
+      ma.out = out.raw_data();
+      ma.lse = static_cast<float*>(lse.raw_data());
+      ma.q = q.raw_data();
+      ma.k = k.raw_data();
+      ma.v = v.raw_data();
+      ma.t = q.dtype();
+      ma.b = d.b;
+      ma.sq = d.s;
+      ma.sk = d.sk;
+      ma.nh = d.nh;
+      ma.ng = d.ng;
+      ma.hd = d.hd;
+      ma.causal = p.causal;
+      ma.docs = p.docs;
+      ma.doc_bstride = p.doc_bstride;
+      ma.kdocs = p.kdocs;
+      ma.kdoc_bstride = p.kdoc_bstride;
+      ma.dropout = p.dropout;
+      ma.p = p.p;
+      ma.seed = p.seed;
+      ma.offset = p.offset;
+      ma.scale = scale;
+      ma.keep_scale = ks;
+      ma.device = dev;
+      if (mma_attention_fwd_supported(ma)) {
+        launch_attention_fwd_mma(ma);
+        return;
+      }
+    }
     const unsigned blocks = fa_blocks(d, d.nh, d.s);
     cudaStream_t s = current_stream(dev);
     auto launch = [&](auto kernel, std::size_t smem) {

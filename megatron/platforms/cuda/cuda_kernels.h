@@ -36,6 +36,34 @@ struct GemmPlanCacheStats {
 };
 GemmPlanCacheStats gemm_plan_cache_stats();
 
+// attention_mma.cu: the tensor-core (mma.sync m16n8k16) attention forward, opt-in with
+// MG_CUDA_ATTENTION=mma (attention.cu selects it). Everything attention.cu's tiled forward takes,
+// as plain values: out/q [Sq, B, NH, HD], k/v [Sk, B, NG, HD] of dtype t, lse [B, NH, Sq] f32.
+struct MmaAttentionFwd {
+  void* out = nullptr;
+  float* lse = nullptr;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  DType t = DType::bf16;
+  int64_t b = 0, sq = 0, sk = 0, nh = 0, ng = 0, hd = 0;
+  bool causal = true;
+  const int32_t* docs = nullptr;  // query documents docs[b * doc_bstride + i], or null
+  int64_t doc_bstride = 0;
+  const int32_t* kdocs = nullptr;  // key documents kdocs[b * kdoc_bstride + j] (null iff docs is)
+  int64_t kdoc_bstride = 0;
+  bool dropout = false;
+  float p = 0.0f;
+  uint64_t seed = 0, offset = 0;
+  float scale = 1.0f, keep_scale = 1.0f;
+  int device = 0;
+};
+// Whether the mma forward serves this call: bf16/f16 storage, head dim 64 or 128, and q, k, v,
+// out 16-byte aligned (cp.async of 16-byte chunks).
+bool mma_attention_fwd_supported(const MmaAttentionFwd& a);
+// Launches it on current_stream(a.device) (the caller checked mma_attention_fwd_supported).
+void launch_attention_fwd_mma(const MmaAttentionFwd& a);
+
 // Element-wise dtype conversion on the current stream of `device` (Platform::convert).
 void launch_convert(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n,
                     int device);
