@@ -32,8 +32,11 @@
 // Both compute every element with the same formulas (scale * q.k, exp(s - m), the same dropout
 // bits); they differ only in summation order.
 // cu_seqlens are validated on a host copy (one synchronisation, as they are tiny) and expanded to a
-// per-position document id shared by every batch row. Not here: tensor cores (mma / wgmma),
-// skipping tiles that documents mask entirely, split-KV; sliding windows.
+// per-position document id shared by every batch row.
+// Tensor cores: MG_CUDA_ATTENTION=mma routes the forward for bf16/f16 with head dim 64 or 128 to
+// attention_mma.cu (mma.sync m16n8k16, FlashAttention-2's forward, P rounded to the dtype before
+// PV); opt-in, not yet run on a GPU; default unchanged. Not here: tensor cores in the backward,
+// wgmma, skipping tiles that documents mask entirely, split-KV; sliding windows.
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
