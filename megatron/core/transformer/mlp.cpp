@@ -14,6 +14,36 @@
 
 namespace mg::transformer {
 
+void activation_fwd(const ModuleContext& ctx, Activation act, ops::GeluApprox approx, Tensor& a,
+                    const Tensor& u) {
+  switch (act) {
+    case Activation::gelu:
+      ctx.op().gelu_fwd(a, u, approx);
+      return;
+    case Activation::swiglu:
+      ctx.op().swiglu_fwd(a, u);
+      return;
+    case Activation::squared_relu:
+      ctx.op().squared_relu_fwd(a, u);
+      return;
+  }
+}
+
+void activation_bwd(const ModuleContext& ctx, Activation act, ops::GeluApprox approx, Tensor& du,
+                    const Tensor& da, const Tensor& u) {
+  switch (act) {
+    case Activation::gelu:
+      ctx.op().gelu_bwd(du, da, u, approx);
+      return;
+    case Activation::swiglu:
+      ctx.op().swiglu_bwd(du, da, u);
+      return;
+    case Activation::squared_relu:
+      ctx.op().squared_relu_bwd(du, da, u);
+      return;
+  }
+}
+
 MLP::MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix, const MlpSpec&,
          int64_t ffn_hidden_size)
     : ctx_(ctx) {
@@ -67,17 +97,7 @@ Tensor MLP::forward(const Tensor& x, Saved& saved) const {
       if (fc1_b_.defined()) ctx_.op().bias_add(u, fc1_b_.value);
     }
     a = ctx_.empty({n, f_});  // [N, F]
-    switch (act_) {
-      case Activation::gelu:
-        ctx_.op().gelu_fwd(a, u, gelu_);
-        break;
-      case Activation::swiglu:
-        ctx_.op().swiglu_fwd(a, u);
-        break;
-      case Activation::squared_relu:
-        ctx_.op().squared_relu_fwd(a, u);
-        break;
-    }
+    activation_fwd(ctx_, act_, gelu_, a, u);
   }
   Tensor z = linear_fwd(ctx_, a, fc2_w_.value);  // [N, H]
   saved.fc1_out = u;
@@ -102,17 +122,7 @@ Tensor MLP::backward(const Tensor& dy, const Tensor& x, Saved& saved) {
   } else {
     Tensor da = ctx_.empty({n, f_});
     linear_bwd(ctx_, da, fc2_w_.grad, dy2, saved.act_out, fc2_w_.value);
-    switch (act_) {
-      case Activation::gelu:
-        ctx_.op().gelu_bwd(du, da, saved.fc1_out, gelu_);
-        break;
-      case Activation::swiglu:
-        ctx_.op().swiglu_bwd(du, da, saved.fc1_out);
-        break;
-      case Activation::squared_relu:
-        ctx_.op().squared_relu_bwd(du, da, saved.fc1_out);
-        break;
-    }
+    activation_bwd(ctx_, act_, gelu_, du, da, saved.fc1_out);
   }
   Tensor dx = ctx_.empty({n, h_});
   if (fused_ && act_ != Activation::gelu && fc1_b_.defined()) {

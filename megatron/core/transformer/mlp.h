@@ -44,4 +44,12 @@ class MLP {
   Weight fc1_w_, fc1_b_, fc2_w_, fc2_b_;
 };
 
+// The MLP activation on u [N, F] ([N, 2F] = [gate | up] for SwiGLU) -> a [N, F], and its backward
+// du = act'(u) * da (written). GELU uses `approx` (tanh under bias_activation_fusion). Shared by
+// the MLP and the MoE experts.
+void activation_fwd(const ModuleContext& ctx, Activation act, ops::GeluApprox approx, Tensor& a,
+                    const Tensor& u);
+void activation_bwd(const ModuleContext& ctx, Activation act, ops::GeluApprox approx, Tensor& du,
+                    const Tensor& da, const Tensor& u);
+
 }  // namespace mg::transformer

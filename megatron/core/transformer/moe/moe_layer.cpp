@@ -123,17 +123,7 @@ Tensor MoELayer::experts_forward(const Tensor& rows, Saved& s) const {
     Tensor in = rows.slice(off, n);
     Tensor u = linear_fwd(ctx_, in, x.fc1.value);
     Tensor a = ctx_.empty({n, f_});
-    switch (c.activation) {
-      case Activation::gelu:
-        ctx_.op().gelu_fwd(a, u, gelu);
-        break;
-      case Activation::swiglu:
-        ctx_.op().swiglu_fwd(a, u);
-        break;
-      case Activation::squared_relu:
-        ctx_.op().squared_relu_fwd(a, u);
-        break;
-    }
+    activation_fwd(ctx_, c.activation, gelu, a, u);
     Tensor z = linear_fwd(ctx_, a, x.fc2.value);
     Tensor dst = out.slice(off, n);
     dst.copy_(z);
@@ -161,17 +151,7 @@ Tensor MoELayer::experts_backward(const Tensor& drows, Saved& s) {
     linear_bwd(ctx_, da, x.fc2.grad, drows.slice(off, n), s.act_out[static_cast<std::size_t>(i)],
                x.fc2.value);
     Tensor du = ctx_.empty(u.shape());
-    switch (c.activation) {
-      case Activation::gelu:
-        ctx_.op().gelu_bwd(du, da, u, gelu);
-        break;
-      case Activation::swiglu:
-        ctx_.op().swiglu_bwd(du, da, u);
-        break;
-      case Activation::squared_relu:
-        ctx_.op().squared_relu_bwd(du, da, u);
-        break;
-    }
+    activation_bwd(ctx_, c.activation, gelu, du, da, u);
     Tensor dx = din.slice(off, n);
     linear_bwd(ctx_, dx, x.fc1.grad, du, s.expert_in[static_cast<std::size_t>(i)], x.fc1.value);
     off += n;
