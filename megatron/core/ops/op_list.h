@@ -13,117 +13,117 @@
 // Changing this list changes kOpTableAbiHash, so plugins built against another list are refused.
 #pragma once
 
-#define MG_OP_LIST(X)                                                                            \
-  /* ---- linear algebra ---- */                                                                 \
-  X(gemm, op, "gemm", void(Tensor & c, const Tensor& a, const Tensor& b, const GemmArgs& args))  \
-  /* c [M,N] = epilogue(op(a) @ op(b)) with aux [M,N], bias, dbias: GemmEpilogueArgs */         \
-  X(gemm_epilogue, op, "",                                                                       \
-    void(Tensor & c, Tensor & aux, Tensor & dbias, const Tensor& a, const Tensor& b,             \
-         const Tensor& bias, const GemmEpilogueArgs& args))                                      \
-  /* y[N,F] += bias[F] */                                                                        \
-  X(bias_add, op, "bias_grad", void(Tensor & y, const Tensor& bias))                             \
-  /* dbias[F] += sum_n dy[N,F] */                                                                \
-  X(bias_grad, op, "", void(Tensor & dbias, const Tensor& dy))                                   \
-  /* y += alpha * x (gradient accumulation, residual backward) */                                \
-  X(axpy, op, "axpy", void(Tensor & y, const Tensor& x, float alpha))                            \
-  X(fill, op, "", void(Tensor & x, double value))                                                \
-  /* ---- embedding: out[N,H] = weight[ids - vocab_start] (0 for ids outside this shard) ---- */ \
-  X(embedding_fwd, op, "embedding_bwd",                                                          \
-    void(Tensor & out, const Tensor& ids, const Tensor& weight, int64_t vocab_start))            \
-  X(embedding_bwd, op, "",                                                                       \
-    void(Tensor & dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_start))          \
-  /* ---- norms over the last dim; mean/rstd [N] f32 (f64 for f64 x); beta optional ---- */      \
-  X(layernorm_fwd, op, "layernorm_bwd",                                                          \
-    void(Tensor & y, Tensor & mean, Tensor & rstd, const Tensor& x, const Tensor& gamma,         \
-         const Tensor& beta, const NormArgs& args))                                              \
-  X(layernorm_bwd, op, "",                                                                       \
-    void(Tensor & dx, Tensor & dgamma, Tensor & dbeta, const Tensor& dy, const Tensor& x,        \
-         const Tensor& mean, const Tensor& rstd, const Tensor& gamma, const NormArgs& args))     \
-  X(rmsnorm_fwd, op, "rmsnorm_bwd",                                                              \
-    void(Tensor & y, Tensor & rstd, const Tensor& x, const Tensor& gamma, const NormArgs& args)) \
-  X(rmsnorm_bwd, op, "",                                                                         \
-    void(Tensor & dx, Tensor & dgamma, const Tensor& dy, const Tensor& x, const Tensor& rstd,    \
-         const Tensor& gamma, const NormArgs& args))                                             \
-  /* fused (pre-norm layer): sum [N,H] = residual + dropout(x + bias) (bias [H] optional),       \
-     stored in x's dtype, then y = norm(sum) as layernorm_fwd / rmsnorm_fwd compute it from the  \
-     stored sum (mean undefined for rmsnorm). Bit-identical to bias_dropout_add_fwd + the norm   \
-     on the cpu */                                                                               \
-  X(bias_dropout_add_norm_fwd, op, "norm_bwd_add",                                               \
-    void(Tensor & y, Tensor & sum, Tensor & mean, Tensor & rstd, const Tensor& x,                \
-         const Tensor& bias, const Tensor& residual, const Tensor& gamma, const Tensor& beta,    \
-         const DropoutArgs& dropout, const NormArgs& args, NormKind kind))                       \
-  /* dx = store(store(norm_bwd(dy)) + dresidual) (dresidual optional): layernorm_bwd /           \
-     rmsnorm_bwd then axpy(dx, dresidual, 1) in one pass, bit-identical on the cpu */            \
-  X(norm_bwd_add, op, "",                                                                        \
-    void(Tensor & dx, Tensor & dgamma, Tensor & dbeta, const Tensor& dy,                         \
-         const Tensor& dresidual, const Tensor& x, const Tensor& mean, const Tensor& rstd,       \
-         const Tensor& gamma, const NormArgs& args, NormKind kind))                              \
-  /* ---- activations (element-wise; swiglu: x[N,2F] = [gate | up], y[N,F] = silu(gate)*up) ---- \
-   */                                                                                            \
-  X(gelu_fwd, op, "gelu_bwd", void(Tensor & y, const Tensor& x, GeluApprox approx))              \
-  X(gelu_bwd, op, "", void(Tensor & dx, const Tensor& dy, const Tensor& x, GeluApprox approx))   \
-  X(swiglu_fwd, op, "swiglu_bwd", void(Tensor & y, const Tensor& x))                             \
-  X(swiglu_bwd, op, "", void(Tensor & dx, const Tensor& dy, const Tensor& x))                    \
-  X(squared_relu_fwd, op, "squared_relu_bwd", void(Tensor & y, const Tensor& x))                 \
-  X(squared_relu_bwd, op, "", void(Tensor & dx, const Tensor& dy, const Tensor& x))              \
-  /* ---- dropout family (counter-based masks, regenerated in backward) ---- */                  \
-  X(dropout_fwd, op, "dropout_bwd", void(Tensor & y, const Tensor& x, const DropoutArgs& args))  \
-  X(dropout_bwd, op, "", void(Tensor & dx, const Tensor& dy, const DropoutArgs& args))           \
-  /* y = residual + dropout(x + bias); bias [F] optional */                                      \
-  X(bias_dropout_add_fwd, op, "bias_dropout_add_bwd",                                            \
-    void(Tensor & y, const Tensor& x, const Tensor& bias, const Tensor& residual,                \
-         const DropoutArgs& args))                                                               \
-  /* dx = dropout'(dy); dbias += sum_n dx (optional); d(residual) is dy itself */                \
-  X(bias_dropout_add_bwd, op, "",                                                                \
-    void(Tensor & dx, Tensor & dbias, const Tensor& dy, const DropoutArgs& args))                \
-  /* ---- softmax over the last dim of scale * x ---- */                                         \
-  X(softmax_fwd, op, "softmax_bwd", void(Tensor & y, const Tensor& x, float scale))              \
-  X(softmax_bwd, op, "", void(Tensor & dx, const Tensor& dy, const Tensor& y, float scale))      \
-  /* ---- attention: out [Sq,B,NH,HD], lse [B,NH,Sq] f32 (f64 for f64) ---- */                   \
-  X(attention_fwd, op, "attention_bwd",                                                          \
-    void(Tensor & out, Tensor & lse, const Tensor& q, const Tensor& k, const Tensor& v,          \
-         const AttentionArgs& args))                                                             \
-  X(attention_bwd, op, "",                                                                       \
-    void(Tensor & dq, Tensor & dk, Tensor & dv, const Tensor& dout, const Tensor& q,             \
-         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,                 \
-         const AttentionArgs& args))                                                             \
-  /* out, lse (+)= a partial result over other keys, merged by log-sum-exp (ring attention) */   \
-  X(attention_merge, op, "",                                                                     \
-    void(Tensor & out, Tensor & lse, const Tensor& block_out, const Tensor& block_lse))          \
-  /* ---- rotary embeddings on x [S, B, NH, HD] ---- */                                          \
-  X(rope_fwd, op, "rope_bwd", void(Tensor & y, const Tensor& x, const RopeArgs& args))           \
-  X(rope_bwd, op, "", void(Tensor & dx, const Tensor& dy, const RopeArgs& args))                 \
-  /* ---- cross entropy on logits [N, Vl] (this rank's vocab shard starting at vocab_start) ---- \
-     serial: loss[N] = logsumexp(logits) - logits[target], keeping max/sum_exp [N] f32 for bwd.  \
-     vocab-parallel pieces: local max -> all-reduce(max) -> local stats with the global max ->   \
-     all-reduce(sum) -> ce_combine. Targets [N] i32/i64. */                                      \
-  X(cross_entropy_fwd, op, "cross_entropy_bwd",                                                  \
-    void(Tensor & loss, Tensor & max, Tensor & sum_exp, const Tensor& logits,                    \
-         const Tensor& targets))                                                                 \
-  X(ce_local_max, op, "cross_entropy_bwd", void(Tensor & max, const Tensor& logits))             \
-  X(ce_local_stats, op, "cross_entropy_bwd",                                                     \
-    void(Tensor & sum_exp, Tensor & target_logit, const Tensor& logits, const Tensor& max,       \
-         const Tensor& targets, int64_t vocab_start))                                            \
-  /* loss = log(sum_exp) + max - target_logit */                                                 \
-  X(ce_combine, op, "cross_entropy_bwd",                                                         \
-    void(Tensor & loss, const Tensor& max, const Tensor& sum_exp, const Tensor& target_logit))   \
-  /* dlogits = dloss * (softmax(logits) - onehot(target)); dlogits may alias logits */           \
-  X(cross_entropy_bwd, op, "",                                                                   \
-    void(Tensor & dlogits, const Tensor& dloss, const Tensor& logits, const Tensor& max,         \
-         const Tensor& sum_exp, const Tensor& targets, int64_t vocab_start))                     \
-  /* ---- optimizer and multi-tensor utilities ---- */                                           \
-  X(adamw_step, op, "", void(std::span<const AdamParam> params, const AdamArgs& args))           \
-  /* out [1] f32 or f64 (caller's choice) = sum of squares of all elements of all xs */          \
-  X(l2_norm_sq, op, "", void(Tensor & out, std::span<const Tensor> xs))                          \
-  /* x *= factor in place; found_nonfinite ([1] f32, optional) set to 1 if any result is inf/nan \
-   */                                                                                            \
-  X(multi_tensor_scale, op, "",                                                                  \
-    void(std::span<Tensor> xs, double factor, Tensor& found_nonfinite))                          \
-  /* ---- initialisation (counter-based, TP-invariant: see InitArgs) ---- */                     \
-  X(init_normal, op, "", void(Tensor & x, const InitArgs& args))                                 \
-  X(init_uniform, op, "", void(Tensor & x, const InitArgs& args))                                \
-  /* ---- named overridable functions ---- */                                                    \
-  /* global L2 norm of the gradients (single process; the distributed issue adds the groups) */  \
-  X(grad_norm, function, "", double(std::span<const Tensor> grads))                              \
-  /* scales grads by max_norm/norm when norm > max_norm; returns the norm before clipping */     \
+#define MG_OP_LIST(X)                                                                             \
+  /* ---- linear algebra ---- */                                                                  \
+  X(gemm, op, "gemm", void(Tensor & c, const Tensor& a, const Tensor& b, const GemmArgs& args))   \
+  /* c [M,N] = epilogue(op(a) @ op(b)) with aux [M,N], bias, dbias: GemmEpilogueArgs */           \
+  X(gemm_epilogue, op, "",                                                                        \
+    void(Tensor & c, Tensor & aux, Tensor & dbias, const Tensor& a, const Tensor& b,              \
+         const Tensor& bias, const GemmEpilogueArgs& args))                                       \
+  /* y[N,F] += bias[F] */                                                                         \
+  X(bias_add, op, "bias_grad", void(Tensor & y, const Tensor& bias))                              \
+  /* dbias[F] += sum_n dy[N,F] */                                                                 \
+  X(bias_grad, op, "", void(Tensor & dbias, const Tensor& dy))                                    \
+  /* y += alpha * x (gradient accumulation, residual backward) */                                 \
+  X(axpy, op, "axpy", void(Tensor & y, const Tensor& x, float alpha))                             \
+  X(fill, op, "", void(Tensor & x, double value))                                                 \
+  /* ---- embedding: out[N,H] = weight[ids - vocab_start] (0 for ids outside this shard) ---- */  \
+  X(embedding_fwd, op, "embedding_bwd",                                                           \
+    void(Tensor & out, const Tensor& ids, const Tensor& weight, int64_t vocab_start))             \
+  X(embedding_bwd, op, "",                                                                        \
+    void(Tensor & dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_start))           \
+  /* ---- norms over the last dim; mean/rstd [N] f32 (f64 for f64 x); beta optional ---- */       \
+  X(layernorm_fwd, op, "layernorm_bwd",                                                           \
+    void(Tensor & y, Tensor & mean, Tensor & rstd, const Tensor& x, const Tensor& gamma,          \
+         const Tensor& beta, const NormArgs& args))                                               \
+  X(layernorm_bwd, op, "",                                                                        \
+    void(Tensor & dx, Tensor & dgamma, Tensor & dbeta, const Tensor& dy, const Tensor& x,         \
+         const Tensor& mean, const Tensor& rstd, const Tensor& gamma, const NormArgs& args))      \
+  X(rmsnorm_fwd, op, "rmsnorm_bwd",                                                               \
+    void(Tensor & y, Tensor & rstd, const Tensor& x, const Tensor& gamma, const NormArgs& args))  \
+  X(rmsnorm_bwd, op, "",                                                                          \
+    void(Tensor & dx, Tensor & dgamma, const Tensor& dy, const Tensor& x, const Tensor& rstd,     \
+         const Tensor& gamma, const NormArgs& args))                                              \
+  /* fused (pre-norm layer): sum [N,H] = residual + dropout(x + bias) (bias [H] optional),        \
+     stored in x's dtype, then y = norm(sum) as layernorm_fwd / rmsnorm_fwd compute it from the   \
+     stored sum (mean undefined for rmsnorm). Bit-identical to bias_dropout_add_fwd + the norm    \
+     on the cpu */                                                                                \
+  X(bias_dropout_add_norm_fwd, op, "norm_bwd_add",                                                \
+    void(Tensor & y, Tensor & sum, Tensor & mean, Tensor & rstd, const Tensor& x,                 \
+         const Tensor& bias, const Tensor& residual, const Tensor& gamma, const Tensor& beta,     \
+         const DropoutArgs& dropout, const NormArgs& args, NormKind kind))                        \
+  /* dx = store(store(norm_bwd(dy)) + dresidual) (dresidual optional): layernorm_bwd /            \
+     rmsnorm_bwd then axpy(dx, dresidual, 1) in one pass, bit-identical on the cpu */             \
+  X(norm_bwd_add, op, "",                                                                         \
+    void(Tensor & dx, Tensor & dgamma, Tensor & dbeta, const Tensor& dy, const Tensor& dresidual, \
+         const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& gamma,            \
+         const NormArgs& args, NormKind kind))                                                    \
+  /* ---- activations (element-wise; swiglu: x[N,2F] = [gate | up], y[N,F] = silu(gate)*up) ----  \
+   */                                                                                             \
+  X(gelu_fwd, op, "gelu_bwd", void(Tensor & y, const Tensor& x, GeluApprox approx))               \
+  X(gelu_bwd, op, "", void(Tensor & dx, const Tensor& dy, const Tensor& x, GeluApprox approx))    \
+  X(swiglu_fwd, op, "swiglu_bwd", void(Tensor & y, const Tensor& x))                              \
+  X(swiglu_bwd, op, "", void(Tensor & dx, const Tensor& dy, const Tensor& x))                     \
+  X(squared_relu_fwd, op, "squared_relu_bwd", void(Tensor & y, const Tensor& x))                  \
+  X(squared_relu_bwd, op, "", void(Tensor & dx, const Tensor& dy, const Tensor& x))               \
+  /* ---- dropout family (counter-based masks, regenerated in backward) ---- */                   \
+  X(dropout_fwd, op, "dropout_bwd", void(Tensor & y, const Tensor& x, const DropoutArgs& args))   \
+  X(dropout_bwd, op, "", void(Tensor & dx, const Tensor& dy, const DropoutArgs& args))            \
+  /* y = residual + dropout(x + bias); bias [F] optional */                                       \
+  X(bias_dropout_add_fwd, op, "bias_dropout_add_bwd",                                             \
+    void(Tensor & y, const Tensor& x, const Tensor& bias, const Tensor& residual,                 \
+         const DropoutArgs& args))                                                                \
+  /* dx = dropout'(dy); dbias += sum_n dx (optional); d(residual) is dy itself */                 \
+  X(bias_dropout_add_bwd, op, "",                                                                 \
+    void(Tensor & dx, Tensor & dbias, const Tensor& dy, const DropoutArgs& args))                 \
+  /* ---- softmax over the last dim of scale * x ---- */                                          \
+  X(softmax_fwd, op, "softmax_bwd", void(Tensor & y, const Tensor& x, float scale))               \
+  X(softmax_bwd, op, "", void(Tensor & dx, const Tensor& dy, const Tensor& y, float scale))       \
+  /* ---- attention: out [Sq,B,NH,HD], lse [B,NH,Sq] f32 (f64 for f64) ---- */                    \
+  X(attention_fwd, op, "attention_bwd",                                                           \
+    void(Tensor & out, Tensor & lse, const Tensor& q, const Tensor& k, const Tensor& v,           \
+         const AttentionArgs& args))                                                              \
+  X(attention_bwd, op, "",                                                                        \
+    void(Tensor & dq, Tensor & dk, Tensor & dv, const Tensor& dout, const Tensor& q,              \
+         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,                  \
+         const AttentionArgs& args))                                                              \
+  /* out, lse (+)= a partial result over other keys, merged by log-sum-exp (ring attention) */    \
+  X(attention_merge, op, "",                                                                      \
+    void(Tensor & out, Tensor & lse, const Tensor& block_out, const Tensor& block_lse))           \
+  /* ---- rotary embeddings on x [S, B, NH, HD] ---- */                                           \
+  X(rope_fwd, op, "rope_bwd", void(Tensor & y, const Tensor& x, const RopeArgs& args))            \
+  X(rope_bwd, op, "", void(Tensor & dx, const Tensor& dy, const RopeArgs& args))                  \
+  /* ---- cross entropy on logits [N, Vl] (this rank's vocab shard starting at vocab_start) ----  \
+     serial: loss[N] = logsumexp(logits) - logits[target], keeping max/sum_exp [N] f32 for bwd.   \
+     vocab-parallel pieces: local max -> all-reduce(max) -> local stats with the global max ->    \
+     all-reduce(sum) -> ce_combine. Targets [N] i32/i64. */                                       \
+  X(cross_entropy_fwd, op, "cross_entropy_bwd",                                                   \
+    void(Tensor & loss, Tensor & max, Tensor & sum_exp, const Tensor& logits,                     \
+         const Tensor& targets))                                                                  \
+  X(ce_local_max, op, "cross_entropy_bwd", void(Tensor & max, const Tensor& logits))              \
+  X(ce_local_stats, op, "cross_entropy_bwd",                                                      \
+    void(Tensor & sum_exp, Tensor & target_logit, const Tensor& logits, const Tensor& max,        \
+         const Tensor& targets, int64_t vocab_start))                                             \
+  /* loss = log(sum_exp) + max - target_logit */                                                  \
+  X(ce_combine, op, "cross_entropy_bwd",                                                          \
+    void(Tensor & loss, const Tensor& max, const Tensor& sum_exp, const Tensor& target_logit))    \
+  /* dlogits = dloss * (softmax(logits) - onehot(target)); dlogits may alias logits */            \
+  X(cross_entropy_bwd, op, "",                                                                    \
+    void(Tensor & dlogits, const Tensor& dloss, const Tensor& logits, const Tensor& max,          \
+         const Tensor& sum_exp, const Tensor& targets, int64_t vocab_start))                      \
+  /* ---- optimizer and multi-tensor utilities ---- */                                            \
+  X(adamw_step, op, "", void(std::span<const AdamParam> params, const AdamArgs& args))            \
+  /* out [1] f32 or f64 (caller's choice) = sum of squares of all elements of all xs */           \
+  X(l2_norm_sq, op, "", void(Tensor & out, std::span<const Tensor> xs))                           \
+  /* x *= factor in place; found_nonfinite ([1] f32, optional) set to 1 if any result is inf/nan  \
+   */                                                                                             \
+  X(multi_tensor_scale, op, "",                                                                   \
+    void(std::span<Tensor> xs, double factor, Tensor& found_nonfinite))                           \
+  /* ---- initialisation (counter-based, TP-invariant: see InitArgs) ---- */                      \
+  X(init_normal, op, "", void(Tensor & x, const InitArgs& args))                                  \
+  X(init_uniform, op, "", void(Tensor & x, const InitArgs& args))                                 \
+  /* ---- named overridable functions ---- */                                                     \
+  /* global L2 norm of the gradients (single process; the distributed issue adds the groups) */   \
+  X(grad_norm, function, "", double(std::span<const Tensor> grads))                               \
+  /* scales grads by max_norm/norm when norm > max_norm; returns the norm before clipping */      \
   X(clip_grad_norm, function, "", double(std::span<Tensor> grads, double max_norm))

@@ -186,8 +186,7 @@ GemmDims validate_gemm_epilogue(const Placement& on, const Tensor& c, const Tens
     const int64_t len = e == GemmEpilogue::bgrad ? d.m : d.n;
     MG_CHECK(dbias.dim() == 1 && dbias.size(0) == len,
              op << " (" << name << "): dbias " << shape_str(dbias.shape()) << ", expected [" << len
-                << "] (" << (e == GemmEpilogue::bgrad ? "op(A)'s rows M" : "C's columns N")
-                << ")");
+                << "] (" << (e == GemmEpilogue::bgrad ? "op(A)'s rows M" : "C's columns N") << ")");
     MG_CHECK(!overlaps(dbias, c) && !overlaps(dbias, a) && !overlaps(dbias, b) &&
                  !(aux.defined() && overlaps(dbias, aux)),
              op << " (" << name << "): dbias overlaps another argument");
@@ -716,9 +715,8 @@ void validate_norm_kind(const Placement& on, const char* op, NormKind kind, cons
 
 }  // namespace
 
-NormDims validate_bias_dropout_add_norm_fwd(const Placement& on, const Tensor& y,
-                                            const Tensor& sum, const Tensor& mean,
-                                            const Tensor& rstd, const Tensor& x,
+NormDims validate_bias_dropout_add_norm_fwd(const Placement& on, const Tensor& y, const Tensor& sum,
+                                            const Tensor& mean, const Tensor& rstd, const Tensor& x,
                                             const Tensor& bias, const Tensor& residual,
                                             const Tensor& gamma, const Tensor& beta,
                                             const DropoutArgs& dropout, const NormArgs& args,
@@ -729,8 +727,8 @@ NormDims validate_bias_dropout_add_norm_fwd(const Placement& on, const Tensor& y
   check_like(on, op, "residual", residual, "x", x);
   check_like(on, op, "sum", sum, "x", x);
   validate_like_x(on, op, "y", y, x);
-  MG_CHECK(!overlaps(y, sum), op << ": y " << y.str() << " overlaps sum " << sum.str()
-                                 << " (both are outputs)");
+  MG_CHECK(!overlaps(y, sum),
+           op << ": y " << y.str() << " overlaps sum " << sum.str() << " (both are outputs)");
   if (bias.defined()) {
     check_float(on, op, "bias", bias);
     check_same_dtype(op, "bias", bias, "x", x);

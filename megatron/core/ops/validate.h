@@ -198,9 +198,8 @@ NormDims validate_rmsnorm_bwd(const Placement& on, const Tensor& dx, const Tenso
 // not overlap sum); bias [H] optional of x's dtype; dropout p in [0, 1); gamma [H], and for
 // layernorm beta [H] optional and mean [N]; for rmsnorm beta and mean undefined; rstd [N];
 // eps >= 0.
-NormDims validate_bias_dropout_add_norm_fwd(const Placement& on, const Tensor& y,
-                                            const Tensor& sum, const Tensor& mean,
-                                            const Tensor& rstd, const Tensor& x,
+NormDims validate_bias_dropout_add_norm_fwd(const Placement& on, const Tensor& y, const Tensor& sum,
+                                            const Tensor& mean, const Tensor& rstd, const Tensor& x,
                                             const Tensor& bias, const Tensor& residual,
                                             const Tensor& gamma, const Tensor& beta,
                                             const DropoutArgs& dropout, const NormArgs& args,
