@@ -18,6 +18,23 @@ constexpr std::size_t kLargeStep = std::size_t{1} << 20;
 constexpr std::size_t kMaxSlackNum = 5, kMaxSlackDen = 4;
 }  // namespace
 
+void detail::BlockLedger::handed_out(void* ptr, std::size_t block, std::size_t requested) {
+  live.emplace(ptr, Live{block, requested});
+  stats.allocated_bytes += requested;
+  stats.peak_allocated_bytes = std::max(stats.peak_allocated_bytes, stats.allocated_bytes);
+  ++stats.num_allocs;
+}
+
+bool detail::BlockLedger::taken_back(void* ptr, std::size_t& block) {
+  auto it = live.find(ptr);
+  if (it == live.end()) return false;
+  block = it->second.block;
+  stats.allocated_bytes -= it->second.requested;
+  ++stats.num_frees;
+  live.erase(it);
+  return true;
+}
+
 std::size_t CudaAllocator::block_size(std::size_t bytes) {
   if (bytes == 0) bytes = 1;
   const std::size_t step = bytes <= kLargeStep ? kSmallStep : kLargeStep;
@@ -52,7 +69,7 @@ void* CudaAllocator::allocate(std::size_t bytes) {
       event_pool_.push_back(c.freed);
     }
     ptr = c.ptr;
-    live_.emplace(ptr, Live{block, bytes});
+    ledger_.handed_out(ptr, block, bytes);
   } else {
     cudaError_t err = cudaMalloc(&ptr, size);
     if (err == cudaErrorMemoryAllocation) {
@@ -62,30 +79,24 @@ void* CudaAllocator::allocate(std::size_t bytes) {
     }
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      MG_THROW("CUDA out of memory on cuda:"
-               << device_ << ": cudaMalloc of " << size << " bytes (requested " << bytes
-               << ") failed with " << cudaGetErrorString(err) << "; allocated "
-               << stats_.allocated_bytes << " bytes, reserved " << stats_.reserved_bytes
-               << " bytes, peak " << stats_.peak_allocated_bytes << " bytes");
+      MG_THROW("CUDA out of memory on cuda:" << device_ << ": cudaMalloc of " << size
+                                             << " bytes (requested " << bytes << ") failed with "
+                                             << cudaGetErrorString(err) << "; allocated "
+                                             << ledger_.stats.allocated_bytes << " bytes, reserved "
+                                             << ledger_.stats.reserved_bytes << " bytes, peak "
+                                             << ledger_.stats.peak_allocated_bytes << " bytes");
     }
-    stats_.reserved_bytes += size;
-    live_.emplace(ptr, Live{size, bytes});
+    ledger_.stats.reserved_bytes += size;
+    ledger_.handed_out(ptr, size, bytes);
   }
-  stats_.allocated_bytes += bytes;
-  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-  ++stats_.num_allocs;
   return ptr;
 }
 
 void CudaAllocator::deallocate(void* ptr, std::size_t) {
   if (!ptr) return;
   std::lock_guard lock(mu_);
-  auto it = live_.find(ptr);
-  if (it == live_.end()) return;  // not ours; never throw from a destructor path
-  const Live l = it->second;
-  live_.erase(it);
-  stats_.allocated_bytes -= l.requested;
-  ++stats_.num_frees;
+  std::size_t block = 0;
+  if (!ledger_.taken_back(ptr, block)) return;  // not ours; never throw from a destructor path
   cudaEvent_t ev = nullptr;
   try {
     DeviceGuard guard(device_);  // the event must belong to the block's device
@@ -94,14 +105,14 @@ void CudaAllocator::deallocate(void* ptr, std::size_t) {
       event_pool_.push_back(ev);
       ev = nullptr;
       // The runtime is shutting down (or broken): drop the block rather than risk reuse.
-      stats_.reserved_bytes -= l.block;
+      ledger_.stats.reserved_bytes -= block;
       return;
     }
   } catch (...) {
-    stats_.reserved_bytes -= l.block;
+    ledger_.stats.reserved_bytes -= block;
     return;
   }
-  cache_.emplace(l.block, Cached{ptr, ev});
+  cache_.emplace(block, Cached{ptr, ev});
 }
 
 void CudaAllocator::release_cached_locked() {
@@ -111,7 +122,7 @@ void CudaAllocator::release_cached_locked() {
       event_pool_.push_back(c.freed);
     }
     detail::cuda_ok_or_ignore(cudaFree(c.ptr));
-    stats_.reserved_bytes -= size;
+    ledger_.stats.reserved_bytes -= size;
   }
   cache_.clear();
 }
@@ -124,12 +135,12 @@ void CudaAllocator::release_cached() {
 
 plugin::MemoryStats CudaAllocator::stats() const {
   std::lock_guard lock(mu_);
-  return stats_;
+  return ledger_.stats;
 }
 
 void CudaAllocator::reset_peak() {
   std::lock_guard lock(mu_);
-  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  ledger_.stats.peak_allocated_bytes = ledger_.stats.allocated_bytes;
 }
 
 // ---- CudaPinnedAllocator ----------------------------------------------------------------------
@@ -144,13 +155,13 @@ void* CudaPinnedAllocator::allocate(std::size_t bytes) {
     ptr = it->second;
     cache_.erase(it);
     cached_bytes_ -= block;
-    live_.emplace(ptr, Live{block, bytes});
+    ledger_.handed_out(ptr, block, bytes);
   } else {
-    if (stats_.reserved_bytes + size > max_reserved_bytes()) release_cached_locked();
-    MG_CHECK(stats_.reserved_bytes + size <= max_reserved_bytes(),
+    if (ledger_.stats.reserved_bytes + size > max_reserved_bytes()) release_cached_locked();
+    MG_CHECK(ledger_.stats.reserved_bytes + size <= max_reserved_bytes(),
              "pinned host memory: " << size << " more bytes would exceed the cap of "
                                     << max_reserved_bytes() << " bytes (a quarter of RAM; "
-                                    << stats_.allocated_bytes << " bytes live)");
+                                    << ledger_.stats.allocated_bytes << " bytes live)");
     cudaError_t err = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
     if (err == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
@@ -161,15 +172,12 @@ void* CudaPinnedAllocator::allocate(std::size_t bytes) {
       (void)cudaGetLastError();
       MG_THROW("pinned host allocation failed: cudaHostAlloc of "
                << size << " bytes (requested " << bytes << ") failed with "
-               << cudaGetErrorString(err) << "; pinned allocated " << stats_.allocated_bytes
-               << " bytes, reserved " << stats_.reserved_bytes << " bytes");
+               << cudaGetErrorString(err) << "; pinned allocated " << ledger_.stats.allocated_bytes
+               << " bytes, reserved " << ledger_.stats.reserved_bytes << " bytes");
     }
-    stats_.reserved_bytes += size;
-    live_.emplace(ptr, Live{size, bytes});
+    ledger_.stats.reserved_bytes += size;
+    ledger_.handed_out(ptr, size, bytes);
   }
-  stats_.allocated_bytes += bytes;
-  stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-  ++stats_.num_allocs;
   return ptr;
 }
 
@@ -185,25 +193,21 @@ std::size_t CudaPinnedAllocator::max_reserved_bytes() {
 void CudaPinnedAllocator::deallocate(void* ptr, std::size_t) {
   if (!ptr) return;
   std::lock_guard lock(mu_);
-  auto it = live_.find(ptr);
-  if (it == live_.end()) return;  // not ours; never throw from a destructor path
-  const Live l = it->second;
-  live_.erase(it);
-  stats_.allocated_bytes -= l.requested;
-  ++stats_.num_frees;
-  if (cached_bytes_ + l.block > kMaxCachedBytes) {
+  std::size_t block = 0;
+  if (!ledger_.taken_back(ptr, block)) return;  // not ours; never throw from a destructor path
+  if (cached_bytes_ + block > kMaxCachedBytes) {
     detail::cuda_ok_or_ignore(cudaFreeHost(ptr));
-    stats_.reserved_bytes -= l.block;
+    ledger_.stats.reserved_bytes -= block;
     return;
   }
-  cache_.emplace(l.block, ptr);
-  cached_bytes_ += l.block;
+  cache_.emplace(block, ptr);
+  cached_bytes_ += block;
 }
 
 void CudaPinnedAllocator::release_cached_locked() {
   for (auto& [size, p] : cache_) {
     detail::cuda_ok_or_ignore(cudaFreeHost(p));
-    stats_.reserved_bytes -= size;
+    ledger_.stats.reserved_bytes -= size;
   }
   cache_.clear();
   cached_bytes_ = 0;
@@ -221,12 +225,12 @@ std::size_t CudaPinnedAllocator::cached_bytes() const {
 
 plugin::MemoryStats CudaPinnedAllocator::stats() const {
   std::lock_guard lock(mu_);
-  return stats_;
+  return ledger_.stats;
 }
 
 void CudaPinnedAllocator::reset_peak() {
   std::lock_guard lock(mu_);
-  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  ledger_.stats.peak_allocated_bytes = ledger_.stats.allocated_bytes;
 }
 
 CudaPinnedAllocator& pinned_allocator() {

@@ -41,6 +41,22 @@
 
 namespace mg::platforms::cuda {
 
+namespace detail {
+// The live blocks and statistics both allocators keep (the caller holds its lock): handed_out()
+// records a block given to a caller, taken_back() removes it again (false when the pointer is not
+// one of ours). reserved_bytes is the owner's to keep (its policies differ).
+struct BlockLedger {
+  struct Live {
+    std::size_t block;
+    std::size_t requested;
+  };
+  void handed_out(void* ptr, std::size_t block, std::size_t requested);
+  bool taken_back(void* ptr, std::size_t& block);
+  std::unordered_map<void*, Live> live;
+  plugin::MemoryStats stats;
+};
+}  // namespace detail
+
 class CudaAllocator final : public plugin::Allocator {
  public:
   explicit CudaAllocator(int device) : device_(device) {}
@@ -59,19 +75,14 @@ class CudaAllocator final : public plugin::Allocator {
     void* ptr;
     cudaEvent_t freed;  // recorded on the freeing stream; null when none could be recorded
   };
-  struct Live {
-    std::size_t block;
-    std::size_t requested;
-  };
   void release_cached_locked();
   cudaEvent_t take_event_locked();
 
   int device_;
   mutable std::mutex mu_;
   std::multimap<std::size_t, Cached> cache_;  // block size -> cached blocks
-  std::unordered_map<void*, Live> live_;
   std::vector<cudaEvent_t> event_pool_;
-  plugin::MemoryStats stats_;
+  detail::BlockLedger ledger_;
 };
 
 class CudaPinnedAllocator final : public plugin::Allocator {
@@ -89,17 +100,12 @@ class CudaPinnedAllocator final : public plugin::Allocator {
   std::size_t cached_bytes() const;
 
  private:
-  struct Live {
-    std::size_t block;
-    std::size_t requested;
-  };
   void release_cached_locked();
 
   mutable std::mutex mu_;
   std::multimap<std::size_t, void*> cache_;  // block size -> cached blocks
   std::size_t cached_bytes_ = 0;
-  std::unordered_map<void*, Live> live_;
-  plugin::MemoryStats stats_;
+  detail::BlockLedger ledger_;
 };
 
 // The process's pinned host allocator (created on first use, never destroyed).
