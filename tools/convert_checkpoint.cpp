@@ -46,6 +46,7 @@
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpoint_model.h"
 #include "megatron/training/checkpointing.h"
+#include "megatron/training/model_provider.h"
 
 namespace fs = std::filesystem;
 using mg::Shape;
@@ -385,7 +386,8 @@ void run_import(const ImportOptions& o) {
   mg::RuntimeOptions ro;
   ro.platform = "cpu";
   mg::Runtime& rt = mg::init(ro);
-  mg::models::GPTModel model(args.model, m.vocab, *rt.ops, mg::Device::cpu());
+  const auto built = mg::training::model_provider(args.model, m.vocab, *rt.ops, mg::Device::cpu());
+  mg::models::GPTModel& model = *built;
   // Stored with the single-rank padding; a loader with TP > 1 pads its own rows (checkpoints are
   // layout-independent).
   const int64_t v_pad = model.padded_vocab_size();

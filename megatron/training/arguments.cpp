@@ -76,9 +76,9 @@ void add_moe_flags(ArgParser& p, transformer::TransformerConfig& m, Arguments& a
         "every N-th layer is MoE, or a pattern [1,0,...] (1)");
   p.add_switch("--moe-grouped-gemm", m.moe_grouped_gemm, true,
                "grouped expert GEMMs (same math here: a loop of GEMMs)");
-  p.add("--expert-model-parallel-size", a.expert_model_parallel_size,
+  p.add("--expert-model-parallel-size", a.parallel.expert_model_parallel_size,
         "expert-parallel ranks (1); --num-experts must divide by it");
-  p.add("--expert-tensor-parallel-size", a.expert_tensor_parallel_size,
+  p.add("--expert-tensor-parallel-size", a.parallel.expert_tensor_parallel_size,
         "tensor parallelism inside experts (default TP; only 1 is supported)");
 }
 
@@ -340,25 +340,25 @@ Arguments parse_args(const std::vector<std::string>& raw) {
         "minutes a collective may wait for every rank before the job aborts (10)");
   p.add_switch("--deterministic-mode", a.deterministic_mode, true,
                "deterministic kernels only, bit-identical reruns (NCCL: needs NCCL_ALGO)");
-  p.add("--tensor-model-parallel-size", a.tensor_model_parallel_size,
+  p.add("--tensor-model-parallel-size", a.parallel.tensor_model_parallel_size,
         "tensor-parallel ranks (1); the world size must be a multiple");
-  p.add_switch("--sequence-parallel", a.sequence_parallel, true,
+  p.add_switch("--sequence-parallel", a.parallel.sequence_parallel, true,
                "shard norms/dropout over the sequence across TP ranks (needs TP > 1)");
-  p.add("--pipeline-model-parallel-size", a.pipeline_model_parallel_size,
+  p.add("--pipeline-model-parallel-size", a.parallel.pipeline_model_parallel_size,
         "pipeline stages (1); the world size must be a multiple of TP x PP");
   p.add("--virtual-pipeline-model-parallel-size", x.virtual_pipeline_model_parallel_size,
         "model chunks per pipeline rank: the interleaved 1F1B schedule");
-  p.add("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage,
+  p.add("--num-layers-per-virtual-pipeline-stage", a.parallel.num_layers_per_virtual_pipeline_stage,
         "layers per virtual pipeline stage (interleaved schedule)");
-  p.add("--decoder-first-pipeline-num-layers", a.decoder_first_pipeline_num_layers,
+  p.add("--decoder-first-pipeline-num-layers", a.parallel.decoder_first_pipeline_num_layers,
         "layers of the first pipeline stage (uneven split)");
-  p.add("--decoder-last-pipeline-num-layers", a.decoder_last_pipeline_num_layers,
+  p.add("--decoder-last-pipeline-num-layers", a.parallel.decoder_last_pipeline_num_layers,
         "layers of the last pipeline stage (uneven split)");
-  p.add("--context-parallel-size", a.context_parallel_size,
+  p.add("--context-parallel-size", a.parallel.context_parallel_size,
         "context-parallel ranks (1): each sequence cut into 2 CP chunks across them");
   p.add_choice(
       "--cp-comm-type", {"p2p", "a2a", "allgather"},
-      [&a](const std::string& v) { a.cp_comm_type = v; },
+      [&a](const std::string& v) { a.parallel.cp_comm_type = v; },
       "how attention crosses the CP group: p2p (ring, default), allgather, a2a (Ulysses)");
   add_ddp_flags(p, a.ddp);
   add_moe_flags(p, a.model, a, x);
@@ -433,91 +433,8 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   MG_CHECK(a.model.seq_length >= 1, "--seq-length is required (got " << a.model.seq_length << ")");
   if (x.moe_layer_freq) apply_moe_layer_freq(a.model, *x.moe_layer_freq);
   a.model.finalize();
-  {
-    // Mixture of Experts / expert parallelism: what this build supports, before any work.
-    const auto& m = a.model;
-    const int32_t ep = a.expert_model_parallel_size;
-    MG_CHECK(ep >= 1, "--expert-model-parallel-size must be >= 1, got " << ep);
-    MG_CHECK(ep == 1 || m.num_moe_experts > 0,
-             "--expert-model-parallel-size " << ep << " needs --num-experts");
-    if (m.num_moe_experts > 0) {
-      MG_CHECK(m.num_moe_experts % ep == 0, "--num-experts " << m.num_moe_experts
-                                                             << " must be divisible by "
-                                                                "--expert-model-parallel-size "
-                                                             << ep);
-      const int64_t etp = a.expert_tensor_parallel_size.value_or(a.tensor_model_parallel_size);
-      MG_CHECK(etp == 1, "--expert-tensor-parallel-size "
-                             << etp
-                             << (a.expert_tensor_parallel_size ? "" : " (Megatron's default: TP)")
-                             << ": tensor parallelism inside experts is not supported yet; pass "
-                                "--expert-tensor-parallel-size 1");
-      MG_CHECK(a.tensor_model_parallel_size == 1 || a.sequence_parallel,
-               "MoE with --tensor-model-parallel-size "
-                   << a.tensor_model_parallel_size
-                   << " needs --sequence-parallel (Megatron's rule: each TP rank routes its own "
-                      "sequence shard)");
-      MG_CHECK(!a.ddp.use_distributed_optimizer || (ep == 1 && a.tensor_model_parallel_size == 1),
-               "--use-distributed-optimizer with --num-experts and expert parallelism or TP (the "
-               "expert data-parallel group then differs from the data-parallel one) is not "
-               "supported yet");
-    }
-  }
-  {
-    const int32_t tp = a.tensor_model_parallel_size;
-    MG_CHECK(tp >= 1, "--tensor-model-parallel-size must be >= 1, got " << tp);
-    MG_CHECK(a.model.num_attention_heads % tp == 0,
-             "--num-attention-heads " << a.model.num_attention_heads
-                                      << " must be divisible by --tensor-model-parallel-size "
-                                      << tp);
-    MG_CHECK(a.model.num_query_groups % tp == 0,
-             "the number of query groups " << a.model.num_query_groups
-                                           << " (--num-query-groups) must be divisible by "
-                                              "--tensor-model-parallel-size "
-                                           << tp);
-    // Megatron's validate_args: "Disabling sequence parallelism because tensor model
-    // parallelism is disabled".
-    if (tp == 1 && a.sequence_parallel) {
-      a.sequence_parallel = false;
-      a.sequence_parallel_disabled = true;
-    }
-  }
-
-  {
-    // Context parallelism: sizes and what this build supports, before any work.
-    const int32_t cp = a.context_parallel_size;
-    MG_CHECK(cp >= 1, "--context-parallel-size must be >= 1, got " << cp);
-    if (cp > 1) {
-      MG_CHECK(a.model.seq_length % (2 * cp) == 0,
-               "--seq-length " << a.model.seq_length << " must be divisible by 2 x "
-                               << "--context-parallel-size = " << 2 * cp
-                               << " (each CP rank keeps two chunks of S / (2 CP) tokens)");
-      MG_CHECK(!a.sequence_parallel || a.model.seq_length / cp % a.tensor_model_parallel_size == 0,
-               "--sequence-parallel with --context-parallel-size "
-                   << cp << ": the CP rank's " << a.model.seq_length / cp
-                   << " tokens must be divisible by --tensor-model-parallel-size "
-                   << a.tensor_model_parallel_size);
-      if (a.cp_comm_type == "a2a") {
-        const int64_t tp = a.tensor_model_parallel_size;
-        MG_CHECK(
-            a.model.num_attention_heads / tp % cp == 0 && a.model.num_query_groups / tp % cp == 0,
-            "--cp-comm-type a2a splits each TP rank's heads across CP: "
-                << a.model.num_attention_heads / tp << " heads and "
-                << a.model.num_query_groups / tp
-                << " query groups per TP rank must be divisible by --context-parallel-size " << cp);
-      }
-      MG_CHECK(a.model.num_moe_experts == 0,
-               "--context-parallel-size " << cp << " with --num-experts is not supported yet");
-    }
-  }
-  {
-    // Pipeline layout checked before any work (the loop builds it again per rank).
-    const auto layout = pipeline_parallel::make_pipeline_layout(
-        a.model.num_layers, a.pipeline_model_parallel_size,
-        static_cast<int>(x.virtual_pipeline_model_parallel_size.value_or(1)),
-        a.num_layers_per_virtual_pipeline_stage, a.decoder_first_pipeline_num_layers,
-        a.decoder_last_pipeline_num_layers);
-    a.virtual_pipeline_model_parallel_size = layout.vp;
-  }
+  a.parallel.validate(a.model, a.ddp.use_distributed_optimizer,
+                     static_cast<int>(x.virtual_pipeline_model_parallel_size.value_or(1)));
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "
                                                  << a.training.micro_batch_size << ")");

@@ -9,10 +9,8 @@
 // --lr-decay-iters = train iters); then the checks: conflicting flags (both --fp16 and --bf16, both
 // --train-iters and --train-samples, both warmup forms, --swiglu with --squared-relu, --mock-data
 // with a data path, ...) and every component's validate(). Errors name the flags and values.
-// Not here: the parallel-layout flags beyond --tensor-model-parallel-size / --sequence-parallel
-// (context parallelism and expert tensor parallelism arrive with later issues), fp8,
-// tokenizer-dependent data checks (DataConfig::validate runs once the tokenizer gave eod/vocab; see
-// training.h).
+// Not here: fp8, tokenizer-dependent data checks (DataConfig::validate runs once the tokenizer gave
+// eod/vocab; see training.h), the checks that need the world size (initialize.h).
 #pragma once
 
 #include <optional>
@@ -22,6 +20,7 @@
 
 #include "megatron/core/datasets/blended_megatron_dataset_builder.h"
 #include "megatron/core/distributed/distributed_data_parallel_config.h"
+#include "megatron/core/model_parallel_config.h"
 #include "megatron/core/optimizer/optimizer_config.h"
 #include "megatron/core/optimizer/optimizer_param_scheduler.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
@@ -53,33 +52,10 @@ struct Arguments {
   // --distributed-timeout-minutes: how long Work::wait waits for a collective before it throws
   // (and the job aborts); Megatron's default 10.
   int32_t distributed_timeout_minutes = 10;
-  // --tensor-model-parallel-size (world size must divide by it; heads and query groups too) and
-  // --sequence-parallel (needs TP > 1: at TP 1 it is switched off, as Megatron does, and
-  // sequence_parallel_disabled records it for the log).
-  int32_t tensor_model_parallel_size = 1;
-  bool sequence_parallel = false;
-  bool sequence_parallel_disabled = false;
-  // Expert parallelism (MoE, --num-experts): --expert-model-parallel-size EP spreads the experts
-  // over EP ranks carved out of the data-parallel ones; --expert-tensor-parallel-size (default
-  // TP) must be 1 here.
-  int32_t expert_model_parallel_size = 1;
-  std::optional<int64_t> expert_tensor_parallel_size;
-  // Pipeline parallelism: --pipeline-model-parallel-size (layers split evenly, or unevenly with
-  // --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers) and interleaving
-  // with --virtual-pipeline-model-parallel-size or --num-layers-per-virtual-pipeline-stage
-  // (mutually exclusive; parse_args resolves virtual_pipeline_model_parallel_size from either,
-  // 1 = no interleaving). Validated by pipeline_parallel::make_pipeline_layout.
-  int32_t pipeline_model_parallel_size = 1;
-  int32_t virtual_pipeline_model_parallel_size = 1;
-  std::optional<int64_t> num_layers_per_virtual_pipeline_stage;
-  std::optional<int64_t> decoder_first_pipeline_num_layers;
-  std::optional<int64_t> decoder_last_pipeline_num_layers;
-  // Context parallelism: --context-parallel-size CP cuts each sequence into 2 CP chunks (rank r
-  // keeps chunks r and 2 CP - 1 - r; --seq-length must divide by 2 CP) and --cp-comm-type p2p |
-  // a2a | allgather picks how core attention crosses the CP group (transformer/context_parallel.h;
-  // a2a splits heads, so each TP rank's heads and query groups must divide by CP).
-  int32_t context_parallel_size = 1;
-  std::string cp_comm_type = "p2p";
+  // The parallel layout: --tensor-model-parallel-size, --sequence-parallel, --pipeline-model-
+  // parallel-size (+ virtual and uneven stages), --context-parallel-size, --cp-comm-type,
+  // --expert-model-parallel-size, --expert-tensor-parallel-size (model_parallel_config.h).
+  ModelParallelConfig parallel;
 
   bool help = false;      // --help / -h: print help_text and exit 0
   std::string help_text;  // every flag, one per line

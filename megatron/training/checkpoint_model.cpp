@@ -1,5 +1,6 @@
 // A checkpoint's model rebuilt from its recorded flags (checkpoint_model.h).
 #include "megatron/training/checkpoint_model.h"
+#include "megatron/training/model_provider.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -7,7 +8,6 @@
 #include <set>
 
 #include "megatron/core/common/error.h"
-#include "megatron/core/models/gpt/gpt_layer_specs.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
 
 namespace mg::training {
@@ -88,15 +88,9 @@ CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::O
   // for 151665 tokens; generation then samples only the tokenizer's ids).
   int64_t vocab = cm.tokenizer->vocab_size();
   vocab = std::max(vocab, meta.value("vocab_size", int64_t{0}));
-  if (ranks.tp_group && ranks.tp_group->size() > 1) {
-    models::GPTModelParallel par;
-    par.tp_group = ranks.tp_group.get();
-    cm.model = std::make_unique<models::GPTModel>(
-        cm.args.model, vocab, ops, device,
-        models::get_gpt_layer_with_transformer_engine_spec(cm.args.model), par);
-  } else {
-    cm.model = std::make_unique<models::GPTModel>(cm.args.model, vocab, ops, device);
-  }
+  models::GPTModelParallel par;
+  if (ranks.tp_group && ranks.tp_group->size() > 1) par.tp_group = ranks.tp_group.get();
+  cm.model = model_provider(cm.args.model, vocab, ops, device, par);
   LoadOptions o;
   o.load_optimizer = false;
   o.load_rng = false;

@@ -13,19 +13,18 @@
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/common/error.h"
 #include "megatron/core/datasets/data_samplers.h"
-#include "megatron/core/distributed/distributed_data_parallel.h"
+#include "megatron/core/distributed/finalize_model_grads.h"
+#include "megatron/core/distributed/parallelize.h"
 #include "megatron/core/models/gpt/gpt_flops.h"
-#include "megatron/core/models/gpt/gpt_layer_specs.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer/optimizer_param_scheduler.h"
-#include "megatron/core/parallel_state.h"
-#include "megatron/core/pipeline_parallel/layer_layout.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
-#include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/runtime.h"
 #include "megatron/training/checkpointing.h"
+#include "megatron/training/initialize.h"
+#include "megatron/training/model_provider.h"
 #include "megatron/training/training_log.h"
 
 namespace mg::training {
@@ -56,42 +55,20 @@ models::GPTBatch to_batch(const datasets::MicroBatch& mb, const comm::ProcessGro
   return b;
 }
 
-// The process's communicator, created on first use (--distributed-backend; by default MPI under
-// mpirun/srun, else single rank) and kept for the life of the process: MPI may be initialised only
-// once. --distributed-timeout-minutes bounds every collective's wait.
-comm::Communicator& world_communicator(const Arguments& args) {
-  static std::unique_ptr<comm::Communicator> c = [&args] {
-    auto p = comm::init_communicator(args.distributed_backend);
-    p->set_default_timeout(std::chrono::minutes(args.distributed_timeout_minutes));
-    return p;
-  }();
-  return *c;
-}
-
 // Everything a run holds between the phases of pretrain().
 struct Run {
-  Run(const Arguments& a, std::ostream& l, std::ostream& last, const PretrainHooks& h)
-      : args(a), log(l), log_last(last), hooks(h) {}
+  Run(const Arguments& a, std::ostream& l, std::ostream& last, const PretrainHooks& h,
+      ParallelState&& p)
+      : args(a), log(l), log_last(last), hooks(h), ps(std::move(p)) {}
   const Arguments& args;
   std::ostream& log;       // Megatron's print_rank_0: data-parallel rank 0 only
   std::ostream& log_last;  // print_rank_last (iteration and evaluation lines): the last rank only
   const PretrainHooks& hooks;
   Runtime* rt = nullptr;
-  comm::ProcessGroupPtr dp_group;
-  comm::ProcessGroupPtr tp_group;  // null without tensor parallelism
-  comm::ProcessGroupPtr pp_group;  // null without pipeline parallelism
-  // Context parallelism: the CP group, and the pure data-parallel group the data iterator follows
-  // (dp_group is then dp-cp: gradients and loss sums); both null without CP.
-  comm::ProcessGroupPtr cp_group, data_group;
-  // Pipelining with tied embeddings: the first and last stage of this pipeline (null elsewhere).
-  comm::ProcessGroupPtr embedding_group;
-  pipeline_parallel::PipelineLayout layout;
-  comm::ProcessGroupPtr world_group;
-  // MoE with expert parallelism (or TP): the expert-model-parallel group, the expert
-  // data-parallel group (DDP of expert params) and the expert tp-ep-pp group (grad norm).
-  comm::ProcessGroupPtr ep_group, expert_dp_group, expert_mp_group;
+  // Declared before the model and its wrappers: their collectives need the groups until the end.
+  ParallelState ps;
   std::unique_ptr<models::GPTModel> model;
-  std::unique_ptr<distributed::DistributedDataParallel> ddp;
+  distributed::DataParallelModel dp_model;  // DDP (and the ZeRO shard) around `model`
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
   std::unique_ptr<optimizer::OptimizerParamScheduler> scheduler;
   datasets::DatasetSplits splits;
@@ -115,7 +92,7 @@ std::unique_ptr<DataIterator> make_iterator(const Run& r, datasets::Split split,
   DataIteratorOptions o;
   o.micro_batch_size = r.args.training.micro_batch_size;
   o.data_parallel_size = r.args.training.data_parallel_size;
-  o.data_parallel_rank = (r.data_group ? r.data_group : r.dp_group)->rank();
+  o.data_parallel_rank = r.ps.data_iterator_group()->rank();
   o.consumed_samples = cyclic ? consumed % ds->size() : consumed;
   o.cyclic = cyclic;
   if (!cyclic && consumed >= ds->size()) return nullptr;
@@ -130,10 +107,10 @@ nlohmann::json given_args_json(const Arguments& args) {
 
 CheckpointRanks checkpoint_ranks(const Run& r) {
   CheckpointRanks ranks;
-  ranks.group = r.dp_group;
-  ranks.tp_group = r.tp_group;
-  ranks.world = r.world_group;
-  ranks.pp_group = r.pp_group;  // stages hold other (global) names; the tied copy is a replica
+  ranks.group = r.ps.dp;
+  ranks.tp_group = r.ps.tp;
+  ranks.world = r.ps.world;
+  ranks.pp_group = r.ps.pp;  // stages hold other (global) names; the tied copy is a replica
   ranks.optimizer_sharded = r.args.ddp.use_distributed_optimizer;
   return ranks;
 }
@@ -146,7 +123,7 @@ void save(Run& r) {
   st.consumed_valid_samples = r.consumed_valid;
   st.floating_point_operations_so_far = r.flops_so_far;
   st.vocab_size = r.model->vocab_size();
-  r.ddp->finish_param_sync();  // --overlap-param-gather: the parameters saved are the updated ones
+  r.dp_model.ddp->finish_param_sync();  // --overlap-param-gather: the parameters saved are the updated ones
   if (!c.no_save_optim) {
     st.optimizer = r.opt->state_dict();
     st.scheduler = r.scheduler->state_dict();
@@ -229,10 +206,10 @@ std::string wrap_config(const std::string& lines) {
 // "data parallel: ..." (a line) when there is more than one rank or a DDP option is on.
 std::string data_parallel_summary(const Run& r) {
   const auto& d = r.args.ddp;
-  if (r.dp_group->size() == 1 && !d.use_distributed_optimizer && !d.overlap_grad_reduce) return "";
+  if (r.ps.dp->size() == 1 && !d.use_distributed_optimizer && !d.overlap_grad_reduce) return "";
   std::ostringstream s;
-  s << "data parallel: " << r.dp_group->size() << " ranks (" << r.dp_group->backend() << "), "
-    << r.ddp->buckets().size() << " gradient bucket(s)"
+  s << "data parallel: " << r.ps.dp->size() << " ranks (" << r.ps.dp->backend() << "), "
+    << r.dp_model.ddp->buckets().size() << " gradient bucket(s)"
     << (d.use_distributed_optimizer ? ", distributed optimizer" : "")
     << (d.overlap_grad_reduce ? ", overlap-grad-reduce" : "") << "\n";
   return s.str();
@@ -240,22 +217,22 @@ std::string data_parallel_summary(const Run& r) {
 
 // "tensor parallel: ..." (a line) with TP > 1.
 std::string tensor_parallel_summary(const Run& r) {
-  if (!r.tp_group) return "";
+  if (!r.ps.tp) return "";
   std::ostringstream s;
-  s << "tensor parallel: " << r.tp_group->size() << " ranks, sequence parallel "
-    << (r.args.sequence_parallel ? "on" : "off") << ", padded vocab "
+  s << "tensor parallel: " << r.ps.tp->size() << " ranks, sequence parallel "
+    << (r.args.parallel.sequence_parallel ? "on" : "off") << ", padded vocab "
     << r.model->padded_vocab_size() << "\n";
   return s.str();
 }
 
 // "pipeline parallel: ..." (a line) with PP > 1.
 std::string pipeline_parallel_summary(const Run& r) {
-  if (!r.pp_group) return "";
+  if (!r.ps.pp) return "";
   std::ostringstream s;
-  s << "pipeline parallel: " << r.layout.str() << "; "
-    << (r.layout.vp > 1 ? "interleaved 1F1B" : "1F1B") << " schedule, "
+  s << "pipeline parallel: " << r.ps.layout.str() << "; "
+    << (r.ps.layout.vp > 1 ? "interleaved 1F1B" : "1F1B") << " schedule, "
     << r.args.training.num_microbatches() << " micro-batches"
-    << (r.embedding_group ? ", tied embedding summed over the first and last stage" : "") << "\n";
+    << (r.ps.embedding ? ", tied embedding summed over the first and last stage" : "") << "\n";
   return s.str();
 }
 
@@ -290,40 +267,21 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << std::endl;
 }
 
-// Megatron's loss reporting: (loss sum, token count) summed over the data-parallel group.
-std::pair<double, double> reduce_loss(Run& r, double loss_sum, double num_tokens) {
-  if (r.dp_group->size() == 1) return {loss_sum, num_tokens};
-  Tensor t = Tensor::from_vector(std::vector<double>{loss_sum, num_tokens}, {2}, DType::f64);
-  r.dp_group->all_reduce(t, comm::ReduceOp::sum)->wait();
-  const auto v = t.to_vector<double>();
-  return {v[0], v[1]};
-}
-
 // Megatron's get_forward_backward_func for this run's layout.
 pipeline_parallel::ForwardBackwardFunc forward_backward(const Run& r) {
-  return pipeline_parallel::get_forward_backward_func(r.layout.pp, r.layout.vp);
+  return pipeline_parallel::get_forward_backward_func(r.ps.layout.pp, r.ps.layout.vp);
 }
 
 // The pipeline fields of a schedule config (p2p shapes, peak activation memory).
 void set_pipeline(Run& r, pipeline_parallel::ForwardBackwardConfig& cfg) {
-  if (!r.pp_group) return;
-  cfg.pp_group = r.pp_group.get();
+  if (!r.ps.pp) return;
+  cfg.pp_group = r.ps.pp.get();
   // Each CP rank holds 2 of the sequence's 2 x CP chunks (get_batch_on_this_cp_rank).
-  cfg.seq_length = r.args.model.seq_length / r.args.context_parallel_size;
+  cfg.seq_length = r.args.model.seq_length / r.args.parallel.context_parallel_size;
   cfg.micro_batch_size = r.args.training.micro_batch_size;
   cfg.memory_in_use = [&r] {
     return static_cast<int64_t>(r.rt->platform->memory_stats(r.rt->device.index).allocated_bytes);
   };
-}
-
-// Pipelining with tied embeddings: the first stage's word embedding and the last stage's copy
-// get the sum of both grads (Megatron's _allreduce_word_embedding_grads), BEFORE the data-parallel
-// reduce: after a ZeRO reduce-scatter each copy's valid shard lies at a different offset
-// (PITFALLS #4).
-void allreduce_embedding_grads(Run& r) {
-  if (!r.embedding_group || r.embedding_group->size() == 1) return;
-  Tensor g = r.model->parameter("embedding.word_embeddings.weight").main_grad;
-  r.embedding_group->all_reduce(g, comm::ReduceOp::sum)->wait();
 }
 
 // Megatron's evaluate(): eval_iters iterations of gbs samples, forward only.
@@ -337,14 +295,15 @@ std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
     auto next = [&] {
       auto mb = it->next();
       MG_CHECK(mb.has_value(), "evaluation data ran out");
-      return to_batch(*mb, r.cp_group.get());
+      return to_batch(*mb, r.ps.cp.get());
     };
     set_pipeline(r, cfg);
     auto fb =
         forward_backward(r)(*r.model, next, n_mb, cfg, models::StepRng{r.rng_seed, r.iteration, 0});
-    const auto [sum, n] = reduce_loss(r, fb.loss_sum, fb.num_tokens);
-    loss_sum += sum;
-    tokens += n;
+    const models::LossSums global =
+        distributed::reduce_loss_sums({fb.loss_sum, fb.num_tokens}, r.ps.dp.get());
+    loss_sum += global.loss_sum;
+    tokens += global.num_tokens;
     if (consumed) *consumed += r.args.training.global_batch_size;
   }
   return tokens > 0 ? loss_sum / tokens : 0.0;
@@ -359,57 +318,43 @@ struct StepOutcome {
   double lr = 0.0;
 };
 
-// Megatron's train_step.
+// Megatron's train_step: schedule -> finalize_model_grads -> optimizer.
 StepOutcome train_step(Run& r) {
   const auto& a = r.args;
   StepOutcome out;
-  r.ddp->zero_grad_buffer();
-  const bool dp = r.dp_group->size() > 1;
+  distributed::DistributedDataParallel& ddp = *r.dp_model.ddp;
+  ddp.zero_grad_buffer();
   pipeline_parallel::ForwardBackwardConfig cfg;
   cfg.calculate_per_token_loss = a.model.calculate_per_token_loss;
   cfg.loss_scale = r.opt->loss_scale();
-  // MoE aux/z losses: Megatron's MoEAuxLossAutoScaler.set_loss_scale (the lm loss's seed scale).
-  transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(
-      cfg.calculate_per_token_loss
-          ? cfg.loss_scale
-          : cfg.loss_scale / static_cast<double>(a.training.num_microbatches()));
-  // Data parallel with per-token loss: DDP sums the grads; they are divided by the global token
-  // count below (Megatron's finalize_model_grads).
-  cfg.finalize_per_token_grads = !dp;
+  r.model->set_aux_loss_scale(
+      pipeline_parallel::aux_loss_scale(cfg, a.training.num_microbatches()));
+  // Megatron's no_sync: DDP launches a bucket's reduction from the grad-ready hook only in the
+  // last micro-batch's backward. Pipelining: none at all (a chunk's last micro-batch is not the
+  // schedule's); finalize_model_grads reduces every bucket after the embedding-group sum.
   if (a.ddp.overlap_grad_reduce)
-    cfg.set_is_last_microbatch = [&r](bool last) { r.ddp->set_is_last_microbatch(last); };
+    cfg.set_is_last_microbatch = [&ddp](bool last) { ddp.set_is_last_microbatch(last); };
+  if (r.ps.pp) ddp.set_is_last_microbatch(false);
   auto next = [&] {
     auto mb = r.train_iter->next();
     MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);
-    return to_batch(*mb, r.cp_group.get());
+    return to_batch(*mb, r.ps.cp.get());
   };
   set_pipeline(r, cfg);
-  // Pipelining: DDP launches nothing from the grad-ready hook (a chunk's last micro-batch is not
-  // the schedule's); finish_grad_sync reduces every bucket after the embedding-group sum.
-  if (r.pp_group) r.ddp->set_is_last_microbatch(false);
   auto fb = forward_backward(r)(*r.model, next, a.training.num_microbatches(), cfg,
                                 models::StepRng{r.rng_seed, r.iteration, 0});
   r.peak_activation_bytes = std::max(r.peak_activation_bytes, fb.peak_activation_bytes);
   r.max_in_flight = std::max(r.max_in_flight, fb.max_in_flight);
-  allreduce_embedding_grads(r);
-  if (r.pp_group) r.ddp->set_is_last_microbatch(true);
-  r.ddp->finish_grad_sync();
-  // Sequence parallelism: norm weights / SP-region biases summed over TP (Megatron's
-  // finalize_model_grads, after the DP reduce; with the distributed optimizer only this rank's
-  // shard of them is used).
-  if (r.tp_group && a.sequence_parallel)
-    tensor_parallel::all_reduce_sequence_parallel_grads(r.model->parameters(), *r.tp_group);
-  out.lm_loss = fb.lm_loss;
-  if (dp) {
-    const auto [sum, tokens] = reduce_loss(r, fb.loss_sum, fb.num_tokens);
-    out.lm_loss = tokens > 0.0 ? sum / tokens : 0.0;
-    if (cfg.calculate_per_token_loss) {
-      MG_CHECK(tokens > 0.0, "calculate_per_token_loss: the global batch has no unmasked token");
-      Tensor grads = r.model->buffer().grads;
-      Tensor none;
-      r.model->ops().multi_tensor_scale(std::span<Tensor>(&grads, 1), 1.0 / tokens, none);
-    }
-  }
+  distributed::FinalizeModelGradsConfig fin;
+  fin.ddp = &ddp;
+  fin.dp_group = r.ps.dp.get();
+  fin.tp_group = r.ps.tp.get();
+  fin.sequence_parallel = a.parallel.sequence_parallel;
+  fin.embedding_group = r.ps.embedding.get();
+  fin.calculate_per_token_loss = cfg.calculate_per_token_loss;
+  const models::LossSums global =
+      distributed::finalize_model_grads(*r.model, fin, {fb.loss_sum, fb.num_tokens});
+  out.lm_loss = global.num_tokens > 0.0 ? global.loss_sum / global.num_tokens : 0.0;
   if (r.hooks.after_forward_backward)
     r.hooks.after_forward_backward(r.iteration, out.lm_loss, *r.model);
   out.nan = !std::isfinite(out.lm_loss);
@@ -482,7 +427,7 @@ void train(Run& r) {
       s.elapsed_ms_per_iter = secs * 1000.0 / static_cast<double>(interval_iters);
       s.flops_per_iter = r.flops_per_iter;
       s.tokens_per_iter = tokens_per_iter;
-      s.world_size = r.world_group->size();  // every rank (TP x PP x DP) is a GPU
+      s.world_size = r.ps.world->size();  // every rank (TP x PP x DP) is a GPU
       s.peak_tflops = peak;
       s.learning_rate = last_lr;
       s.global_batch_size = tr.global_batch_size;
@@ -496,8 +441,8 @@ void train(Run& r) {
       s.mem_max_allocated_mb = mem_mb(r, true);
       // MoE: load-balancing / z losses and tokens per expert (a collective over the world).
       const auto moe = transformer::moe::moe_metrics_log(
-          r.world_group.get(), r.model->config(),
-          a.sequence_parallel ? a.tensor_model_parallel_size : 1, interval_iters);
+          r.ps.world.get(), r.model->config(),
+          a.parallel.sequence_parallel ? a.parallel.tensor_model_parallel_size : 1, interval_iters);
       r.log_last << format_training_log(s) << moe.inline_part << "\n"
                  << moe.layer_lines << std::flush;
       interval_loss = 0.0;
@@ -543,112 +488,20 @@ void train(Run& r) {
 
 }  // namespace
 
+// The stages of a run, in Megatron's order: initialise the parallel state -> model_provider ->
+// the data-parallel wrapping (parallelize) -> the optimizer and scheduler -> the checkpoint ->
+// data -> the loop.
 PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
                         const PretrainHooks& hooks) {
-  // Data parallelism: dp = the DP group's size (world / TP; no PP/CP yet);
-  // gbs defaults to mbs * dp and must divide by it (Megatron's validate_args).
-  // Tensor parallelism: Megatron's groups for ParallelDims{tp, dp = world / tp}; the DP group is
-  // dp-cp (cp = 1). Without TP the whole world (or the hook's group) is the DP group.
-  // Pipeline parallelism: Megatron's groups for {tp, pp, dp = world / (tp pp)}; this rank builds
-  // the layers of its stage (layer_layout.h), the embedding group ties the first and last stage.
-  const int32_t tp = given_args.tensor_model_parallel_size;
-  const int32_t pp = given_args.pipeline_model_parallel_size;
-  const auto layout = pipeline_parallel::make_pipeline_layout(
-      given_args.model.num_layers, pp, given_args.virtual_pipeline_model_parallel_size,
-      std::nullopt, given_args.decoder_first_pipeline_num_layers,
-      given_args.decoder_last_pipeline_num_layers);
-  comm::ProcessGroupPtr dp_group, tp_group, world_group, pp_group, embedding_group;
-  const int32_t cp = given_args.context_parallel_size;
-  comm::ProcessGroupPtr cp_group, data_group;                        // context parallelism (CP > 1)
-  comm::ProcessGroupPtr ep_group, expert_dp_group, expert_mp_group;  // MoE (EP > 1 or TP > 1)
-  const bool expert_groups =
-      given_args.model.num_moe_experts > 0 && (given_args.expert_model_parallel_size > 1 || tp > 1);
-  if (tp > 1 || pp > 1 || cp > 1 || expert_groups) {
-    MG_CHECK(!hooks.data_parallel_group, "--tensor-model-parallel-size "
-                                             << tp << " / --pipeline-model-parallel-size " << pp
-                                             << ": PretrainHooks::data_parallel_group is "
-                                                "for pure data parallelism only");
-    auto& comm = world_communicator(given_args);
-    parallel_state::ParallelDims dims;
-    dims.tp = tp;
-    dims.pp = pp;
-    if (given_args.model.num_moe_experts > 0) {
-      dims.ep = given_args.expert_model_parallel_size;
-      dims.etp = 1;
-    }
-    dims.cp = cp;
-    MG_CHECK(comm.world_size() % (tp * pp * cp) == 0,
-             "world size " << comm.world_size() << " must be divisible by "
-                           << "--tensor-model-parallel-size " << tp
-                           << " x --pipeline-model-parallel-size " << pp
-                           << " x --context-parallel-size " << cp);
-    MG_CHECK(comm.world_size() % (tp * pp) == 0,
-             "world size " << comm.world_size() << " must be divisible by "
-                           << "--tensor-model-parallel-size " << tp
-                           << " x --pipeline-model-parallel-size " << pp);
-    auto groups = parallel_state::make_process_groups(comm, dims.resolved(comm.world_size()));
-    dp_group = groups.dp_cp;
-    if (cp > 1) {
-      cp_group = groups.cp;
-      data_group = groups.dp;
-    }
-    if (tp > 1) tp_group = groups.tp;
-    world_group = groups.world;
-    if (given_args.model.num_moe_experts > 0) {
-      ep_group = groups.ep;
-      expert_dp_group = groups.expert_dp;
-      expert_mp_group = groups.tp_ep_pp;
-    }
-    if (pp > 1) {
-      pp_group = groups.pp;
-      if (!given_args.model.untie_embeddings_and_output_weights) embedding_group = groups.embedding;
-    }
-  } else {
-    dp_group = hooks.data_parallel_group ? hooks.data_parallel_group
-                                         : world_communicator(given_args).world();
-    world_group = dp_group;
-  }
-  Arguments args = given_args;
-  {
-    auto& tr = args.training;
-    tr.data_parallel_size = dp_group->size() / cp;  // dp_group is dp-cp
-    bool gbs_given = false;
-    for (const auto& [flag, values] : args.given) gbs_given |= flag == "--global-batch-size";
-    if (!gbs_given) tr.global_batch_size = tr.micro_batch_size * tr.data_parallel_size;
-    MG_CHECK(tr.global_batch_size % (tr.micro_batch_size * tr.data_parallel_size) == 0,
-             "--global-batch-size "
-                 << tr.global_batch_size << " must be a multiple of --micro-batch-size "
-                 << tr.micro_batch_size << " x data-parallel size " << tr.data_parallel_size);
-    args.scheduler.global_batch_size = tr.global_batch_size;
-    // The bucket NaN check (before the collective) only where a NaN gradient cannot be a normal
-    // event: under fp16 an overflow (inf/nan grads) is the loss scaler's, which skips the step.
-    // One rank: the loss check of train_step reports it as before.
-    args.ddp.check_for_nan_in_grad =
-        tr.check_for_nan_in_loss_and_grad && tr.data_parallel_size > 1 && !args.optimizer.fp16;
-    args.ddp.calculate_per_token_loss = args.model.calculate_per_token_loss;
-  }
+  // 1. The parallel state: communicator, Megatron's process groups, the pipeline layout; then the
+  //    flags that depend on the data-parallel size.
+  ParallelState ps = initialize_model_parallel(given_args);
+  const Arguments args = complete_arguments(given_args, ps);
   std::ostream null_log(nullptr);
-  const bool first = world_group->rank() == 0,
-             last = world_group->rank() == world_group->size() - 1;
+  const bool first = ps.world->rank() == 0, last = ps.world->rank() == ps.world->size() - 1;
   std::ostream& log = first ? out_log : null_log;
-  Run r(args, log, last ? out_log : null_log, hooks);
-  r.dp_group = dp_group;
-  r.tp_group = tp_group;
-  r.world_group = world_group;
-  r.ep_group = ep_group;
-  r.expert_dp_group = expert_dp_group;
-  r.expert_mp_group = expert_mp_group;
-  r.pp_group = pp_group;
-  r.cp_group = cp_group;
-  r.data_group = data_group;
-  r.embedding_group = embedding_group;
-  r.layout = layout;
-  if (pp > 1) {
-    // Megatron's check: the micro-batches the schedule needs.
-    if (layout.vp > 1)
-      pipeline_parallel::check_interleaved_microbatches(pp, args.training.num_microbatches());
-  }
-  if (args.sequence_parallel_disabled)
+  Run r(args, log, last ? out_log : null_log, hooks, std::move(ps));
+  if (args.parallel.sequence_parallel_disabled)
     log << "WARNING: Disabling sequence parallelism because tensor model parallelism is disabled "
            "(--sequence-parallel needs --tensor-model-parallel-size > 1)"
         << std::endl;
@@ -658,7 +511,8 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.rt = &mg::init(ro);
   plugin::set_deterministic_mode(args.deterministic_mode);  // this run's (init keeps its first)
   if (args.deterministic_mode)
-    check_deterministic_mode(world_group->backend(), world_group->size(), std::getenv("NCCL_ALGO"));
+    check_deterministic_mode(r.ps.world->backend(), r.ps.world->size(),
+                             std::getenv("NCCL_ALGO"));
   r.rng_seed = args.training.seed;
   r.train_iters = args.training.total_iters();
 
@@ -675,48 +529,20 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   data.vocab_size = tokenizer->vocab_size();
   data.validate();
 
-  // Model, optimizer, scheduler; then the checkpoint.
-  if (tp_group || pp_group || ep_group || cp_group) {
-    models::GPTModelParallel par;
-    par.tp_group = tp_group.get();
-    par.sequence_parallel = args.sequence_parallel;
-    if (ep_group && ep_group->size() > 1) par.ep_group = ep_group.get();
-    if (cp_group) par.cp = {cp_group.get(), transformer::parse_cp_comm_type(args.cp_comm_type)};
-    if (pp_group) par.pipeline_chunks = layout.chunks(pp_group->rank());
-    r.model = std::make_unique<models::GPTModel>(
-        args.model, tokenizer->vocab_size(), *r.rt->ops, r.rt->device,
-        models::get_gpt_layer_with_transformer_engine_spec(args.model), par);
-  } else {
-    r.model = std::make_unique<models::GPTModel>(args.model, tokenizer->vocab_size(), *r.rt->ops,
-                                                 r.rt->device);
-  }
+  // 2. The model: this rank's share of it, initialised from --seed.
+  r.model = model_provider(args.model, tokenizer->vocab_size(), *r.rt->ops, r.rt->device,
+                           model_parallel_options(args, r.ps));
   r.model->init_weights(args.training.seed);
-  r.ddp = std::make_unique<distributed::DistributedDataParallel>(
-      args.ddp, r.model->parameters(), r.model->buffer(), *r.rt->ops, dp_group, expert_dp_group);
-  if (args.ddp.overlap_grad_reduce)
-    r.model->set_grad_ready_hook([&r](std::size_t i) { r.ddp->param_grad_ready(i); });
-  std::optional<optimizer::ShardOptions> shard;
-  if (args.ddp.use_distributed_optimizer) {
-    shard.emplace();
-    shard->ranges = r.ddp->optimizer_shard_ranges();
-    shard->group = dp_group;
-    // --overlap-param-gather: the all-gathers run during the next forward, each bucket waited
-    // for by the model's param-use hook just before its parameters are first used.
-    const bool overlap_gather = args.ddp.overlap_param_gather;
-    shard->gather_params = [&r, overlap_gather] {
-      r.ddp->start_param_sync();
-      if (!overlap_gather) r.ddp->finish_param_sync();
-    };
-    if (overlap_gather)
-      r.model->set_param_use_hook(
-          [&r](std::span<const std::size_t> idx) { r.ddp->wait_param_gather(idx); });
-  }
+  // 3. The data-parallel wrapping: DDP over the gradient buffer (and the distributed optimizer's
+  //    shard).
+  r.dp_model = distributed::parallelize(*r.model, args.ddp, r.ps.dp, r.ps.expert_dp);
+  // 4. The optimizer and the LR scheduler.
   r.opt = std::make_unique<optimizer::MegatronOptimizer>(
       args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
-      optimizer::ParamGroupOptions{}, std::move(shard));
-  if (tp_group) r.opt->set_tensor_parallel_group(tp_group);
-  if (expert_mp_group) r.opt->set_expert_parallel_group(expert_mp_group);
-  if (pp_group) r.opt->set_pipeline_parallel_group(pp_group);
+      optimizer::ParamGroupOptions{}, std::move(r.dp_model.optimizer_shard));
+  if (r.ps.tp) r.opt->set_tensor_parallel_group(r.ps.tp);
+  if (r.ps.expert_mp) r.opt->set_expert_parallel_group(r.ps.expert_mp);
+  if (r.ps.pp) r.opt->set_pipeline_parallel_group(r.ps.pp);
   r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
       optimizer::scheduler_config_from_args(args.scheduler));
   r.flops_per_iter = models::num_floating_point_operations(
@@ -729,16 +555,17 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
         << transformer::to_string(m.moe_router_load_balancing_type) << " (coeff "
         << m.moe_aux_loss_coeff << "), dispatcher "
         << transformer::to_string(m.moe_token_dispatcher_type) << ", expert parallel "
-        << args.expert_model_parallel_size << " ("
-        << m.num_moe_experts / args.expert_model_parallel_size
+        << args.parallel.expert_model_parallel_size << " ("
+        << m.num_moe_experts / args.parallel.expert_model_parallel_size
         << " experts per rank), expert data parallel "
-        << (expert_dp_group ? expert_dp_group->size() : dp_group->size())
+        << (r.ps.expert_dp ? r.ps.expert_dp->size() : r.ps.dp->size())
         << (m.moe_expert_capacity_factor
                 ? ", capacity factor " + std::to_string(*m.moe_expert_capacity_factor) + " (" +
                       transformer::to_string(m.moe_token_drop_policy) + ")"
                 : std::string(", dropless"))
         << std::endl;
   }
+  // 5. The checkpoint (model; optimizer, scheduler, RNG and data position unless told not to).
   load(r);
 
   // Data: Megatron's split sizes, iterators from the checkpoint's position.
@@ -765,7 +592,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     log << "> training ..." << std::endl;
     train(r);
   }
-  r.ddp->finish_param_sync();  // --overlap-param-gather: the last step's gather
+  r.dp_model.ddp->finish_param_sync();  // --overlap-param-gather: the last step's gather
   r.train_iter.reset();
 
   // After training: validation and test (Megatron's evaluate_and_print_results), final save.

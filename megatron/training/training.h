@@ -1,27 +1,36 @@
 // The training loop: Megatron's pretrain / train / train_step / evaluate
-// (megatron/training/training.py) for one process.
+// (megatron/training/training.py).
 //
-// pretrain(args): runtime and platform -> tokenizer -> model (init from --seed) -> optimizer and
-// LR scheduler -> --load (model; optimizer, scheduler, RNG unless --no-load-optim / --no-load-rng
-// / --finetune; the data position) -> start-up summary (parameters, config, platform, op table) ->
-// train/valid/test datasets (BlendedMegatronDatasetBuilder) and iterators starting at the
-// checkpoint's consumed samples -> train -> validation and test evaluation -> final save.
+// pretrain(args) runs the stages of a run, each its own seam:
+//   1. initialize_model_parallel (initialize.h): the run's communicator, Megatron's process groups
+//      and pipeline layout; complete_arguments: the flags that depend on the data-parallel size;
+//      the runtime and platform (mg::init);
+//   2. model_provider (model_provider.h): the model of the flags, this rank's share of it,
+//      initialised from --seed;
+//   3. distributed::parallelize (core/distributed/parallelize.h): DDP over the gradient buffer,
+//      its hooks, the distributed optimizer's shard;
+//   4. the optimizer (MegatronOptimizer) and the LR scheduler;
+//   5. --load (model; optimizer, scheduler, RNG unless --no-load-optim / --no-load-rng /
+//      --finetune; the data position), the start-up summary (parameters, config, platform, layout,
+//      op table), train/valid/test datasets (BlendedMegatronDatasetBuilder) and iterators starting
+//      at the checkpoint's consumed samples -> train -> validation and test evaluation -> final
+//      save.
 //
 // train_step: zero grads -> get_forward_backward_func's schedule (no pipelining, 1F1B or
-// interleaved with --pipeline-model-parallel-size / virtual stages) over gbs / (mbs * dp)
-// micro-batches (dropout from StepRng{seed, iteration, microbatch}) -> with PP and tied embeddings,
-// the word embedding grads summed over the embedding group -> DP grad sync -> NaN check ->
-// optimizer step at the scheduler's lr / wd -> scheduler.step(gbs) when the step succeeded. A
-// non-finite loss is a nan iteration (Megatron's rule): under fp16 the loss scaler skips the step
-// (counted as skipped); in bf16/fp32 the run stops with a message (Megatron's
-// --check-for-nan-in-loss-and-grad), or with
-// --no-check-for-nan-in-loss-and-grad the step is skipped and counted.
+// interleaved) over gbs / (mbs * dp) micro-batches (dropout from StepRng{seed, iteration,
+// microbatch}; the loss normalisation is the schedules') -> distributed::finalize_model_grads
+// (tied-embedding sum, DP reduce, SP sums, the global loss sums, the per-token division) -> NaN
+// check -> optimizer step at the scheduler's lr / wd -> scheduler.step(gbs) when the step
+// succeeded. A non-finite loss is a nan iteration (Megatron's rule): under fp16 the loss scaler
+// skips the step (counted as skipped); in bf16/fp32 the run stops with a message (Megatron's
+// --check-for-nan-in-loss-and-grad), or with --no-check-for-nan-in-loss-and-grad the step is
+// skipped and counted.
 // Exit conditions: --train-iters / --train-samples reached, --exit-interval, --exit-duration-in-
 // mins (each saves first when --save is set). Evaluation every --eval-interval iterations on
 // --eval-iters batches of the validation split: lm loss and perplexity.
 // Determinism: on the CPU a run of N iterations equals N/2 + save + load + N/2 bit for bit.
-// --deterministic-mode: plugin::deterministic_mode() for the run, its NCCL check
-// (check_deterministic_mode) before any work; two runs are bit-identical (docs/architecture.md).
+// --deterministic-mode: its NCCL check (check_deterministic_mode) before any work; two runs are
+// bit-identical (docs/architecture.md).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +41,6 @@
 #include <string_view>
 #include <vector>
 
-#include "megatron/core/comm/process_group.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/training/arguments.h"
 
@@ -44,9 +52,6 @@ struct PretrainHooks {
   // reported loss and the model's gradients (a test injects NaN here).
   std::function<void(int64_t iteration, double& lm_loss, models::GPTModel& model)>
       after_forward_backward;
-  // Train on this data-parallel group instead of the process's world (a test runs several layouts
-  // in one mpirun job); null: the world of the communicator (MPI under mpirun, else one rank).
-  comm::ProcessGroupPtr data_parallel_group;
 };
 
 struct PretrainResult {

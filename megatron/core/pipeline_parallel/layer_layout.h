@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/models/common/language_module.h"
 
 namespace mg::pipeline_parallel {
 

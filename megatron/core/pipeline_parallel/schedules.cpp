@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <optional>
-#include <span>
 #include <sstream>
 #include <utility>
 
@@ -13,43 +13,53 @@
 
 namespace mg::pipeline_parallel {
 
-ForwardBackwardResult forward_backward_no_pipelining(models::GPTModel& model,
+double loss_backward_seed(const ForwardBackwardConfig& config, double num_tokens,
+                          int64_t num_microbatches, int64_t microbatch) {
+  // Megatron: output_tensor = loss_sum (per-token) or loss_sum / num_tokens / num_microbatches,
+  // times the loss scale, is what backward starts from.
+  double dloss = config.loss_scale;
+  if (!config.calculate_per_token_loss) {
+    MG_CHECK(num_tokens > 0.0, "micro-batch " << microbatch << " has no unmasked token (loss_mask "
+                                              << "sums to 0): its mean loss is undefined");
+    dloss /= num_tokens * static_cast<double>(num_microbatches);
+  }
+  return dloss;
+}
+
+double aux_loss_scale(const ForwardBackwardConfig& config, int64_t num_microbatches) {
+  return config.calculate_per_token_loss
+             ? config.loss_scale
+             : config.loss_scale / static_cast<double>(num_microbatches);
+}
+
+ForwardBackwardResult forward_backward_no_pipelining(models::LanguageModule& model,
                                                      const NextBatchFn& next_batch,
                                                      int64_t num_microbatches,
                                                      const ForwardBackwardConfig& config,
                                                      const models::StepRng& rng) {
   MG_CHECK(num_microbatches >= 1, "num_microbatches must be >= 1, got " << num_microbatches);
+  MG_CHECK(model.num_chunks() == 1 && model.chunk(0).pre_process && model.chunk(0).post_process,
+           "forward_backward_no_pipelining runs the whole model; this one is a pipeline stage ("
+               << model.num_chunks() << " chunk(s)): use a pipelined schedule");
   ForwardBackwardResult r;
-  models::GPTForwardState state;
+  const std::unique_ptr<models::ForwardState> state = model.new_forward_state();
   for (int64_t i = 0; i < num_microbatches; ++i) {
-    const models::GPTBatch batch = next_batch();
+    const models::Batch batch = next_batch();
     const models::StepRng mb_rng{rng.seed, rng.iteration, i};
-    const models::LossSums sums = model.forward(batch, state, mb_rng, !config.forward_only);
+    models::LossSums sums;
+    model.forward_chunk(0, batch, Tensor(), *state, mb_rng, !config.forward_only, &sums);
     r.microbatches.push_back(sums);
     r.loss_sum += sums.loss_sum;
     r.num_tokens += sums.num_tokens;
     if (config.forward_only) {
-      state.clear();
+      state->clear();
       continue;
     }
-    // Megatron: output_tensor = loss_sum (per-token) or loss_sum / num_tokens / num_microbatches,
-    // times the loss scale, is what backward starts from.
-    double dloss = config.loss_scale;
-    if (!config.calculate_per_token_loss) {
-      MG_CHECK(sums.num_tokens > 0.0, "micro-batch " << i << " has no unmasked token (loss_mask "
-                                                     << "sums to 0): its mean loss is undefined");
-      dloss /= sums.num_tokens * static_cast<double>(num_microbatches);
-    }
+    const double dloss = loss_backward_seed(config, sums.num_tokens, num_microbatches, i);
     if (config.set_is_last_microbatch) config.set_is_last_microbatch(i == num_microbatches - 1);
-    model.backward(state, dloss);
+    model.backward_chunk(*state, Tensor(), dloss);
   }
   r.lm_loss = r.num_tokens > 0.0 ? r.loss_sum / r.num_tokens : 0.0;
-  if (!config.forward_only && config.calculate_per_token_loss && config.finalize_per_token_grads) {
-    MG_CHECK(r.num_tokens > 0.0, "calculate_per_token_loss: the batch has no unmasked token");
-    Tensor grads = model.buffer().grads;
-    Tensor none;
-    model.ops().multi_tensor_scale(std::span<Tensor>(&grads, 1), 1.0 / r.num_tokens, none);
-  }
   return r;
 }
 
@@ -206,10 +216,10 @@ PipelineRunStats run_pipeline_schedule(const std::vector<ScheduleStep>& steps, i
 
 namespace {
 
-// Runs `steps` on a GPTModel: batches fetched in micro-batch order, activations held per
+// Runs `steps` on a model: batches fetched in micro-batch order, activations held per
 // (micro-batch, chunk) from forward to backward, the loss on the last virtual stage; then the
 // loss sums summed over the pipeline group.
-ForwardBackwardResult run_gpt_pipeline(models::GPTModel& model, const NextBatchFn& next_batch,
+ForwardBackwardResult run_model_pipeline(models::LanguageModule& model, const NextBatchFn& next_batch,
                                        int64_t num_microbatches,
                                        const ForwardBackwardConfig& config,
                                        const models::StepRng& rng,
@@ -223,20 +233,20 @@ ForwardBackwardResult run_gpt_pipeline(models::GPTModel& model, const NextBatchF
   const int chunks = model.num_chunks();
   const bool training = !config.forward_only;
   ForwardBackwardResult r;
-  std::map<int64_t, models::GPTBatch> batches;
+  std::map<int64_t, models::Batch> batches;
   int64_t fetched = 0;
-  std::map<std::pair<int64_t, int>, models::GPTForwardState> states;
+  std::map<std::pair<int64_t, int>, std::unique_ptr<models::ForwardState>> states;
   std::map<int64_t, models::LossSums> sums;
-  auto batch = [&](int64_t mb) -> const models::GPTBatch& {
+  auto batch = [&](int64_t mb) -> const models::Batch& {
     while (fetched <= mb) batches.emplace(fetched++, next_batch());
     return batches.at(mb);
   };
   StageFunctions fns;
   fns.forward = [&](int v, int64_t mb, const Tensor& input) {
-    models::GPTForwardState st;
+    std::unique_ptr<models::ForwardState> st = model.new_forward_state();
     models::LossSums ls;
     Tensor out =
-        model.forward_chunk(v, batch(mb), input, st, {rng.seed, rng.iteration, mb}, training, &ls);
+        model.forward_chunk(v, batch(mb), input, *st, {rng.seed, rng.iteration, mb}, training, &ls);
     if (model.chunk(v).post_process) {
       sums[mb] = ls;
       r.loss_sum += ls.loss_sum;
@@ -250,14 +260,12 @@ ForwardBackwardResult run_gpt_pipeline(models::GPTModel& model, const NextBatchF
     auto it = states.find({mb, v});
     MG_CHECK(it != states.end(),
              "backward of micro-batch " << mb << ", chunk " << v << " before its forward");
-    double dloss = config.loss_scale;
-    if (model.chunk(v).post_process && !config.calculate_per_token_loss) {
-      const double tokens = sums.at(mb).num_tokens;
-      MG_CHECK(tokens > 0.0, "micro-batch " << mb << " has no unmasked token (loss_mask sums to "
-                                            << "0): its mean loss is undefined");
-      dloss /= tokens * static_cast<double>(num_microbatches);
-    }
-    Tensor dx = model.backward_chunk(it->second, output_grad, dloss);
+    // Only a post_process chunk starts from the loss; the others ignore dloss.
+    const double dloss = model.chunk(v).post_process
+                             ? loss_backward_seed(config, sums.at(mb).num_tokens,
+                                                  num_microbatches, mb)
+                             : config.loss_scale;
+    Tensor dx = model.backward_chunk(*it->second, output_grad, dloss);
     states.erase(it);
     return dx;
   };
@@ -277,19 +285,13 @@ ForwardBackwardResult run_gpt_pipeline(models::GPTModel& model, const NextBatchF
   r.loss_sum = v[0];
   r.num_tokens = v[1];
   r.lm_loss = r.num_tokens > 0.0 ? r.loss_sum / r.num_tokens : 0.0;
-  if (training && config.calculate_per_token_loss && config.finalize_per_token_grads) {
-    MG_CHECK(r.num_tokens > 0.0, "calculate_per_token_loss: the batch has no unmasked token");
-    Tensor grads = model.buffer().grads;
-    Tensor none;
-    model.ops().multi_tensor_scale(std::span<Tensor>(&grads, 1), 1.0 / r.num_tokens, none);
-  }
   return r;
 }
 
 }  // namespace
 
 ForwardBackwardResult forward_backward_pipelining_without_interleaving(
-    models::GPTModel& model, const NextBatchFn& next_batch, int64_t num_microbatches,
+    models::LanguageModule& model, const NextBatchFn& next_batch, int64_t num_microbatches,
     const ForwardBackwardConfig& config, const models::StepRng& rng) {
   MG_CHECK(model.num_chunks() == 1,
            "the 1F1B schedule runs one model chunk per rank, the model "
@@ -298,18 +300,18 @@ ForwardBackwardResult forward_backward_pipelining_without_interleaving(
   MG_CHECK(config.pp_group != nullptr, "the 1F1B schedule needs ForwardBackwardConfig::pp_group");
   const auto steps = schedule_1f1b(config.pp_group->size(), config.pp_group->rank(),
                                    num_microbatches, config.forward_only);
-  return run_gpt_pipeline(model, next_batch, num_microbatches, config, rng, steps);
+  return run_model_pipeline(model, next_batch, num_microbatches, config, rng, steps);
 }
 
 ForwardBackwardResult forward_backward_pipelining_with_interleaving(
-    models::GPTModel& model, const NextBatchFn& next_batch, int64_t num_microbatches,
+    models::LanguageModule& model, const NextBatchFn& next_batch, int64_t num_microbatches,
     const ForwardBackwardConfig& config, const models::StepRng& rng) {
   MG_CHECK(config.pp_group != nullptr,
            "the interleaved schedule needs ForwardBackwardConfig::pp_group");
   const auto steps =
       schedule_interleaved(config.pp_group->size(), config.pp_group->rank(), model.num_chunks(),
                            num_microbatches, config.forward_only);
-  return run_gpt_pipeline(model, next_batch, num_microbatches, config, rng, steps);
+  return run_model_pipeline(model, next_batch, num_microbatches, config, rng, steps);
 }
 
 ForwardBackwardFunc get_forward_backward_func(int pipeline_model_parallel_size,

@@ -15,17 +15,23 @@
 // backward, receives posted one step ahead (overlapping the compute), sends non-blocking; a peer
 // that never answers ends in the group's collective timeout, never a silent hang.
 //
-// Loss semantics are Megatron's:
+// The schedules take any model through the LanguageModule interface
+// (models/common/language_module.h); they know nothing of GPT.
+//
+// Loss semantics are Megatron's, decided in one place (loss_backward_seed below):
 //  * default: micro-batch i contributes loss_sum_i / num_tokens_i / num_microbatches to the
 //    objective (its mean loss, averaged over micro-batches);
-//  * calculate_per_token_loss: each micro-batch contributes loss_sum_i, and at the end the
-//    gradients are divided by the total token count sum_i num_tokens_i (Megatron's
+//  * calculate_per_token_loss: each micro-batch contributes loss_sum_i; the gradients are divided
+//    by the global token count afterwards, once, by distributed::finalize_model_grads (Megatron's
 //    finalize_model_grads(num_tokens)); the objective is the token mean of the whole batch.
 //  * the reported "lm loss" is sum_i loss_sum_i / sum_i num_tokens_i in both cases (what
 //    train_step logs). With pipelining the loss is computed on the last stage and its sums are
 //    summed over the pipeline group, so every stage returns the same lm_loss / loss_sum /
 //    num_tokens (microbatches is filled on the last stage only).
 // loss_scale (the fp16 dynamic scale) multiplies every backward seed; unscaling is the optimizer's.
+// The schedules never touch the gradients after backward: everything after the last backward
+// (data-parallel reduction, tied-embedding and sequence-parallel sums, the per-token division) is
+// finalize_model_grads'.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +40,7 @@
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
-#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/models/common/language_module.h"
 
 namespace mg::pipeline_parallel {
 
@@ -42,9 +48,6 @@ struct ForwardBackwardConfig {
   bool calculate_per_token_loss = false;
   double loss_scale = 1.0;    // multiplies the loss before backward (fp16 grad scaler)
   bool forward_only = false;  // evaluation: no backward, no dropout
-  // Divide the grads by the total token count at the end under calculate_per_token_loss. Turn it
-  // off when the caller reduces token counts across data-parallel ranks first and scales itself.
-  bool finalize_per_token_grads = true;
   // Megatron's no_sync_func: called before each micro-batch's backward with whether it is the
   // last one (DDP then launches bucket reductions from the grad-ready hook only in that backward).
   // Not called by the pipelined schedules (the caller keeps DDP's launches for finish_grad_sync).
@@ -72,12 +75,22 @@ struct ForwardBackwardResult {
 };
 
 // Returns the next micro-batch (called num_microbatches times, in order).
-using NextBatchFn = std::function<models::GPTBatch()>;
+using NextBatchFn = std::function<models::Batch()>;
 
-// Runs num_microbatches micro-batches through `model`; micro-batch i uses StepRng{rng.seed,
-// rng.iteration, i}. Gradients accumulate (+=) into the model's main_grad buffer: zero it first
-// (model.zero_grad()) at the start of an iteration.
-ForwardBackwardResult forward_backward_no_pipelining(models::GPTModel& model,
+// Megatron's loss normalisation, the one place it is decided: the weight backward gives every
+// masked token's loss of a micro-batch with num_tokens unmasked tokens: loss_scale, divided by
+// num_tokens * num_microbatches unless calculate_per_token_loss (throws when that micro-batch has
+// no unmasked token).
+double loss_backward_seed(const ForwardBackwardConfig& config, double num_tokens,
+                          int64_t num_microbatches, int64_t microbatch);
+// The scale of the MoE auxiliary losses' gradients (Megatron's MoEAuxLossAutoScaler): the seed
+// without the token division, loss_scale / num_microbatches (loss_scale under per-token loss).
+double aux_loss_scale(const ForwardBackwardConfig& config, int64_t num_microbatches);
+
+// Runs num_microbatches micro-batches through `model` (one chunk holding the whole model);
+// micro-batch i uses StepRng{rng.seed, rng.iteration, i}. Gradients accumulate (+=) into the
+// model's main_grad buffer: zero it first at the start of an iteration.
+ForwardBackwardResult forward_backward_no_pipelining(models::LanguageModule& model,
                                                      const NextBatchFn& next_batch,
                                                      int64_t num_microbatches,
                                                      const ForwardBackwardConfig& config,
@@ -87,15 +100,15 @@ ForwardBackwardResult forward_backward_no_pipelining(models::GPTModel& model,
 // calls next_batch num_microbatches times (the first stage uses the tokens, the last the labels,
 // every stage the position and document ids).
 ForwardBackwardResult forward_backward_pipelining_without_interleaving(
-    models::GPTModel& model, const NextBatchFn& next_batch, int64_t num_microbatches,
+    models::LanguageModule& model, const NextBatchFn& next_batch, int64_t num_microbatches,
     const ForwardBackwardConfig& config, const models::StepRng& rng);
 
 // Interleaved 1F1B; `model` holds this rank's model.num_chunks() >= 2 chunks.
 ForwardBackwardResult forward_backward_pipelining_with_interleaving(
-    models::GPTModel& model, const NextBatchFn& next_batch, int64_t num_microbatches,
+    models::LanguageModule& model, const NextBatchFn& next_batch, int64_t num_microbatches,
     const ForwardBackwardConfig& config, const models::StepRng& rng);
 
-using ForwardBackwardFunc = ForwardBackwardResult (*)(models::GPTModel&, const NextBatchFn&,
+using ForwardBackwardFunc = ForwardBackwardResult (*)(models::LanguageModule&, const NextBatchFn&,
                                                       int64_t, const ForwardBackwardConfig&,
                                                       const models::StepRng&);
 // Megatron's get_forward_backward_func: PP 1 -> no pipelining; PP > 1 with a virtual pipeline

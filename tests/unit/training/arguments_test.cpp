@@ -192,13 +192,13 @@ TEST(Arguments, BadValuesNameTheFlag) {
 // SP is switched off at TP 1 as Megatron's validate_args does (the loop logs Megatron's warning).
 TEST(Arguments, TensorAndSequenceParallelFlags) {
   auto a = parse_args(with({"--tensor-model-parallel-size", "2", "--sequence-parallel"}));
-  EXPECT_EQ(a.tensor_model_parallel_size, 2);
-  EXPECT_TRUE(a.sequence_parallel);
-  EXPECT_FALSE(a.sequence_parallel_disabled);
+  EXPECT_EQ(a.parallel.tensor_model_parallel_size, 2);
+  EXPECT_TRUE(a.parallel.sequence_parallel);
+  EXPECT_FALSE(a.parallel.sequence_parallel_disabled);
   a = parse_args(with({"--sequence-parallel"}));
-  EXPECT_EQ(a.tensor_model_parallel_size, 1);
-  EXPECT_FALSE(a.sequence_parallel);
-  EXPECT_TRUE(a.sequence_parallel_disabled);
+  EXPECT_EQ(a.parallel.tensor_model_parallel_size, 1);
+  EXPECT_FALSE(a.parallel.sequence_parallel);
+  EXPECT_TRUE(a.parallel.sequence_parallel_disabled);
   auto e = parse_error(with({"--tensor-model-parallel-size", "3"}));
   EXPECT_NE(e.find("--num-attention-heads 4 must be divisible by --tensor-model-parallel-size 3"),
             std::string::npos)

@@ -97,7 +97,7 @@ TEST(MoEArguments, FlagsAndMegatronDefaults) {
   EXPECT_EQ(m.expert_ffn_hidden_size(), 32);
   EXPECT_EQ(m.moe_shared_expert_intermediate_size, 16);
   EXPECT_TRUE(m.moe_grouped_gemm);
-  EXPECT_EQ(a.expert_model_parallel_size, 2);
+  EXPECT_EQ(a.parallel.expert_model_parallel_size, 2);
   EXPECT_TRUE(m.is_moe_layer(0));
   EXPECT_FALSE(m.is_moe_layer(1));
   EXPECT_TRUE(m.is_moe_layer(2));

@@ -37,6 +37,7 @@
 
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/inference/inference_context.h"
+#include "megatron/core/models/common/language_module.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/context_parallel.h"
@@ -46,34 +47,8 @@
 
 namespace mg::models {
 
-// One micro-batch, as Megatron's get_batch gives it. Host or device tensors; the model copies them
-// to its device. Only tokens is required.
-struct GPTBatch {
-  Tensor tokens;        // [B, S] i64 (or i32)
-  Tensor labels;        // [B, S] i64 (or i32); required for the loss
-  Tensor loss_mask;     // [B, S] f32; undefined -> all ones
-  Tensor position_ids;  // [B, S] i64 (or i32); undefined -> 0..S-1 in every row
-  Tensor doc_ids;       // [B, S] i32; when defined, attention stays within equal ids (packed docs)
-};
-
-// Where the dropout randomness of one micro-batch comes from. Every (iteration, microbatch, layer,
-// site) derives its own Philox seed from these, so masks are reproducible and recompute replays
-// them; nothing is stored between calls.
-struct StepRng {
-  uint64_t seed = 1234;    // --seed
-  int64_t iteration = 0;   // training iteration
-  int64_t microbatch = 0;  // index of the micro-batch within the iteration
-};
-
-// What forward() reports for one micro-batch: sum over tokens of loss * loss_mask (f64, summed on
-// the host) and sum of loss_mask. Megatron's loss_func returns the same pair. Under context
-// parallelism num_tokens is the CP group's total / CP on every CP rank: the schedules' mean-loss
-// gradient (loss_sum / num_tokens) is then Megatron's local sum x CP / global count (DDP averages
-// over dp-cp), sums over dp-cp stay exact, and a rank whose tokens are all masked is no error.
-struct LossSums {
-  double loss_sum = 0.0;
-  double num_tokens = 0.0;
-};
+// The model-independent types of a micro-batch (models/common/language_module.h).
+using GPTBatch = Batch;
 
 // Tensor (and sequence) parallelism of a GPTModel: this rank's TP group (null: one rank) and
 // --sequence-parallel. With TP, every parameter is this rank's shard of Megatron's global tensor
@@ -90,16 +65,6 @@ struct LossSums {
 // gradients do not depend on the padding, which grows with TP (PITFALLS #1: with V = 50257 and
 // --make-vocab-size-divisible-by 128, V_pad is 50304 at TP 1 but 50432 at TP 2). A rank whose shard
 // is all padding gets empty logits. Set it alike in the runs being compared.
-// One model chunk (virtual pipeline stage) of a pipeline-parallel GPTModel: layers [layer_offset,
-// layer_offset + num_layers) of the global decoder; pre_process: it holds the embedding (the first
-// virtual stage); post_process: final norm, output layer and loss (the last virtual stage).
-struct PipelineChunk {
-  int64_t layer_offset = 0;
-  int64_t num_layers = 0;
-  bool pre_process = true;
-  bool post_process = true;
-};
-
 struct GPTModelParallel {
   comm::ProcessGroup* tp_group = nullptr;
   bool sequence_parallel = false;
@@ -124,22 +89,22 @@ struct GPTSaved;  // saved activations of one micro-batch (gpt_model.cpp)
 }
 
 // Caller-owned activations of one micro-batch between forward() and backward().
-class GPTForwardState {
+class GPTForwardState final : public ForwardState {
  public:
   GPTForwardState();
-  ~GPTForwardState();
+  ~GPTForwardState() override;
   GPTForwardState(GPTForwardState&&) noexcept;
   GPTForwardState& operator=(GPTForwardState&&) noexcept;
   // True between a forward() and its backward().
-  bool holds_activations() const;
-  void clear();  // drop the saved activations
+  bool holds_activations() const override;
+  void clear() override;  // drop the saved activations
 
  private:
   friend class GPTModel;
   std::unique_ptr<detail::GPTSaved> saved_;
 };
 
-class GPTModel {
+class GPTModel final : public LanguageModule {
  public:
   // Builds the modules and the parameter/grad buffers on `device`, weights uninitialised (call
   // init_weights or load them). `config` is copied and finalize()d. `spec` defaults to
@@ -151,25 +116,25 @@ class GPTModel {
   GPTModel(const transformer::TransformerConfig& config, int64_t vocab_size,
            const ops::OpTable& ops, Device device, const transformer::TransformerLayerSpec& spec,
            const GPTModelParallel& parallel);
-  ~GPTModel();
+  ~GPTModel() override;
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
-  const transformer::TransformerConfig& config() const;
+  const transformer::TransformerConfig& config() const override;
   const transformer::TransformerLayerSpec& spec() const;
-  int64_t vocab_size() const;         // as given
-  int64_t padded_vocab_size() const;  // V_pad: rows of the embedding and output layer (global)
+  int64_t vocab_size() const override;         // as given
+  int64_t padded_vocab_size() const override;  // V_pad: rows of the embedding and output layer (global)
   const GPTModelParallel& parallel() const;
-  Device device() const;
-  const ops::OpTable& ops() const;
+  Device device() const override;
+  const ops::OpTable& ops() const override;
 
   // Every parameter, in order of first use in forward (embedding first). The buffers lay them out
   // in the reverse order (see parameter.h).
-  std::vector<transformer::Parameter>& parameters();
+  std::vector<transformer::Parameter>& parameters() override;
   const std::vector<transformer::Parameter>& parameters() const;
   // The parameter named `name` (Megatron-Core name); throws listing the names when absent.
   transformer::Parameter& parameter(std::string_view name);
-  transformer::ParamAndGradBuffer& buffer();
+  transformer::ParamAndGradBuffer& buffer() override;
   int64_t num_parameters() const;  // elements in the value buffer
 
   // Megatron's init from the Philox init ops: weights normal(0, init_method_std), linear_proj and
@@ -191,12 +156,12 @@ class GPTModel {
   void backward(GPTForwardState& state, double dloss);
 
   // Pipeline parallelism: the chunks this model holds (one when not pipelined).
-  int num_chunks() const;
-  const PipelineChunk& chunk(int v) const;
+  int num_chunks() const override;
+  const PipelineChunk& chunk(int v) const override;
   // The hidden states one chunk passes to the next stage: [S, B, H] ([S/TP, B, H] under SP) in
   // the params dtype, for a micro-batch of `micro_batch_size` sequences of `seq_length`.
-  Shape pipeline_tensor_shape(int64_t seq_length, int64_t micro_batch_size) const;
-  DType pipeline_tensor_dtype() const;
+  Shape pipeline_tensor_shape(int64_t seq_length, int64_t micro_batch_size) const override;
+  DType pipeline_tensor_dtype() const override;
   // Runs chunk v on one micro-batch. `batch` gives the shapes, the tokens (pre_process), labels
   // and loss mask (post_process), position ids and document ids (every stage). `input`: the
   // previous stage's hidden states (pipeline_tensor_shape), ignored for a pre_process chunk.
@@ -209,22 +174,30 @@ class GPTModel {
   // d objective / d input, or an undefined tensor for a pre_process chunk.
   Tensor backward_chunk(GPTForwardState& state, const Tensor& output_grad, double dloss);
 
+  // LanguageModule (models/common/language_module.h): the same calls on a model-independent
+  // state (a GPTForwardState made by new_forward_state; another model's state is an error), the
+  // tied word embedding, and the MoE layers' aux-loss scale.
+  std::unique_ptr<ForwardState> new_forward_state() const override;
+  Tensor forward_chunk(int v, const Batch& batch, const Tensor& input, ForwardState& state,
+                       const StepRng& rng, bool training, LossSums* sums) override;
+  Tensor backward_chunk(ForwardState& state, const Tensor& output_grad, double dloss) override;
+  transformer::Parameter* shared_embedding_or_output_weight() override;
+  void set_aux_loss_scale(double scale) override;
+
   // Called once per parameter (its index in parameters()) during backward(), as soon as that
   // parameter's gradient contribution of the micro-batch is complete: after the output layer (when
   // untied), the final norm, each layer (last first), then the embeddings (the tied word
   // embedding last, since the output layer and the embedding both add to it). DDP's
   // --overlap-grad-reduce launches bucket reductions from it (Megatron's grad-accumulation hooks).
   // Empty by default; it observes and never changes what backward computes.
-  using GradReadyHook = std::function<void(std::size_t param_index)>;
-  void set_grad_ready_hook(GradReadyHook hook);
+  void set_grad_ready_hook(GradReadyHook hook) override;
 
   // Called during forward() / forward_chunk() before a module first uses its parameters, with
   // their indices in parameters(): the embedding's, then each layer's, then the final norm's and
   // output layer's. DDP's --overlap-param-gather waits there for the all-gathers of the buckets
   // holding them (Megatron's forward pre-hook). Empty by default; it never changes what forward
   // computes.
-  using ParamUseHook = std::function<void(std::span<const std::size_t> param_indices)>;
-  void set_param_use_hook(ParamUseHook hook);
+  void set_param_use_hook(ParamUseHook hook) override;
 
   // Logits [S, B, V_pad] (computed in the model dtype as in training, returned in f32 under
   // bf16/f16, else the params dtype) without dropout, for tests and

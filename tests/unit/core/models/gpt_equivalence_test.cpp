@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
 #include "tests/unit/core/models/gpt_test_util.h"
@@ -47,6 +48,11 @@ StepResult run_step(GPTModel& m, const GPTBatch& global, int64_t num_microbatche
   int64_t next = 0;
   auto r = forward_backward_no_pipelining(
       m, [&] { return batch_rows(global, mbs * next++, mbs); }, num_microbatches, cfg, rng);
+  if (!cfg.forward_only) {  // the per-token division is finalize_model_grads' (one rank here)
+    distributed::FinalizeModelGradsConfig fin;
+    fin.calculate_per_token_loss = cfg.calculate_per_token_loss;
+    distributed::finalize_model_grads(m, fin, {r.loss_sum, r.num_tokens});
+  }
   return {r.lm_loss, m.buffer().grads.to_vector<double>()};
 }
 

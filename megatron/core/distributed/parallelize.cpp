@@ -1,0 +1,40 @@
+// parallelize: DDP (and the distributed optimizer's shard) attached to a built model
+// (parallelize.h).
+#include "megatron/core/distributed/parallelize.h"
+
+#include <span>
+#include <utility>
+
+namespace mg::distributed {
+
+DataParallelModel parallelize(models::LanguageModule& model,
+                              const DistributedDataParallelConfig& config,
+                              comm::ProcessGroupPtr dp_group,
+                              comm::ProcessGroupPtr expert_dp_group) {
+  DataParallelModel out;
+  out.ddp = std::make_unique<DistributedDataParallel>(config, model.parameters(), model.buffer(),
+                                                      model.ops(), dp_group,
+                                                      std::move(expert_dp_group));
+  DistributedDataParallel* ddp = out.ddp.get();  // stable: owned by the unique_ptr
+  if (config.overlap_grad_reduce)
+    model.set_grad_ready_hook([ddp](std::size_t i) { ddp->param_grad_ready(i); });
+  if (config.use_distributed_optimizer) {
+    optimizer::ShardOptions shard;
+    shard.ranges = ddp->optimizer_shard_ranges();
+    shard.group = std::move(dp_group);
+    // --overlap-param-gather: the all-gathers run during the next forward, each bucket waited for
+    // by the model's param-use hook just before its parameters are first used.
+    const bool overlap_gather = config.overlap_param_gather;
+    shard.gather_params = [ddp, overlap_gather] {
+      ddp->start_param_sync();
+      if (!overlap_gather) ddp->finish_param_sync();
+    };
+    if (overlap_gather)
+      model.set_param_use_hook(
+          [ddp](std::span<const std::size_t> idx) { ddp->wait_param_gather(idx); });
+    out.optimizer_shard = std::move(shard);
+  }
+  return out;
+}
+
+}  // namespace mg::distributed
