@@ -55,7 +55,7 @@ TEST(MoEArguments, FlagsAndMegatronDefaults) {
   EXPECT_EQ(d.model.moe_token_dispatcher_type, MoeTokenDispatcherType::allgather);
   EXPECT_FALSE(d.model.moe_expert_capacity_factor.has_value());
   EXPECT_EQ(d.model.expert_ffn_hidden_size(), d.model.ffn_hidden_size);
-  EXPECT_EQ(d.expert_model_parallel_size, 1);
+  EXPECT_EQ(d.parallel.expert_model_parallel_size, 1);
   for (int64_t l = 0; l < 4; ++l) EXPECT_TRUE(d.model.is_moe_layer(l));
 
   const Arguments a = parse_args(with({"--num-experts",
