@@ -67,7 +67,7 @@ struct Run {
   Runtime* rt = nullptr;
   // Declared before the model and its wrappers: their collectives need the groups until the end.
   ParallelState ps;
-  std::unique_ptr<models::GPTModel> model;
+  std::unique_ptr<models::LanguageModule> model;  // the schedules' and DDP's interface
   distributed::DataParallelModel dp_model;  // DDP (and the ZeRO shard) around `model`
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
   std::unique_ptr<optimizer::OptimizerParamScheduler> scheduler;

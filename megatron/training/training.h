@@ -41,7 +41,7 @@
 #include <string_view>
 #include <vector>
 
-#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/models/common/language_module.h"
 #include "megatron/training/arguments.h"
 
 namespace mg::training {
@@ -50,7 +50,7 @@ namespace mg::training {
 struct PretrainHooks {
   // Called after forward-backward, before the NaN check and the optimizer step; may alter the
   // reported loss and the model's gradients (a test injects NaN here).
-  std::function<void(int64_t iteration, double& lm_loss, models::GPTModel& model)>
+  std::function<void(int64_t iteration, double& lm_loss, models::LanguageModule& model)>
       after_forward_backward;
 };
 

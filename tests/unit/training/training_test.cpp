@@ -192,7 +192,7 @@ TEST(Training, LossFallsOnRealText) {
 TEST(Training, NaNLossStopsFp32RunsWithAClearMessage) {
   test::ensure_runtime();
   PretrainHooks hooks;
-  hooks.after_forward_backward = [](int64_t it, double& loss, models::GPTModel&) {
+  hooks.after_forward_backward = [](int64_t it, double& loss, models::LanguageModule&) {
     if (it == 2) loss = std::nan("");
   };
   auto e = test::error_message([&] { run(tiny_mock(5), {}, nullptr, hooks); });
@@ -210,7 +210,7 @@ TEST(Training, NaNLossStopsFp32RunsWithAClearMessage) {
 TEST(Training, NaNUnderFp16IsSkippedByTheLossScaler) {
   test::ensure_runtime();
   PretrainHooks hooks;
-  hooks.after_forward_backward = [](int64_t it, double& loss, models::GPTModel& m) {
+  hooks.after_forward_backward = [](int64_t it, double& loss, models::LanguageModule& m) {
     if (it != 2) return;
     loss = std::nan("");
     m.buffer().grads.copy_(Tensor::from_vector(

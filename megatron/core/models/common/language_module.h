@@ -91,6 +91,10 @@ class LanguageModule {
   virtual transformer::ParamAndGradBuffer& buffer() = 0;
   virtual int64_t vocab_size() const = 0;         // as given (the real vocabulary)
   virtual int64_t padded_vocab_size() const = 0;  // rows of the embedding and output layer
+  virtual int64_t num_parameters() const = 0;     // elements in the value buffer (this rank)
+  // Megatron's initialisation, deterministic from `seed` and each parameter's name, so that a
+  // shard of any layout equals the matching slice of the single-rank model's tensor.
+  virtual void init_weights(uint64_t seed) = 0;
 
   // The word embedding on a pre_process chunk, or the copy a post_process chunk without the
   // embedding holds as output weight when they are tied (Megatron's

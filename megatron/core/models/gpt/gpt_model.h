@@ -135,13 +135,13 @@ class GPTModel final : public LanguageModule {
   // The parameter named `name` (Megatron-Core name); throws listing the names when absent.
   transformer::Parameter& parameter(std::string_view name);
   transformer::ParamAndGradBuffer& buffer() override;
-  int64_t num_parameters() const;  // elements in the value buffer
+  int64_t num_parameters() const override;  // elements in the value buffer
 
   // Megatron's init from the Philox init ops: weights normal(0, init_method_std), linear_proj and
   // linear_fc2 weights normal(0, std / sqrt(2 L)), biases 0, norm weights 1 (0 with
   // apply_layernorm_1p) and norm biases 0. Each tensor draws from its own seed derived from `seed`
   // and its name, element i of the FULL tensor from counter i, so TP shards can slice it.
-  void init_weights(uint64_t seed);
+  void init_weights(uint64_t seed) override;
   // main_grad = 0 for every parameter (the whole gradient buffer).
   void zero_grad();
 
