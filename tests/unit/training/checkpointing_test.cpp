@@ -394,22 +394,25 @@ TEST(Checkpointing, AsyncSaveFinalisesOnTheNextSaveOrExplicitly) {
   save_checkpoint(root, p.list, make_state(1));
   SaveOptions async;
   async.async = true;
+  AsyncCheckpointSaver saver;  // the caller's: no process-wide pending save
   Params later = make_params(3.0);
-  const auto io = save_checkpoint(root, later.list, make_state(2), {}, async);
+  const auto io = save_checkpoint(root, later.list, make_state(2), {}, async, &saver);
   EXPECT_TRUE(io.async);
   EXPECT_GT(io.total_bytes, 0.0);
   // The pieces were copied: changing the params now does not change what is written.
   for (auto& prm : later.list) prm.param.zero_();
   EXPECT_EQ(read_latest_iteration(root), 1);  // not final yet
-  EXPECT_TRUE(finalize_async_save());
-  EXPECT_FALSE(finalize_async_save());
+  EXPECT_TRUE(saver.pending());
+  EXPECT_TRUE(saver.finalize());
+  EXPECT_FALSE(saver.finalize());
   EXPECT_EQ(read_latest_iteration(root), 2);
   Params q = make_params(0.0);
   load_checkpoint(root, q.list);
   EXPECT_EQ(q.list[0].param.to_vector<float>(), make_params(3.0).list[0].param.to_vector<float>());
   // A second async save is finalised by the next save.
-  save_checkpoint(root, make_params(5.0).list, make_state(3), {}, async);
-  save_checkpoint(root, make_params(6.0).list, make_state(4));
+  save_checkpoint(root, make_params(5.0).list, make_state(3), {}, async, &saver);
+  save_checkpoint(root, make_params(6.0).list, make_state(4), {}, {}, &saver);
+  EXPECT_FALSE(saver.pending());
   LoadOptions at3;
   at3.iteration = 3;
   load_checkpoint(root, q.list, at3);
