@@ -84,6 +84,9 @@ class LocalMapped final : public MappedObject {
 class LocalWriter final : public ObjectWriter {
  public:
   explicit LocalWriter(std::string name) : name_(std::move(name)), tmp_(name_ + ".tmp") {
+    std::error_code ec;  // objects need no directories: create the parents
+    fs::create_directories(parent_of(name_), ec);
+    MG_CHECK(!ec, "cannot create the directory of '" << name_ << "': " << ec.message());
     f_.fd = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     MG_CHECK(f_.fd >= 0, "cannot create '" << tmp_ << "': " << std::strerror(errno));
   }

@@ -63,7 +63,7 @@ class Storage {
   std::string read_object(const std::string& name) const;
   virtual std::unique_ptr<MappedObject> map(const std::string& name) const = 0;
 
-  // ---- writing
+  // ---- writing (directories need not exist: a write creates the parents of its name)
   virtual std::unique_ptr<ObjectWriter> open_writer(const std::string& name) = 0;
   // Writes the concatenation of `buffers` as one object (durable, atomic; see the file comment).
   void write_object(const std::string& name,
