@@ -158,8 +158,8 @@ void save(Run& r) {
   SaveOptions so;
   so.format = c.ckpt_format;
   so.async = c.async_save;
-  const CheckpointIOStats io =
-      save_checkpoint(*c.save, r.model->parameters(), st, checkpoint_ranks(r), so, &r.checkpoint_saver);
+  const CheckpointIOStats io = save_checkpoint(*c.save, r.model->parameters(), st,
+                                               checkpoint_ranks(r), so, &r.checkpoint_saver);
   const double s = r.timers.stop("save-checkpoint");
   r.log << "  successfully " << (io.async ? "started saving" : "saved")
         << " checkpoint from iteration " << std::setw(7) << r.iteration << " to " << *c.save
@@ -790,7 +790,8 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   }
   const auto& c = args.checkpoint;
   if (c.save && r.iteration > start_iteration && r.result.saved_iteration != r.iteration) save(r);
-  if (r.checkpoint_saver.finalize()) r.log << "  finished the background checkpoint save" << std::endl;
+  if (r.checkpoint_saver.finalize())
+    r.log << "  finished the background checkpoint save" << std::endl;
   r.result.iteration = r.iteration;
   r.result.consumed_train_samples = r.consumed_train;
   return r.result;
