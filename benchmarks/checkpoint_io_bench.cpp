@@ -3,7 +3,7 @@
 // size) with Adam's exp_avg / exp_avg_sq: ~1 GB of state. Prints one JSON object:
 //   save_s / save_gbs            synchronous save_checkpoint (fsynced files, renames)
 //   async_return_s / async_total_s  --async-save: time until save_checkpoint returns (host copy)
-//                                and until finalize_async_save() has made it durable
+//                                and until AsyncCheckpointSaver::finalize() has made it durable
 //   load_cold_s / load_cold_gbs  load_checkpoint after evicting the files from the page cache
 //                                (posix_fadvise DONTNEED after fsync: clean pages are dropped)
 //   load_warm_s / load_warm_gbs  load_checkpoint again (files in the page cache)
@@ -120,9 +120,10 @@ int main(int argc, char** argv) {
       mg::training::SaveOptions async;
       async.async = true;
       t0 = Clock::now();
-      mg::training::save_checkpoint(root, src.params, st, {}, async);
+      mg::training::AsyncCheckpointSaver saver;
+      mg::training::save_checkpoint(root, src.params, st, {}, async, &saver);
       async_ret = std::min(async_ret, since(t0));
-      mg::training::finalize_async_save();
+      saver.finalize();
       async_total = std::min(async_total, since(t0));
     }
     Model dst = make_model(h, layers, 0.f);

@@ -28,13 +28,13 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -63,39 +63,40 @@ struct HfTensors {
   std::map<std::string, const st::SafetensorsFile*> where;
   std::set<std::string> used;
 
-  explicit HfTensors(const fs::path& dir) {
-    const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
-    if (fs::exists(index)) {
-      std::ifstream f(index);
+  explicit HfTensors(const std::string& dir) {
+    const auto storage = st::storage_for(dir);
+    const std::string single = st::join_path(dir, "model.safetensors"),
+                      index = st::join_path(dir, "model.safetensors.index.json");
+    if (storage->exists(index)) {
       json j;
       try {
-        j = json::parse(f);
+        j = json::parse(storage->read_object(index));
       } catch (const json::exception& e) {
-        MG_THROW("'" << index.string() << "' is not valid JSON: " << e.what());
+        MG_THROW("'" << index << "' is not valid JSON: " << e.what());
       }
       MG_CHECK(j.contains("weight_map") && j["weight_map"].is_object(),
-               "'" << index.string() << "' has no \"weight_map\" object");
+               "'" << index << "' has no \"weight_map\" object");
       std::map<std::string, const st::SafetensorsFile*> by_file;
       for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
         const std::string file = it.value().get<std::string>();
         if (!by_file.count(file)) {
-          const fs::path p = dir / file;
-          MG_CHECK(fs::exists(p), "shard '" << p.string() << "' named by '" << index.string()
-                                            << "' for tensor '" << it.key() << "' is missing");
-          files.push_back(std::make_unique<st::SafetensorsFile>(p.string()));
+          const std::string p = st::join_path(dir, file);
+          MG_CHECK(storage->exists(p), "shard '" << p << "' named by '" << index << "' for tensor '"
+                                                 << it.key() << "' is missing");
+          files.push_back(std::make_unique<st::SafetensorsFile>(*storage, p));
           by_file[file] = files.back().get();
         }
         MG_CHECK(by_file[file]->contains(it.key()), "tensor '" << it.key() << "' is not in shard '"
-                                                               << (dir / file).string()
+                                                               << st::join_path(dir, file)
                                                                << "' as the index says");
         where[it.key()] = by_file[file];
       }
     } else {
-      MG_CHECK(fs::exists(single), "'" << dir.string()
-                                       << "' has neither model.safetensors nor "
-                                          "model.safetensors.index.json (only safetensors "
-                                          "checkpoints are read; convert .bin files first)");
-      files.push_back(std::make_unique<st::SafetensorsFile>(single.string()));
+      MG_CHECK(storage->exists(single), "'" << dir
+                                            << "' has neither model.safetensors nor "
+                                               "model.safetensors.index.json (only safetensors "
+                                               "checkpoints are read; convert .bin files first)");
+      files.push_back(std::make_unique<st::SafetensorsFile>(*storage, single));
       for (const auto& n : files.back()->names()) where[n] = files.back().get();
     }
   }
@@ -350,19 +351,17 @@ struct ImportOptions {
 };
 
 void run_import(const ImportOptions& o) {
-  const fs::path dir(o.hf_dir);
-  const fs::path cfg_path = dir / "config.json";
-  MG_CHECK(fs::exists(cfg_path), "--hf-dir '" << o.hf_dir << "' has no config.json");
+  const std::string& dir = o.hf_dir;
+  const auto hf_storage = st::storage_for(dir);
+  const std::string cfg_path = st::join_path(dir, "config.json");
+  MG_CHECK(hf_storage->exists(cfg_path), "--hf-dir '" << o.hf_dir << "' has no config.json");
   json cfg;
-  {
-    std::ifstream f(cfg_path);
-    try {
-      cfg = json::parse(f);
-    } catch (const json::exception& e) {
-      MG_THROW("'" << cfg_path.string() << "' is not valid JSON: " << e.what());
-    }
+  try {
+    cfg = json::parse(hf_storage->read_object(cfg_path));
+  } catch (const json::exception& e) {
+    MG_THROW("'" << cfg_path << "' is not valid JSON: " << e.what());
   }
-  const HfModel m = parse_hf_config(cfg, cfg_path.string());
+  const HfModel m = parse_hf_config(cfg, cfg_path);
   MG_CHECK(o.tp >= 1 && o.pp >= 1, "--tp " << o.tp << " and --pp " << o.pp << " must be >= 1");
   MG_CHECK(m.heads % o.tp == 0 && m.groups % o.tp == 0,
            "--tp " << o.tp << " must divide the attention heads (" << m.heads
@@ -498,7 +497,8 @@ void run_import(const ImportOptions& o) {
   mg::training::save_checkpoint(o.save, params, state);
 
   // The flags that train this model, for --yaml-cfg.
-  std::ofstream y(fs::path(o.save) / "model_args.yaml");
+  const std::string yaml_path = st::join_path(o.save, "model_args.yaml");
+  std::ostringstream y;
   y << "# Megatron flags of the model imported from " << fs::absolute(dir).string() << "\n"
     << "# (convert_checkpoint import); train or generate with --yaml-cfg this file --load "
     << o.save << "\n";
@@ -512,13 +512,13 @@ void run_import(const ImportOptions& o) {
     else
       y << " " << v[0] << "\n";
   }
-  MG_CHECK(y.good(), "cannot write '" << (fs::path(o.save) / "model_args.yaml").string() << "'");
+  st::storage_for(o.save)->write_object(yaml_path, y.str());
   std::cout << "imported " << m.model_type << " (" << m.layers << " layers, hidden " << h
             << ", heads " << nh << "/" << ng << ", vocab " << m.vocab << " padded to "
             << model.padded_vocab_size() << ", " << (m.tied ? "tied" : "untied") << ", "
             << mg::dtype_name(m.dtype) << ", " << model.num_parameters() << " parameters) from "
             << o.hf_dir << " to " << o.save << "\n"
-            << "flags: " << (fs::path(o.save) / "model_args.yaml").string() << "\n";
+            << "flags: " << yaml_path << "\n";
 }
 
 // ---- export ------------------------------------------------------------------------------------
@@ -689,12 +689,8 @@ void run_export(const ExportOptions& o) {
   json cfg = cm.state.extra.contains("hf_config") ? cm.state.extra["hf_config"]
                                                   : make_hf_config(c, vocab, model_type);
   cfg["vocab_size"] = vocab;
-  fs::create_directories(o.hf_dir);
-  {
-    std::ofstream f(fs::path(o.hf_dir) / "config.json");
-    f << cfg.dump(2) << "\n";
-    MG_CHECK(f.good(), "cannot write '" << (fs::path(o.hf_dir) / "config.json").string() << "'");
-  }
+  const auto out_storage = st::storage_for(o.hf_dir);  // writes create the directory
+  out_storage->write_object(st::join_path(o.hf_dir, "config.json"), cfg.dump(2) + "\n");
   // Shards per huggingface_hub's rule (FORMATS.md §7.6): in order, a new shard when the next
   // tensor would pass the limit.
   const int64_t limit = parse_size(o.max_shard_size);
@@ -712,20 +708,20 @@ void run_export(const ExportOptions& o) {
   }
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   for (const char* stale : {"model.safetensors", "model.safetensors.index.json"})
-    fs::remove(fs::path(o.hf_dir) / stale);
+    out_storage->remove(st::join_path(o.hf_dir, stale));
   if (shards.size() == 1) {
-    st::save_safetensors((fs::path(o.hf_dir) / "model.safetensors").string(), shards[0], meta);
+    st::save_safetensors(*out_storage, st::join_path(o.hf_dir, "model.safetensors"), shards[0],
+                         meta);
   } else {
     json index = {{"metadata", {{"total_size", total}}}, {"weight_map", json::object()}};
     char name[64];
     for (std::size_t i = 0; i < shards.size(); ++i) {
       std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-      st::save_safetensors((fs::path(o.hf_dir) / name).string(), shards[i], meta);
+      st::save_safetensors(*out_storage, st::join_path(o.hf_dir, name), shards[i], meta);
       for (const auto& e : shards[i]) index["weight_map"][e.first] = name;
     }
-    std::ofstream f(fs::path(o.hf_dir) / "model.safetensors.index.json");
-    f << index.dump(2) << "\n";
-    MG_CHECK(f.good(), "cannot write the index in '" << o.hf_dir << "'");
+    out_storage->write_object(st::join_path(o.hf_dir, "model.safetensors.index.json"),
+                              index.dump(2) + "\n");
   }
   std::cout << "exported " << model_type << " (" << out.size() << " tensors, " << total
             << " bytes, vocab " << vocab << ", " << shards.size() << " file"

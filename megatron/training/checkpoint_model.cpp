@@ -1,37 +1,26 @@
 // A checkpoint's model rebuilt from its recorded flags (checkpoint_model.h).
 #include "megatron/training/checkpoint_model.h"
-#include "megatron/training/model_provider.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <set>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/dist_checkpointing/storage.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
+#include "megatron/training/model_provider.h"
 
 namespace mg::training {
 
-namespace fs = std::filesystem;
-
 nlohmann::json read_checkpoint_metadata(const std::string& root, std::optional<int64_t> iteration) {
-  bool release = false;
-  if (!iteration) {
-    iteration = read_latest_iteration(root);
-    MG_CHECK(iteration.has_value(),
-             "no checkpoint under '" << root << "': " << kTrackerFile << " is missing");
-    release = *iteration == 0 && fs::exists(fs::path(root) / "release");
-  }
-  const fs::path dir =
-      release ? fs::path(root) / "release" : fs::path(checkpoint_dir(root, *iteration));
-  const fs::path meta = dir / "metadata.json";
-  MG_CHECK(fs::exists(meta),
-           "checkpoint '" << dir.string() << "' has no metadata.json (incomplete or missing)");
-  std::ifstream f(meta);
+  const auto storage = dist_checkpointing::storage_for(root);
+  const std::string dir = resolve_checkpoint_dir(root, iteration);
+  const std::string meta = dist_checkpointing::join_path(dir, dist_checkpointing::kMetadataFile);
+  MG_CHECK(storage->exists(meta),
+           "checkpoint '" << dir << "' has no metadata.json (incomplete or missing)");
   try {
-    return nlohmann::json::parse(f);
+    return nlohmann::json::parse(storage->read_object(meta));
   } catch (const nlohmann::json::exception& e) {
-    MG_THROW("checkpoint metadata '" << meta.string() << "' is corrupt: " << e.what());
+    MG_THROW("checkpoint metadata '" << meta << "' is corrupt: " << e.what());
   }
 }
 

@@ -82,6 +82,7 @@ struct Run {
   Timers timers;
   PretrainResult result;
   int64_t peak_activation_bytes = 0, max_in_flight = 0;  // pipelining, over the run
+  AsyncCheckpointSaver checkpoint_saver;  // --async-save: the save being written in the background
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 };
 
@@ -134,8 +135,8 @@ void save(Run& r) {
   SaveOptions so;
   so.format = c.ckpt_format;
   so.async = c.async_save;
-  const CheckpointIOStats io =
-      save_checkpoint(*c.save, r.model->parameters(), st, checkpoint_ranks(r), so);
+  const CheckpointIOStats io = save_checkpoint(*c.save, r.model->parameters(), st,
+                                               checkpoint_ranks(r), so, &r.checkpoint_saver);
   const double s = r.timers.stop("save-checkpoint");
   r.log << "  successfully " << (io.async ? "started saving" : "saved")
         << " checkpoint from iteration " << std::setw(7) << r.iteration << " to " << *c.save
@@ -616,7 +617,8 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   }
   const auto& c = args.checkpoint;
   if (c.save && r.iteration > start_iteration && r.result.saved_iteration != r.iteration) save(r);
-  if (finalize_async_save()) r.log << "  finished the background checkpoint save" << std::endl;
+  if (r.checkpoint_saver.finalize())
+    r.log << "  finished the background checkpoint save" << std::endl;
   r.result.iteration = r.iteration;
   r.result.consumed_train_samples = r.consumed_train;
   return r.result;

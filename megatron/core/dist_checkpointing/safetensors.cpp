@@ -1,15 +1,9 @@
-// safetensors reader (strict, mmap) and writer (reference layout, atomic). See safetensors.h.
+// safetensors reader (strict, over a Storage mapping) and writer (reference layout, one atomic
+// Storage object). See safetensors.h; no file I/O here, only the Storage interface.
 #include "megatron/core/dist_checkpointing/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -37,14 +31,6 @@ int dtype_rank(const std::string& s) {
     if (s == kDtypes[i].name) return static_cast<int>(i);
   return -1;
 }
-
-// Reads exactly the mapping; a failure names the path and errno.
-struct Fd {
-  int fd = -1;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
 }  // namespace
 
@@ -81,25 +67,24 @@ DType dtype_from_safetensors(const std::string& s) {
                                     "F8_E4M3, F8_E5M2, I32, I64, U8)");
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  Fd f;
-  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MG_CHECK(f.fd >= 0, "cannot open safetensors file '" << path << "': " << std::strerror(errno));
-  struct stat st {};
-  MG_CHECK(::fstat(f.fd, &st) == 0, "cannot stat '" << path << "': " << std::strerror(errno));
-  size_ = static_cast<std::size_t>(st.st_size);
-  MG_CHECK(size_ >= 8, "safetensors file '" << path << "' is truncated: " << size_
-                                            << " bytes, fewer than the 8-byte header length");
-  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
-  MG_CHECK(map_ != MAP_FAILED, "cannot mmap '" << path << "': " << std::strerror(errno));
-  try {
-    const auto* base = static_cast<const unsigned char*>(map_);
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : SafetensorsFile(*storage_for(path), path) {}
+
+SafetensorsFile::SafetensorsFile(const Storage& storage, const std::string& path) : path_(path) {
+  MG_CHECK(storage.exists(path),
+           "cannot open safetensors file '" << path << "': it does not exist");
+  map_ = storage.map(path);
+  const std::size_t file_size = map_->bytes().size();
+  MG_CHECK(file_size >= 8, "safetensors file '" << path << "' is truncated: " << file_size
+                                                << " bytes, fewer than the 8-byte header length");
+  {
+    const auto* base = reinterpret_cast<const unsigned char*>(map_->bytes().data());
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | base[i];
     MG_CHECK(n <= kMaxHeader, "safetensors file '" << path << "': header too large (" << n
                                                    << " bytes, limit " << kMaxHeader << ")");
-    MG_CHECK(8 + n <= size_, "safetensors file '" << path << "' is truncated: header of " << n
-                                                  << " bytes but the file has " << size_);
+    MG_CHECK(8 + n <= file_size, "safetensors file '" << path << "' is truncated: header of " << n
+                                                      << " bytes but the file has " << file_size);
     std::string header(reinterpret_cast<const char*>(base + 8), n);
     MG_CHECK(!header.empty() && header[0] == '{',
              "safetensors file '" << path << "': header does not start with '{'");
@@ -185,23 +170,17 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                                                        << " (hole or overlap)");
       expect = e.end;
     }
-    MG_CHECK(data_start_ + expect == size_,
+    MG_CHECK(data_start_ + expect == file_size,
              "safetensors file '" << path << "' "
-                                  << (data_start_ + expect > size_ ? "is truncated"
-                                                                   : "has trailing bytes")
+                                  << (data_start_ + expect > file_size ? "is truncated"
+                                                                       : "has trailing bytes")
                                   << ": header promises " << data_start_ + expect
-                                  << " bytes, the file has " << size_);
+                                  << " bytes, the file has " << file_size);
     for (std::size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
-  } catch (...) {
-    ::munmap(map_, size_);
-    map_ = nullptr;
-    throw;
   }
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ && map_ != MAP_FAILED) ::munmap(map_, size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
@@ -217,16 +196,12 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 
 std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const {
   const auto& e = entry(name);
-  return {static_cast<const std::byte*>(map_) + data_start_ + e.begin, e.end - e.begin};
+  return map_->bytes().subspan(data_start_ + e.begin, e.end - e.begin);
 }
 
 void SafetensorsFile::prefetch(const std::string& name) const {
-  const auto b = bytes(name);
-  if (b.empty()) return;
-  const long page = ::sysconf(_SC_PAGESIZE);
-  const auto start = reinterpret_cast<std::uintptr_t>(b.data());
-  const std::uintptr_t aligned = start - start % static_cast<std::uintptr_t>(page);
-  ::madvise(reinterpret_cast<void*>(aligned), b.size() + (start - aligned), MADV_WILLNEED);
+  const auto& e = entry(name);
+  map_->prefetch(data_start_ + e.begin, e.end - e.begin);
 }
 
 Tensor SafetensorsFile::tensor(const std::string& name) const {
@@ -238,6 +213,12 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
 }
 
 void save_safetensors(const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  save_safetensors(*storage_for(path), path, tensors, metadata);
+}
+
+void save_safetensors(Storage& storage, const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::vector<std::pair<std::string, Tensor>> order;
@@ -272,33 +253,15 @@ void save_safetensors(const std::string& path,
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp";
-  Fd f;
-  f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  MG_CHECK(f.fd >= 0, "cannot create '" << tmp << "': " << std::strerror(errno));
-  auto write_all = [&](const void* p, std::size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(f.fd, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      MG_CHECK(w > 0, "write to '" << tmp << "' failed: " << std::strerror(errno));
-      c += w;
-      n -= static_cast<std::size_t>(w);
-    }
-  };
   unsigned char len[8];
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  write_all(len, 8);
-  write_all(header.data(), header.size());
+  std::vector<std::span<const std::byte>> buffers = {
+      std::as_bytes(std::span<const unsigned char>(len, 8)),
+      std::as_bytes(std::span<const char>(header.data(), header.size()))};
   for (const auto& [name, t] : order)
-    if (t.nbytes() > 0) write_all(t.raw_data(), t.nbytes());
-  MG_CHECK(::fsync(f.fd) == 0, "fsync of '" << tmp << "' failed: " << std::strerror(errno));
-  ::close(f.fd);
-  f.fd = -1;
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  MG_CHECK(!ec, "cannot rename '" << tmp << "' to '" << path << "': " << ec.message());
+    buffers.emplace_back(static_cast<const std::byte*>(t.raw_data()), t.nbytes());
+  storage.write_object(path, buffers);
 }
 
 }  // namespace mg::dist_checkpointing

@@ -7,8 +7,9 @@
 // numel * bits / 8, and the last END + 8 + N equals the file size (so a truncated file or one with
 // trailing bytes is refused). The mapping lives as long as the SafetensorsFile.
 // Writer: the reference layout (tensors sorted by descending dtype alignment, then name; compact
-// JSON with __metadata__ first; header space-padded to a multiple of 8), written to `<path>.tmp`,
-// fsynced and renamed, so a reader never sees a partial file under the final name.
+// JSON with __metadata__ first; header space-padded to a multiple of 8), written as one object of
+// a Storage (storage.h: durable and atomic, so a reader never sees a partial file under the final
+// name). All file I/O goes through a Storage; the overloads without one use storage_for(path).
 // Not done: the sharded model.safetensors.index.json (§7.6), big-endian hosts, F4/F6 packing on
 // read into Tensors (such entries validate but cannot be turned into a Tensor).
 #pragma once
@@ -16,11 +17,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "megatron/core/dist_checkpointing/storage.h"
 #include "megatron/core/tensor/tensor.h"
 
 namespace mg::dist_checkpointing {
@@ -42,6 +45,7 @@ DType dtype_from_safetensors(const std::string& dtype);
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);  // opens, maps and validates
+  SafetensorsFile(const Storage& storage, const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -62,8 +66,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  std::size_t size_ = 0;
+  std::unique_ptr<MappedObject> map_;
   std::size_t data_start_ = 0;
   std::map<std::string, std::string> metadata_;
   std::vector<SafetensorsEntry> entries_;  // sorted by begin
@@ -72,6 +75,9 @@ class SafetensorsFile {
 
 // Writes `tensors` (any devices; copied to the host through pinned staging memory) to `path`
 // atomically. Names must be unique and must not be "__metadata__".
+void save_safetensors(Storage& storage, const std::string& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});

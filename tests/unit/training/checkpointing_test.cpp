@@ -394,22 +394,25 @@ TEST(Checkpointing, AsyncSaveFinalisesOnTheNextSaveOrExplicitly) {
   save_checkpoint(root, p.list, make_state(1));
   SaveOptions async;
   async.async = true;
+  AsyncCheckpointSaver saver;  // the caller's: no process-wide pending save
   Params later = make_params(3.0);
-  const auto io = save_checkpoint(root, later.list, make_state(2), {}, async);
+  const auto io = save_checkpoint(root, later.list, make_state(2), {}, async, &saver);
   EXPECT_TRUE(io.async);
   EXPECT_GT(io.total_bytes, 0.0);
   // The pieces were copied: changing the params now does not change what is written.
   for (auto& prm : later.list) prm.param.zero_();
   EXPECT_EQ(read_latest_iteration(root), 1);  // not final yet
-  EXPECT_TRUE(finalize_async_save());
-  EXPECT_FALSE(finalize_async_save());
+  EXPECT_TRUE(saver.pending());
+  EXPECT_TRUE(saver.finalize());
+  EXPECT_FALSE(saver.finalize());
   EXPECT_EQ(read_latest_iteration(root), 2);
   Params q = make_params(0.0);
   load_checkpoint(root, q.list);
   EXPECT_EQ(q.list[0].param.to_vector<float>(), make_params(3.0).list[0].param.to_vector<float>());
   // A second async save is finalised by the next save.
-  save_checkpoint(root, make_params(5.0).list, make_state(3), {}, async);
-  save_checkpoint(root, make_params(6.0).list, make_state(4));
+  save_checkpoint(root, make_params(5.0).list, make_state(3), {}, async, &saver);
+  save_checkpoint(root, make_params(6.0).list, make_state(4), {}, {}, &saver);
+  EXPECT_FALSE(saver.pending());
   LoadOptions at3;
   at3.iteration = 3;
   load_checkpoint(root, q.list, at3);
@@ -418,4 +421,39 @@ TEST(Checkpointing, AsyncSaveFinalisesOnTheNextSaveOrExplicitly) {
 }
 
 }  // namespace
+// The pending async save belongs to the caller's saver: an async save without one is refused, a
+// saver destroyed without finalize() never commits (the staged directory is not a checkpoint),
+// and two savers do not see each other's pending saves.
+TEST(Checkpointing, AsyncSaveBelongsToTheCallersSaver) {
+  const auto root = temp_root("async_owner");
+  save_checkpoint(root, make_params(1.0).list, make_state(1));
+  SaveOptions async;
+  async.async = true;
+  auto e = test::error_message(
+      [&] { save_checkpoint(root, make_params(2.0).list, make_state(2), {}, async); });
+  EXPECT_NE(e.find("needs the caller's AsyncCheckpointSaver"), std::string::npos) << e;
+  {
+    AsyncCheckpointSaver abandoned;
+    save_checkpoint(root, make_params(2.0).list, make_state(2), {}, async, &abandoned);
+    EXPECT_TRUE(abandoned.pending());
+    AsyncCheckpointSaver other;
+    EXPECT_FALSE(other.finalize());  // nothing pending in another saver
+  }  // destroyed unfinalised: the write is joined, nothing is committed
+  EXPECT_EQ(read_latest_iteration(root), 1);
+  EXPECT_FALSE(fs::exists(root + "/iter_0000002"));
+  LoadOptions at2;
+  at2.iteration = 2;
+  Params q = make_params(0.0);
+  e = test::error_message([&] { load_checkpoint(root, q.list, at2); });
+  EXPECT_NE(e.find("iter_0000002' does not exist"), std::string::npos) << e;
+  load_checkpoint(root, q.list);  // the previous checkpoint is intact
+  EXPECT_EQ(q.list[0].param.to_vector<float>(), make_params(1.0).list[0].param.to_vector<float>());
+  // Object storage is not built yet: a clear error, not a local directory named "msc:".
+  e = test::error_message(
+      [&] { save_checkpoint("msc://profile/ckpt", make_params(1.0).list, make_state(1)); });
+  EXPECT_NE(e.find("object storage"), std::string::npos) << e;
+  e = test::error_message([&] { read_latest_iteration("msc://profile/ckpt"); });
+  EXPECT_NE(e.find("not built yet"), std::string::npos) << e;
+}
+
 }  // namespace mg::training
