@@ -713,10 +713,8 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   }
   r.opt = std::make_unique<optimizer::MegatronOptimizer>(
       args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
-      optimizer::ParamGroupOptions{}, std::move(shard));
-  if (tp_group) r.opt->set_tensor_parallel_group(tp_group);
-  if (expert_mp_group) r.opt->set_expert_parallel_group(expert_mp_group);
-  if (pp_group) r.opt->set_pipeline_parallel_group(pp_group);
+      optimizer::ParamGroupOptions{}, std::move(shard),
+      optimizer::GradStatsGroups{.tp = tp_group, .pp = pp_group, .expert = expert_mp_group});
   r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
       optimizer::scheduler_config_from_args(args.scheduler));
   r.flops_per_iter = models::num_floating_point_operations(
