@@ -85,15 +85,15 @@ struct GradStatsGroups {
   // Tensor parallelism: each parameter counted once (PITFALLS #5): TP-sharded params
   // (tensor_parallel_dim >= 0) on every TP rank, replicated ones on TP rank 0 only. Their grads
   // must already be identical over TP (tensor_parallel::all_reduce_sequence_parallel_grads).
-  comm::ProcessGroupPtr tp;
+  comm::ProcessGroupPtr tp = nullptr;
   // Pipeline parallelism: each stage holds different parameters; Parameter::shared replicas (the
   // last stage's copy of the tied word embedding) are not counted (PITFALLS #4).
-  comm::ProcessGroupPtr pp;
+  comm::ProcessGroupPtr pp = nullptr;
   // Expert parallelism: the group whose ranks hold different experts (Megatron's expert
   // tensor-model-pipeline group, "tp-ep-pp" of the expert layout). The grad norm sums the squares
   // of expert parameters (Parameter::is_expert) over it, apart from the dense ones, and fp16's
   // found-inf is maxed over it. Null / size 1: experts count as dense parameters.
-  comm::ProcessGroupPtr expert;
+  comm::ProcessGroupPtr expert = nullptr;
 };
 
 // ZeRO-1 sharding of the optimizer state (see the file comment).

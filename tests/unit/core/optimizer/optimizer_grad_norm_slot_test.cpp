@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <span>
 #include <string>
 #include <vector>
@@ -90,6 +91,9 @@ struct Case {
   Layout layout;
   std::string name;
 };
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 // Per parameter of specs(): does its gradient differ over the ranks in this layout?
 bool differs(Layout layout, std::size_t i) {
