@@ -7,9 +7,10 @@
 //   unscale_and_check_for_nan  [with a scaler] main_grads *= 1/loss_scale, found-inf maxed over
 //                              the groups; the scaler updates; fp16 overflow -> skip (params,
 //                              state and step count untouched)
-//   clip_grad_norm             the pre-clip norm of every parameter counted once
-//                              (grads_for_norm), through the op table's grad_norm /
-//                              clip_grad_norm slots, clipped to clip_grad (clip_grads.cpp)
+//   get_grad_norm /            the pre-clip norm of every parameter counted once
+//   clip_grad_norm             (Megatron's get_main_grads_for_grad_norm), through the op table's
+//                              grad_norm slot, or its clip_grad_norm slot when clip_grad > 0
+//                              (clip_grads.cpp)
 //   count_zeros                [--log-num-zeros-in-grad] (clip_grads.cpp)
 //   adam_update / sgd_update   per param group with lr * lr_mult, weight_decay * wd_mult
 //   copy_main_params_to_model_params  (SGD; adamw_step writes the model weights itself), then the
@@ -31,7 +32,7 @@
 // Model parallelism (GradStatsGroups): the same statistics also reduce over TP, PP and the expert
 // group. The grad norm always goes through the op table's slots, whatever the layout, so a
 // plugin's override applies at scale (ops::GradNormArgs carries the groups).
-// Not here: CPU offload.
+// Checkpoints: optimizer_state_dict.cpp. Not here: CPU offload.
 #pragma once
 
 #include <cstdint>
