@@ -540,10 +540,8 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   // 4. The optimizer and the LR scheduler.
   r.opt = std::make_unique<optimizer::MegatronOptimizer>(
       args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
-      optimizer::ParamGroupOptions{}, std::move(r.dp_model.optimizer_shard));
-  if (r.ps.tp) r.opt->set_tensor_parallel_group(r.ps.tp);
-  if (r.ps.expert_mp) r.opt->set_expert_parallel_group(r.ps.expert_mp);
-  if (r.ps.pp) r.opt->set_pipeline_parallel_group(r.ps.pp);
+      optimizer::ParamGroupOptions{}, std::move(r.dp_model.optimizer_shard),
+      optimizer::GradStatsGroups{.tp = r.ps.tp, .pp = r.ps.pp, .expert = r.ps.expert_mp});
   r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
       optimizer::scheduler_config_from_args(args.scheduler));
   r.flops_per_iter = models::num_floating_point_operations(

@@ -1,12 +1,15 @@
-// Default grad_norm and clip_grad_norm, composed from the l2_norm_sq and multi_tensor_scale ops of
-// the platform that holds the gradients. Single process: the distributed issue adds the reductions
-// over the data/model-parallel groups (counting every parameter exactly once).
+// Default grad_norm and clip_grad_norm (Megatron's get_grad_norm_fp32 and clip_grad_norm_fp32),
+// composed from the l2_norm_sq and multi_tensor_scale ops of the platform that holds the gradients,
+// and the all-reduces over the parallel groups GradNormArgs names (sums of squares as host f64
+// scalars, in the order the args give). Which gradients count on which rank is the caller's choice
+// (the optimizer's grads_for_norm); these functions only sum, reduce and scale.
 #include "megatron/core/ops/generic.h"
 
 #include <cmath>
 #include <map>
 #include <vector>
 
+#include "megatron/core/comm/process_group.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/plugin/registry.h"
 
@@ -27,23 +30,38 @@ Device device_of(const std::pair<int, int>& key) {
   return Device{static_cast<DeviceType>(key.first), key.second};
 }
 
-double generic_grad_norm(std::span<const Tensor> grads) {
+// This rank's sum of squares of `ts` (f64), one l2_norm_sq per device.
+double local_sum_sq(std::span<const Tensor> ts) {
   double sum_sq = 0.0;
-  for (auto& [key, list] : group_by_device(grads)) {
+  for (auto& [key, list] : group_by_device(ts)) {
     const Device dev = device_of(key);
     Tensor out = Tensor::empty({1}, DType::f64, dev);
     plugin::ops_for(dev).l2_norm_sq(out, list);
     sum_sq += out.to_vector<double>()[0];
   }
-  return std::sqrt(sum_sq);
+  return sum_sq;
 }
 
-double generic_clip_grad_norm(std::span<Tensor> grads, double max_norm) {
+// The sum of a host scalar over `group` (identity without one, or with one rank).
+double sum_over(comm::ProcessGroup* group, double x) {
+  if (!group || group->size() == 1) return x;
+  Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
+  group->all_reduce(t, comm::ReduceOp::sum)->wait();
+  return t.to_vector<double>()[0];
+}
+
+double generic_grad_norm(std::span<const Tensor> grads, const GradNormArgs& args) {
+  double sum_sq = local_sum_sq(grads);
+  const double expert_sq = sum_over(args.expert_group, local_sum_sq(args.expert_grads));
+  for (comm::ProcessGroup* g : args.groups) sum_sq = sum_over(g, sum_sq);
+  return std::sqrt(sum_sq + expert_sq);  // + 0.0 without experts: exact
+}
+
+double generic_clip_grad_norm(std::span<Tensor> grads, std::span<const Tensor> grads_for_norm,
+                              double max_norm, const GradNormArgs& args) {
   MG_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got " << max_norm);
-  if (grads.empty()) return 0.0;
-  // Through the resolved table, so an overridden grad_norm is honoured.
-  const std::span<const Tensor> all(grads.data(), grads.size());
-  const double norm = plugin::ops_for(grads.front().device()).grad_norm(all);
+  // Through the device's resolved table, so an overridden grad_norm is honoured.
+  const double norm = plugin::ops_for(args.device).grad_norm(grads_for_norm, args);
   const double coeff = max_norm / (norm + 1.0e-6);  // Megatron's clip_grad_norm_fp32
   if (coeff < 1.0) {
     for (auto& [key, list] : group_by_device(grads)) {
@@ -58,8 +76,8 @@ double generic_clip_grad_norm(std::span<Tensor> grads, double max_norm) {
 
 void register_generic(plugin::Registry& r) {
   using plugin::Priority;
-  r.register_op<OpId::grad_norm>(plugin::kGenericPlatform, &generic_grad_norm, "generic:l2_norm_sq",
-                                 Priority::generic);
+  r.register_op<OpId::grad_norm>(plugin::kGenericPlatform, &generic_grad_norm,
+                                 "generic:l2_norm_sq+all_reduce", Priority::generic);
   r.register_op<OpId::clip_grad_norm>(plugin::kGenericPlatform, &generic_clip_grad_norm,
                                       "generic:grad_norm+multi_tensor_scale", Priority::generic);
 }

@@ -7,8 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "megatron/core/tensor/tensor.h"
+
+namespace mg::comm {
+class ProcessGroup;
+}
 
 namespace mg::ops {
 
@@ -146,6 +151,28 @@ struct AdamArgs {
   bool bias_correction = true;
   bool decoupled_weight_decay = true;  // AdamW
   float grad_scale = 1.0f;             // multiplies the grad first (1/loss_scale for fp16)
+};
+
+// grad_norm / clip_grad_norm of gradients spread over ranks (Megatron's get_grad_norm_fp32 over its
+// grad_stats_parallel_group, with the expert optimizer's norm beside it). The caller passes the
+// gradients this rank counts, every parameter exactly once over all ranks (Megatron's
+// get_main_grads_for_grad_norm: TP-replicated parameters on TP rank 0 only, the pipeline's replica
+// of the tied embedding nowhere); the norm is
+//   sqrt(allreduce_sum over groups[0], groups[1], ... (this rank's sum of squares of grads)
+//        + allreduce_sum over expert_group (this rank's sum of squares of expert_grads))
+// with the expert term reduced first. The default is one process (no reductions). Every member of
+// these groups calls the slot, also when it holds no gradients (they are collectives).
+struct GradNormArgs {
+  // Summed over in this order: the distributed optimizer's shard group, then TP, then PP. Null or
+  // size-1 entries are skipped.
+  std::span<comm::ProcessGroup* const> groups;
+  // Routed experts' gradients under expert parallelism (each rank of expert_group holds other
+  // experts): summed over expert_group only, apart from `grads`.
+  std::span<const Tensor> expert_grads;
+  comm::ProcessGroup* expert_group = nullptr;
+  // The device of the gradients: clip_grad_norm calls grad_norm through this device's op table
+  // (resolved the same way on a rank that holds no gradients).
+  Device device = Device::cpu();
 };
 
 // Weight initialisation from the counter-based generator: element i of the FULL tensor draws from

@@ -123,7 +123,11 @@
   X(init_normal, op, "", void(Tensor & x, const InitArgs& args))                                  \
   X(init_uniform, op, "", void(Tensor & x, const InitArgs& args))                                 \
   /* ---- named overridable functions ---- */                                                     \
-  /* global L2 norm of the gradients (single process; the distributed issue adds the groups) */   \
-  X(grad_norm, function, "", double(std::span<const Tensor> grads))                               \
-  /* scales grads by max_norm/norm when norm > max_norm; returns the norm before clipping */      \
-  X(clip_grad_norm, function, "", double(std::span<Tensor> grads, double max_norm))
+  /* global L2 norm of the gradients this rank counts, reduced over the parallel groups of args   \
+     (GradNormArgs; a default args is one process) */                                             \
+  X(grad_norm, function, "", double(std::span<const Tensor> grads, const GradNormArgs& args))     \
+  /* scales grads by max_norm/norm when norm > max_norm (Megatron's clip_grad_norm_fp32), norm =  \
+     grad_norm(grads_for_norm, args); returns the norm before clipping */                         \
+  X(clip_grad_norm, function, "",                                                                 \
+    double(std::span<Tensor> grads, std::span<const Tensor> grads_for_norm, double max_norm,      \
+           const GradNormArgs& args))

@@ -1,7 +1,10 @@
-// MegatronOptimizer: mixed-precision (fp32 master) and fp32 optimizers over the flat parameter and
-// gradient buffers. Everything device-side goes through the op table (multi_tensor_scale,
-// grad_norm / clip_grad_norm, adamw_step, axpy, fill) or Tensor copies, so the same code runs on
-// every platform; the only host reads per step are the found-inf flag and the grad norm.
+// MegatronOptimizer: construction (the checks, param groups, pieces and flat state buffers), the
+// step as its sequence of parts, and the parts that are not about gradient statistics: unscale and
+// found-inf, the Adam / SGD updates, the master -> model copy. The grad norm and zero count are in
+// clip_grads.cpp, checkpoints in optimizer_state_dict.cpp. Everything device-side goes through the
+// op table (multi_tensor_scale, grad_norm / clip_grad_norm, adamw_step, axpy, fill) or Tensor
+// copies, so the same code runs on every platform; the only host reads per step are the found-inf
+// flag and the grad norm.
 #include "megatron/core/optimizer/optimizer.h"
 
 #include <algorithm>
@@ -11,32 +14,13 @@
 #include <utility>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/optimizer/optimizer_state.h"
 
 namespace mg::optimizer {
 
 using transformer::Parameter;
 
-// A piece: a parameter, or (sharded) its intersection with one owned range as a 1-D view.
-struct Piece {
-  std::size_t param = 0;  // index into the Parameter vector
-  int64_t offset = 0;     // element offset in the flat buffer
-  Tensor master, grad, exp_avg, exp_avg_sq, momentum;
-  Tensor model_param;  // the model weight piece (written by adamw_step when master is separate)
-};
-
-struct MegatronOptimizer::State {
-  bool separate_master = false;  // bf16/fp16 model: f32 master weights of their own
-  Tensor master_flat;            // [P] f32 (or the params buffer itself); sharded: [owned] f32
-  Tensor exp_avg_flat, exp_avg_sq_flat, momentum_flat;  // [P] or sharded [owned]
-  bool momentum_initialized = false;  // torch SGD creates the buffer on the first step
-  std::vector<Piece> pieces;          // unsharded: one per Parameter, in order
-  std::vector<std::vector<std::size_t>> group_pieces;  // per ParamGroup: indices into pieces
-  Tensor found_inf;                                    // [1] f32
-};
-
 namespace {
-
-constexpr const char* kStatePrefix = "optimizer.state.";
 
 // A 1-D flat buffer's [offset, offset + numel) as a tensor of `shape`.
 Tensor view_of(const Tensor& flat, int64_t offset, const Shape& shape) {
@@ -62,22 +46,38 @@ void check_view(const Parameter& p, const char* field, const Tensor& t, const Te
                                     << " and numel " << t.numel());
 }
 
-bool any_nonfinite(double x) {
-  return !std::isfinite(x);
+// The group when it has more than one rank, else null (a size-1 group reduces nothing).
+comm::ProcessGroupPtr if_parallel(comm::ProcessGroupPtr g) {
+  return g && g->size() > 1 ? std::move(g) : nullptr;
 }
 
 }  // namespace
 
+namespace detail {
+
+double all_reduce_scalar(comm::ProcessGroup* group, double x, comm::ReduceOp op) {
+  if (!group || group->size() == 1) return x;
+  Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
+  group->all_reduce(t, op)->wait();
+  return t.to_vector<double>()[0];
+}
+
+}  // namespace detail
+
 MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<Parameter>& params,
                                      transformer::ParamAndGradBuffer& buffer,
                                      const ops::OpTable& ops, const ParamGroupOptions& group_opts,
-                                     std::optional<ShardOptions> shard)
+                                     std::optional<ShardOptions> shard, GradStatsGroups grad_stats)
     : config_(config),
+      type_(config.type()),
       params_(params),
       buffer_(buffer),
       ops_(ops),
       state_(std::make_unique<State>()),
-      shard_(std::move(shard)) {
+      shard_(std::move(shard)),
+      tp_(if_parallel(std::move(grad_stats.tp))),
+      pp_(if_parallel(std::move(grad_stats.pp))),
+      expert_(if_parallel(std::move(grad_stats.expert))) {
   config_.validate();
   MG_CHECK(buffer_.params.defined() && buffer_.grads.defined() && buffer_.params.dim() == 1 &&
                buffer_.grads.dim() == 1 && buffer_.params.numel() == buffer_.grads.numel(),
@@ -195,7 +195,7 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
   } else if (!shard_) {
     s.master_flat = buffer_.params;
   }
-  if (config_.optimizer == "adam") {
+  if (type_ == OptimizerType::adam) {
     s.exp_avg_flat = Tensor::zeros({n}, master_dtype, dev);
     s.exp_avg_sq_flat = Tensor::zeros({n}, master_dtype, dev);
   } else {
@@ -223,6 +223,14 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
     s.group_pieces[group_of_param[s.pieces[k].param]].push_back(k);
   s.found_inf = Tensor::zeros({1}, DType::f32, dev);
   scaler_ = make_grad_scaler(config_);
+
+  // The groups every gradient statistic reduces over, in Megatron's order; then the gradients.
+  if (shard_ && shard_->group->size() > 1) grad_stats_groups_.push_back(shard_->group.get());
+  for (const comm::ProcessGroupPtr& g : {tp_, pp_})
+    if (g) grad_stats_groups_.push_back(g.get());
+  for (const Piece& pc : s.pieces)
+    if (pc.grad.numel() > 0) s.grads.push_back(pc.grad);
+  select_main_grads_for_grad_norm();
 }
 
 MegatronOptimizer::~MegatronOptimizer() = default;
@@ -254,172 +262,44 @@ void MegatronOptimizer::zero_grad() {
   buffer_.grads.zero_();
 }
 
-// Sum of a host value over the shard group (identity unsharded).
-double MegatronOptimizer::reduce_over_shards(double x, comm::ReduceOp op) const {
-  if (!shard_ || shard_->group->size() == 1) return x;
-  Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
-  shard_->group->all_reduce(t, op)->wait();
-  return t.to_vector<double>()[0];
-}
-
-double MegatronOptimizer::reduce_over_ep(double x, comm::ReduceOp op) const {
-  if (!ep_ || ep_->size() == 1) return x;
-  Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
-  ep_->all_reduce(t, op)->wait();
-  return t.to_vector<double>()[0];
-}
-
-double MegatronOptimizer::reduce_over_tp(double x, comm::ReduceOp op) const {
-  for (const comm::ProcessGroupPtr& g : {tp_, pp_}) {
-    if (!g || g->size() == 1) continue;
-    Tensor t = Tensor::from_vector(std::vector<double>{x}, {1}, DType::f64);
-    g->all_reduce(t, op)->wait();
-    x = t.to_vector<double>()[0];
-  }
-  return x;
-}
+// ---- the step ----
 
 StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   MG_CHECK(lr >= 0.0 && std::isfinite(lr), "optimizer.step: lr must be >= 0, got " << lr);
   MG_CHECK(weight_decay >= 0.0, "optimizer.step: weight_decay must be >= 0, got " << weight_decay);
-  State& s = *state_;
   StepResult r;
-  std::vector<Tensor> grads;
-  for (const Piece& pc : s.pieces)
-    if (pc.grad.numel() > 0) grads.push_back(pc.grad);
-
-  // Unscale and check for inf/nan (Megatron's prepare_grads): only with a scaler, and then an
-  // overflow skips the step whatever the precision. Sharded: found-inf is the max over shards.
+  // Megatron's prepare_grads: only with a scaler, and then an overflow skips the step whatever the
+  // precision.
   if (scaler_) {
-    ops_.fill(s.found_inf, 0.0);
-    if (!grads.empty())
-      ops_.multi_tensor_scale(grads, static_cast<double>(scaler_->inv_scale()), s.found_inf);
-    const double local_inf = s.found_inf.to_vector<float>()[0] > 0.0f ? 1.0 : 0.0;
-    const bool found_inf =
-        reduce_over_ep(
-            reduce_over_tp(reduce_over_shards(local_inf, comm::ReduceOp::max), comm::ReduceOp::max),
-            comm::ReduceOp::max) > 0.0;
+    const bool found_inf = unscale_and_check_for_nan();
     scaler_->update(found_inf);
     if (found_inf) {
       r.found_inf = true;
       return r;  // skipped: params, state and step count untouched
     }
   }
-
-  // Pre-clip norm over every parameter once; computed even without clipping, for the log.
-  // Sharded and/or TP: each rank's sum of squares over its pieces, summed over the shard group
-  // (the pieces of all ranks partition the buffer) and over TP, then Megatron's
-  // clip_grad_norm_fp32 coefficient.
-  const std::span<const Tensor> cgrads(grads.data(), grads.size());
-  const bool tp = tp_ && tp_->size() > 1;
-  const bool pp = pp_ && pp_->size() > 1;
-  // Expert parallelism: expert params (is_expert) differ across the expert group's ranks; their
-  // squares are summed over it, apart from the dense ones (Megatron's expert optimizer norm).
-  const bool ep = ep_ && ep_->size() > 1;
-  if (!shard_ && !tp && !pp && !ep) {
-    r.grad_norm = config_.clip_grad > 0.0 ? ops_.clip_grad_norm(grads, config_.clip_grad)
-                                          : ops_.grad_norm(cgrads);
-  } else {
-    // TP: replicated params counted on TP rank 0 only, then the sum over TP.
-    std::vector<Tensor> counted;
-    std::vector<Tensor> experts;
-    for (const Piece& pc : s.pieces) {
-      if (pc.grad.numel() == 0 || params_[pc.param].shared) continue;
-      if (ep && params_[pc.param].is_expert)
-        experts.push_back(pc.grad);
-      else if (!tp || params_[pc.param].tensor_parallel_dim >= 0 || tp_->rank() == 0)
-        counted.push_back(pc.grad);
-    }
-    auto sum_sq_of = [this](const std::vector<Tensor>& ts) {
-      if (ts.empty()) return 0.0;
-      Tensor out = Tensor::empty({1}, DType::f64, buffer_.grads.device());
-      ops_.l2_norm_sq(out, std::span<const Tensor>(ts.data(), ts.size()));
-      return out.to_vector<double>()[0];
-    };
-    const double sum_sq = sum_sq_of(counted);
-    const double expert_sq = ep ? reduce_over_ep(sum_sq_of(experts), comm::ReduceOp::sum) : 0.0;
-    r.grad_norm = std::sqrt(
-        reduce_over_tp(reduce_over_shards(sum_sq, comm::ReduceOp::sum), comm::ReduceOp::sum) +
-        expert_sq);
-    if (config_.clip_grad > 0.0) {
-      const double coeff = config_.clip_grad / (r.grad_norm + 1.0e-6);
-      Tensor none;
-      if (coeff < 1.0 && !grads.empty()) ops_.multi_tensor_scale(grads, coeff, none);
-    }
-  }
-  r.found_inf = any_nonfinite(r.grad_norm);
-  if (config_.log_num_zeros_in_grad) {
-    // Megatron's count_zeros_fp32: every parameter once (TP-replicated ones on TP rank 0), summed
-    // over the shards and over TP. Counted after clipping (a scale keeps zeros zero).
-    int64_t zeros = 0;
-    for (const Piece& pc : s.pieces) {
-      if (pc.grad.numel() == 0 || params_[pc.param].shared ||
-          (tp && params_[pc.param].tensor_parallel_dim < 0 && tp_->rank() != 0))
-        continue;
-      for (float v : pc.grad.to_vector<float>()) zeros += v == 0.0f;
-    }
-    r.num_zeros_in_grad = static_cast<int64_t>(reduce_over_tp(
-        reduce_over_shards(static_cast<double>(zeros), comm::ReduceOp::sum), comm::ReduceOp::sum));
-  }
+  // The pre-clip norm, computed even without clipping (for the log).
+  r.grad_norm = config_.clip_grad > 0.0 ? clip_grad_norm(config_.clip_grad) : get_grad_norm();
+  r.found_inf = !std::isfinite(r.grad_norm);
+  if (config_.log_num_zeros_in_grad) r.num_zeros_in_grad = count_zeros();
 
   const int64_t step = step_ + 1;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& g = groups_[gi];
     g.lr = lr * g.lr_mult;
     g.weight_decay = weight_decay * g.wd_mult;
-    if (config_.optimizer == "adam") {
-      std::vector<ops::AdamParam> list;
-      for (std::size_t k : s.group_pieces[gi]) {
-        Piece& pc = s.pieces[k];
-        if (pc.master.numel() == 0) continue;
-        list.push_back({pc.master, pc.grad, pc.exp_avg, pc.exp_avg_sq,
-                        s.separate_master ? pc.model_param : Tensor()});
-      }
-      ops::AdamArgs a;
-      a.lr = static_cast<float>(g.lr);
-      a.beta1 = static_cast<float>(config_.adam_beta1);
-      a.beta2 = static_cast<float>(config_.adam_beta2);
-      a.eps = static_cast<float>(config_.adam_eps);
-      a.weight_decay = static_cast<float>(g.weight_decay);
-      a.step = step;
-      a.bias_correction = true;
-      a.decoupled_weight_decay = config_.decoupled_weight_decay;
-      if (!list.empty()) ops_.adamw_step(list, a);
-    } else {
-      // torch.optim.SGD (dampening 0, no nesterov): d = g + wd p; buf = d on the first step, else
-      // momentum * buf + d; p -= lr * buf. The decay term is added to main_grad in place (the
-      // loop zeroes the gradients before the next backward anyway).
-      const double momentum = config_.sgd_momentum;
-      for (std::size_t k : s.group_pieces[gi]) {
-        Piece& pc = s.pieces[k];
-        if (pc.master.numel() == 0) continue;
-        Tensor& grad = pc.grad;
-        if (g.weight_decay != 0.0) ops_.axpy(grad, pc.master, static_cast<float>(g.weight_decay));
-        if (momentum != 0.0) {
-          Tensor& buf = pc.momentum;
-          if (!s.momentum_initialized) {
-            buf.copy_(grad);
-          } else {
-            std::vector<Tensor> one{buf};
-            Tensor none;
-            ops_.multi_tensor_scale(one, momentum, none);
-            ops_.axpy(buf, grad, 1.0f);
-          }
-          ops_.axpy(pc.master, buf, static_cast<float>(-g.lr));
-        } else {
-          ops_.axpy(pc.master, grad, static_cast<float>(-g.lr));
-        }
-      }
+    switch (type_) {
+      case OptimizerType::adam:
+        adam_update(g, state_->group_pieces[gi], step);
+        break;
+      case OptimizerType::sgd:
+        sgd_update(g, state_->group_pieces[gi]);
+        break;
     }
   }
-  if (config_.optimizer == "sgd") {
-    s.momentum_initialized = config_.sgd_momentum != 0.0;
-    if (s.separate_master) {  // master -> model
-      if (!shard_)
-        buffer_.params.copy_(s.master_flat);
-      else
-        for (Piece& pc : s.pieces) pc.model_param.copy_(pc.master);
-    }
+  if (type_ == OptimizerType::sgd) {
+    state_->momentum_initialized = config_.sgd_momentum != 0.0;
+    copy_main_params_to_model_params();  // adamw_step wrote the model weights itself
   }
   if (shard_ && shard_->gather_params) shard_->gather_params();
   step_ = step;
@@ -427,115 +307,89 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   return r;
 }
 
-namespace {
-
-std::string ranges_str(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
-  std::string out;
-  for (const auto& [a, b] : ranges)
-    out += (out.empty() ? "" : ",") + std::to_string(a) + ":" + std::to_string(b);
-  return out;
+double MegatronOptimizer::reduce_over_grad_stats_groups(double x, comm::ReduceOp op) const {
+  for (comm::ProcessGroup* g : grad_stats_groups_) x = detail::all_reduce_scalar(g, x, op);
+  return x;
 }
 
-}  // namespace
-
-StateDict MegatronOptimizer::state_dict() const {
-  const State& s = *state_;
-  StateDict sd;
-  sd.strings["optimizer"] = config_.optimizer;
-  sd.numbers["step"] = static_cast<double>(step_);
-  if (shard_) {
-    const std::string prefix = "optimizer.shard.";
-    if (config_.optimizer == "adam") {
-      sd.tensors[prefix + "exp_avg"] = s.exp_avg_flat;
-      sd.tensors[prefix + "exp_avg_sq"] = s.exp_avg_sq_flat;
-    } else if (s.momentum_initialized) {
-      sd.tensors[prefix + "momentum_buffer"] = s.momentum_flat;
-    }
-    if (s.separate_master) sd.tensors[prefix + "fp32_param"] = s.master_flat;
-    sd.strings["shard.ranges"] = ranges_str(shard_->ranges);
-    sd.numbers["shard.rank"] = shard_->group->rank();
-    sd.numbers["shard.size"] = shard_->group->size();
-  } else {
-    for (const Piece& pc : s.pieces) {
-      const std::string& name = params_[pc.param].name;
-      if (config_.optimizer == "adam") {
-        sd.tensors[kStatePrefix + std::string("exp_avg.") + name] = pc.exp_avg;
-        sd.tensors[kStatePrefix + std::string("exp_avg_sq.") + name] = pc.exp_avg_sq;
-      } else if (s.momentum_initialized) {
-        sd.tensors[kStatePrefix + std::string("momentum_buffer.") + name] = pc.momentum;
-      }
-      if (s.separate_master)
-        sd.tensors[kStatePrefix + std::string("fp32_param.") + name] = pc.master;
-    }
-  }
-  if (scaler_) sd.merge("grad_scaler.", scaler_->state_dict());
-  return sd;
-}
-
-void MegatronOptimizer::load_state_dict(const StateDict& sd) {
+// Megatron's _unscale_main_grads_and_check_for_nan: every main_grad *= 1/loss_scale in place
+// (multi_tensor_scale flags inf/nan results); found-inf is the max over the shards, TP, PP and the
+// expert group, so every rank takes the same decision.
+bool MegatronOptimizer::unscale_and_check_for_nan() {
   State& s = *state_;
-  if (sd.has_string("optimizer"))
-    MG_CHECK(sd.string("optimizer") == config_.optimizer,
-             "optimizer: the checkpoint holds " << sd.string("optimizer")
-                                                << " state but this run uses --optimizer "
-                                                << config_.optimizer);
-  const double step = sd.number("step");
-  MG_CHECK(step >= 0 && step == std::floor(step),
-           "optimizer: checkpoint step must be a whole number >= 0, got " << step);
-  const bool has_momentum = config_.optimizer == "sgd" && step > 0 && config_.sgd_momentum != 0.0;
-  auto copy_in = [&](const std::string& key, Tensor& dst) {
-    MG_CHECK(sd.has_tensor(key), "optimizer: the checkpoint has no '"
-                                     << key
-                                     << "' (load the model without optimizer state: "
-                                        "--no-load-optim / --finetune)");
-    const Tensor& src = sd.tensor(key);
-    MG_CHECK(src.shape() == dst.shape(), "optimizer: checkpoint '"
-                                             << key << "' has shape " << shape_str(src.shape())
-                                             << ", the model has " << shape_str(dst.shape()));
-    dst.copy_(src);
-  };
-  if (shard_) {
-    const bool was_sharded = sd.has_string("shard.ranges");
-    MG_CHECK(was_sharded,
-             "optimizer: the checkpoint holds unsharded optimizer state but this run "
-             "uses --use-distributed-optimizer (resharding is not supported yet)");
-    const std::string mine = ranges_str(shard_->ranges);
-    MG_CHECK(sd.string("shard.ranges") == mine && sd.number("shard.size") == shard_->group->size(),
-             "optimizer: the checkpoint's shard of data-parallel rank "
-                 << sd.number("shard.rank") << " of " << sd.number("shard.size") << " covers "
-                 << sd.string("shard.ranges") << " but this rank " << shard_->group->rank()
-                 << " of " << shard_->group->size() << " owns " << mine
-                 << " (load with the same data-parallel size and --ddp-bucket-size)");
-    const std::string prefix = "optimizer.shard.";
-    if (config_.optimizer == "adam") {
-      copy_in(prefix + "exp_avg", s.exp_avg_flat);
-      copy_in(prefix + "exp_avg_sq", s.exp_avg_sq_flat);
-    } else if (has_momentum) {
-      copy_in(prefix + "momentum_buffer", s.momentum_flat);
-    }
-    if (s.separate_master) copy_in(prefix + "fp32_param", s.master_flat);
-  } else {
-    MG_CHECK(!sd.has_string("shard.ranges"),
-             "optimizer: the checkpoint holds distributed-optimizer shards ("
-                 << sd.string("shard.ranges")
-                 << "); load it with --use-distributed-optimizer and the same layout");
-    for (Piece& pc : s.pieces) {
-      const std::string& name = params_[pc.param].name;
-      if (config_.optimizer == "adam") {
-        copy_in(kStatePrefix + std::string("exp_avg.") + name, pc.exp_avg);
-        copy_in(kStatePrefix + std::string("exp_avg_sq.") + name, pc.exp_avg_sq);
-      } else if (has_momentum) {
-        copy_in(kStatePrefix + std::string("momentum_buffer.") + name, pc.momentum);
+  ops_.fill(s.found_inf, 0.0);
+  if (!s.grads.empty())
+    ops_.multi_tensor_scale(s.grads, static_cast<double>(scaler_->inv_scale()), s.found_inf);
+  const double local_inf = s.found_inf.to_vector<float>()[0] > 0.0f ? 1.0 : 0.0;
+  const double any_inf = detail::all_reduce_scalar(
+      expert_.get(), reduce_over_grad_stats_groups(local_inf, comm::ReduceOp::max),
+      comm::ReduceOp::max);
+  return any_inf > 0.0;
+}
+
+// Adam / AdamW (apex FusedAdam, bias correction) over one param group's pieces: one adamw_step
+// call, which also writes the bf16/fp16 model weights from the f32 master weights.
+void MegatronOptimizer::adam_update(const ParamGroup& g, std::span<const std::size_t> pieces,
+                                    int64_t step) {
+  State& s = *state_;
+  std::vector<ops::AdamParam> list;
+  for (std::size_t k : pieces) {
+    Piece& pc = s.pieces[k];
+    if (pc.master.numel() == 0) continue;
+    list.push_back({pc.master, pc.grad, pc.exp_avg, pc.exp_avg_sq,
+                    s.separate_master ? pc.model_param : Tensor()});
+  }
+  ops::AdamArgs a;
+  a.lr = static_cast<float>(g.lr);
+  a.beta1 = static_cast<float>(config_.adam_beta1);
+  a.beta2 = static_cast<float>(config_.adam_beta2);
+  a.eps = static_cast<float>(config_.adam_eps);
+  a.weight_decay = static_cast<float>(g.weight_decay);
+  a.step = step;
+  a.bias_correction = true;
+  a.decoupled_weight_decay = config_.decoupled_weight_decay;
+  if (!list.empty()) ops_.adamw_step(list, a);
+}
+
+// torch.optim.SGD (dampening 0, no nesterov) over one param group's pieces: d = g + wd p; buf = d
+// on the first step, else momentum * buf + d; p -= lr * buf. The decay term is added to main_grad
+// in place (the loop zeroes the gradients before the next backward anyway). Updates the master
+// weights only (copy_main_params_to_model_params follows).
+void MegatronOptimizer::sgd_update(const ParamGroup& g, std::span<const std::size_t> pieces) {
+  State& s = *state_;
+  const double momentum = config_.sgd_momentum;
+  for (std::size_t k : pieces) {
+    Piece& pc = s.pieces[k];
+    if (pc.master.numel() == 0) continue;
+    Tensor& grad = pc.grad;
+    if (g.weight_decay != 0.0) ops_.axpy(grad, pc.master, static_cast<float>(g.weight_decay));
+    if (momentum != 0.0) {
+      Tensor& buf = pc.momentum;
+      if (!s.momentum_initialized) {
+        buf.copy_(grad);
+      } else {
+        std::vector<Tensor> one{buf};
+        Tensor none;
+        ops_.multi_tensor_scale(one, momentum, none);
+        ops_.axpy(buf, grad, 1.0f);
       }
-      if (s.separate_master) copy_in(kStatePrefix + std::string("fp32_param.") + name, pc.master);
+      ops_.axpy(pc.master, buf, static_cast<float>(-g.lr));
+    } else {
+      ops_.axpy(pc.master, grad, static_cast<float>(-g.lr));
     }
   }
-  s.momentum_initialized = has_momentum;
-  step_ = static_cast<int64_t>(step);
-  // Megatron: a checkpoint without scaler state keeps the current scaler; scaler state without a
-  // scaler here is ignored.
-  const StateDict scaler_sd = sd.sub("grad_scaler.");
-  if (scaler_ && !scaler_sd.empty()) scaler_->load_state_dict(scaler_sd);
+}
+
+// Megatron's _copy_main_params_to_model_params: the f32 master weights rounded into the bf16/fp16
+// model weights (this rank's pieces when sharded; gather_params then spreads them). No-op when the
+// params are their own master weights.
+void MegatronOptimizer::copy_main_params_to_model_params() {
+  State& s = *state_;
+  if (!s.separate_master) return;
+  if (!shard_)
+    buffer_.params.copy_(s.master_flat);
+  else
+    for (Piece& pc : s.pieces) pc.model_param.copy_(pc.master);
 }
 
 void MegatronOptimizer::reload_model_params() {

@@ -1,14 +1,22 @@
 // MegatronOptimizer: Megatron's Float16OptimizerWithFloat16Params (bf16 / fp16 models: fp32 master
 // weights) and FP32Optimizer (f32 / f64 models: the params are their own master weights) over the
-// flat ParamAndGradBuffer, with Adam(W) through the `adamw_step` op or SGD with momentum.
+// flat ParamAndGradBuffer, with Adam(W) through the `adamw_step` op or SGD with momentum
+// (OptimizerType).
 //
-// One step (Megatron's order): [scaler] multiply every main_grad by 1/loss_scale in place and check
-// for inf/nan (multi_tensor_scale); update the scaler; fp16 overflow -> skip (params, state and
-// step count untouched) -> grad norm of all main_grads, each Parameter once (the op table's
-// grad_norm / clip_grad_norm), clip to clip_grad -> Adam/SGD on the master weights with lr *
-// lr_mult and weight_decay * wd_mult per group -> master copied to the model params (fused into
-// adamw_step). The caller then calls zero_grad() before the next backward, and multiplies its loss
-// by loss_scale() before backward.
+// One step (Megatron's order), each part its own function:
+//   unscale_and_check_for_nan  [with a scaler] main_grads *= 1/loss_scale, found-inf maxed over
+//                              the groups; the scaler updates; fp16 overflow -> skip (params,
+//                              state and step count untouched)
+//   get_grad_norm /            the pre-clip norm of every parameter counted once
+//   clip_grad_norm             (Megatron's get_main_grads_for_grad_norm), through the op table's
+//                              grad_norm slot, or its clip_grad_norm slot when clip_grad > 0
+//                              (clip_grads.cpp)
+//   count_zeros                [--log-num-zeros-in-grad] (clip_grads.cpp)
+//   adam_update / sgd_update   per param group with lr * lr_mult, weight_decay * wd_mult
+//   copy_main_params_to_model_params  (SGD; adamw_step writes the model weights itself), then the
+//                              distributed optimizer's all-gather of the weights
+// The caller then calls zero_grad() before the next backward, and multiplies its loss by
+// loss_scale() before backward.
 //
 // Invariants: master weights, exp_avg, exp_avg_sq (and SGD momentum) are flat buffers of the
 // buffer's length on the buffer's device, viewed at each Parameter's buffer_offset, so ZeRO later
@@ -21,13 +29,17 @@
 // count are reduced over the shard group so every element is counted exactly once; after a
 // successful step `gather_params` all-gathers the updated model weights. Without ShardOptions
 // every parameter is one piece and nothing is communicated (the grads are already all-reduced).
-// Not here: TP reductions, CPU offload.
+// Model parallelism (GradStatsGroups): the same statistics also reduce over TP, PP and the expert
+// group. The grad norm always goes through the op table's slots, whatever the layout, so a
+// plugin's override applies at scale (ops::GradNormArgs carries the groups).
+// Checkpoints: optimizer_state_dict.cpp. Not here: CPU offload.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -67,6 +79,24 @@ struct StepResult {
   std::optional<int64_t> num_zeros_in_grad;  // with config.log_num_zeros_in_grad
 };
 
+// The model-parallel groups the gradient statistics (grad norm, zero count, fp16's found-inf)
+// reduce over, Megatron's grad_stats_parallel_group split by role. Null or size 1: that parallelism
+// is off.
+struct GradStatsGroups {
+  // Tensor parallelism: each parameter counted once (PITFALLS #5): TP-sharded params
+  // (tensor_parallel_dim >= 0) on every TP rank, replicated ones on TP rank 0 only. Their grads
+  // must already be identical over TP (tensor_parallel::all_reduce_sequence_parallel_grads).
+  comm::ProcessGroupPtr tp = nullptr;
+  // Pipeline parallelism: each stage holds different parameters; Parameter::shared replicas (the
+  // last stage's copy of the tied word embedding) are not counted (PITFALLS #4).
+  comm::ProcessGroupPtr pp = nullptr;
+  // Expert parallelism: the group whose ranks hold different experts (Megatron's expert
+  // tensor-model-pipeline group, "tp-ep-pp" of the expert layout). The grad norm sums the squares
+  // of expert parameters (Parameter::is_expert) over it, apart from the dense ones, and fp16's
+  // found-inf is maxed over it. Null / size 1: experts count as dense parameters.
+  comm::ProcessGroupPtr expert = nullptr;
+};
+
 // ZeRO-1 sharding of the optimizer state (see the file comment).
 struct ShardOptions {
   // Disjoint [start, end) element ranges of the flat buffer this rank steps, ascending.
@@ -82,7 +112,8 @@ class MegatronOptimizer {
   // config.validate() is called; params_dtype must equal the buffer's dtype.
   MegatronOptimizer(const OptimizerConfig& config, std::vector<transformer::Parameter>& params,
                     transformer::ParamAndGradBuffer& buffer, const ops::OpTable& ops,
-                    const ParamGroupOptions& groups = {}, std::optional<ShardOptions> shard = {});
+                    const ParamGroupOptions& groups = {}, std::optional<ShardOptions> shard = {},
+                    GradStatsGroups grad_stats = {});
   ~MegatronOptimizer();
   MegatronOptimizer(const MegatronOptimizer&) = delete;
   MegatronOptimizer& operator=(const MegatronOptimizer&) = delete;
@@ -99,26 +130,12 @@ class MegatronOptimizer {
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   int64_t num_steps() const { return step_; }  // successful steps so far (Adam's step count)
   const OptimizerConfig& config() const { return config_; }
+  OptimizerType type() const { return type_; }
   // Master weights of parameter i (the param itself for f32/f64 models); not with ShardOptions.
   Tensor master_param(std::size_t i) const;
   bool sharded() const { return shard_.has_value(); }
   // Bytes of optimizer state this rank holds (separate master weights and moments / momentum).
   int64_t state_bytes() const;
-  // Tensor parallelism: the grad norm (and fp16's found-inf) also reduces over `tp`, each
-  // parameter counted once (PITFALLS #5): TP-sharded params (tensor_parallel_dim >= 0) on every
-  // TP rank, replicated ones on TP rank 0 only. Their grads must already be identical over TP
-  // (tensor_parallel::all_reduce_sequence_parallel_grads). nullptr / size 1: no TP.
-  void set_tensor_parallel_group(comm::ProcessGroupPtr tp) { tp_ = std::move(tp); }
-  // Expert parallelism: the group whose ranks hold different experts (Megatron's expert
-  // tensor-model-pipeline group, "tp-ep-pp" of the expert layout). The grad norm sums the squares
-  // of expert parameters (Parameter::is_expert) over it, apart from the dense ones, and fp16's
-  // found-inf is maxed over it. nullptr / size 1: experts count as dense parameters.
-  void set_expert_parallel_group(comm::ProcessGroupPtr ep) { ep_ = std::move(ep); }
-  // Pipeline parallelism: the grad norm, zero count and fp16's found-inf also reduce over `pp`
-  // (each stage holds different parameters); Parameter::shared replicas (the last stage's copy
-  // of the tied word embedding) are not counted (PITFALLS #4). nullptr / size 1: no PP.
-  void set_pipeline_parallel_group(comm::ProcessGroupPtr pp) { pp_ = std::move(pp); }
-
   // Tensors "optimizer.state.{exp_avg,exp_avg_sq,fp32_param,momentum_buffer}.<param name>"
   // (fp32_param only when the master weights are separate; views of live state, see
   // state_dict.h); sharded: the flat shards "optimizer.shard.{exp_avg,...}" instead, with string
@@ -135,7 +152,22 @@ class MegatronOptimizer {
 
  private:
   struct State;
+  // The parts of step(), in its order (Megatron's names).
+  bool unscale_and_check_for_nan();  // needs a scaler; true: some grad is inf/nan on some rank
+  double get_grad_norm();            // the op table's grad_norm (clip_grads.cpp)
+  double clip_grad_norm(double max_norm);  // clip_grad_norm: clips, returns the pre-clip norm
+  int64_t count_zeros() const;             // Megatron's count_zeros_fp32 (clip_grads.cpp)
+  void adam_update(const ParamGroup& g, std::span<const std::size_t> pieces, int64_t step);
+  void sgd_update(const ParamGroup& g, std::span<const std::size_t> pieces);
+  void copy_main_params_to_model_params();
+  // Construction: Megatron's get_main_grads_for_grad_norm into State (clip_grads.cpp).
+  void select_main_grads_for_grad_norm();
+  ops::GradNormArgs grad_norm_args() const;
+  // A host scalar reduced over the grad-stats groups (shards, TP, PP, in that order).
+  double reduce_over_grad_stats_groups(double x, comm::ReduceOp op) const;
+
   OptimizerConfig config_;
+  OptimizerType type_;
   std::vector<transformer::Parameter>& params_;
   transformer::ParamAndGradBuffer& buffer_;
   const ops::OpTable& ops_;
@@ -143,14 +175,11 @@ class MegatronOptimizer {
   std::vector<ParamGroup> groups_;
   std::unique_ptr<State> state_;
   std::optional<ShardOptions> shard_;
-  comm::ProcessGroupPtr tp_;
-  comm::ProcessGroupPtr ep_;  // set_expert_parallel_group
-  comm::ProcessGroupPtr pp_;
+  // GradStatsGroups, each kept only when of size > 1 (else null).
+  comm::ProcessGroupPtr tp_, pp_, expert_;
+  // The shard group, TP, PP (those of size > 1), in the order every reduction over them runs.
+  std::vector<comm::ProcessGroup*> grad_stats_groups_;
   int64_t step_ = 0;
-  double reduce_over_shards(double x, comm::ReduceOp op) const;
-  // Over TP, then over PP (identity without them).
-  double reduce_over_tp(double x, comm::ReduceOp op) const;
-  double reduce_over_ep(double x, comm::ReduceOp op) const;
 };
 
 }  // namespace mg::optimizer

@@ -1,4 +1,5 @@
-// OptimizerConfig::validate: Megatron's argument checks for the optimizer, with the values.
+// OptimizerConfig::validate (Megatron's argument checks for the optimizer, with the values) and the
+// --optimizer names.
 #include "megatron/core/optimizer/optimizer_config.h"
 
 #include <cmath>
@@ -7,9 +8,24 @@
 
 namespace mg::optimizer {
 
+OptimizerType parse_optimizer_type(std::string_view name) {
+  for (OptimizerType t : {OptimizerType::adam, OptimizerType::sgd})
+    if (name == optimizer_type_name(t)) return t;
+  MG_THROW("OptimizerConfig: optimizer '" << name << "' is not supported; valid values: adam, sgd");
+}
+
+std::string_view optimizer_type_name(OptimizerType type) {
+  switch (type) {
+    case OptimizerType::adam:
+      return "adam";
+    case OptimizerType::sgd:
+      return "sgd";
+  }
+  MG_THROW("optimizer_type_name: unknown OptimizerType " << static_cast<int>(type));
+}
+
 void OptimizerConfig::validate() const {
-  MG_CHECK(optimizer == "adam" || optimizer == "sgd",
-           "OptimizerConfig: optimizer '" << optimizer << "' is not supported (adam, sgd)");
+  (void)type();  // throws on an unknown --optimizer
   MG_CHECK(!(fp16 && bf16), "OptimizerConfig: fp16 and bf16 are both set; choose one");
   const DType want = fp16 ? DType::f16 : bf16 ? DType::bf16 : params_dtype;
   MG_CHECK(params_dtype == want, "OptimizerConfig: params_dtype "

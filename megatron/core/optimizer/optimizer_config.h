@@ -7,15 +7,24 @@
 // Not here: distributed-optimizer, offload and precision-aware-optimizer options.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "megatron/core/tensor/dtype.h"
 
 namespace mg::optimizer {
 
+// The update rule (--optimizer): Adam(W) through the adamw_step op, or torch's SGD with momentum.
+enum class OptimizerType : uint8_t { adam, sgd };
+// "adam" | "sgd" (exactly, as the flag and the checkpoint's "optimizer" entry spell them); anything
+// else throws naming the value and the valid ones.
+OptimizerType parse_optimizer_type(std::string_view name);
+std::string_view optimizer_type_name(OptimizerType type);
+
 struct OptimizerConfig {
-  std::string optimizer = "adam";  // --optimizer: adam | sgd
+  std::string optimizer = "adam";  // --optimizer: adam | sgd (type() parses it)
   std::optional<double> lr;        // --lr (the scheduler's max_lr; step() takes the current lr)
   std::optional<double> min_lr;    // --min-lr
   double weight_decay = 0.01;      // --weight-decay
@@ -37,6 +46,8 @@ struct OptimizerConfig {
 
   double clip_grad = 1.0;              // --clip-grad (0 disables clipping)
   bool log_num_zeros_in_grad = false;  // --log-num-zeros-in-grad
+
+  OptimizerType type() const { return parse_optimizer_type(optimizer); }
 
   // Throws naming the offending values: unknown optimizer, fp16 with bf16, params_dtype not
   // matching the flags, betas outside [0, 1), negative eps / weight decay / clip, bad scaler args.

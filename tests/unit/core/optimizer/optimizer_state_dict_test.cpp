@@ -213,6 +213,12 @@ TEST(OptimizerConstruction, RefusesBadLayoutsAndConfigs) {
   bad = OptimizerConfig{};
   bad.optimizer = "adamw";
   EXPECT_NE(error_message([&] { bad.validate(); }).find("'adamw'"), std::string::npos);
+  EXPECT_NE(error_message([&] { bad.validate(); }).find("valid values: adam, sgd"),
+            std::string::npos);
+  // The enum and the flag / checkpoint spelling, both ways.
+  for (auto t : {mg::optimizer::OptimizerType::adam, mg::optimizer::OptimizerType::sgd})
+    EXPECT_EQ(mg::optimizer::parse_optimizer_type(mg::optimizer::optimizer_type_name(t)), t);
+  EXPECT_THROW(mg::optimizer::parse_optimizer_type("Adam"), mg::Error);
   bad = OptimizerConfig{};
   bad.adam_beta2 = 1.0;
   EXPECT_NE(error_message([&] { bad.validate(); }).find("adam_beta2"), std::string::npos);

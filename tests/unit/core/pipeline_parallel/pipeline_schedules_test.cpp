@@ -245,8 +245,8 @@ void run_pipe_case(const PipeCase& pc) {
   oc.params_dtype = DType::f64;
   oc.clip_grad = 0.05;  // below the grad norm: a norm counting the tied copy twice shows
   optimizer::MegatronOptimizer ref_opt(oc, ref.parameters(), ref.buffer(), ops);
-  optimizer::MegatronOptimizer stage_opt(oc, stage.parameters(), stage.buffer(), ops);
-  stage_opt.set_pipeline_parallel_group(comm.world());
+  optimizer::MegatronOptimizer stage_opt(oc, stage.parameters(), stage.buffer(), ops, {}, {},
+                                         {.pp = comm.world()});
   for (int it = 0; it < 3; ++it) {
     if (it > 0) {
       const models::StepRng rng_it{5, 3 + it, 0};

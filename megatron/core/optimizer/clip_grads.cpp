@@ -1,0 +1,72 @@
+// MegatronOptimizer's gradient statistics, Megatron's optimizer/clip_grads.py: which gradients the
+// norm counts on this rank (get_main_grads_for_grad_norm), the norm and the clipping through the op
+// table's grad_norm / clip_grad_norm slots (their generic implementations, get_grad_norm_fp32 and
+// clip_grad_norm_fp32, are in megatron/core/ops/generic.cpp), and count_zeros_fp32.
+//
+// Every parameter is counted exactly once over all ranks: the distributed optimizer's pieces
+// partition the buffer over the shard group; TP-sharded parameters count on every TP rank and
+// TP-replicated ones on TP rank 0 only; the pipeline's replica of the tied embedding
+// (Parameter::shared) nowhere; routed experts under expert parallelism apart, over the expert
+// group. The slots are called on every layout, one rank or many, so a platform's or plugin's
+// override always applies; the groups travel in ops::GradNormArgs.
+#include "megatron/core/common/error.h"
+#include "megatron/core/optimizer/optimizer.h"
+#include "megatron/core/optimizer/optimizer_state.h"
+
+namespace mg::optimizer {
+
+namespace {
+
+// TP-replicated parameters are counted on TP rank 0 only (their grads are equal over TP).
+bool counted_on_this_tp_rank(const transformer::Parameter& p, const comm::ProcessGroup* tp) {
+  return !tp || p.tensor_parallel_dim >= 0 || tp->rank() == 0;
+}
+
+}  // namespace
+
+void MegatronOptimizer::select_main_grads_for_grad_norm() {
+  State& s = *state_;
+  for (const Piece& pc : s.pieces) {
+    const transformer::Parameter& p = params_[pc.param];
+    if (pc.grad.numel() == 0 || p.shared) continue;
+    if (expert_ && p.is_expert)
+      s.expert_grads_for_norm.push_back(pc.grad);
+    else if (counted_on_this_tp_rank(p, tp_.get()))
+      s.grads_for_norm.push_back(pc.grad);
+  }
+}
+
+ops::GradNormArgs MegatronOptimizer::grad_norm_args() const {
+  ops::GradNormArgs args;
+  args.groups = grad_stats_groups_;
+  args.expert_grads = state_->expert_grads_for_norm;
+  args.expert_group = expert_.get();
+  args.device = buffer_.grads.device();
+  return args;
+}
+
+double MegatronOptimizer::get_grad_norm() {
+  return ops_.grad_norm(state_->grads_for_norm, grad_norm_args());
+}
+
+double MegatronOptimizer::clip_grad_norm(double max_norm) {
+  State& s = *state_;
+  return ops_.clip_grad_norm(s.grads, s.grads_for_norm, max_norm, grad_norm_args());
+}
+
+// Megatron's count_zeros_fp32: every parameter once (TP-replicated ones on TP rank 0, replicas of
+// the tied embedding nowhere), summed over the shards, TP and PP. Counted after clipping (a scale
+// keeps zeros zero). Experts count like dense parameters here, as they always have.
+int64_t MegatronOptimizer::count_zeros() const {
+  const State& s = *state_;
+  int64_t zeros = 0;
+  for (const Piece& pc : s.pieces) {
+    const transformer::Parameter& p = params_[pc.param];
+    if (pc.grad.numel() == 0 || p.shared || !counted_on_this_tp_rank(p, tp_.get())) continue;
+    for (float v : pc.grad.to_vector<float>()) zeros += v == 0.0f;
+  }
+  return static_cast<int64_t>(
+      reduce_over_grad_stats_groups(static_cast<double>(zeros), comm::ReduceOp::sum));
+}
+
+}  // namespace mg::optimizer
