@@ -1,6 +1,9 @@
-// mg::init(): built-in platform registration, plugin loading and platform selection, once.
+// mg::init(): the process's platform set-up once (built-ins, plugins, platform, device), and one
+// immutable Runtime per distinct set of run choices (runtime.h).
 #include "megatron/runtime.h"
 
+#include <algorithm>
+#include <memory>
 #include <mutex>
 #include <sstream>
 
@@ -13,7 +16,9 @@
 
 namespace mg {
 
-void register_builtin(plugin::Registry& registry) {
+namespace {
+
+void register_builtin_once(plugin::Registry& registry) {
   ops::register_generic(registry);
   platforms::cpu::register_cpu(registry);
 #if MG_WITH_CUDA
@@ -21,38 +26,110 @@ void register_builtin(plugin::Registry& registry) {
 #endif
 }
 
-Runtime& init(const RuntimeOptions& options) {
-  static std::mutex mu;
-  static Runtime rt;
-  static bool done = false;
-  static bool builtins = false;  // registered once even if a later step of a first call threw
-  std::lock_guard lock(mu);
-  if (done) {
-    MG_CHECK(options.platform.empty() || options.platform == rt.platform->name(),
-             "mg::init: platform '" << options.platform << "' requested after the runtime chose '"
-                                    << rt.platform->name() << "'");
-    return rt;
-  }
-  auto& reg = plugin::global_registry();
-  if (!builtins) {
-    register_builtin(reg);
-    builtins = true;
-  }
-  if (options.load_env_plugins) reg.load_plugins_from_env();
-  for (const auto& p : options.plugins) reg.load_plugin(p);
-  rt.registry = &reg;
-  rt.platform = &reg.select_platform(options.platform);
-  rt.ops = &reg.ops(rt.platform->name());
-  plugin::set_deterministic_mode(options.deterministic);
-  rt.local_rank = comm::local_rank();
+// The process's set-up, established by the first successful init() and never torn down (tensors
+// and modules hold pointers into it until exit). Guarded by mu.
+struct Process {
+  std::mutex mu;
+  bool established = false;
+  plugin::Platform* platform = nullptr;
+  Device device;
+  comm::LocalRank local_rank;
+  std::map<std::string, std::unique_ptr<Runtime>> runs;  // by ResolveOptions::str()
+};
+
+Process& process() {
+  static Process* p = new Process();  // never destroyed: see above
+  return *p;
+}
+
+bool is_loaded(const plugin::Registry& reg, const std::string& path) {
+  const auto loaded = reg.plugins();
+  return std::any_of(loaded.begin(), loaded.end(),
+                     [&](const plugin::PluginInfo& p) { return p.path == path; });
+}
+
+std::string loaded_list(const plugin::Registry& reg) {
+  std::string s;
+  for (const auto& p : reg.plugins()) s += (s.empty() ? "" : ", ") + p.path;
+  return s.empty() ? "none" : s;
+}
+
+std::vector<std::string> requested_plugins(const RuntimeOptions& options) {
+  std::vector<std::string> out;
+  if (options.load_env_plugins) out = plugin::plugins_from_env();
+  out.insert(out.end(), options.plugins.begin(), options.plugins.end());
+  return out;
+}
+
+void establish(Process& pr, plugin::Registry& reg, const RuntimeOptions& options) {
+  register_builtin(reg);
+  // A first call that failed after loading some (a later plugin, the platform) left them loaded.
+  for (const auto& path : requested_plugins(options))
+    if (!is_loaded(reg, path)) reg.load_plugin(path);
+  plugin::Platform& platform = reg.select_platform(options.platform);
+  const comm::LocalRank local_rank = comm::local_rank();
   int index = 0;
-  if (rt.platform->device_type() != DeviceType::cpu) {
-    index = comm::select_device(rt.local_rank.rank, rt.platform->device_count());
-    rt.platform->set_device(index);
+  if (platform.device_type() != DeviceType::cpu) {
+    index = comm::select_device(local_rank.rank, platform.device_count());
+    platform.set_device(index);
   }
-  rt.device = Device{rt.platform->device_type(), index};
-  done = true;
-  return rt;
+  pr.platform = &platform;
+  pr.local_rank = local_rank;
+  pr.device = Device{platform.device_type(), index};
+  pr.established = true;
+}
+
+// A later call may only ask for what the first one set up.
+void check_established(const Process& pr, const plugin::Registry& reg,
+                       const RuntimeOptions& options) {
+  MG_CHECK(options.platform.empty() || options.platform == pr.platform->name(),
+           "mg::init: platform '" << options.platform << "' requested, but this process's runtime "
+                                  << "was set up on platform '" << pr.platform->name()
+                                  << "' by the first mg::init (the platform is fixed per process)");
+  for (const auto& path : requested_plugins(options))
+    MG_CHECK(is_loaded(reg, path),
+             "mg::init: plugin '" << path << "' requested, but this process's runtime was set up "
+                                  << "with plugins: " << loaded_list(reg)
+                                  << " (plugins are loaded by the first mg::init, before any op "
+                                     "table is resolved)");
+}
+
+}  // namespace
+
+void register_builtin(plugin::Registry& registry) {
+  registry.register_once("builtin", &register_builtin_once);
+}
+
+std::vector<plugin::Resolution> Runtime::resolutions() const {
+  MG_CHECK(registry && platform, "Runtime::resolutions: not an initialised runtime");
+  return registry->resolutions(platform->name(), resolve);
+}
+
+Runtime& init(const RuntimeOptions& options) {
+  Process& pr = process();
+  std::lock_guard lock(pr.mu);
+  auto& reg = plugin::global_registry();
+  if (!pr.established)
+    establish(pr, reg, options);
+  else
+    check_established(pr, reg, options);
+
+  plugin::ResolveOptions resolve;
+  resolve.deterministic = options.deterministic;
+  if (options.load_env_op_providers) resolve.providers = plugin::op_providers_from_env();
+  for (const auto& [slot, provider] : options.op_providers) resolve.providers[slot] = provider;
+  auto& run = pr.runs[resolve.str()];
+  if (!run) {
+    auto rt = std::make_unique<Runtime>();
+    rt->registry = &reg;
+    rt->platform = pr.platform;
+    rt->ops = &reg.ops(pr.platform->name(), resolve);  // validates the choices
+    rt->resolve = std::move(resolve);
+    rt->device = pr.device;
+    rt->local_rank = pr.local_rank;
+    run = std::move(rt);
+  }
+  return *run;
 }
 
 std::string device_summary(const Runtime& rt) {

@@ -6,10 +6,11 @@
 // platform's streams are synchronous. Availability is asked, never assumed: a CUDA build on a
 // machine without a GPU has a CUDA platform that says why it is unavailable.
 //
-// Also here, process-wide: the deterministic-mode flag (--deterministic-mode) that kernels with a
-// faster non-deterministic variant consult (none has one today: every built-in kernel is
-// deterministic; docs/architecture.md lists why), and the pinned host allocator of a platform
-// (page-locked staging memory for host<->device copies).
+// Also here: the pinned host allocator of a platform (page-locked staging memory for host<->device
+// copies). Not here: --deterministic-mode. It is a per-run choice of the op table (a kernel with a
+// faster non-deterministic variant registers that variant as its own provider with
+// ProviderTraits::deterministic = false, and a deterministic run's table never resolves it:
+// registry.h), so no kernel consults a process-wide flag.
 #pragma once
 
 #include <cstddef>
@@ -120,10 +121,5 @@ class Platform {
   virtual void convert(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n,
                        int device) = 0;
 };
-
-// --deterministic-mode (Megatron's flag), process-wide: set by mg::init / the training loop and
-// read by kernels that would otherwise pick a faster non-deterministic variant. Thread-safe.
-void set_deterministic_mode(bool on);
-bool deterministic_mode();
 
 }  // namespace mg::plugin

@@ -19,7 +19,9 @@ class Registry;
 }
 
 // 2: Platform gained pinned_host_allocator() and set_device() (its vtable changed).
-#define MG_PLUGIN_API_VERSION 2u
+// 3: Registry::register_op takes ProviderTraits (supports predicate, deterministic), and resolves
+//    per ResolveOptions; plugin::set_deterministic_mode / deterministic_mode() are gone.
+#define MG_PLUGIN_API_VERSION 3u
 #define MG_PLUGIN_ENTRY_SYMBOL "mg_plugin_descriptor"
 
 extern "C" {

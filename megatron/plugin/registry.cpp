@@ -1,4 +1,11 @@
-// Registry: platform bookkeeping, op resolution with priorities, selection, plugin loading.
+// Registry: platform bookkeeping, op resolution (priorities, per-run options, supports predicates
+// with fallbacks), selection, plugin loading.
+//
+// A slot whose first provider has a supports predicate resolves to a dispatch thunk: a plain
+// function pointer of the slot's type (OpTable holds nothing else) that tries the resolved
+// providers in order. A function pointer carries no state, so each thunk reads its chain from a
+// pool of kMaxChains chains per slot, interned by content and written once under a mutex: the pool
+// only ever holds immutable plans, shared by every registry and table that resolved the same chain.
 #include "megatron/plugin/registry.h"
 
 #include <dlfcn.h>
@@ -46,7 +53,159 @@ constexpr std::array<void (*)(), ops::kNumOps> make_missing(std::index_sequence<
 const std::array<void (*)(), ops::kNumOps> kMissing =
     make_missing(std::make_index_sequence<ops::kNumOps>{});
 
+// ---- fallback chains ----
+constexpr int kMaxChains = 8;  // distinct chains per slot in one process
+
+struct Step {
+  void (*fn)();
+  void (*supports)();  // null: serves every call (the last step, unless every provider has one)
+  bool operator==(const Step&) const = default;
+};
+struct Chain {
+  std::vector<Step> steps;
+  std::string platform;
+  std::vector<std::string> providers;  // of the steps, for the error when none serves a call
+  bool operator==(const Chain&) const = default;
+};
+struct ChainPool {
+  std::mutex mu;
+  std::array<std::array<Chain, kMaxChains>, ops::kNumOps> chains;
+  std::array<int, ops::kNumOps> used{};
+};
+ChainPool& chain_pool() {
+  static ChainPool* p = new ChainPool();  // never destroyed: tables may outlive static teardown
+  return *p;
+}
+
+[[noreturn]] void no_provider_serves(int slot, int k) {
+  const Chain& c = chain_pool().chains[slot][k];
+  std::string names;
+  for (const auto& n : c.providers) names += (names.empty() ? "" : ", ") + n;
+  MG_THROW("op '" << ops::kSlots[slot].name << "' on platform '" << c.platform
+                  << "': no resolved provider supports this call (tried " << names
+                  << "); `build/bin/megatron_info` lists each slot's providers");
+}
+
+template <typename Fn, ops::OpId id, int k>
+struct Dispatch;
+template <typename R, typename... A, ops::OpId id, int k>
+struct Dispatch<R (*)(A...), id, k> {
+  static R call(A... a) {
+    constexpr int slot = static_cast<int>(id);
+    for (const Step& s : chain_pool().chains[slot][k].steps)
+      if (!s.supports || reinterpret_cast<bool (*)(A...)>(s.supports)(a...))
+        return reinterpret_cast<R (*)(A...)>(s.fn)(a...);
+    no_provider_serves(slot, k);
+  }
+};
+
+template <std::size_t S, std::size_t... K>
+std::array<void (*)(), kMaxChains> dispatch_row(std::index_sequence<K...>) {
+  constexpr auto id = static_cast<ops::OpId>(S);
+  return {reinterpret_cast<void (*)()>(&Dispatch<ops::OpFn<id>, id, static_cast<int>(K)>::call)...};
+}
+template <std::size_t... S>
+std::array<std::array<void (*)(), kMaxChains>, ops::kNumOps> dispatch_table(
+    std::index_sequence<S...>) {
+  return {dispatch_row<S>(std::make_index_sequence<kMaxChains>{})...};
+}
+const std::array<std::array<void (*)(), kMaxChains>, ops::kNumOps> kDispatch =
+    dispatch_table(std::make_index_sequence<ops::kNumOps>{});
+
+// The dispatch thunk of `chain` for `slot`, interning the chain in the pool.
+void (*intern_chain(int slot, Chain chain))() {
+  auto& pool = chain_pool();
+  std::lock_guard lock(pool.mu);
+  auto& row = pool.chains[slot];
+  int& used = pool.used[slot];
+  for (int k = 0; k < used; ++k)
+    if (row[k] == chain) return kDispatch[slot][k];
+  MG_CHECK(used < kMaxChains, "op '" << ops::kSlots[slot].name << "': more than " << kMaxChains
+                                     << " distinct provider chains resolved in one process");
+  row[used] = std::move(chain);
+  return kDispatch[slot][used++];
+}
+
+int slot_index(std::string_view name) {
+  for (int s = 0; s < ops::kNumOps; ++s)
+    if (ops::kSlots[s].name == name) return s;
+  return -1;
+}
+
+std::string slot_list() {
+  std::string s;
+  for (const auto& slot : ops::kSlots) s += (s.empty() ? "" : ", ") + std::string(slot.name);
+  return s;
+}
+
 }  // namespace
+
+std::string ResolveOptions::str() const {
+  std::string s = deterministic ? "deterministic" : "";
+  std::string p;
+  for (const auto& [slot, provider] : providers)
+    p += (p.empty() ? "" : ",") + slot + "=" + provider;
+  if (!p.empty()) s += (s.empty() ? "" : ";") + p;
+  return s;
+}
+
+std::map<std::string, std::string> parse_op_providers(std::string_view spec,
+                                                      std::string_view source) {
+  auto trim = [](std::string_view v) {
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+    return v;
+  };
+  std::map<std::string, std::string> out;
+  while (!spec.empty()) {
+    const auto comma = spec.find(',');
+    const auto entry = trim(spec.substr(0, comma));
+    if (!entry.empty()) {
+      const auto eq = entry.find('=');
+      MG_CHECK(eq != std::string_view::npos && eq > 0 && eq + 1 < entry.size(),
+               source << ": entry '" << entry
+                      << "' is not slot=provider (e.g. attention_fwd=cuda:attention-mma)");
+      const std::string slot(trim(entry.substr(0, eq))), provider(trim(entry.substr(eq + 1)));
+      MG_CHECK(out.emplace(slot, provider).second, source << ": slot '" << slot
+                                                          << "' is named twice ('" << out[slot]
+                                                          << "' and '" << provider << "')");
+    }
+    if (comma == std::string_view::npos) break;
+    spec.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> op_providers_from_env() {
+  const char* env = std::getenv("MG_OP_PROVIDERS");
+  return env ? parse_op_providers(env, "MG_OP_PROVIDERS") : std::map<std::string, std::string>{};
+}
+
+std::string describe(const Resolution& r) {
+  if (r.provider.empty()) return "MISSING";
+  std::string s = r.provider;
+  if (!r.fallbacks.empty()) {
+    s += " (else";
+    for (std::size_t i = 0; i < r.fallbacks.size(); ++i) s += (i ? ", " : " ") + r.fallbacks[i];
+    s += ")";
+  } else if (r.supports_predicate) {
+    s += " (only the calls it supports)";
+  }
+  return s;
+}
+
+bool Registry::register_once(std::string_view name, void (*register_fn)(Registry&)) {
+  MG_CHECK(register_fn != nullptr, "register_once('" << name << "'): null function");
+  {
+    std::lock_guard lock(mu_);
+    if (std::find(registered_once_.begin(), registered_once_.end(), name) != registered_once_.end())
+      return false;
+  }
+  register_fn(*this);  // not under mu_: it registers through this registry
+  std::lock_guard lock(mu_);
+  registered_once_.emplace_back(name);
+  return true;
+}
 
 void Registry::register_platform(std::unique_ptr<Platform> platform) {
   MG_CHECK(platform != nullptr, "register_platform: null platform");
@@ -136,8 +295,10 @@ Platform& Registry::select_platform(std::string_view requested) const {
 }
 
 void Registry::add_candidate(int slot, std::string_view platform, void (*fn)(),
-                             std::string provider, Priority priority) {
+                             std::string provider, Priority priority, void (*supports)(),
+                             bool deterministic) {
   MG_CHECK(fn != nullptr, "null implementation for op '" << ops::kSlots[slot].name << "'");
+  MG_CHECK(!provider.empty(), "op '" << ops::kSlots[slot].name << "': empty provider name");
   MG_CHECK(platform == kGenericPlatform || is_known_platform(platform),
            "cannot register op '" << ops::kSlots[slot].name << "' for unknown platform '"
                                   << platform << "' (known: " << known_list() << ", or '*')");
@@ -148,7 +309,12 @@ void Registry::add_candidate(int slot, std::string_view platform, void (*fn)(),
                   << "' was resolved: load plugins before building models");
   auto& per_slot = candidates_[std::string(platform)];
   if (per_slot.empty()) per_slot.resize(ops::kNumOps);
-  per_slot[slot].push_back({fn, std::move(provider), static_cast<int>(priority), next_order_++});
+  for (const auto& c : per_slot[slot])
+    MG_CHECK(c.provider != provider, "op '" << ops::kSlots[slot].name << "' on '" << platform
+                                            << "': provider '" << provider
+                                            << "' is already registered");
+  per_slot[slot].push_back({fn, std::move(provider), static_cast<int>(priority), next_order_++,
+                            supports, deterministic});
 }
 
 std::vector<const Registry::Candidate*> Registry::ranked(int slot,
@@ -166,13 +332,74 @@ std::vector<const Registry::Candidate*> Registry::ranked(int slot,
   return out;
 }
 
-const ops::OpTable& Registry::ops(std::string_view platform) {
+void Registry::check_options(std::string_view platform, const ResolveOptions& options) const {
+  for (const auto& [slot, provider] : options.providers) {
+    const std::string what = "op provider choice '" + slot + "=" + provider +
+                             "' (RuntimeOptions::op_providers or MG_OP_PROVIDERS)";
+    const int s = slot_index(slot);
+    MG_CHECK(s >= 0, what << ": '" << slot << "' is not an op slot; slots: " << slot_list());
+    const auto candidates = ranked(s, platform);
+    std::string names;
+    const Candidate* found = nullptr;
+    for (const Candidate* c : candidates) {
+      names += (names.empty() ? "" : ", ") + c->provider;
+      if (c->provider == provider && !found) found = c;
+    }
+    MG_CHECK(found != nullptr, what << ": slot '" << slot << "' has no provider '" << provider
+                                    << "' on platform '" << platform
+                                    << "'; its providers: " << (names.empty() ? "none" : names));
+    MG_CHECK(!options.deterministic || found->deterministic,
+             what << ": provider '" << provider
+                  << "' is not deterministic and this run is in deterministic mode "
+                     "(--deterministic-mode)");
+  }
+}
+
+Registry::Plan Registry::plan(int slot, std::string_view platform,
+                              const ResolveOptions& options) const {
+  Plan p;
+  std::vector<const Candidate*> usable;
+  for (const Candidate* c : ranked(slot, platform))
+    (options.deterministic && !c->deterministic ? p.excluded : usable).push_back(c);
+  if (auto it = options.providers.find(std::string(ops::kSlots[slot].name));
+      it != options.providers.end()) {
+    auto pos = std::find_if(usable.begin(), usable.end(),
+                            [&](const Candidate* c) { return c->provider == it->second; });
+    if (pos != usable.end()) {  // check_options made sure it is
+      std::rotate(usable.begin(), pos, pos + 1);
+      p.preferred = true;
+    }
+  }
+  bool closed = false;  // a provider without a predicate serves every call: the chain ends there
+  for (const Candidate* c : usable) {
+    (closed ? p.shadowed : p.run).push_back(c);
+    if (!c->supports) closed = true;
+  }
+  return p;
+}
+
+const ops::OpTable& Registry::ops(std::string_view platform, const ResolveOptions& options) {
   std::lock_guard lock(mu_);
-  if (auto it = resolved_.find(platform); it != resolved_.end()) return *it->second;
+  const std::string key = options.str();
+  if (auto it = resolved_.find(platform); it != resolved_.end())
+    if (auto t = it->second.find(key); t != it->second.end()) return *t->second;
+  check_options(platform, options);
   std::array<void (*)(), ops::kNumOps> fns{};
   for (int s = 0; s < ops::kNumOps; ++s) {
-    auto r = ranked(s, platform);
-    fns[s] = r.empty() ? kMissing[s] : r.front()->fn;
+    const Plan p = plan(s, platform, options);
+    if (p.run.empty()) {
+      fns[s] = kMissing[s];
+    } else if (p.run.size() == 1 && !p.run.front()->supports) {
+      fns[s] = p.run.front()->fn;  // the common case: a direct call, no dispatch
+    } else {
+      Chain chain;
+      chain.platform = std::string(platform);
+      for (const Candidate* c : p.run) {
+        chain.steps.push_back({c->fn, c->supports});
+        chain.providers.push_back(c->provider);
+      }
+      fns[s] = intern_chain(s, std::move(chain));
+    }
   }
   auto table = std::make_unique<ops::OpTable>();
 #define MG_X(slot, kind, bwd, sig) \
@@ -180,22 +407,30 @@ const ops::OpTable& Registry::ops(std::string_view platform) {
   MG_OP_LIST(MG_X)
 #undef MG_X
   auto& ref = *table;
-  resolved_.emplace(std::string(platform), std::move(table));
+  auto& per_platform = resolved_[std::string(platform)];
+  per_platform.emplace(key, std::move(table));
   return ref;
 }
 
-std::vector<Resolution> Registry::resolutions(std::string_view platform) const {
+std::vector<Resolution> Registry::resolutions(std::string_view platform,
+                                              const ResolveOptions& options) const {
   std::lock_guard lock(mu_);
+  check_options(platform, options);
   std::vector<Resolution> out;
   for (int s = 0; s < ops::kNumOps; ++s) {
-    Resolution r{ops::kSlots[s].name, ops::kSlots[s].kind, ops::kSlots[s].backward, {}, {}};
-    auto ranked_list = ranked(s, platform);
-    for (std::size_t i = 0; i < ranked_list.size(); ++i) {
-      if (i == 0)
-        r.provider = ranked_list[i]->provider;
-      else
-        r.shadowed.push_back(ranked_list[i]->provider);
+    Resolution r;
+    r.slot = ops::kSlots[s].name;
+    r.kind = ops::kSlots[s].kind;
+    r.backward = ops::kSlots[s].backward;
+    const Plan p = plan(s, platform, options);
+    if (!p.run.empty()) {
+      r.provider = p.run.front()->provider;
+      r.supports_predicate = p.run.front()->supports != nullptr;
+      r.preferred = p.preferred;
+      for (std::size_t i = 1; i < p.run.size(); ++i) r.fallbacks.push_back(p.run[i]->provider);
     }
+    for (const Candidate* c : p.shadowed) r.shadowed.push_back(c->provider);
+    for (const Candidate* c : p.excluded) r.excluded.push_back(c->provider);
     out.push_back(std::move(r));
   }
   return out;
@@ -203,6 +438,11 @@ std::vector<Resolution> Registry::resolutions(std::string_view platform) const {
 
 void Registry::load_plugin(const std::string& path) {
   MG_CHECK(!path.empty(), "empty plugin path");
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& p : plugins_)
+      MG_CHECK(p.path != path, "plugin '" << path << "' is already loaded (as '" << p.name << "')");
+  }
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
@@ -242,17 +482,23 @@ void Registry::load_plugin(const std::string& path) {
   handles_.push_back(handle);
 }
 
-void Registry::load_plugins_from_env() {
+std::vector<std::string> plugins_from_env() {
+  std::vector<std::string> out;
   const char* env = std::getenv("MG_PLUGINS");
-  if (!env) return;
+  if (!env) return out;
   std::string_view list(env);
   while (!list.empty()) {
     const auto colon = list.find(':');
     const auto item = list.substr(0, colon);
-    if (!item.empty()) load_plugin(std::string(item));
+    if (!item.empty()) out.emplace_back(item);
     if (colon == std::string_view::npos) break;
     list.remove_prefix(colon + 1);
   }
+  return out;
+}
+
+void Registry::load_plugins_from_env() {
+  for (const auto& path : plugins_from_env()) load_plugin(path);
 }
 
 std::vector<PluginInfo> Registry::plugins() const {

@@ -258,7 +258,7 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << dtype_name(r.args.model.params_dtype) << "\n"
         << "op table (" << plat.name() << "):";
   int col = 0;
-  for (const auto& res : r.rt->registry->resolutions(plat.name())) {
+  for (const auto& res : r.rt->resolutions()) {
     if (col++ % 3 == 0) r.log << "\n ";
     std::ostringstream cell;
     cell << res.slot << "=" << (res.provider.empty() ? "MISSING" : res.provider);
@@ -509,8 +509,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   RuntimeOptions ro;
   ro.platform = args.platform;
   ro.deterministic = args.deterministic_mode;
-  r.rt = &mg::init(ro);
-  plugin::set_deterministic_mode(args.deterministic_mode);  // this run's (init keeps its first)
+  r.rt = &mg::init(ro);  // this run's Runtime: its op table is resolved for ro.deterministic
   if (args.deterministic_mode)
     check_deterministic_mode(r.ps.world->backend(), r.ps.world->size(),
                              std::getenv("NCCL_ALGO"));

@@ -23,7 +23,8 @@
 //     backward  D_i = dO_i . O_i (one warp per row), then dq: one block per query tile over its key
 //               tiles, and dk/dv: one block per 64-key tile of (b, g) over the group's heads and
 //               the query tiles that may attend it, reading lse and D.
-//   rows (f64, head dim > 128, or MG_CUDA_ATTENTION_ROWS=1), correctness first:
+//   rows (f64, head dim > 128, or preferred: MG_OP_PROVIDERS=attention_fwd=cuda:attention-rows,
+//   attention_bwd=cuda:attention-rows), correctness first:
 //     forward   one block per query row (b, h, i), key tiles of blockDim keys with an online
 //               softmax (running max and sum, rescaled accumulator in shared memory);
 //     backward  kernel A: one block per query row: D_i, and dq_i over key tiles;
@@ -33,13 +34,14 @@
 // bits); they differ only in summation order.
 // cu_seqlens are validated on a host copy (one synchronisation, as they are tiny) and expanded to a
 // per-position document id shared by every batch row.
-// Tensor cores: MG_CUDA_ATTENTION=mma routes the forward for bf16/f16 with head dim 64 or 128 to
-// attention_mma.cu (mma.sync m16n8k16, FlashAttention-2's forward, P rounded to the dtype before
-// PV); opt-in, not yet run on a GPU; default unchanged. Not here: tensor cores in the backward,
+// Tensor cores: attention_mma.cu's forward (mma.sync m16n8k16, FlashAttention-2's forward, P
+// rounded to the dtype before PV) for bf16/f16 with head dim 64 or 128; opt-in
+// (MG_OP_PROVIDERS=attention_fwd=cuda:attention-mma), not yet run on a GPU; default unchanged.
+// Each algorithm is its own registry provider with a supports predicate (cuda:attention-mma,
+// cuda:attention-tiled, cuda:attention-rows, see register_attention_kernels), so the registry
+// decides which runs and megatron_info's table names it. Not here: tensor cores in the backward,
 // wgmma, skipping tiles that documents mask entirely, split-KV; sliding windows.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "megatron/core/ops/ops.h"
@@ -829,28 +831,36 @@ C keep_scale(const AttentionArgs& a) {
   return C(1) / (C(1) - static_cast<C>(a.dropout.p));
 }
 
-// The tiled kernels serve f32/bf16/f16 storage with head dim <= 128 (f64 and wider heads: the row
-// kernels). MG_CUDA_ATTENTION_ROWS=1 forces the row kernels (a debugging switch).
-bool use_tiled(DType t, const Dims& d) {
-  static const bool force_rows = [] {
-    const char* e = std::getenv("MG_CUDA_ATTENTION_ROWS");
-    return e != nullptr && e[0] == '1';
-  }();
-  return !force_rows && t != DType::f64 && d.hd <= 128;
+// ---- providers (registered at the bottom; the registry decides which runs, see registry.h) ----
+// cuda:attention-tiled serves f32/bf16/f16 storage with head dim <= 128, cuda:attention-rows every
+// call (the fallback), cuda:attention-mma (forward only, opt-in) bf16/f16 with head dim 64 or 128
+// and 16-byte aligned q, k, v, out. The predicates look at q only: the function validates
+// everything else (and throws the same errors whichever provider a malformed call reaches).
+bool q_is_4d(const Tensor& q) {
+  return q.defined() && q.dim() == 4;
 }
-
-// MG_CUDA_ATTENTION picks the forward's kernel: unset, empty or "default": the kernels of this
-// file; "mma": attention_mma.cu's tensor-core forward wherever it applies (bf16/f16, head dim 64 or
-// 128, 16-byte aligned tensors; opt-in until a GPU has verified it), this file's kernels elsewhere.
-// Read on every call (getenv is cheap next to a launch, and a test can switch it).
-bool mma_requested() {
-  const char* e = std::getenv("MG_CUDA_ATTENTION");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "default") == 0) return false;
-  MG_CHECK(std::strcmp(e, "mma") == 0,
-           "MG_CUDA_ATTENTION='" << e
-                                 << "' is not valid: use 'mma' (tensor-core forward for bf16/f16 "
-                                    "with head dim 64 or 128) or 'default' (or leave it unset)");
-  return true;
+bool tiled_serves(const Tensor& q) {
+  return q_is_4d(q) && q.dtype() != DType::f64 && q.shape()[3] <= 128;
+}
+bool tiled_fwd_supports(Tensor&, Tensor&, const Tensor& q, const Tensor&, const Tensor&,
+                        const AttentionArgs&) {
+  return tiled_serves(q);
+}
+bool tiled_bwd_supports(Tensor&, Tensor&, Tensor&, const Tensor&, const Tensor& q, const Tensor&,
+                        const Tensor&, const Tensor&, const Tensor&, const AttentionArgs&) {
+  return tiled_serves(q);
+}
+bool mma_fwd_supports(Tensor& out, Tensor&, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const AttentionArgs&) {
+  if (!q_is_4d(q) || !out.defined() || !k.defined() || !v.defined()) return false;
+  MmaAttentionFwd a;
+  a.t = q.dtype();
+  a.hd = q.shape()[3];
+  a.out = out.raw_data();
+  a.q = q.raw_data();
+  a.k = k.raw_data();
+  a.v = v.raw_data();
+  return mma_attention_fwd_supported(a);
 }
 
 // One block per 64-row tile of `len` rows (Sq for queries, Sk for keys) of each (b, head) of
@@ -862,120 +872,172 @@ unsigned fa_blocks(const Dims& d, int64_t heads, int64_t len) {
   return static_cast<unsigned>(n);
 }
 
-void attention_fwd(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const AttentionArgs& args) {
+// What every provider does first: validation, the document mask, the kernel parameters.
+struct AttnCall {
+  Dims d;
+  DocMask m;
+  AttnParams p;
+  int dev = 0;
+};
+AttnCall prepare_fwd(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const AttentionArgs& args) {
   const char* op = "attention_fwd";
-  const Dims d = ops::validate_attention_fwd(OnCudaDevice{}, out, lse, q, k, v, args);
-  check_head_dim(op, d);
-  const DocMask m = build_doc_mask(op, args, d, q);
+  AttnCall c;
+  c.d = ops::validate_attention_fwd(OnCudaDevice{}, out, lse, q, k, v, args);
+  check_head_dim(op, c.d);
+  c.m = build_doc_mask(op, args, c.d, q);
+  c.p = params_of(c.d, q.dtype(), args, c.m);
+  c.dev = q.device().index;
+  return c;
+}
+
+// cuda:attention-tiled: one block per 64-query tile (FlashAttention-2's forward, f32 FMA).
+void attention_fwd_tiled(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k,
+                         const Tensor& v, const AttentionArgs& args) {
+  const AttnCall c = prepare_fwd(out, lse, q, k, v, args);
   if (q.numel() == 0) return;
-  const int dev = q.device().index;
-  DeviceGuard guard(dev);
-  const AttnParams p = params_of(d, q.dtype(), args, m);
-  const bool mma = mma_requested();
-  if (use_tiled(q.dtype(), d)) {
-    const float scale = softmax_scale<float>(args, d), ks = keep_scale<float>(args);
-    if (mma) {
-      MmaAttentionFwd ma;
-      ma.out = out.raw_data();
-      ma.lse = static_cast<float*>(lse.raw_data());
-      ma.q = q.raw_data();
-      ma.k = k.raw_data();
-      ma.v = v.raw_data();
-      ma.t = q.dtype();
-      ma.b = d.b;
-      ma.sq = d.s;
-      ma.sk = d.sk;
-      ma.nh = d.nh;
-      ma.ng = d.ng;
-      ma.hd = d.hd;
-      ma.causal = p.causal;
-      ma.docs = p.docs;
-      ma.doc_bstride = p.doc_bstride;
-      ma.kdocs = p.kdocs;
-      ma.kdoc_bstride = p.kdoc_bstride;
-      ma.dropout = p.dropout;
-      ma.p = p.p;
-      ma.seed = p.seed;
-      ma.offset = p.offset;
-      ma.scale = scale;
-      ma.keep_scale = ks;
-      ma.device = dev;
-      if (mma_attention_fwd_supported(ma)) {
-        launch_attention_fwd_mma(ma);
-        return;
-      }
-    }
-    const unsigned blocks = fa_blocks(d, d.nh, d.s);
-    cudaStream_t s = current_stream(dev);
-    auto launch = [&](auto kernel, std::size_t smem) {
-      MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)));
-      kernel<<<blocks, kFaThreads, smem, s>>>(out.raw_data(), static_cast<float*>(lse.raw_data()),
-                                              q.raw_data(), k.raw_data(), v.raw_data(), p, scale,
-                                              ks);
-    };
-    if (d.hd <= 64)
-      launch(fa_fwd_kernel<64>, fa_fwd_smem<64>());
-    else
-      launch(fa_fwd_kernel<128>, fa_fwd_smem<128>());
-    MG_CUDA_CHECK_LAUNCH();
-    return;
-  }
+  const Dims& d = c.d;
+  MG_CHECK(tiled_serves(q), "attention_fwd (tiled): needs f32/bf16/f16 and head dim <= 128; got "
+                                << dtype_name(q.dtype()) << ", head dim " << d.hd);
+  DeviceGuard guard(c.dev);
+  const float scale = softmax_scale<float>(args, d), ks = keep_scale<float>(args);
+  const unsigned blocks = fa_blocks(d, d.nh, d.s);
+  cudaStream_t s = current_stream(c.dev);
+  auto launch = [&](auto kernel, std::size_t smem) {
+    MG_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+    kernel<<<blocks, kFaThreads, smem, s>>>(out.raw_data(), static_cast<float*>(lse.raw_data()),
+                                            q.raw_data(), k.raw_data(), v.raw_data(), c.p, scale,
+                                            ks);
+  };
+  if (d.hd <= 64)
+    launch(fa_fwd_kernel<64>, fa_fwd_smem<64>());
+  else
+    launch(fa_fwd_kernel<128>, fa_fwd_smem<128>());
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// cuda:attention-rows: one block per query row; any dtype and head dim (f64 math for f64).
+void attention_fwd_rows(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const AttentionArgs& args) {
+  const AttnCall c = prepare_fwd(out, lse, q, k, v, args);
+  if (q.numel() == 0) return;
+  const Dims& d = c.d;
+  DeviceGuard guard(c.dev);
   with_compute(q.dtype(), [&](auto tag) {
     using C = decltype(tag);
     const std::size_t smem = static_cast<std::size_t>(2 * d.hd + kAttnThreads) * sizeof(C);
-    attn_fwd_kernel<C><<<grid_rows(d.b * d.nh * d.s), kAttnThreads, smem, current_stream(dev)>>>(
-        out.raw_data(), lse.raw_data(), q.raw_data(), k.raw_data(), v.raw_data(), p,
+    attn_fwd_kernel<C><<<grid_rows(d.b * d.nh * d.s), kAttnThreads, smem, current_stream(c.dev)>>>(
+        out.raw_data(), lse.raw_data(), q.raw_data(), k.raw_data(), v.raw_data(), c.p,
         softmax_scale<C>(args, d), keep_scale<C>(args));
   });
   MG_CUDA_CHECK_LAUNCH();
 }
 
-void attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                   const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                   const AttentionArgs& args) {
+// cuda:attention-mma: attention_mma.cu's tensor-core forward (launch_attention_fwd_mma checks
+// that it serves the call).
+void attention_fwd_mma(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const AttentionArgs& args) {
+  const AttnCall c = prepare_fwd(out, lse, q, k, v, args);
+  if (q.numel() == 0) return;
+  const Dims& d = c.d;
+  const AttnParams& p = c.p;
+  DeviceGuard guard(c.dev);
+  MmaAttentionFwd ma;
+  ma.out = out.raw_data();
+  ma.lse = static_cast<float*>(lse.raw_data());
+  ma.q = q.raw_data();
+  ma.k = k.raw_data();
+  ma.v = v.raw_data();
+  ma.t = q.dtype();
+  ma.b = d.b;
+  ma.sq = d.s;
+  ma.sk = d.sk;
+  ma.nh = d.nh;
+  ma.ng = d.ng;
+  ma.hd = d.hd;
+  ma.causal = p.causal;
+  ma.docs = p.docs;
+  ma.doc_bstride = p.doc_bstride;
+  ma.kdocs = p.kdocs;
+  ma.kdoc_bstride = p.kdoc_bstride;
+  ma.dropout = p.dropout;
+  ma.p = p.p;
+  ma.seed = p.seed;
+  ma.offset = p.offset;
+  ma.scale = softmax_scale<float>(args, d);
+  ma.keep_scale = keep_scale<float>(args);
+  ma.device = c.dev;
+  launch_attention_fwd_mma(ma);
+}
+
+AttnCall prepare_bwd(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     const Tensor& lse, const AttentionArgs& args) {
   const char* op = "attention_bwd";
-  const Dims d =
-      ops::validate_attention_bwd(OnCudaDevice{}, dq, dk, dv, dout, q, k, v, out, lse, args);
-  check_head_dim(op, d);
+  AttnCall c;
+  c.d = ops::validate_attention_bwd(OnCudaDevice{}, dq, dk, dv, dout, q, k, v, out, lse, args);
+  check_head_dim(op, c.d);
   for (const Tensor* g : {&dq, &dk, &dv})
     for (const Tensor* in : {&dout, &q, &k, &v, &out, &lse})
       MG_CHECK(!overlaps(*g, *in), op << ": gradient " << g->str() << " overlaps an input");
-  const DocMask m = build_doc_mask(op, args, d, q);
+  c.m = build_doc_mask(op, args, c.d, q);
+  c.p = params_of(c.d, q.dtype(), args, c.m);
+  c.dev = q.device().index;
+  return c;
+}
+
+// cuda:attention-tiled: D = dO.O, then dq per query tile and dk/dv per key tile.
+void attention_bwd_tiled(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                         const AttentionArgs& args) {
+  const AttnCall c = prepare_bwd(dq, dk, dv, dout, q, k, v, out, lse, args);
   if (q.numel() == 0) return;
-  const int dev = q.device().index;
+  const Dims& d = c.d;
+  const AttnParams& p = c.p;
+  const int dev = c.dev;
+  MG_CHECK(tiled_serves(q), "attention_bwd (tiled): needs f32/bf16/f16 and head dim <= 128; got "
+                                << dtype_name(q.dtype()) << ", head dim " << d.hd);
   DeviceGuard guard(dev);
   cudaStream_t s = current_stream(dev);
-  const AttnParams p = params_of(d, q.dtype(), args, m);
-  if (use_tiled(q.dtype(), d)) {
-    const float scale = softmax_scale<float>(args, d), ks = keep_scale<float>(args);
-    const int64_t rows = d.b * d.nh * d.s;
-    Scratch delta(dev, static_cast<std::size_t>(rows) * sizeof(float));
-    fa_bwd_delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
-        delta.as<float>(), dout.raw_data(), out.raw_data(), p);
+  const float scale = softmax_scale<float>(args, d), ks = keep_scale<float>(args);
+  const int64_t rows = d.b * d.nh * d.s;
+  Scratch delta(dev, static_cast<std::size_t>(rows) * sizeof(float));
+  fa_bwd_delta_kernel<<<static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s>>>(
+      delta.as<float>(), dout.raw_data(), out.raw_data(), p);
+  MG_CUDA_CHECK_LAUNCH();
+  const float* lse_p = static_cast<const float*>(lse.raw_data());
+  auto launch = [&](auto dq_kernel, std::size_t dq_smem, auto dkv_kernel, std::size_t dkv_smem) {
+    MG_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(dq_smem)));
+    dq_kernel<<<fa_blocks(d, d.nh, d.s), kFaThreads, dq_smem, s>>>(
+        dq.raw_data(), delta.as<float>(), dout.raw_data(), q.raw_data(), k.raw_data(), v.raw_data(),
+        lse_p, p, scale, ks);
     MG_CUDA_CHECK_LAUNCH();
-    const float* lse_p = static_cast<const float*>(lse.raw_data());
-    auto launch = [&](auto dq_kernel, std::size_t dq_smem, auto dkv_kernel, std::size_t dkv_smem) {
-      MG_CUDA_CHECK(cudaFuncSetAttribute(dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(dq_smem)));
-      dq_kernel<<<fa_blocks(d, d.nh, d.s), kFaThreads, dq_smem, s>>>(
-          dq.raw_data(), delta.as<float>(), dout.raw_data(), q.raw_data(), k.raw_data(),
-          v.raw_data(), lse_p, p, scale, ks);
-      MG_CUDA_CHECK_LAUNCH();
-      MG_CUDA_CHECK(cudaFuncSetAttribute(dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(dkv_smem)));
-      dkv_kernel<<<fa_blocks(d, d.ng, d.sk), kFaThreads, dkv_smem, s>>>(
-          dk.raw_data(), dv.raw_data(), delta.as<float>(), dout.raw_data(), q.raw_data(),
-          k.raw_data(), v.raw_data(), lse_p, p, scale, ks);
-      MG_CUDA_CHECK_LAUNCH();
-    };
-    if (d.hd <= 64)
-      launch(fa_bwd_dq_kernel<64>, fa_dq_smem<64>(), fa_bwd_dkv_kernel<64>, fa_dkv_smem<64>());
-    else
-      launch(fa_bwd_dq_kernel<128>, fa_dq_smem<128>(), fa_bwd_dkv_kernel<128>, fa_dkv_smem<128>());
-    return;
-  }
+    MG_CUDA_CHECK(cudaFuncSetAttribute(dkv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(dkv_smem)));
+    dkv_kernel<<<fa_blocks(d, d.ng, d.sk), kFaThreads, dkv_smem, s>>>(
+        dk.raw_data(), dv.raw_data(), delta.as<float>(), dout.raw_data(), q.raw_data(),
+        k.raw_data(), v.raw_data(), lse_p, p, scale, ks);
+    MG_CUDA_CHECK_LAUNCH();
+  };
+  if (d.hd <= 64)
+    launch(fa_bwd_dq_kernel<64>, fa_dq_smem<64>(), fa_bwd_dkv_kernel<64>, fa_dkv_smem<64>());
+  else
+    launch(fa_bwd_dq_kernel<128>, fa_dq_smem<128>(), fa_bwd_dkv_kernel<128>, fa_dkv_smem<128>());
+}
+
+// cuda:attention-rows: kernel A per query row (D_i, dq_i), kernel B per key row (dk_j, dv_j).
+void attention_bwd_rows(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const AttentionArgs& args) {
+  const AttnCall c = prepare_bwd(dq, dk, dv, dout, q, k, v, out, lse, args);
+  if (q.numel() == 0) return;
+  const Dims& d = c.d;
+  const AttnParams& p = c.p;
+  const int dev = c.dev;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
   with_compute(q.dtype(), [&](auto tag) {
     using C = decltype(tag);
     const C scale = softmax_scale<C>(args, d), ks = keep_scale<C>(args);
@@ -1036,9 +1098,21 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& block_out, const Te
 }  // namespace
 
 void register_attention_kernels(plugin::Registry& r) {
-  r.register_op<ops::OpId::attention_fwd>(kPlatformName, &attention_fwd, "cuda:kernel");
-  r.register_op<ops::OpId::attention_bwd>(kPlatformName, &attention_bwd, "cuda:kernel");
-  r.register_op<ops::OpId::attention_merge>(kPlatformName, &attention_merge, "cuda:kernel");
+  using ops::OpId;
+  using plugin::Priority;
+  // Ranked tiled > rows (same priority: the later registration ranks first), so the default table
+  // runs the tiled kernels where they serve the call and the row kernels elsewhere; the
+  // tensor-core forward ranks below both (opt-in: MG_OP_PROVIDERS=attention_fwd=cuda:attention-mma
+  // or RuntimeOptions::op_providers), and then falls back to tiled, then rows.
+  r.register_op<OpId::attention_fwd>(kPlatformName, &attention_fwd_rows, "cuda:attention-rows");
+  r.register_op<OpId::attention_bwd>(kPlatformName, &attention_bwd_rows, "cuda:attention-rows");
+  r.register_op<OpId::attention_fwd>(kPlatformName, &attention_fwd_tiled, "cuda:attention-tiled",
+                                     Priority::platform, {.supports = &tiled_fwd_supports});
+  r.register_op<OpId::attention_bwd>(kPlatformName, &attention_bwd_tiled, "cuda:attention-tiled",
+                                     Priority::platform, {.supports = &tiled_bwd_supports});
+  r.register_op<OpId::attention_fwd>(kPlatformName, &attention_fwd_mma, "cuda:attention-mma",
+                                     Priority::alternative, {.supports = &mma_fwd_supports});
+  r.register_op<OpId::attention_merge>(kPlatformName, &attention_merge, "cuda:kernel");
 }
 
 }  // namespace mg::platforms::cuda

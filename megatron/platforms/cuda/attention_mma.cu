@@ -1,8 +1,10 @@
 // Tensor-core attention forward (FlashAttention-2's forward on mma.sync.aligned.m16n8k16) for bf16
 // and f16 storage with head dim 64 or 128. OPT-IN and UNVERIFIED: no GPU has run it yet;
-// attention.cu selects it only under MG_CUDA_ATTENTION=mma (and only for calls it serves: bf16/f16,
-// head dim 64 or 128, 16-byte aligned q, k, v, out; everything else, and the backward, keeps
-// attention.cu's kernels). The test tests/unit/platforms/cuda/cuda_attention_mma_test.cpp compares
+// attention.cu registers it as the provider "cuda:attention-mma" of attention_fwd, below the tiled
+// kernel, so it runs only where a run prefers it (MG_OP_PROVIDERS=attention_fwd=cuda:attention-mma
+// or RuntimeOptions::op_providers), and then only for calls it serves (bf16/f16, head dim 64 or
+// 128, 16-byte aligned q, k, v, out); other calls, and the backward, fall back to attention.cu's
+// kernels. The test tests/unit/platforms/cuda/cuda_attention_mma_test.cpp compares
 // it with the CPU.
 //
 // Semantics: exactly attention.cu's forward (op_args.h AttentionArgs): GQA (head h reads KV group

@@ -36,9 +36,11 @@ struct GemmPlanCacheStats {
 };
 GemmPlanCacheStats gemm_plan_cache_stats();
 
-// attention_mma.cu: the tensor-core (mma.sync m16n8k16) attention forward, opt-in with
-// MG_CUDA_ATTENTION=mma (attention.cu selects it). Everything attention.cu's tiled forward takes,
-// as plain values: out/q [Sq, B, NH, HD], k/v [Sk, B, NG, HD] of dtype t, lse [B, NH, Sq] f32.
+// attention_mma.cu: the tensor-core (mma.sync m16n8k16) attention forward, registered by
+// attention.cu as the opt-in provider "cuda:attention-mma" (Priority::alternative; preferred with
+// MG_OP_PROVIDERS=attention_fwd=cuda:attention-mma). Everything attention.cu's tiled forward
+// takes, as plain values: out/q [Sq, B, NH, HD], k/v [Sk, B, NG, HD] of dtype t, lse [B, NH, Sq]
+// f32.
 struct MmaAttentionFwd {
   void* out = nullptr;
   float* lse = nullptr;
@@ -59,7 +61,8 @@ struct MmaAttentionFwd {
   int device = 0;
 };
 // Whether the mma forward serves this call: bf16/f16 storage, head dim 64 or 128, and q, k, v,
-// out 16-byte aligned (cp.async of 16-byte chunks).
+// out 16-byte aligned (cp.async of 16-byte chunks). Reads only t, hd, q, k, v and out: the
+// provider's supports predicate asks it before anything else is computed.
 bool mma_attention_fwd_supported(const MmaAttentionFwd& a);
 // Launches it on current_stream(a.device) (the caller checked mma_attention_fwd_supported).
 void launch_attention_fwd_mma(const MmaAttentionFwd& a);

@@ -1,7 +1,8 @@
 // Plugin loading: the in-tree example plugin overrides an op and still computes correctly; a fake
 // MUSA plugin adds a platform that selection then prefers over the CPU; broken plugins (missing
-// file, no entry point, wrong API version, other op table) are refused with clear messages; and
-// megatron_info shows the override and fails cleanly for an unprovided platform.
+// file, no entry point, wrong API version, other op table, a path loaded twice) are refused with
+// clear messages; and megatron_info shows the override and a preferred provider, and fails
+// cleanly for an unprovided platform or an unknown provider.
 #include <dlfcn.h>
 #include <sys/wait.h>
 
@@ -82,6 +83,15 @@ TEST(Plugin, FakeMusaPlatformIsSelectableAndPreferredOverCpu) {
   EXPECT_EQ(r.resolutions("musa")[static_cast<int>(mg::ops::OpId::gemm)].provider, "");
 }
 
+TEST(Plugin, LoadingThePathTwiceIsAnError) {
+  Registry r;
+  mg::register_builtin(r);
+  r.load_plugin(MG_EXAMPLE_PLUGIN_PATH);
+  const std::string msg = load_error(r, MG_EXAMPLE_PLUGIN_PATH);
+  EXPECT_NE(msg.find("is already loaded (as 'example')"), std::string::npos) << msg;
+  EXPECT_EQ(r.plugins().size(), 1u);
+}
+
 TEST(Plugin, MissingFileIsAClearError) {
   Registry r;
   const std::string msg = load_error(r, "/nonexistent/libnothing.so");
@@ -125,6 +135,31 @@ TEST(MegatronInfo, ShowsPlatformsOpsAndThePluginOverride) {
     EXPECT_NE(res.output.find(std::string("\n  ") + name), std::string::npos) << name;
   EXPECT_NE(res.output.find("Selected platform:"), std::string::npos);
   EXPECT_EQ(res.output.find("MISSING"), std::string::npos) << res.output;
+}
+
+TEST(MegatronInfo, TableNamesThePreferredProvider) {
+  Registry r;
+  mg::register_builtin(r);
+  const std::string builtin =
+      r.resolutions("cpu")[static_cast<int>(mg::ops::OpId::squared_relu_fwd)].provider;
+  const std::string bin = std::string(MG_BIN_DIR) + "/megatron_info";
+  const std::string env =
+      "env -u MG_OP_PROVIDERS MG_PLATFORM=cpu MG_PLUGINS=" + std::string(MG_EXAMPLE_PLUGIN_PATH);
+  // Preferring the built-in kernel over the plugin's override: the table says so.
+  auto res = run(env + " " + bin + " --op-provider squared_relu_fwd=" + builtin);
+  ASSERT_EQ(res.status, 0) << res.output;
+  EXPECT_NE(res.output.find(builtin + "  [preferred]  (overrides plugin:example)"),
+            std::string::npos)
+      << res.output;
+  // The same through MG_OP_PROVIDERS.
+  res = run(env + " MG_OP_PROVIDERS=squared_relu_fwd=" + builtin + " " + bin);
+  ASSERT_EQ(res.status, 0) << res.output;
+  EXPECT_NE(res.output.find(builtin + "  [preferred]"), std::string::npos) << res.output;
+  // An unknown provider: non-zero, listing the slot's providers.
+  res = run(env + " " + bin + " --op-provider squared_relu_fwd=nobody");
+  EXPECT_NE(res.status, 0) << res.output;
+  EXPECT_NE(res.output.find("its providers: plugin:example, " + builtin), std::string::npos)
+      << res.output;
 }
 
 TEST(MegatronInfo, UnprovidedPlatformExitsNonZeroNamingTheAvailableOnes) {

@@ -1,8 +1,11 @@
-// Registry: priorities and ties, resolution once, late registration refused, missing slots, and
-// platform selection (explicit name, MG_PLATFORM, auto order, unknown / unprovided / unavailable).
+// Registry: priorities and ties, resolution once, late registration refused, missing slots,
+// registration once per registry, duplicate providers, and platform selection (explicit name,
+// MG_PLATFORM, auto order, unknown / unprovided / unavailable). Per-run options, supports
+// predicates and fallbacks: provider_selection_test.cpp.
 #include <cstdlib>
 #include <string>
 
+#include "megatron/platforms/cpu/cpu_platform.h"
 #include "tests/unit/test_util.h"
 
 namespace {
@@ -184,10 +187,42 @@ TEST(PlatformSelection, UnavailablePlatformSaysWhy) {
   EXPECT_NE(msg.find("cpu: available"), std::string::npos) << msg;
 }
 
-TEST(PlatformSelection, DuplicateOrMislabelledPlatformRejected) {
+TEST(PlatformSelection, DuplicatePlatformRejectedAndBuiltinsRegisteredOncePerRegistry) {
   Registry r;
   mg::register_builtin(r);
-  EXPECT_THROW(mg::register_builtin(r), mg::Error);  // cpu registered twice
+  EXPECT_NO_THROW(mg::register_builtin(r));  // once per registry: the second call is a no-op
+  EXPECT_EQ(provider_of(r, "cpu", "fill"), provider_of(r, "cpu", "fill"));
+  mg::plugin::Platform* cpu = r.find_platform("cpu");
+  ASSERT_NE(cpu, nullptr);
+  Registry other;
+  mg::register_builtin(other);  // another registry gets its own registration
+  EXPECT_NE(other.find_platform("cpu"), cpu);
+  // Registering the same platform again directly (not through register_builtin) is refused.
+  const std::string msg = mg::test::error_message([&] { mg::platforms::cpu::register_cpu(r); });
+  EXPECT_NE(msg.find("platform 'cpu' is already registered"), std::string::npos) << msg;
+}
+
+TEST(Registry, RegisterOnceRunsANamedRegistrationOnce) {
+  Registry r;
+  static int calls = 0;
+  calls = 0;
+  auto fn = [](Registry& reg) {
+    ++calls;
+    reg.register_op<OpId::fill>("cpu", &fill_a, "once");
+  };
+  EXPECT_TRUE(r.register_once("mine", fn));
+  EXPECT_FALSE(r.register_once("mine", fn));
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(provider_of(r, "cpu", "fill"), "once");
+}
+
+TEST(Registry, DuplicateProviderNameRefused) {
+  Registry r;
+  r.register_op<OpId::fill>("cpu", &fill_a, "a");
+  const std::string msg =
+      mg::test::error_message([&] { r.register_op<OpId::fill>("cpu", &fill_b, "a"); });
+  EXPECT_NE(msg.find("provider 'a' is already registered"), std::string::npos) << msg;
+  EXPECT_NO_THROW(r.register_op<OpId::fill>("cuda", &fill_b, "a"));  // another platform
 }
 
 }  // namespace

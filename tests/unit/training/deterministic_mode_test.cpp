@@ -1,7 +1,7 @@
 // --deterministic-mode: two training runs (dropout on) are bit-identical in every loss, grad norm,
-// validation loss and the saved weights and optimizer state; the flag reaches the platforms
-// (plugin::deterministic_mode()) for its run only and shows in the start-up summary; with NCCL it
-// needs a fixed NCCL_ALGO (Megatron's check). The multi-rank variant (DP 2 under mpirun) is
+// validation loss and the saved weights and optimizer state; the flag selects its run's op table
+// only (a Runtime of its own, mg::init; runtime_test) and shows in the start-up summary; with NCCL
+// it needs a fixed NCCL_ALGO (Megatron's check). The multi-rank variant (DP 2 under mpirun) is
 // tests/unit/training/deterministic_mode.sh.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "megatron/plugin/platform.h"
+#include "megatron/runtime.h"
 #include "megatron/training/training.h"
 #include "tests/unit/test_util.h"
 
@@ -73,7 +73,10 @@ TEST(DeterministicMode, TwoRunsAreBitIdentical) {
   const std::string da = temp_dir("a"), db = temp_dir("b"), dc = temp_dir("c");
   std::ostringstream la, lb, lc;
   const PretrainResult a = pretrain(parse_args(flags(da, true)), la);
-  EXPECT_TRUE(plugin::deterministic_mode());
+  // The run's Runtime is its own: deterministic, and not the process's default one.
+  Runtime& deterministic = mg::init(RuntimeOptions{.deterministic = true});
+  EXPECT_TRUE(deterministic.deterministic());
+  EXPECT_NE(&deterministic, &mg::init());
   const PretrainResult b = pretrain(parse_args(flags(db, true)), lb);
   ASSERT_EQ(a.train_losses.size(), 6u);
   EXPECT_EQ(a.train_losses, b.train_losses);
@@ -85,7 +88,7 @@ TEST(DeterministicMode, TwoRunsAreBitIdentical) {
   EXPECT_NE(la.str().find(", deterministic mode"), std::string::npos);
   // A run without the flag turns it off again (and is not reported as deterministic).
   const PretrainResult c = pretrain(parse_args(flags(dc, false)), lc);
-  EXPECT_FALSE(plugin::deterministic_mode());
+  EXPECT_FALSE(mg::init().deterministic());
   EXPECT_EQ(lc.str().find(", deterministic mode"), std::string::npos);
   fs::remove_all(fs::path(da).parent_path());
 }

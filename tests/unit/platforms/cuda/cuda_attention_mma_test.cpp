@@ -1,10 +1,12 @@
-// The opt-in tensor-core attention forward (megatron/platforms/cuda/attention_mma.cu, selected by
-// MG_CUDA_ATTENTION=mma) against the CPU platform's attention_fwd: bf16 and f16, head dim 64 and
-// 128, causal and not, GQA and MQA, Sk > Sq and Sk < Sq (bottom-right causal: rows that see no
-// key), doc_ids with padding rows, doc_ids + kv_doc_ids with padding keys, cu_seqlens, attention
-// dropout (the CPU's Philox bits), sequence lengths that are not multiples of the 64-row tile, and
-// outputs poisoned with NaN. An unknown MG_CUDA_ATTENTION value must fail naming the valid ones.
-// Every test skips without a GPU.
+// The opt-in tensor-core attention forward (megatron/platforms/cuda/attention_mma.cu, the registry
+// provider "cuda:attention-mma" of attention_fwd, preferred through ResolveOptions::providers as
+// MG_OP_PROVIDERS=attention_fwd=cuda:attention-mma does) against the CPU platform's attention_fwd:
+// bf16 and f16, head dim 64 and 128, causal and not, GQA and MQA, Sk > Sq and Sk < Sq
+// (bottom-right causal: rows that see no key), doc_ids with padding rows, doc_ids + kv_doc_ids
+// with padding keys, cu_seqlens, attention dropout (the CPU's Philox bits), sequence lengths that
+// are not multiples of the 64-row tile, and outputs poisoned with NaN. The resolution table must
+// name it (with the tiled and row kernels as fallbacks), and an unknown provider must fail naming
+// the valid ones; those two need the CUDA build only, the numerical tests skip without a GPU.
 //
 // Tolerances, derived (u: the unit roundoff of the storage dtype, 2^-8 for bf16, 2^-11 for f16):
 //   out: the mma kernel rounds each (dropped, scaled) probability P_j to the dtype before the PV
@@ -19,9 +21,7 @@
 //   lse: unaffected by the rounding of P; the scores' delta, log(l)'s Sk * 2^-24 and the f32
 //     rounding of log/exp: atol delta + Sk * 2^-24, rtol 2^-21.
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,30 +40,18 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 const ops::OpTable& cpu_ops() {
   return test::ops_on("cpu");
 }
-const ops::OpTable& gpu_ops() {
-  return test::ops_on("cuda");
+// The choice that makes the tensor-core forward run first (other calls fall back to the tiled and
+// row kernels).
+plugin::ResolveOptions mma_choice() {
+  plugin::ResolveOptions o;
+  o.providers = {{"attention_fwd", "cuda:attention-mma"}};
+  return o;
 }
-
-// Sets an environment variable for the scope, restoring the previous value after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_.c_str(), old_->c_str(), 1);
-    else
-      unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  std::optional<std::string> old_;
-};
+// The CUDA table resolved with that choice.
+const ops::OpTable& gpu_ops() {
+  test::ensure_runtime();
+  return plugin::global_registry().ops("cuda", mma_choice());
+}
 
 struct Pair {
   Tensor cpu, gpu;
@@ -124,7 +112,6 @@ class CudaAttentionMma : public ::testing::TestWithParam<DType> {
 
 TEST_P(CudaAttentionMma, ForwardMatchesCpu) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
-  const ScopedEnv env("MG_CUDA_ATTENTION", "mma");
   const DType dt = dtype();
   const double u = dt == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
   for (int64_t hd : {64, 128}) {
@@ -185,7 +172,6 @@ TEST_P(CudaAttentionMma, BackwardFromTheMmaForwardMatchesCpu) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   // The backward (attention.cu's kernels) reads the mma forward's out and lse: gradients within
   // twice the dtype's tolerance of the CPU's computed from the CPU's forward.
-  const ScopedEnv env("MG_CUDA_ATTENTION", "mma");
   const DType dt = dtype();
   const int64_t s = 150, b = 2, nh = 4, ng = 2, hd = 64;
   auto q = random_pair({s, b, nh, hd}, dt, 41);
@@ -214,21 +200,36 @@ TEST_P(CudaAttentionMma, BackwardFromTheMmaForwardMatchesCpu) {
         test::all_close(to_doubles(g->gpu), to_doubles(g->cpu), {2 * tol.atol, 2 * tol.rtol}));
 }
 
-TEST_P(CudaAttentionMma, UnknownSelectionFailsNamingTheValidOnes) {
-  MG_SKIP_IF_UNAVAILABLE("cuda");
-  const ScopedEnv env("MG_CUDA_ATTENTION", "wgmma");
-  const DType dt = dtype();
-  auto q = random_pair({8, 1, 2, 64}, dt, 51);
-  auto k = random_pair({8, 1, 2, 64}, dt, 52);
-  auto v = random_pair({8, 1, 2, 64}, dt, 53);
-  auto out = poisoned_pair({8, 1, 2, 64}, dt);
-  auto lse = poisoned_pair({1, 2, 8}, DType::f32);
-  const std::string msg = test::error_message([&] {
-    gpu_ops().attention_fwd(out.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, ops::AttentionArgs{});
-  });
-  EXPECT_NE(msg.find("MG_CUDA_ATTENTION='wgmma'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("'mma'"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("'default'"), std::string::npos) << msg;
+// The registry's table, not an environment variable, says what runs (resolution needs no GPU).
+TEST(CudaAttentionMmaSelection, TableNamesTheTensorCoreForwardAndItsFallbacks) {
+  test::ensure_runtime();
+  const auto& reg = plugin::global_registry();
+  if (!reg.find_platform("cuda")) GTEST_SKIP() << "this build has no CUDA platform";
+  const auto fwd = static_cast<std::size_t>(ops::OpId::attention_fwd);
+  const auto chosen = reg.resolutions("cuda", mma_choice())[fwd];
+  EXPECT_EQ(chosen.provider, "cuda:attention-mma");
+  EXPECT_TRUE(chosen.preferred);
+  EXPECT_TRUE(chosen.supports_predicate);
+  EXPECT_EQ(chosen.fallbacks,
+            (std::vector<std::string>{"cuda:attention-tiled", "cuda:attention-rows"}));
+  // Opt-in: the default table runs the tiled kernel and shadows the tensor-core one.
+  const auto plain = reg.resolutions("cuda")[fwd];
+  EXPECT_EQ(plain.provider, "cuda:attention-tiled");
+  EXPECT_EQ(plain.shadowed, std::vector<std::string>{"cuda:attention-mma"});
+}
+
+TEST(CudaAttentionMmaSelection, UnknownProviderFailsNamingTheValidOnes) {
+  test::ensure_runtime();
+  auto& reg = plugin::global_registry();
+  if (!reg.find_platform("cuda")) GTEST_SKIP() << "this build has no CUDA platform";
+  plugin::ResolveOptions o;
+  o.providers = plugin::parse_op_providers("attention_fwd=cuda:attention-wgmma", "MG_OP_PROVIDERS");
+  const std::string msg = test::error_message([&] { reg.ops("cuda", o); });
+  EXPECT_NE(msg.find("'attention_fwd=cuda:attention-wgmma'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("its providers: cuda:attention-tiled, cuda:attention-rows, "
+                     "cuda:attention-mma"),
+            std::string::npos)
+      << msg;
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaAttentionMma, ::testing::Values(DType::bf16, DType::f16),
