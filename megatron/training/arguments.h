@@ -43,8 +43,8 @@ struct Arguments {
   distributed::DistributedDataParallelConfig ddp;
   std::string platform;  // --platform: cuda | musa | txda | cpu; "" -> MG_PLATFORM, else auto
   // --deterministic-mode (Megatron's): deterministic kernels only and bit-identical reruns; with
-  // NCCL it needs NCCL_ALGO (Tree, Ring, CollnetDirect, CollnetChain or ^NVLS). Published to the
-  // platforms as plugin::deterministic_mode() (docs/architecture.md lists what it covers).
+  // NCCL it needs NCCL_ALGO (Tree, Ring, CollnetDirect, CollnetChain or ^NVLS). It picks the
+  // run's op table (mg::init resolves one without non-deterministic providers; runtime.h).
   bool deterministic_mode = false;
   // --distributed-backend: nccl | mpi | single; "" -> comm::init_communicator's choice (MPI under
   // mpirun/srun, else one rank; the training loop may prefer nccl on CUDA).
