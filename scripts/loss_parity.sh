@@ -30,12 +30,14 @@ chmod +x "$wrap/pretrain_gpt"
 # The multi-rank scripts, with the command lines CTest would run, pretrain_gpt swapped for the wrapper.
 ctest --test-dir "$build" -N -V -R 'pretrain_gpt_(dp|tp|pp|cp|moe)_np|deterministic_mode_np|checkpoint_reshard' \
   | sed -n 's/^.*Test command: //p' > "$out/commands.txt"
+# The environment CTest gives the mpi tests (tests/CMakeLists.txt).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 n=0
 while IFS= read -r cmd; do
   cmd=${cmd//"$build/bin/pretrain_gpt"/"$wrap/pretrain_gpt"}
   n=$((n + 1))
   echo "loss_parity: [$n] ${cmd:0:160}"
-  eval "$cmd" > "$out/script_$n.log" 2>&1 || { echo "loss_parity: FAILED: $cmd"; tail -30 "$out/script_$n.log"; exit 1; }
+  (cd "$build/tests" && eval "$cmd") > "$out/script_$n.log" 2>&1 || { echo "loss_parity: FAILED: $cmd"; tail -30 "$out/script_$n.log"; exit 1; }
 done < "$out/commands.txt"
 
 # The demo's training (its tokenizer, data and flags), through the same wrapper.
