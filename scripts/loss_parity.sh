@@ -37,7 +37,7 @@ while IFS= read -r cmd; do
   cmd=${cmd//"$build/bin/pretrain_gpt"/"$wrap/pretrain_gpt"}
   n=$((n + 1))
   echo "loss_parity: [$n] ${cmd:0:160}"
-  (cd "$build/tests" && eval "$cmd") > "$out/script_$n.log" 2>&1 || { echo "loss_parity: FAILED: $cmd"; tail -30 "$out/script_$n.log"; exit 1; }
+  (cd "$build/tests" && eval "$cmd") < /dev/null > "$out/script_$n.log" 2>&1 || { echo "loss_parity: FAILED: $cmd"; tail -30 "$out/script_$n.log"; exit 1; }
 done < "$out/commands.txt"
 
 # The demo's training (its tokenizer, data and flags), through the same wrapper.
