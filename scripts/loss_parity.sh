@@ -13,9 +13,15 @@ build=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 rm -rf "$out/runs" && mkdir -p "$out/runs"
 
-# The wrapper: runs the real binary, keeps its output under a name derived from its arguments.
-wrap="$out/wrap"
-mkdir -p "$wrap"
+# A build folder whose pretrain_gpt is a wrapper that runs the real binary and keeps its output
+# under a name derived from its arguments; every other program is a link to the real one (the
+# scripts find preprocess_data etc. beside pretrain_gpt).
+wrapped="$out/build"
+rm -rf "$wrapped" && mkdir -p "$wrapped/bin"
+for f in "$build"/bin/*; do ln -s "$f" "$wrapped/bin/"; done
+ln -s "$build/lib" "$wrapped/lib"
+rm "$wrapped/bin/pretrain_gpt"
+wrap="$wrapped/bin"
 cat > "$wrap/pretrain_gpt" <<EOF
 #!/usr/bin/env bash
 key=\$(printf '%s\n' "\$@" | sed -E 's#/tmp/tmp\.[A-Za-z0-9]+##g; s#$out##g' | md5sum | cut -c1-12)
@@ -41,13 +47,8 @@ while IFS= read -r cmd; do
 done < "$out/commands.txt"
 
 # The demo's training (its tokenizer, data and flags), through the same wrapper.
-demo_bin="$out/demo_build"
-rm -rf "$demo_bin" && mkdir -p "$demo_bin/bin"
-for f in "$build"/bin/*; do ln -s "$f" "$demo_bin/bin/"; done
-ln -s "$build/lib" "$demo_bin/lib"
-rm "$demo_bin/bin/pretrain_gpt" && ln -s "$wrap/pretrain_gpt" "$demo_bin/bin/pretrain_gpt"
 echo "loss_parity: demo"
-bash "$(dirname "$0")/demo.sh" "$demo_bin" > "$out/demo.log" 2>&1 || { tail -30 "$out/demo.log"; exit 1; }
+bash "$(dirname "$0")/demo.sh" "$wrapped" > "$out/demo.log" 2>&1 || { tail -30 "$out/demo.log"; exit 1; }
 
 # One line per (command, rank, value): the values as printed.
 {
