@@ -13,9 +13,15 @@ build=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 rm -rf "$out/runs" && mkdir -p "$out/runs"
 
-# The wrapper: runs the real binary, keeps its output under a name derived from its arguments.
-wrap="$out/wrap"
-mkdir -p "$wrap"
+# A build folder whose pretrain_gpt is a wrapper that runs the real binary and keeps its output
+# under a name derived from its arguments; every other program is a link to the real one (the
+# scripts find preprocess_data etc. beside pretrain_gpt).
+wrapped="$out/build"
+rm -rf "$wrapped" && mkdir -p "$wrapped/bin"
+for f in "$build"/bin/*; do ln -s "$f" "$wrapped/bin/"; done
+ln -s "$build/lib" "$wrapped/lib"
+rm "$wrapped/bin/pretrain_gpt"
+wrap="$wrapped/bin"
 cat > "$wrap/pretrain_gpt" <<EOF
 #!/usr/bin/env bash
 key=\$(printf '%s\n' "\$@" | sed -E 's#/tmp/tmp\.[A-Za-z0-9]+##g; s#$out##g' | md5sum | cut -c1-12)
@@ -30,22 +36,19 @@ chmod +x "$wrap/pretrain_gpt"
 # The multi-rank scripts, with the command lines CTest would run, pretrain_gpt swapped for the wrapper.
 ctest --test-dir "$build" -N -V -R 'pretrain_gpt_(dp|tp|pp|cp|moe)_np|deterministic_mode_np|checkpoint_reshard' \
   | sed -n 's/^.*Test command: //p' > "$out/commands.txt"
+# The environment CTest gives the mpi tests (tests/CMakeLists.txt).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 n=0
 while IFS= read -r cmd; do
   cmd=${cmd//"$build/bin/pretrain_gpt"/"$wrap/pretrain_gpt"}
   n=$((n + 1))
   echo "loss_parity: [$n] ${cmd:0:160}"
-  eval "$cmd" > "$out/script_$n.log" 2>&1 || { echo "loss_parity: FAILED: $cmd"; tail -30 "$out/script_$n.log"; exit 1; }
+  (cd "$build/tests" && eval "$cmd") < /dev/null > "$out/script_$n.log" 2>&1 || { echo "loss_parity: FAILED: $cmd"; tail -30 "$out/script_$n.log"; exit 1; }
 done < "$out/commands.txt"
 
 # The demo's training (its tokenizer, data and flags), through the same wrapper.
-demo_bin="$out/demo_build"
-rm -rf "$demo_bin" && mkdir -p "$demo_bin/bin"
-for f in "$build"/bin/*; do ln -s "$f" "$demo_bin/bin/"; done
-ln -s "$build/lib" "$demo_bin/lib"
-rm "$demo_bin/bin/pretrain_gpt" && ln -s "$wrap/pretrain_gpt" "$demo_bin/bin/pretrain_gpt"
 echo "loss_parity: demo"
-bash "$(dirname "$0")/demo.sh" "$demo_bin" > "$out/demo.log" 2>&1 || { tail -30 "$out/demo.log"; exit 1; }
+bash "$(dirname "$0")/demo.sh" "$wrapped" > "$out/demo.log" 2>&1 || { tail -30 "$out/demo.log"; exit 1; }
 
 # One line per (command, rank, value): the values as printed.
 {
