@@ -93,7 +93,7 @@ CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::O
     par.tp_group = ranks.tp_group.get();
     cm.model = std::make_unique<models::GPTModel>(
         cm.args.model, vocab, ops, device,
-        models::get_gpt_layer_with_transformer_engine_spec(cm.args.model), par);
+        models::get_gpt_decoder_block_spec(cm.args.model), par);
   } else {
     cm.model = std::make_unique<models::GPTModel>(cm.args.model, vocab, ops, device);
   }

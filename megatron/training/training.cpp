@@ -369,7 +369,7 @@ StepOutcome train_step(Run& r) {
   cfg.calculate_per_token_loss = a.model.calculate_per_token_loss;
   cfg.loss_scale = r.opt->loss_scale();
   // MoE aux/z losses: Megatron's MoEAuxLossAutoScaler.set_loss_scale (the lm loss's seed scale).
-  transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(
+  r.model->moe_state().aux_loss_auto_scaler.set_loss_scale(
       cfg.calculate_per_token_loss
           ? cfg.loss_scale
           : cfg.loss_scale / static_cast<double>(a.training.num_microbatches()));
@@ -496,7 +496,7 @@ void train(Run& r) {
       s.mem_max_allocated_mb = mem_mb(r, true);
       // MoE: load-balancing / z losses and tokens per expert (a collective over the world).
       const auto moe = transformer::moe::moe_metrics_log(
-          r.world_group.get(), r.model->config(),
+          r.model->moe_state().metrics_tracker, r.world_group.get(), r.model->config(),
           a.sequence_parallel ? a.tensor_model_parallel_size : 1, interval_iters);
       r.log_last << format_training_log(s) << moe.inline_part << "\n"
                  << moe.layer_lines << std::flush;
@@ -685,7 +685,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     if (pp_group) par.pipeline_chunks = layout.chunks(pp_group->rank());
     r.model = std::make_unique<models::GPTModel>(
         args.model, tokenizer->vocab_size(), *r.rt->ops, r.rt->device,
-        models::get_gpt_layer_with_transformer_engine_spec(args.model), par);
+        models::get_gpt_decoder_block_spec(args.model), par);
   } else {
     r.model = std::make_unique<models::GPTModel>(args.model, tokenizer->vocab_size(), *r.rt->ops,
                                                  r.rt->device);

@@ -44,6 +44,10 @@
 #include "megatron/core/transformer/transformer_config.h"
 #include "megatron/core/transformer/transformer_layer_spec.h"
 
+namespace mg::transformer::moe {
+struct MoEState;  // transformer/moe/moe_utils.h
+}
+
 namespace mg::models {
 
 // One micro-batch, as Megatron's get_batch gives it. Host or device tensors; the model copies them
@@ -142,21 +146,22 @@ class GPTForwardState {
 class GPTModel {
  public:
   // Builds the modules and the parameter/grad buffers on `device`, weights uninitialised (call
-  // init_weights or load them). `config` is copied and finalize()d. `spec` defaults to
-  // get_gpt_layer_with_transformer_engine_spec(config).
+  // init_weights or load them). `config` is copied and finalize()d. `spec` (one layer spec per
+  // layer, checked against the config: check_block_spec) defaults to
+  // get_gpt_decoder_block_spec(config).
   GPTModel(const transformer::TransformerConfig& config, int64_t vocab_size,
            const ops::OpTable& ops, Device device);
   GPTModel(const transformer::TransformerConfig& config, int64_t vocab_size,
-           const ops::OpTable& ops, Device device, const transformer::TransformerLayerSpec& spec);
+           const ops::OpTable& ops, Device device, const transformer::TransformerBlockSpec& spec);
   GPTModel(const transformer::TransformerConfig& config, int64_t vocab_size,
-           const ops::OpTable& ops, Device device, const transformer::TransformerLayerSpec& spec,
+           const ops::OpTable& ops, Device device, const transformer::TransformerBlockSpec& spec,
            const GPTModelParallel& parallel);
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
   const transformer::TransformerConfig& config() const;
-  const transformer::TransformerLayerSpec& spec() const;
+  const transformer::TransformerBlockSpec& spec() const;
   int64_t vocab_size() const;         // as given
   int64_t padded_vocab_size() const;  // V_pad: rows of the embedding and output layer (global)
   const GPTModelParallel& parallel() const;
@@ -225,6 +230,11 @@ class GPTModel {
   // computes.
   using ParamUseHook = std::function<void(std::span<const std::size_t> param_indices)>;
   void set_param_use_hook(ParamUseHook hook);
+
+  // This model's MoE state (transformer/moe/moe_utils.h), which its MoE layers use: the aux/z
+  // losses' backward seed (Megatron's MoEAuxLossAutoScaler.set_loss_scale, set by the training
+  // step) and the per-layer metrics tracker (the training log's moe_metrics_log).
+  transformer::moe::MoEState& moe_state();
 
   // Logits [S, B, V_pad] (computed in the model dtype as in training, returned in f32 under
   // bf16/f16, else the params dtype) without dropout, for tests and
