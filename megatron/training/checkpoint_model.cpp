@@ -92,8 +92,7 @@ CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::O
     models::GPTModelParallel par;
     par.tp_group = ranks.tp_group.get();
     cm.model = std::make_unique<models::GPTModel>(
-        cm.args.model, vocab, ops, device,
-        models::get_gpt_decoder_block_spec(cm.args.model), par);
+        cm.args.model, vocab, ops, device, models::get_gpt_decoder_block_spec(cm.args.model), par);
   } else {
     cm.model = std::make_unique<models::GPTModel>(cm.args.model, vocab, ops, device);
   }

@@ -46,9 +46,8 @@ Tensor region_exit(const ModuleContext& ctx, const Tensor& y) {
 
 Tensor region_exit_bwd(const ModuleContext& ctx, const Tensor& dy) {
   if (ctx.tp_size() == 1) return dy;
-  return ctx.sequence_parallel
-             ? reduce_scatter_to_sequence_parallel_region_bwd(dy, *ctx.tp_group)
-             : reduce_from_tensor_model_parallel_region_bwd(dy, *ctx.tp_group);
+  return ctx.sequence_parallel ? reduce_scatter_to_sequence_parallel_region_bwd(dy, *ctx.tp_group)
+                               : reduce_from_tensor_model_parallel_region_bwd(dy, *ctx.tp_group);
 }
 
 // First row of each part in a regrouped [parts..] tensor.
@@ -87,8 +86,9 @@ Tensor ColumnParallelLinear::enter(const Tensor& x, Saved& saved) const {
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, Saved& saved, const Weight* weight) const {
   const Weight& w = weight ? *weight : w_;
-  MG_CHECK(w.value.defined(), "ColumnParallelLinear: no weight (skip_weight_param_allocation "
-                              "needs one given to forward)");
+  MG_CHECK(w.value.defined(),
+           "ColumnParallelLinear: no weight (skip_weight_param_allocation "
+           "needs one given to forward)");
   const int64_t in = cfg_.input_size, out = w.value.size(0);
   const Tensor total = enter(x, saved);
   const int64_t n = total.numel() / in;
@@ -107,7 +107,9 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, Saved& saved, const Weight
     if (b_.defined()) ctx_.op().bias_add(y, b_.value);
   }
   Tensor o = y.view(with_last(total.shape(), out));
-  return cfg_.gather_output ? gather_from_tensor_model_parallel_region(o, *ctx_.tp_group) : o;
+  return cfg_.gather_output && ctx_.tp_size() > 1
+             ? gather_from_tensor_model_parallel_region(o, *ctx_.tp_group)
+             : o;
 }
 
 Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, Saved& saved,
@@ -176,7 +178,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& 
   Weight& w = weight ? *weight : w_;
   const Tensor total = saved.input.defined() ? saved.input : x;
   const int64_t in = cfg_.input_size, out = w.value.size(0), n = total.numel() / in;
-  const Tensor g = cfg_.gather_output
+  const Tensor g = cfg_.gather_output && ctx_.tp_size() > 1
                        ? gather_from_tensor_model_parallel_region_bwd(dy, *ctx_.tp_group)
                        : dy;
   const Tensor x2 = total.view({n, in});

@@ -11,8 +11,9 @@ SelfAttention::SelfAttention(const ModuleContext& ctx, ParamBuilder& pb, const s
                              const SelfAttentionSubmodules& spec)
     : ctx_(ctx) {
   const TransformerConfig& c = *ctx.config;
-  MG_CHECK(spec.linear_qkv == LinearImpl::column_parallel,
-           prefix << "linear_qkv: the fused QKV is column-parallel only (LinearImpl::column_parallel)");
+  MG_CHECK(
+      spec.linear_qkv == LinearImpl::column_parallel,
+      prefix << "linear_qkv: the fused QKV is column-parallel only (LinearImpl::column_parallel)");
   MG_CHECK(spec.linear_proj == LinearImpl::row_parallel,
            prefix << "linear_proj: row-parallel only (LinearImpl::row_parallel)");
   switch (spec.core_attention) {
@@ -46,9 +47,9 @@ SelfAttention::SelfAttention(const ModuleContext& ctx, ParamBuilder& pb, const s
                                                   .init = InitRule::normal,
                                                   .gemm_bias_fusion = true});
   if (spec.q_layernorm.impl != NormImpl::identity || spec.k_layernorm.impl != NormImpl::identity) {
-    MG_CHECK(spec.q_layernorm.impl != NormImpl::identity &&
-                 spec.k_layernorm.impl != NormImpl::identity,
-             prefix << ": the spec has a q layernorm or a k layernorm but not both");
+    MG_CHECK(
+        spec.q_layernorm.impl != NormImpl::identity && spec.k_layernorm.impl != NormImpl::identity,
+        prefix << ": the spec has a q layernorm or a k layernorm but not both");
     // Each rank normalises only its heads: the grads are partial sums over TP.
     q_norm_ = std::make_unique<Norm>(ctx, pb, spec.q_layernorm.impl, prefix + "q_layernorm.weight",
                                      prefix + "q_layernorm.bias", hd_, true);

@@ -18,7 +18,7 @@ Tensor SelfAttention::infer(const Tensor& x, inference::StaticInferenceContext& 
            "inference: " << off << " cached + " << sq << " new tokens exceed the context's "
                          << "max_sequence_length " << ic.max_sequence_length());
   Saved qkv_saved;  // linear_qkv: TP copy into the region (SP is refused by GPTModel::infer)
-  Tensor q, k, v;                     // [N, NH HD], [N, NG HD], [N, NG HD]
+  Tensor q, k, v;   // [N, NH HD], [N, NG HD], [N, NG HD]
   project_qkv(x, qkv_saved, q, k, v);  // as forward() (same numerics)
   if (q_norm_) {
     Norm::Saved unused;

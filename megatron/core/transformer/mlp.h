@@ -1,11 +1,11 @@
 // MLP: linear_fc1 (+ bias) -> activation -> linear_fc2 (its bias left to the layer's
 // bias-dropout-add); linear_fc1 a tensor_parallel::ColumnParallelLinear, linear_fc2 a
-// RowParallelLinear (layers.h), as the spec (MlpSubmodules) names them. SwiGLU's linear_fc1.weight is [2F, H] = [gate; up] (FORMATS.md §6.3), so the
-// fc1 output [N, 2F] is [gate | up] along its last dim, which is the swiglu op's input layout.
-// GELU is the exact erf form, or the tanh approximation under config.bias_activation_fusion, which
-// also fuses fc1's bias (and GELU) into its GEMM and the bias gradient into a backward GEMM
-// (gemm_epilogue; mlp.cpp says which).
-// Tensor parallelism (ctx.tp_group): fc1 column-parallel (SwiGLU rank r holds [gate_r; up_r],
+// RowParallelLinear (layers.h), as the spec (MlpSubmodules) names them. SwiGLU's linear_fc1.weight
+// is [2F, H] = [gate; up] (FORMATS.md §6.3), so the fc1 output [N, 2F] is [gate | up] along its
+// last dim, which is the swiglu op's input layout. GELU is the exact erf form, or the tanh
+// approximation under config.bias_activation_fusion, which also fuses fc1's bias (and GELU) into
+// its GEMM and the bias gradient into a backward GEMM (gemm_epilogue; mlp.cpp says which). Tensor
+// parallelism (ctx.tp_group): fc1 column-parallel (SwiGLU rank r holds [gate_r; up_r],
 // partition_stride 2), fc2 row-parallel; F below is this rank's F/TP. The input enters the TP
 // region in fc1 (copy, or SP all-gather), the output leaves it in fc2 (all-reduce, or SP
 // reduce-scatter).

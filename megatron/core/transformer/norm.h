@@ -1,7 +1,8 @@
 // A norm slot: LayerNorm (weight + bias) or RMSNorm (weight) over the last dim, as the layer spec
-// names it (NormImpl), with config.norm_epsilon and apply_layernorm_1p (zero-centred weight). Used for the layer norms,
-// the final norm and q/k layernorm. forward_bda / backward_add are the residual-path fusions the
-// transformer layer uses (norm.cpp's ops; bit-identical to the unfused sequences on the CPU).
+// names it (NormImpl), with config.norm_epsilon and apply_layernorm_1p (zero-centred weight). Used
+// for the layer norms, the final norm and q/k layernorm. forward_bda / backward_add are the
+// residual-path fusions the transformer layer uses (norm.cpp's ops; bit-identical to the unfused
+// sequences on the CPU).
 #pragma once
 
 #include <string>

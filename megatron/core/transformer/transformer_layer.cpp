@@ -74,8 +74,8 @@ TransformerLayer::TransformerLayer(const ModuleContext& ctx, ParamBuilder& pb,
       mlp_ = std::make_unique<MLP>(ctx, pb, p + "mlp.", spec.mlp.submodules);
       break;
     case MlpImpl::moe:
-      moe_ = std::make_unique<moe::MoELayer>(ctx, pb, p + "mlp.", layer_number,
-                                             spec.mlp.submodules);
+      moe_ =
+          std::make_unique<moe::MoELayer>(ctx, pb, p + "mlp.", layer_number, spec.mlp.submodules);
       break;
   }
 }

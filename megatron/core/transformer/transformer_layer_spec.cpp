@@ -22,9 +22,9 @@ std::string norm_impl_name(NormImpl n) {
 }
 
 const TransformerLayerSpec& TransformerBlockSpec::layer(int64_t layer_number) const {
-  MG_CHECK(layer_number >= 0 && layer_number < static_cast<int64_t>(layer_specs.size()),
-           "the block spec has " << layer_specs.size() << " layer specs, no layer "
-                                 << layer_number);
+  MG_CHECK(
+      layer_number >= 0 && layer_number < static_cast<int64_t>(layer_specs.size()),
+      "the block spec has " << layer_specs.size() << " layer specs, no layer " << layer_number);
   return layer_specs[static_cast<std::size_t>(layer_number)];
 }
 
@@ -58,10 +58,10 @@ void check_block_spec(const TransformerBlockSpec& spec, const TransformerConfig&
       check_norm(*qk, norm, true, at + "q/k layernorm");
     }
     const bool moe = s.mlp.impl == MlpImpl::moe;
-    MG_CHECK(moe == c.is_moe_layer(l),
-             at << "mlp: the spec says " << (moe ? "moe" : "dense") << ", the config ("
-                << c.num_moe_experts << " experts, moe_layer_freq) makes it "
-                << (c.is_moe_layer(l) ? "an MoE layer" : "dense"));
+    MG_CHECK(moe == c.is_moe_layer(l), at << "mlp: the spec says " << (moe ? "moe" : "dense")
+                                          << ", the config (" << c.num_moe_experts
+                                          << " experts, moe_layer_freq) makes it "
+                                          << (c.is_moe_layer(l) ? "an MoE layer" : "dense"));
   }
 }
 

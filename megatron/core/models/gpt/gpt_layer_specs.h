@@ -4,10 +4,10 @@
 //
 //   family   norm       mlp                                 q/k norm  (config preset)
 //   GPT-2  : LayerNorm  dense (GELU tanh, biases)            none      learned positions, tied
-//   LLaMA  : RMSNorm    dense (SwiGLU, no biases)            none      RoPE, GQA, untied, no dropout
-//   Qwen2  : RMSNorm    dense (SwiGLU)                       none      LLaMA + qkv bias, base 1e6
-//   Mixtral: RMSNorm    MoE in every layer (SwiGLU experts)  none      top-2 softmax, aux loss
-//   DeepSeek-style MoE: RMSNorm, MoE where moe_layer_freq says, sigmoid top-k, shared experts
+//   LLaMA  : RMSNorm    dense (SwiGLU, no biases)            none      RoPE, GQA, untied, no
+//   dropout Qwen2  : RMSNorm    dense (SwiGLU)                       none      LLaMA + qkv bias,
+//   base 1e6 Mixtral: RMSNorm    MoE in every layer (SwiGLU experts)  none      top-2 softmax, aux
+//   loss DeepSeek-style MoE: RMSNorm, MoE where moe_layer_freq says, sigmoid top-k, shared experts
 // The block spec holds one layer spec per layer: Megatron's get_gpt_decoder_block_spec makes a
 // layer MoE exactly where config.is_moe_layer(l) (moe_layer_freq); GPTModel checks the spec
 // against the config (check_block_spec).

@@ -232,10 +232,9 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   }
   m.chunk_begin.push_back(static_cast<int64_t>(m.layers.size()));
   if (m.post_process && spec.final_layernorm.impl != transformer::NormImpl::identity)
-    m.final_norm = std::make_unique<Norm>(m.ctx, pb, spec.final_layernorm.impl,
-                                          "decoder.final_layernorm.weight",
-                                          "decoder.final_layernorm.bias", c.hidden_size,
-                                          m.ctx.sequence_parallel);
+    m.final_norm = std::make_unique<Norm>(
+        m.ctx, pb, spec.final_layernorm.impl, "decoder.final_layernorm.weight",
+        "decoder.final_layernorm.bias", c.hidden_size, m.ctx.sequence_parallel);
   // Megatron's output layer: a ColumnParallelLinear without bias or gather; tied, it uses the word
   // embedding (skip_weight_param_allocation).
   if (m.post_process)

@@ -134,21 +134,18 @@ void run_linear_case(const LinearCase& c) {
   test::SoloGroup solo;
   const int64_t s = 8, b = 2, h = 6, f = 16;
   auto build = [&](Net& net, comm::ProcessGroup& grp, bool sp) {
+    net.ctx.tp_group = &grp;
+    net.ctx.sequence_parallel = sp;
     auto col = std::make_unique<ColumnParallelLinear>(
         net.ctx, *net.pb, "fc1.",
         ColumnParallelLinearConfig{.input_size = h,
                                    .output_size = c.stride * f,
                                    .gather_output = c.gather_output,
-                                   .sequence_parallel = sp,
-                                   .partition_stride = c.stride},
-        grp);
+                                   .partition_stride = c.stride});
     auto row = std::make_unique<RowParallelLinear>(
         net.ctx, *net.pb, "fc2.",
-        RowParallelLinearConfig{.input_size = f,
-                                .output_size = h,
-                                .input_is_parallel = !c.gather_output,
-                                .sequence_parallel = sp},
-        grp);
+        RowParallelLinearConfig{
+            .input_size = f, .output_size = h, .input_is_parallel = !c.gather_output});
     net.finish();
     return std::make_pair(std::move(col), std::move(row));
   };
@@ -178,10 +175,10 @@ void run_linear_case(const LinearCase& c) {
   auto run = [&](ColumnParallelLinear& col, RowParallelLinear& row, const Tensor& xin,
                  const Tensor& dyin, Tensor& dxout) {
     ColumnParallelLinear::Saved cs;
-    RowParallelLinear::Saved rs;
     const Tensor u = col.forward(xin, cs);
-    const Tensor y = row.forward(act(u), rs);
-    dxout = col.backward(act_bwd(row.backward(dyin, rs), u), cs);
+    const Tensor a = act(u);
+    const Tensor y = row.forward(a);
+    dxout = col.backward(act_bwd(row.backward(dyin, a), u), xin, cs);
     return y;
   };
   Tensor dx_ref;
@@ -220,16 +217,17 @@ TEST(TensorParallelLayers, SequenceParallelOnEqualsOff) {
   const int64_t s = 8, b = 2, h = 6, f = 8;
   auto run = [&](bool sp, std::vector<double>& grads) {
     Net net;
-    ColumnParallelLinear col(net.ctx, *net.pb, "fc1.",
-                             {.input_size = h, .output_size = f, .sequence_parallel = sp}, g);
-    RowParallelLinear row(net.ctx, *net.pb, "fc2.",
-                          {.input_size = f, .output_size = h, .sequence_parallel = sp}, g);
+    net.ctx.tp_group = &g;
+    net.ctx.sequence_parallel = sp;
+    ColumnParallelLinear col(net.ctx, *net.pb, "fc1.", {.input_size = h, .output_size = f});
+    RowParallelLinear row(net.ctx, *net.pb, "fc2.", {.input_size = f, .output_size = h});
     net.finish();
     const Tensor x = det_tensor({s, b, h}, 21), dy = det_tensor({s, b, h}, 22);
+    const Tensor xin = sp ? split_dim0(x, g) : x;
     ColumnParallelLinear::Saved cs;
-    RowParallelLinear::Saved rs;
-    Tensor y = row.forward(col.forward(sp ? split_dim0(x, g) : x, cs), rs);
-    Tensor dx = col.backward(row.backward(sp ? split_dim0(dy, g) : dy, rs), cs);
+    const Tensor u = col.forward(xin, cs);
+    Tensor y = row.forward(u);
+    Tensor dx = col.backward(row.backward(sp ? split_dim0(dy, g) : dy, u), xin, cs);
     if (sp) {
       y = all_gather_dim0(y, g);
       dx = all_gather_dim0(dx, g);
@@ -259,13 +257,13 @@ void run_vocab_case(bool sp) {
   const int64_t vpad = vc.padded_vocab_size(vocab, g.size());
   EXPECT_EQ(vpad % g.size(), 0);
   auto build = [&](Net& net, comm::ProcessGroup& grp, bool seq) {
+    net.ctx.tp_group = &grp;
+    net.ctx.sequence_parallel = seq;
     auto emb = std::make_unique<VocabParallelEmbedding>(
-        net.ctx, *net.pb, "embedding.word_embeddings.weight", vpad, h, grp, seq);
+        net.ctx, *net.pb, "embedding.word_embeddings.weight", vpad, h, seq);
     auto out = std::make_unique<ColumnParallelLinear>(
         net.ctx, *net.pb, "output_layer.",
-        ColumnParallelLinearConfig{
-            .input_size = h, .output_size = vpad, .bias = false, .sequence_parallel = seq},
-        grp);
+        ColumnParallelLinearConfig{.input_size = h, .output_size = vpad, .bias = false});
     net.finish();
     return std::make_pair(std::move(emb), std::move(out));
   };
@@ -293,7 +291,7 @@ void run_vocab_case(bool sp) {
     Tensor dlogits = Tensor::empty(logits.shape(), DType::f64);
     vocab_parallel_cross_entropy_bwd(*net.ctx.ops, dlogits, dloss, logits, lab, emb.vocab_start(),
                                      cs);
-    const Tensor de = out.backward(dlogits.view({s, b, -1}), os);
+    const Tensor de = out.backward(dlogits.view({s, b, -1}), e, os);
     emb.backward(de, tok);
     const Tensor e_full = seq ? all_gather_dim0(e, grp) : e;
     return std::make_pair(vec(loss), vec(e_full));
