@@ -110,10 +110,10 @@ struct GPTModel::Impl {
     return a;
   }
 
-  // Logits in the model dtype, as Megatron's output layer (bf16 training keeps bf16 logits: half
-  // the memory of f32 ones for the whole vocabulary); the cross entropy computes in f32 from them
-  // and its per-row statistics (loss, max, sum_exp, dloss) are stat_dtype(): f32, f64 for f64.
-  DType logits_dtype() const { return ctx.dtype; }
+  // The output layer gives logits in the model dtype, as Megatron's (bf16 training keeps bf16
+  // logits: half the memory of f32 ones for the whole vocabulary); the cross entropy computes in
+  // f32 from them and its per-row statistics (loss, max, sum_exp, dloss) are stat_dtype(): f32,
+  // f64 for f64.
   DType stat_dtype() const { return ctx.dtype == DType::f64 ? DType::f64 : DType::f32; }
   // The output layer's weight (its own, or the tied word embedding), cut to the rows that
   // produce logits (exclude_vocab_padding); padding rows get no gradient.
