@@ -24,7 +24,7 @@ std::unique_ptr<models::GPTModel> model_provider(const transformer::TransformerC
   finalized.finalize();
   return std::make_unique<models::GPTModel>(
       config, vocab_size, ops, device,
-      models::get_gpt_layer_with_transformer_engine_spec(finalized), parallel);
+      models::get_gpt_decoder_block_spec(finalized), parallel);
 }
 
 }  // namespace mg::training

@@ -328,7 +328,7 @@ StepOutcome train_step(Run& r) {
   pipeline_parallel::ForwardBackwardConfig cfg;
   cfg.calculate_per_token_loss = a.model.calculate_per_token_loss;
   cfg.loss_scale = r.opt->loss_scale();
-  r.model->set_aux_loss_scale(
+  r.model->moe_state().aux_loss_auto_scaler.set_loss_scale(
       pipeline_parallel::aux_loss_scale(cfg, a.training.num_microbatches()));
   // Megatron's no_sync: DDP launches a bucket's reduction from the grad-ready hook only in the
   // last micro-batch's backward. Pipelining: none at all (a chunk's last micro-batch is not the
@@ -442,7 +442,7 @@ void train(Run& r) {
       s.mem_max_allocated_mb = mem_mb(r, true);
       // MoE: load-balancing / z losses and tokens per expert (a collective over the world).
       const auto moe = transformer::moe::moe_metrics_log(
-          r.ps.world.get(), r.model->config(),
+          r.model->moe_state().metrics_tracker, r.ps.world.get(), r.model->config(),
           a.parallel.sequence_parallel ? a.parallel.tensor_model_parallel_size : 1, interval_iters);
       r.log_last << format_training_log(s) << moe.inline_part << "\n"
                  << moe.layer_lines << std::flush;

@@ -1,7 +1,9 @@
 // ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding forward/backward over the gemm,
-// gemm_epilogue, bias and embedding ops and the conjugate mappings (layers.h). ColumnParallelLinear
-// fuses its bias into the GEMM (bias epilogue) and its bias gradient into the weight-gradient GEMM
-// (bgrad); RowParallelLinear adds its bias after the TP reduction, so it stays a bias_add.
+// gemm_epilogue, bias and embedding ops and the conjugate mappings (layers.h). With
+// gemm_bias_fusion ColumnParallelLinear fuses its bias into the GEMM (bias epilogue) and its bias
+// gradient into the weight-gradient GEMM (bgrad); RowParallelLinear adds its bias after the TP
+// reduction, so it stays a bias_add. On one rank (ctx.tp_size() == 1) the mappings are the
+// identity: no communication.
 // Gradient rule: parameter gradients +=, activation gradients =.
 #include "megatron/core/tensor_parallel/layers.h"
 
@@ -18,98 +20,271 @@ Shape with_last(Shape s, int64_t last) {
   return s;
 }
 
+// Entry and exit of a tensor-parallel region, as conjugate pairs of mappings.h; the identity on
+// one rank.
+//   enter: copy_to_tensor_model_parallel_region, or under SP gather_from_sequence_parallel_region
+//          ([S/TP, B, H] -> [S, B, H]); enter_bwd: all-reduce, or reduce-scatter to [S/TP, B, H].
+//   exit : reduce_from_tensor_model_parallel_region (all-reduce), or under SP
+//          reduce_scatter_to_sequence_parallel_region; exit_bwd: identity, or all-gather.
+Tensor region_enter(const ModuleContext& ctx, const Tensor& x) {
+  if (ctx.tp_size() == 1) return x;
+  return ctx.sequence_parallel ? gather_from_sequence_parallel_region(x, *ctx.tp_group)
+                               : copy_to_tensor_model_parallel_region(x, *ctx.tp_group);
+}
+
+Tensor region_enter_bwd(const ModuleContext& ctx, const Tensor& dx) {
+  if (ctx.tp_size() == 1) return dx;
+  return ctx.sequence_parallel ? gather_from_sequence_parallel_region_bwd(dx, *ctx.tp_group)
+                               : copy_to_tensor_model_parallel_region_bwd(dx, *ctx.tp_group);
+}
+
+Tensor region_exit(const ModuleContext& ctx, const Tensor& y) {
+  if (ctx.tp_size() == 1) return y;
+  return ctx.sequence_parallel ? reduce_scatter_to_sequence_parallel_region(y, *ctx.tp_group)
+                               : reduce_from_tensor_model_parallel_region(y, *ctx.tp_group);
+}
+
+Tensor region_exit_bwd(const ModuleContext& ctx, const Tensor& dy) {
+  if (ctx.tp_size() == 1) return dy;
+  return ctx.sequence_parallel ? reduce_scatter_to_sequence_parallel_region_bwd(dy, *ctx.tp_group)
+                               : reduce_from_tensor_model_parallel_region_bwd(dy, *ctx.tp_group);
+}
+
+// First row of each part in a regrouped [parts..] tensor.
+std::vector<int64_t> part_offsets(const OutputSplit& split) {
+  std::vector<int64_t> off(split.part_rows.size(), 0);
+  for (std::size_t p = 1; p < off.size(); ++p) off[p] = off[p - 1] + split.part_rows[p - 1];
+  return off;
+}
+
 }  // namespace
 
 // ---- ColumnParallelLinear ----------------------------------------------------------------------
 
 ColumnParallelLinear::ColumnParallelLinear(const ModuleContext& ctx, ParamBuilder& pb,
                                            const std::string& name_prefix,
-                                           const ColumnParallelLinearConfig& config,
-                                           comm::ProcessGroup& tp)
-    : ctx_(ctx), cfg_(config), tp_(tp) {
+                                           const ColumnParallelLinearConfig& config)
+    : ctx_(ctx), cfg_(config) {
   MG_CHECK(cfg_.input_size >= 1 && cfg_.output_size >= 1,
            "ColumnParallelLinear " << name_prefix << ": input_size " << cfg_.input_size
                                    << ", output_size " << cfg_.output_size);
-  const Partition part{0, cfg_.partition_stride, tp.rank(), tp.size()};
+  const Partition part = ctx.tp_partition(0, cfg_.partition_stride);
   out_local_ = local_shape({cfg_.output_size}, part)[0];
-  pb.add(w_, name_prefix + "weight", {cfg_.output_size, cfg_.input_size}, cfg_.init, part);
+  if (!cfg_.skip_weight_param_allocation)
+    pb.add(w_, name_prefix + "weight", {cfg_.output_size, cfg_.input_size}, cfg_.init, part);
   if (cfg_.bias) pb.add(b_, name_prefix + "bias", {cfg_.output_size}, InitRule::zeros, part);
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x, Saved& saved) const {
+Tensor ColumnParallelLinear::enter(const Tensor& x, Saved& saved) const {
   const int64_t in = cfg_.input_size;
   MG_CHECK(x.dim() >= 1 && x.size(-1) == in,
            "ColumnParallelLinear: input " << x.str() << ", expected [.., " << in << "]");
-  const Tensor total = cfg_.sequence_parallel ? gather_from_sequence_parallel_region(x, tp_)
-                                              : copy_to_tensor_model_parallel_region(x, tp_);
-  const int64_t n = total.numel() / in;
-  saved.input = total.view({n, in});  // [N, in]
-  Tensor y;                           // [N, out/TP]
-  if (b_.defined()) {                 // x W^T + b in one GEMM (bias epilogue)
-    y = ctx_.empty({n, out_local_});
-    Tensor none, none2;
-    ctx_.op().gemm_epilogue(
-        y, none, none2, saved.input, w_.value, b_.value,
-        ops::GemmEpilogueArgs{.trans_b = true, .epilogue = ops::GemmEpilogue::bias});
-  } else {
-    y = linear_fwd(ctx_, saved.input, w_.value);
-  }
-  Tensor out = y.view(with_last(total.shape(), out_local_));
-  return cfg_.gather_output ? gather_from_tensor_model_parallel_region(out, tp_) : out;
+  const Tensor total = region_enter(ctx_, x);
+  if (ctx_.tp_size() > 1) saved.input = total;
+  return total;
 }
 
-Tensor ColumnParallelLinear::backward(const Tensor& dy, Saved& saved) {
-  MG_CHECK(saved.input.defined(), "ColumnParallelLinear::backward without a forward");
-  const Tensor g = cfg_.gather_output ? gather_from_tensor_model_parallel_region_bwd(dy, tp_) : dy;
-  const int64_t n = saved.input.size(0);
-  const Tensor g2 = g.view({n, out_local_});     // [N, out/TP]
-  Tensor dx = ctx_.empty({n, cfg_.input_size});  // partial sum over the output shards
-  if (b_.defined()) {
+Tensor ColumnParallelLinear::forward(const Tensor& x, Saved& saved, const Weight* weight) const {
+  const Weight& w = weight ? *weight : w_;
+  MG_CHECK(w.value.defined(),
+           "ColumnParallelLinear: no weight (skip_weight_param_allocation "
+           "needs one given to forward)");
+  const int64_t in = cfg_.input_size, out = w.value.size(0);
+  const Tensor total = enter(x, saved);
+  const int64_t n = total.numel() / in;
+  const Tensor x2 = total.view({n, in});  // [N, in]
+  Tensor y;                               // [N, out/TP]
+  if (out == 0) {
+    y = ctx_.empty({n, 0});  // a shard with no output rows (the output layer's padding)
+  } else if (b_.defined() && cfg_.gemm_bias_fusion) {  // x W^T + b in one GEMM (bias epilogue)
+    y = ctx_.empty({n, out});
+    Tensor none, none2;
+    ctx_.op().gemm_epilogue(
+        y, none, none2, x2, w.value, b_.value,
+        ops::GemmEpilogueArgs{.trans_b = true, .epilogue = ops::GemmEpilogue::bias});
+  } else {
+    y = linear_fwd(ctx_, x2, w.value);
+    if (b_.defined()) ctx_.op().bias_add(y, b_.value);
+  }
+  Tensor o = y.view(with_last(total.shape(), out));
+  return cfg_.gather_output && ctx_.tp_size() > 1
+             ? gather_from_tensor_model_parallel_region(o, *ctx_.tp_group)
+             : o;
+}
+
+Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, Saved& saved,
+                                               Tensor& pre_activation) const {
+  MG_CHECK(!cfg_.gather_output, "ColumnParallelLinear::forward_bias_gelu: not with gather_output");
+  const int64_t in = cfg_.input_size;
+  const Tensor total = enter(x, saved);
+  const int64_t n = total.numel() / in;
+  pre_activation = ctx_.empty({n, out_local_});  // x W^T + b, kept for the backward
+  Tensor a = ctx_.empty({n, out_local_});
+  Tensor none;
+  ctx_.op().gemm_epilogue(
+      a, pre_activation, none, total.view({n, in}), w_.value, b_.value,
+      ops::GemmEpilogueArgs{.trans_b = true, .epilogue = ops::GemmEpilogue::bias_gelu});
+  return a.view(with_last(total.shape(), out_local_));
+}
+
+Tensor ColumnParallelLinear::regroup(const Tensor& full, const OutputSplit& split) const {
+  const std::vector<int64_t> base = part_offsets(split);
+  std::vector<int64_t> filled(split.part_rows.size(), 0);
+  Tensor t = Tensor::empty(full.shape(), full.dtype(), full.device());
+  for (const OutputSplit::Block& blk : split.blocks) {
+    const auto p = static_cast<std::size_t>(blk.part);
+    t.slice(base[p] + filled[p], blk.rows).copy_(full.slice(blk.offset, blk.rows));
+    filled[p] += blk.rows;
+  }
+  return t;
+}
+
+std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& saved,
+                                                        const OutputSplit& split) const {
+  MG_CHECK(!cfg_.gather_output, "ColumnParallelLinear::forward_split: not with gather_output");
+  int64_t rows = 0;
+  for (int64_t r : split.part_rows) rows += r;
+  MG_CHECK(rows == out_local_, "ColumnParallelLinear::forward_split: the parts hold "
+                                   << rows << " rows, the layer " << out_local_);
+  const int64_t in = cfg_.input_size;
+  const Tensor total = enter(x, saved);
+  const int64_t n = total.numel() / in;
+  const Tensor x2 = total.view({n, in});
+  const std::vector<int64_t> base = part_offsets(split);
+  const Tensor w = regroup(w_.value, split);
+  const Tensor bias = b_.defined() ? regroup(b_.value, split) : Tensor();
+  std::vector<Tensor> parts;
+  for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
+    const int64_t r = split.part_rows[p];
+    const Tensor wp = w.slice(base[p], r);
+    if (b_.defined() && cfg_.gemm_bias_fusion) {
+      Tensor y = ctx_.empty({n, r});
+      Tensor none, none2;
+      ctx_.op().gemm_epilogue(
+          y, none, none2, x2, wp, bias.slice(base[p], r),
+          ops::GemmEpilogueArgs{.trans_b = true, .epilogue = ops::GemmEpilogue::bias});
+      parts.push_back(y);
+    } else {
+      Tensor y = linear_fwd(ctx_, x2, wp);
+      if (b_.defined()) ctx_.op().bias_add(y, bias.slice(base[p], r));
+      parts.push_back(y);
+    }
+  }
+  return parts;
+}
+
+Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& saved,
+                                      bool bias_grad_done, Weight* weight) {
+  Weight& w = weight ? *weight : w_;
+  const Tensor total = saved.input.defined() ? saved.input : x;
+  const int64_t in = cfg_.input_size, out = w.value.size(0), n = total.numel() / in;
+  const Tensor g = cfg_.gather_output && ctx_.tp_size() > 1
+                       ? gather_from_tensor_model_parallel_region_bwd(dy, *ctx_.tp_group)
+                       : dy;
+  const Tensor x2 = total.view({n, in});
+  const Tensor g2 = g.view({n, out});  // [N, out/TP]
+  Tensor dx = ctx_.empty({n, in});     // partial sum over the output shards
+  if (out == 0) {
+    ctx_.op().fill(dx, 0.0);  // no output rows: no contribution
+  } else if (b_.defined() && !bias_grad_done && cfg_.gemm_bias_fusion) {
     // dW += dy^T x with dbias += sum_n dy on the weight-gradient GEMM (bgrad epilogue); under SP
     // the input is the gathered [N, in] and dy this rank's [N, out/TP]: the sums are complete.
     Tensor none;
     ctx_.op().gemm_epilogue(
-        w_.grad, none, b_.grad, g2, saved.input, Tensor(),
+        w.grad, none, b_.grad, g2, x2, Tensor(),
         ops::GemmEpilogueArgs{.trans_a = true, .epilogue = ops::GemmEpilogue::bgrad, .beta = 1.0f});
-    ctx_.op().gemm(dx, g2, w_.value, ops::GemmArgs{});
+    ctx_.op().gemm(dx, g2, w.value, ops::GemmArgs{});
   } else {
-    linear_bwd(ctx_, dx, w_.grad, g2, saved.input, w_.value);
+    if (b_.defined() && !bias_grad_done) ctx_.op().bias_grad(b_.grad, g2);
+    linear_bwd(ctx_, dx, w.grad, g2, x2, w.value);
   }
   saved = Saved{};
-  dx = dx.view(with_last(g.shape(), cfg_.input_size));
-  return cfg_.sequence_parallel ? gather_from_sequence_parallel_region_bwd(dx, tp_)
-                                : copy_to_tensor_model_parallel_region_bwd(dx, tp_);
+  return region_enter_bwd(ctx_, dx.view(with_last(total.shape(), in)));
+}
+
+Tensor ColumnParallelLinear::backward_split(const std::vector<Tensor>& dparts, const Tensor& x,
+                                            Saved& saved, const OutputSplit& split) {
+  MG_CHECK(dparts.size() == split.part_rows.size(),
+           "ColumnParallelLinear::backward_split: " << dparts.size() << " gradients for "
+                                                    << split.part_rows.size() << " parts");
+  const Tensor total = saved.input.defined() ? saved.input : x;
+  const int64_t in = cfg_.input_size, n = total.numel() / in;
+  const Tensor x2 = total.view({n, in});
+  const std::vector<int64_t> base = part_offsets(split);
+  const std::size_t np = split.part_rows.size();
+  // Weight (and bias) gradient part by part into regrouped scratch, then added into the main_grad
+  // rows of each block.
+  Tensor dw = Tensor::empty(w_.grad.shape(), ctx_.grad_dtype, ctx_.device);
+  Tensor db;
+  if (b_.defined()) db = Tensor::zeros(b_.grad.shape(), ctx_.grad_dtype, ctx_.device);
+  for (std::size_t p = 0; p < np; ++p) {
+    const int64_t r = split.part_rows[p];
+    Tensor dwp = dw.slice(base[p], r);
+    if (b_.defined() && cfg_.gemm_bias_fusion) {  // dW = dy^T x with dbias = sum_n dy (bgrad)
+      Tensor none;
+      Tensor dbp = db.slice(base[p], r);
+      ctx_.op().gemm_epilogue(
+          dwp, none, dbp, dparts[p], x2, Tensor(),
+          ops::GemmEpilogueArgs{.trans_a = true, .epilogue = ops::GemmEpilogue::bgrad});
+    } else {
+      if (b_.defined()) {
+        Tensor dbp = db.slice(base[p], r);
+        ctx_.op().bias_grad(dbp, dparts[p]);
+      }
+      ctx_.op().gemm(dwp, dparts[p], x2, ops::GemmArgs{.trans_a = true, .beta = 0.0f});
+    }
+  }
+  std::vector<int64_t> filled(np, 0);
+  for (const OutputSplit::Block& blk : split.blocks) {
+    const auto p = static_cast<std::size_t>(blk.part);
+    const int64_t src = base[p] + filled[p];
+    if (b_.defined()) {
+      Tensor gb = b_.grad.slice(blk.offset, blk.rows);
+      ctx_.op().axpy(gb, db.slice(src, blk.rows), 1.0f);
+    }
+    Tensor gw = w_.grad.slice(blk.offset, blk.rows);
+    ctx_.op().axpy(gw, dw.slice(src, blk.rows), 1.0f);
+    filled[p] += blk.rows;
+  }
+  // dx = sum_p d(part p) W_p with the regrouped weight.
+  const Tensor w = regroup(w_.value, split);
+  Tensor dx = ctx_.empty({n, in});
+  for (std::size_t p = 0; p < np; ++p)
+    ctx_.op().gemm(dx, dparts[p], w.slice(base[p], split.part_rows[p]),
+                   ops::GemmArgs{.beta = p == 0 ? 0.0f : 1.0f});
+  saved = Saved{};
+  return region_enter_bwd(ctx_, dx.view(with_last(total.shape(), in)));
 }
 
 // ---- RowParallelLinear -------------------------------------------------------------------------
 
 RowParallelLinear::RowParallelLinear(const ModuleContext& ctx, ParamBuilder& pb,
                                      const std::string& name_prefix,
-                                     const RowParallelLinearConfig& config, comm::ProcessGroup& tp)
-    : ctx_(ctx), cfg_(config), tp_(tp) {
+                                     const RowParallelLinearConfig& config)
+    : ctx_(ctx), cfg_(config) {
   MG_CHECK(cfg_.input_size >= 1 && cfg_.output_size >= 1,
            "RowParallelLinear " << name_prefix << ": input_size " << cfg_.input_size
                                 << ", output_size " << cfg_.output_size);
-  const Partition part{1, 1, tp.rank(), tp.size()};
+  const Partition part = ctx.tp_partition(1);
   in_local_ = local_shape({cfg_.output_size, cfg_.input_size}, part)[1];
   pb.add(w_, name_prefix + "weight", {cfg_.output_size, cfg_.input_size}, cfg_.init, part);
+  // Replicated; under SP each rank adds it to (and takes the gradient of) its own sequence shard.
   if (cfg_.bias)
     pb.add(b_, name_prefix + "bias", {cfg_.output_size}, InitRule::zeros, Partition{},
-           cfg_.sequence_parallel);
+           ctx.sequence_parallel && ctx.tp_size() > 1);
 }
 
-Tensor RowParallelLinear::forward(const Tensor& x, Saved& saved) const {
-  const Tensor xp = cfg_.input_is_parallel ? x : scatter_to_tensor_model_parallel_region(x, tp_);
+Tensor RowParallelLinear::forward(const Tensor& x) const {
+  const Tensor xp = cfg_.input_is_parallel || ctx_.tp_size() == 1
+                        ? x
+                        : scatter_to_tensor_model_parallel_region(x, *ctx_.tp_group);
   MG_CHECK(xp.dim() >= 1 && xp.size(-1) == in_local_,
            "RowParallelLinear: input " << x.str() << ", expected [.., "
                                        << (cfg_.input_is_parallel ? in_local_ : cfg_.input_size)
                                        << "]");
   const int64_t n = xp.numel() / in_local_, out = cfg_.output_size;
-  saved.input = xp.view({n, in_local_});               // [N, in/TP]
-  Tensor y = linear_fwd(ctx_, saved.input, w_.value);  // [N, out], partial sum over TP
-  y = y.view(with_last(xp.shape(), out));
-  y = cfg_.sequence_parallel ? reduce_scatter_to_sequence_parallel_region(y, tp_)
-                             : reduce_from_tensor_model_parallel_region(y, tp_);
+  Tensor y = linear_fwd(ctx_, xp.view({n, in_local_}), w_.value);  // [N, out], partial over TP
+  y = region_exit(ctx_, y.view(with_last(xp.shape(), out)));
   if (b_.defined() && !cfg_.skip_bias_add) {
     Tensor y2 = y.view({y.numel() / out, out});
     ctx_.op().bias_add(y2, b_.value);
@@ -117,32 +292,55 @@ Tensor RowParallelLinear::forward(const Tensor& x, Saved& saved) const {
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy, Saved& saved) {
-  MG_CHECK(saved.input.defined(), "RowParallelLinear::backward without a forward");
+Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) {
   const int64_t out = cfg_.output_size;
   if (b_.defined() && !cfg_.skip_bias_add)
     ctx_.op().bias_grad(b_.grad, dy.view({dy.numel() / out, out}));
-  const Tensor g = cfg_.sequence_parallel ? reduce_scatter_to_sequence_parallel_region_bwd(dy, tp_)
-                                          : reduce_from_tensor_model_parallel_region_bwd(dy, tp_);
-  const int64_t n = saved.input.size(0);
+  const Tensor g = region_exit_bwd(ctx_, dy);
+  const Tensor xp = cfg_.input_is_parallel || ctx_.tp_size() == 1
+                        ? x
+                        : scatter_to_tensor_model_parallel_region(x, *ctx_.tp_group);
+  const int64_t n = g.numel() / out;
   Tensor dx = ctx_.empty({n, in_local_});
-  linear_bwd(ctx_, dx, w_.grad, g.view({n, out}), saved.input, w_.value);
-  saved = Saved{};
+  linear_bwd(ctx_, dx, w_.grad, g.view({n, out}), xp.view({n, in_local_}), w_.value);
   dx = dx.view(with_last(g.shape(), in_local_));
-  return cfg_.input_is_parallel ? dx : scatter_to_tensor_model_parallel_region_bwd(dx, tp_);
+  return cfg_.input_is_parallel || ctx_.tp_size() == 1
+             ? dx
+             : scatter_to_tensor_model_parallel_region_bwd(dx, *ctx_.tp_group);
+}
+
+Tensor RowParallelLinear::backward_dgelu_bgrad(const Tensor& dy, const Tensor& x,
+                                               const Tensor& pre_activation, Tensor& dbias_prev) {
+  MG_CHECK(cfg_.input_is_parallel && (!b_.defined() || cfg_.skip_bias_add),
+           "RowParallelLinear::backward_dgelu_bgrad: needs input_is_parallel and no bias of its "
+           "own to add");
+  const int64_t out = cfg_.output_size;
+  const Tensor g = region_exit_bwd(ctx_, dy);
+  const int64_t n = g.numel() / out;
+  const Tensor g2 = g.view({n, out});
+  // d(pre-act) = gelu'(pre) * (dy W) and dbias_prev += its column sums, in one GEMM.
+  Tensor du = ctx_.empty(pre_activation.shape());
+  Tensor pre = pre_activation;  // the epilogue's aux input (a view, not written)
+  ctx_.op().gemm_epilogue(du, pre, dbias_prev, g2, w_.value, Tensor(),
+                          ops::GemmEpilogueArgs{.epilogue = ops::GemmEpilogue::dgelu_bgrad});
+  ctx_.op().gemm(w_.grad, g2, x.view({n, in_local_}),
+                 ops::GemmArgs{.trans_a = true, .beta = 1.0f});  // dW += dy^T x
+  return du;
 }
 
 // ---- VocabParallelEmbedding --------------------------------------------------------------------
 
 VocabParallelEmbedding::VocabParallelEmbedding(const ModuleContext& ctx, ParamBuilder& pb,
                                                const std::string& name, int64_t padded_vocab,
-                                               int64_t hidden, comm::ProcessGroup& tp,
-                                               bool reduce_scatter_embeddings)
-    : ctx_(ctx), tp_(tp), reduce_scatter_(reduce_scatter_embeddings), h_(hidden) {
-  const VocabRange r = vocab_range(padded_vocab, tp.rank(), tp.size());
+                                               int64_t hidden, bool reduce_scatter_embeddings)
+    : ctx_(ctx), reduce_scatter_(reduce_scatter_embeddings), h_(hidden) {
+  MG_CHECK(!reduce_scatter_ || ctx.sequence_parallel || ctx.tp_size() == 1,
+           "VocabParallelEmbedding " << name << ": reduce_scatter_embeddings needs sequence "
+                                     << "parallelism");
+  const VocabRange r = vocab_range(padded_vocab, ctx.tp_rank(), ctx.tp_size());
   vocab_start_ = r.start;
   vocab_end_ = r.end;
-  pb.add(w_, name, {padded_vocab, hidden}, InitRule::normal, Partition{0, 1, tp.rank(), tp.size()});
+  pb.add(w_, name, {padded_vocab, hidden}, InitRule::normal, ctx.tp_partition(0));
 }
 
 Tensor VocabParallelEmbedding::forward(const Tensor& ids, int64_t s, int64_t b) const {
@@ -150,13 +348,16 @@ Tensor VocabParallelEmbedding::forward(const Tensor& ids, int64_t s, int64_t b) 
                                                             << s << ", " << b << "]");
   Tensor out = ctx_.empty({s, b, h_});  // this shard's rows, 0 for ids of other shards
   ctx_.op().embedding_fwd(out, ids, w_.value, vocab_start_);
-  return reduce_scatter_ ? reduce_scatter_to_sequence_parallel_region(out, tp_)
-                         : reduce_from_tensor_model_parallel_region(out, tp_);
+  if (ctx_.tp_size() == 1) return out;
+  return reduce_scatter_ ? reduce_scatter_to_sequence_parallel_region(out, *ctx_.tp_group)
+                         : reduce_from_tensor_model_parallel_region(out, *ctx_.tp_group);
 }
 
 void VocabParallelEmbedding::backward(const Tensor& dy, const Tensor& ids) {
-  const Tensor g = reduce_scatter_ ? reduce_scatter_to_sequence_parallel_region_bwd(dy, tp_)
-                                   : reduce_from_tensor_model_parallel_region_bwd(dy, tp_);
+  Tensor g = dy;
+  if (ctx_.tp_size() > 1)
+    g = reduce_scatter_ ? reduce_scatter_to_sequence_parallel_region_bwd(dy, *ctx_.tp_group)
+                        : reduce_from_tensor_model_parallel_region_bwd(dy, *ctx_.tp_group);
   ctx_.op().embedding_bwd(w_.grad, g.view({ids.numel(), h_}), ids, vocab_start_);
 }
 

@@ -1,23 +1,38 @@
-// Tensor-parallel layers (Megatron's tensor_parallel/layers.py) with explicit forward/backward:
+// Tensor-parallel layers (Megatron's tensor_parallel/layers.py) with explicit forward/backward.
+// The model's linear layers and word embedding ARE these classes (attention.h, mlp.h,
+// gpt_model.cpp); on one rank (ctx.tp_group null or of size 1) they are plain layers with no
+// communication.
 //
 //   ColumnParallelLinear   weight [out/TP, in] (rows of the full [out, in]), bias [out/TP].
-//                          x -> copy_to_tp (or, sequence parallel, all-gather of the S shards) ->
-//                          x W_r^T + b_r [S, B, out/TP] -> (gather_output: all-gather last dim)
+//                          x -> copy into the TP region (or, sequence parallel, all-gather of the
+//                          S shards) -> x W_r^T + b_r [S, B, out/TP] -> (gather_output: all-gather
+//                          of the last dim). Used for linear_qkv, linear_fc1 and the output layer.
 //   RowParallelLinear      weight [out, in/TP] (columns), bias [out] replicated.
 //                          x [.., in/TP] (or split from a full x) -> x W_r^T -> all-reduce (or,
-//                          sequence parallel, reduce-scatter to S shards) -> + b
+//                          sequence parallel, reduce-scatter to S shards) -> + b (unless
+//                          skip_bias_add: the layer's bias-dropout-add adds it, as Megatron).
+//                          Used for linear_proj and linear_fc2.
 //   VocabParallelEmbedding weight [V_pad/TP, H] (rows [vocab_start, vocab_end)); lookup with 0
-//                          for ids of other shards -> all-reduce (or reduce-scatter under SP)
+//                          for ids of other shards -> all-reduce (or reduce-scatter under SP).
 //
-// Activations are sequence-first [S, B, ...]; under sequence parallelism the non-TP regions hold
-// [S/TP, B, H]. Parameters are declared through a ParamBuilder as shards of the full tensor
-// (Partition in sharding.h; global_shape, tensor_parallel_dim, partition_stride recorded), so init
-// and checkpoints see Megatron's global layouts. Under sequence parallelism the replicated
-// row-parallel bias is marked sequence_parallel: its gradient is a partial sum on each rank and
+// The TP group and sequence parallelism come from the ModuleContext (ctx.tp_group,
+// ctx.sequence_parallel): the model's explicit parallel state. Activations are sequence-first
+// [S, B, ...]; under sequence parallelism the non-TP regions hold [S/TP, B, H]. Parameters are
+// declared through a ParamBuilder (weight, then bias: the order fixes the flat buffers' layout) as
+// shards of the full tensor (Partition in sharding.h), so init and checkpoints see Megatron's
+// global layouts. Under sequence parallelism the replicated row-parallel bias is marked
+// sequence_parallel: its gradient is a partial sum on each rank and
 // all_reduce_sequence_parallel_grads() must sum it over TP before the optimizer (PITFALLS #3).
 //
+// GEMM epilogues (ColumnParallelLinearConfig::gemm_bias_fusion): the bias in the forward GEMM
+// (bias epilogue) and its gradient in the weight-gradient GEMM (bgrad epilogue); without it,
+// bias_add and bias_grad ops. forward_bias_gelu / RowParallelLinear::backward_dgelu_bgrad are
+// Megatron's bias-GELU fusion of an MLP (mlp.cpp). forward_split is the fused QKV of grouped-query
+// attention: the output rows cut into parts computed as separate contiguous tensors.
+//
 // Gradient rule: parameter gradients accumulate (+=), activation gradients are written (=).
-// Each layer's Saved holds the (gathered) input it needs for the weight gradient.
+// Backward takes the layer's input `x` as the caller holds it; Saved keeps only what the caller
+// does not have (the input gathered/copied into the TP region when TP > 1).
 #pragma once
 
 #include <string>
@@ -38,34 +53,75 @@ struct ColumnParallelLinearConfig {
   int64_t input_size = 0;   // in
   int64_t output_size = 0;  // out, the full (unsharded) output size
   bool bias = true;
-  bool gather_output = false;      // all-gather the output's last dim (else [.., out/TP])
-  bool sequence_parallel = false;  // input is [S/TP, B, in]: all-gathered along S first
-  int partition_stride = 1;        // 2 for SwiGLU's [gate; up] fc1 (FORMATS.md §6.3)
+  bool gather_output = false;  // all-gather the output's last dim (else [.., out/TP])
+  int partition_stride = 1;    // 2 for SwiGLU's [gate; up] fc1 (FORMATS.md §6.3)
   InitRule init = InitRule::normal;
+  // Bias in the GEMM epilogue (forward) and in the weight-gradient GEMM (bgrad); false: separate
+  // bias_add / bias_grad ops. linear_qkv: always; linear_fc1: config.bias_activation_fusion.
+  bool gemm_bias_fusion = true;
+  // Megatron's skip_weight_param_allocation: no weight of its own; forward/backward are given
+  // one (the output layer tied to the word embedding).
+  bool skip_weight_param_allocation = false;
+};
+
+// The output rows of a ColumnParallelLinear cut into parts, each computed as its own contiguous
+// [N, rows] tensor: part p is the concatenation, in order, of the blocks naming p. Local weight
+// rows [offset, offset + rows) of each block; the blocks cover the local rows exactly once. The
+// fused QKV of grouped-query attention (FORMATS.md §6.2: per KV group q rows, then k, then v)
+// becomes q, k, v without permuting activations: the weight rows are regrouped (a weight-sized
+// scratch copy) and each part is one GEMM.
+struct OutputSplit {
+  struct Block {
+    int part = 0;
+    int64_t offset = 0, rows = 0;
+  };
+  std::vector<int64_t> part_rows;
+  std::vector<Block> blocks;
 };
 
 class ColumnParallelLinear {
  public:
   struct Saved {
-    Tensor input;  // [N, in], gathered along S under sequence parallelism
+    Tensor input;  // TP > 1: the input inside the TP region [S, B, in] (gathered along S under SP)
   };
   // name_prefix: "decoder.layers.0.mlp.linear_fc1." -> ".weight", ".bias".
   ColumnParallelLinear(const ModuleContext& ctx, ParamBuilder& pb, const std::string& name_prefix,
-                       const ColumnParallelLinearConfig& config, comm::ProcessGroup& tp);
+                       const ColumnParallelLinearConfig& config);
 
-  // x [S (or S/TP), B, in] -> [S, B, out/TP] (or [S, B, out] with gather_output).
-  Tensor forward(const Tensor& x, Saved& saved) const;
-  // dy like forward's output -> dx like x (written); accumulates weight and bias grads.
-  Tensor backward(const Tensor& dy, Saved& saved);
+  // x [S (or S/TP), B, in] -> x W^T + b [S, B, out/TP] (or [S, B, out] with gather_output).
+  // weight: the weight to use instead of the layer's own (Megatron's forward(input, weight)): the
+  // tied word embedding, or the rows of the output layer that produce logits; 0 rows: an empty
+  // output.
+  Tensor forward(const Tensor& x, Saved& saved, const Weight* weight = nullptr) const;
+  // gelu_tanh(x W^T + b) [S, B, out/TP] in one GEMM (bias_gelu epilogue); pre_activation [N,
+  // out/TP] = x W^T + b, kept for RowParallelLinear::backward_dgelu_bgrad. No gather_output.
+  Tensor forward_bias_gelu(const Tensor& x, Saved& saved, Tensor& pre_activation) const;
+  // x -> the parts of `split`, each [N, part_rows[p]] (+ its bias rows). No gather_output.
+  std::vector<Tensor> forward_split(const Tensor& x, Saved& saved, const OutputSplit& split) const;
+
+  // dy like forward's output -> dx like x (written); accumulates the weight and bias grads.
+  // x: the input forward was given. bias_grad_done: the bias gradient was already accumulated
+  // (backward_dgelu_bgrad's epilogue), only the weight's is added here.
+  Tensor backward(const Tensor& dy, const Tensor& x, Saved& saved, bool bias_grad_done = false,
+                  Weight* weight = nullptr);
+  // d(parts) [N, part_rows[p]] of forward_split -> dx like x (written).
+  Tensor backward_split(const std::vector<Tensor>& dparts, const Tensor& x, Saved& saved,
+                        const OutputSplit& split);
 
   const Weight& weight() const { return w_; }
+  Weight& weight() { return w_; }
   const Weight& bias() const { return b_; }
+  Weight& bias() { return b_; }
   int64_t output_size_per_partition() const { return out_local_; }
 
  private:
+  // The input inside the TP region (saved when TP > 1).
+  Tensor enter(const Tensor& x, Saved& saved) const;
+  // Rows of `full` [out/TP, ..] regrouped into the parts of `split`, one scratch tensor.
+  Tensor regroup(const Tensor& full, const OutputSplit& split) const;
+
   const ModuleContext& ctx_;
   ColumnParallelLinearConfig cfg_;
-  comm::ProcessGroup& tp_;
   int64_t out_local_;
   Weight w_, b_;
 };
@@ -74,24 +130,28 @@ struct RowParallelLinearConfig {
   int64_t input_size = 0;   // in, the full (unsharded) input size
   int64_t output_size = 0;  // out
   bool bias = true;
-  bool input_is_parallel = true;   // x is already [.., in/TP] (else split from a full x)
-  bool sequence_parallel = false;  // output reduce-scattered to [S/TP, B, out]
-  bool skip_bias_add = false;      // leave the bias to the caller (bias-dropout-add)
+  bool input_is_parallel = true;  // x is already [.., in/TP] (else split from a full x)
+  bool skip_bias_add = false;     // leave the bias to the caller (bias-dropout-add)
   InitRule init = InitRule::scaled_normal;
 };
 
 class RowParallelLinear {
  public:
-  struct Saved {
-    Tensor input;  // [N, in/TP]
-  };
   RowParallelLinear(const ModuleContext& ctx, ParamBuilder& pb, const std::string& name_prefix,
-                    const RowParallelLinearConfig& config, comm::ProcessGroup& tp);
+                    const RowParallelLinearConfig& config);
 
   // x [S, B, in/TP] (or [S, B, in]) -> [S (or S/TP under SP), B, out].
-  Tensor forward(const Tensor& x, Saved& saved) const;
-  // dy like forward's output -> dx like x (written); accumulates weight (and bias) grads.
-  Tensor backward(const Tensor& dy, Saved& saved);
+  Tensor forward(const Tensor& x) const;
+  // dy like forward's output -> dx like x (written); accumulates weight (and bias) grads. x: the
+  // input forward was given.
+  Tensor backward(const Tensor& dy, const Tensor& x);
+  // The bias-GELU fusion of an MLP (input_is_parallel, no own bias term in play): x =
+  // gelu(pre_activation) of the previous ColumnParallelLinear::forward_bias_gelu. Returns
+  // d(pre_activation) = gelu'(pre) * (dy W) [N, in/TP] from the data-gradient GEMM's dgelu_bgrad
+  // epilogue, which also accumulates its column sums into dbias_prev (that layer's bias grad;
+  // undefined: none); dW += dy^T x.
+  Tensor backward_dgelu_bgrad(const Tensor& dy, const Tensor& x, const Tensor& pre_activation,
+                              Tensor& dbias_prev);
 
   const Weight& weight() const { return w_; }
   const Weight& bias() const { return b_; }
@@ -100,7 +160,6 @@ class RowParallelLinear {
  private:
   const ModuleContext& ctx_;
   RowParallelLinearConfig cfg_;
-  comm::ProcessGroup& tp_;
   int64_t in_local_;
   Weight w_, b_;
 };
@@ -108,9 +167,10 @@ class RowParallelLinear {
 class VocabParallelEmbedding {
  public:
   // padded_vocab: V_pad, a multiple of TP (TransformerConfig::padded_vocab_size(vocab, TP)).
-  // reduce_scatter_embeddings: the output goes to sequence-parallel shards [S/TP, B, H].
+  // reduce_scatter_embeddings: the output goes to sequence-parallel shards [S/TP, B, H] (needs
+  // ctx.sequence_parallel); else it is all-reduced to the full [S, B, H].
   VocabParallelEmbedding(const ModuleContext& ctx, ParamBuilder& pb, const std::string& name,
-                         int64_t padded_vocab, int64_t hidden, comm::ProcessGroup& tp,
+                         int64_t padded_vocab, int64_t hidden,
                          bool reduce_scatter_embeddings = false);
 
   // ids [N] i32/i64 in sequence-first order (row n = s B + b), s and b its [S, B] ->
@@ -122,10 +182,10 @@ class VocabParallelEmbedding {
   int64_t vocab_start() const { return vocab_start_; }
   int64_t vocab_end() const { return vocab_end_; }
   const Weight& weight() const { return w_; }
+  Weight& weight() { return w_; }
 
  private:
   const ModuleContext& ctx_;
-  comm::ProcessGroup& tp_;
   bool reduce_scatter_;
   int64_t h_, vocab_start_, vocab_end_;
   Weight w_;

@@ -1,16 +1,18 @@
-// Self-attention: linear_qkv -> [q/k layernorm] -> [rope] -> core attention -> linear_proj.
+// Self-attention: linear_qkv -> [q/k layernorm] -> [rope] -> core attention -> linear_proj, each
+// slot as the spec (SelfAttentionSubmodules) names it.
 //
-// linear_qkv.weight is Megatron's fused GQA layout [(NH + 2 NG) HD, H], grouped by KV group
-// (FORMATS.md §6.2: q rows of the group's NH/NG heads, then k, then v). The attention op wants q
-// [S, B, NH, HD] and k, v [S, B, NG, HD] as separate contiguous tensors, so forward first gathers
-// the weight's row blocks into [q-all; k-all; v-all] (3 NG row-block copies, weight-sized, cheap)
-// and runs three gemms; backward computes the weight gradient in that order and adds each row block
-// back into the grouped main_grad. The activations are never permuted.
-// linear_proj's bias is not added here: the layer's bias-dropout-add does it (as Megatron).
+// linear_qkv is a tensor_parallel::ColumnParallelLinear whose weight is Megatron's fused GQA
+// layout [(NH + 2 NG) HD, H], grouped by KV group (FORMATS.md §6.2: q rows of the group's NH/NG
+// heads, then k, then v). The attention op wants q [S, B, NH, HD] and k, v [S, B, NG, HD] as
+// separate contiguous tensors, so the layer runs with an OutputSplit (layers.h): the weight's row
+// blocks regrouped into [q-all; k-all; v-all] and one GEMM per part; backward adds each row block
+// of the weight gradient back into the grouped main_grad. The activations are never permuted.
+// linear_proj is a RowParallelLinear with skip_bias_add: the layer's bias-dropout-add adds its
+// bias (as Megatron).
 // Tensor parallelism (ctx.tp_group): this rank holds NH/TP heads and NG/TP whole KV groups
-// (linear_qkv rows, column-parallel) and the matching linear_proj columns (row-parallel); the
-// input enters the TP region by copy (or SP all-gather) and the output leaves by all-reduce (or
-// SP reduce-scatter), tensor_parallel/mappings.h. NH and NH/NG below are this rank's.
+// (linear_qkv rows) and the matching linear_proj columns; the input enters the TP region in
+// linear_qkv (copy, or SP all-gather) and the output leaves it in linear_proj (all-reduce, or SP
+// reduce-scatter). NH and NH/NG below are this rank's.
 // Context parallelism (ctx.cp active): S is this rank's two sequence chunks (2C tokens); only core
 // attention crosses the CP group (context_parallel.h), and its lse is then cp_lse_shape's.
 #pragma once
@@ -19,6 +21,7 @@
 #include <string>
 
 #include "megatron/core/inference/inference_context.h"
+#include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/transformer/module.h"
 #include "megatron/core/transformer/norm.h"
 #include "megatron/core/transformer/transformer_layer_spec.h"
@@ -40,12 +43,12 @@ class SelfAttention {
     Norm::Saved q_norm, k_norm;
     Tensor out, lse;  // core attention [S, B, NH, HD], [B, NH, S] (CP: cp_lse_shape); empty
                       // when recomputed
-    Tensor input;     // TP > 1: the input gathered/copied into the TP region [S, B, H]
+    tensor_parallel::ColumnParallelLinear::Saved qkv;  // TP > 1: the input in the TP region
   };
 
   // prefix: "decoder.layers.N.self_attention."
   SelfAttention(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix,
-                const SelfAttentionSpec& spec);
+                const SelfAttentionSubmodules& spec);
 
   // x [S, B, H] (normalised) -> linear_proj(x) without its bias [S, B, H].
   // keep_core_out = false (selective recompute) drops out/lse after linear_proj.
@@ -55,8 +58,8 @@ class SelfAttention {
   Tensor backward(const Tensor& dy, const Tensor& x, Saved& saved, const AttentionInputs& in,
                   const ops::DropoutArgs& attn_dropout);
 
-  const Weight& proj_bias() const { return proj_b_; }
-  Weight& proj_bias() { return proj_b_; }
+  const Weight& proj_bias() const { return linear_proj_->bias(); }
+  Weight& proj_bias() { return linear_proj_->bias(); }
 
   // ---- inference with a KV cache (megatron/core/inference/; inference_forward.cpp) ----
   // x [Sq, B, H] (normalised): the next Sq tokens, at positions ic.sequence_len_offset + [0, Sq).
@@ -76,18 +79,16 @@ class SelfAttention {
   void core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const ops::AttentionArgs& a) const;
-  // Row blocks of grouped [(NH+2NG) HD, ..] into q [NH HD, ..], k, v [NG HD, ..] (copies).
-  void ungroup(const Tensor& grouped, Tensor& q, Tensor& k, Tensor& v) const;
-  // x2 [N, H] -> q [N, NH HD], k, v [N, NG HD] (+ the QKV bias, as a GEMM epilogue).
-  void project_qkv(const Tensor& x2, Tensor& q, Tensor& k, Tensor& v) const;
-  // grouped += the row blocks of q, k, v (axpy per block).
-  void add_grouped(Tensor& grouped, const Tensor& q, const Tensor& k, const Tensor& v) const;
+  // x [S, B, H] -> q [N, NH HD], k, v [N, NG HD] (+ the QKV bias, as a GEMM epilogue).
+  void project_qkv(const Tensor& x, Saved& saved, Tensor& q, Tensor& k, Tensor& v) const;
 
   const ModuleContext& ctx_;
   int64_t nh_, ng_, hd_, h_;
   bool rope_;
-  Weight qkv_w_, qkv_b_, proj_w_, proj_b_;
+  tensor_parallel::OutputSplit qkv_split_;  // the grouped rows of linear_qkv -> q, k, v
+  std::unique_ptr<tensor_parallel::ColumnParallelLinear> linear_qkv_;
   std::unique_ptr<Norm> q_norm_, k_norm_;
+  std::unique_ptr<tensor_parallel::RowParallelLinear> linear_proj_;
 };
 
 }  // namespace mg::transformer

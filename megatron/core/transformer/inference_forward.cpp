@@ -17,10 +17,9 @@ Tensor SelfAttention::infer(const Tensor& x, inference::StaticInferenceContext& 
   MG_CHECK(sk <= ic.max_sequence_length(),
            "inference: " << off << " cached + " << sq << " new tokens exceed the context's "
                          << "max_sequence_length " << ic.max_sequence_length());
-  const Tensor xt = tp_region_enter(ctx_, x);  // TP: copy into the region (SP is refused above)
-  const Tensor x2 = xt.view({n, h_});
-  Tensor q, k, v;            // [N, NH HD], [N, NG HD], [N, NG HD]
-  project_qkv(x2, q, k, v);  // as forward() (same numerics)
+  Saved qkv_saved;  // linear_qkv: TP copy into the region (SP is refused by GPTModel::infer)
+  Tensor q, k, v;   // [N, NH HD], [N, NG HD], [N, NG HD]
+  project_qkv(x, qkv_saved, q, k, v);  // as forward() (same numerics)
   if (q_norm_) {
     Norm::Saved unused;
     q = q_norm_->forward(q.view({n * nh_, hd_}), unused);
@@ -57,8 +56,7 @@ Tensor SelfAttention::infer(const Tensor& x, inference::StaticInferenceContext& 
   ops::AttentionArgs aa;
   aa.causal = true;  // bottom-right: query i (position off + i) sees keys j <= off + i
   ctx_.op().attention_fwd(out, lse, q, keys, values, aa);
-  Tensor y = linear_fwd(ctx_, out.view({n, nh_ * hd_}), proj_w_.value);  // [N, H]
-  return tp_region_exit(ctx_, y.view({sq, b, h_}));
+  return linear_proj_->forward(out.view({sq, b, nh_ * hd_}));  // [Sq, B, H], reduced over TP
 }
 
 Tensor TransformerLayer::infer(const Tensor& x, inference::StaticInferenceContext& ic) const {

@@ -1,4 +1,4 @@
-// MLP forward/backward over the gemm, gemm_epilogue, bias and activation ops (mlp.h).
+// MLP forward/backward over the tensor-parallel linears (layers.h) and the activation ops (mlp.h).
 // Gradient rule: parameter gradients +=, activation gradients =.
 // Under config.bias_activation_fusion (Megatron's default; --no-bias-gelu-fusion turns it off):
 //   GELU: fc1 is one gemm_epilogue bias_gelu (bias + tanh GELU, the pre-activation kept as aux);
@@ -11,6 +11,8 @@
 //         the bgrad epilogue (dW1 += du^T x, dbias1 += sum_n du).
 // Without the flag: gemm, bias_add, the activation, bias_grad, as separate ops (exact erf GELU).
 #include "megatron/core/transformer/mlp.h"
+
+#include "megatron/core/common/error.h"
 
 namespace mg::transformer {
 
@@ -44,99 +46,82 @@ void activation_bwd(const ModuleContext& ctx, Activation act, ops::GeluApprox ap
   }
 }
 
-MLP::MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix, const MlpSpec&,
-         int64_t ffn_hidden_size)
+MLP::MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix,
+         const MlpSubmodules& spec, int64_t ffn_hidden_size)
     : ctx_(ctx) {
+  MG_CHECK(spec.linear_fc1 == LinearImpl::column_parallel,
+           prefix << "linear_fc1: column-parallel only (LinearImpl::column_parallel)");
+  MG_CHECK(spec.linear_fc2 == LinearImpl::row_parallel,
+           prefix << "linear_fc2: row-parallel only (LinearImpl::row_parallel)");
   const TransformerConfig& c = *ctx.config;
   act_ = c.activation;
   fused_ = c.bias_activation_fusion;
   gelu_ = c.bias_activation_fusion ? ops::GeluApprox::tanh : ops::GeluApprox::none;
   h_ = c.hidden_size;
   const int64_t ffn = ffn_hidden_size > 0 ? ffn_hidden_size : c.ffn_hidden_size;
-  const int64_t fc1_rows = c.gated_linear_unit() ? 2 * ffn : ffn;
   f_ = tensor_parallel::divide_exact(ffn, ctx.tp_size(),
                                      "ffn_hidden_size over tensor_model_parallel_size");
   // Column-parallel fc1 (SwiGLU: partition_stride 2, each rank [gate_r; up_r], FORMATS.md §6.3),
   // row-parallel fc2 with its replicated bias left to the layer's bias-dropout-add.
-  const int stride = c.gated_linear_unit() ? 2 : 1;
-  pb.add(fc1_w_, prefix + "linear_fc1.weight", {fc1_rows, h_}, InitRule::normal,
-         ctx.tp_partition(0, stride));
-  if (c.add_bias_linear)
-    pb.add(fc1_b_, prefix + "linear_fc1.bias", {fc1_rows}, InitRule::zeros,
-           ctx.tp_partition(0, stride));
-  pb.add(fc2_w_, prefix + "linear_fc2.weight", {h_, ffn}, InitRule::scaled_normal,
-         ctx.tp_partition(1));
-  if (c.add_bias_linear)
-    pb.add(fc2_b_, prefix + "linear_fc2.bias", {h_}, InitRule::zeros, tensor_parallel::Partition{},
-           ctx.sequence_parallel && ctx.tp_size() > 1);
+  linear_fc1_ = std::make_unique<tensor_parallel::ColumnParallelLinear>(
+      ctx, pb, prefix + "linear_fc1.",
+      tensor_parallel::ColumnParallelLinearConfig{
+          .input_size = h_,
+          .output_size = c.gated_linear_unit() ? 2 * ffn : ffn,
+          .bias = c.add_bias_linear,
+          .partition_stride = c.gated_linear_unit() ? 2 : 1,
+          .init = InitRule::normal,
+          .gemm_bias_fusion = fused_});
+  linear_fc2_ = std::make_unique<tensor_parallel::RowParallelLinear>(
+      ctx, pb, prefix + "linear_fc2.",
+      tensor_parallel::RowParallelLinearConfig{.input_size = ffn,
+                                               .output_size = h_,
+                                               .bias = c.add_bias_linear,
+                                               .input_is_parallel = true,
+                                               .skip_bias_add = true,
+                                               .init = InitRule::scaled_normal});
 }
 
 Tensor MLP::forward(const Tensor& x, Saved& saved) const {
-  const Tensor xt = tp_region_enter(ctx_, x);  // [S, B, H] on every TP rank
-  if (ctx_.tp_size() > 1) saved.input = xt;
-  const Shape shape = xt.shape();
-  const int64_t n = xt.numel() / h_;
-  const Tensor x2 = xt.view({n, h_});
-  Tensor u, a;
+  // fc1 enters the TP region: [S(/TP), B, H] -> [S, B, F] on every TP rank.
+  Tensor u, a;  // [N, F] ([N, 2F] for u under SwiGLU), per rank
+  Shape shape;  // [S, B, F]
   if (fused_ && act_ == Activation::gelu) {
-    u = ctx_.empty({n, f_});  // the pre-activation x W1^T + b1, kept for the backward
-    a = ctx_.empty({n, f_});
-    Tensor none;
-    ctx_.op().gemm_epilogue(
-        a, u, none, x2, fc1_w_.value, fc1_b_.value,
-        ops::GemmEpilogueArgs{.trans_b = true, .epilogue = ops::GemmEpilogue::bias_gelu});
+    a = linear_fc1_->forward_bias_gelu(x, saved.fc1, u);  // bias + GELU in the GEMM, u kept
+    shape = a.shape();
+    a = a.view({u.size(0), f_});
   } else {
-    if (fused_ && fc1_b_.defined()) {
-      u = ctx_.empty({n, fc1_w_.value.size(0)});  // [N, F] or [N, 2F] (per rank)
-      Tensor none, none2;
-      ctx_.op().gemm_epilogue(
-          u, none, none2, x2, fc1_w_.value, fc1_b_.value,
-          ops::GemmEpilogueArgs{.trans_b = true, .epilogue = ops::GemmEpilogue::bias});
-    } else {
-      u = linear_fwd(ctx_, x2, fc1_w_.value);  // [N, F] or [N, 2F] (per rank)
-      if (fc1_b_.defined()) ctx_.op().bias_add(u, fc1_b_.value);
-    }
-    a = ctx_.empty({n, f_});  // [N, F]
+    const Tensor y = linear_fc1_->forward(x, saved.fc1);  // [S, B, F or 2F] (+ bias)
+    u = y.view({y.numel() / y.size(-1), y.size(-1)});
+    shape = y.shape();
+    shape.back() = f_;
+    a = ctx_.empty({u.size(0), f_});  // [N, F]
     activation_fwd(ctx_, act_, gelu_, a, u);
   }
-  Tensor z = linear_fwd(ctx_, a, fc2_w_.value);  // [N, H]
   saved.fc1_out = u;
   saved.act_out = a;
-  return tp_region_exit(ctx_, z.view(shape));
+  return linear_fc2_->forward(a.view(shape));  // leaves the TP region
 }
 
 Tensor MLP::backward(const Tensor& dy, const Tensor& x, Saved& saved) {
-  const Tensor dyt = tp_region_exit_bwd(ctx_, dy);  // [S, B, H]
-  const Tensor xt = saved.input.defined() ? saved.input : x;
-  const int64_t n = xt.numel() / h_;
-  const Tensor dy2 = dyt.view({n, h_});
-  Tensor du = ctx_.empty(saved.fc1_out.shape());
-  Tensor none;
+  const Tensor a = saved.act_out;
+  Tensor du;
   if (fused_ && act_ == Activation::gelu) {
-    // d(pre-act) = gelu'(u) * (dy W2) and dbias1 += its column sums, in one GEMM.
-    Tensor& db1 = fc1_b_.defined() ? fc1_b_.grad : none;
-    ctx_.op().gemm_epilogue(du, saved.fc1_out, db1, dy2, fc2_w_.value, Tensor(),
-                            ops::GemmEpilogueArgs{.epilogue = ops::GemmEpilogue::dgelu_bgrad});
-    ctx_.op().gemm(fc2_w_.grad, dy2, saved.act_out,
-                   ops::GemmArgs{.trans_a = true, .beta = 1.0f});  // dW2 += dy^T a
+    // d(pre-act) = gelu'(u) * (dy W2) and dbias1 += its column sums, in one GEMM; dW2 += dy^T a.
+    Tensor none;
+    Tensor& db1 = linear_fc1_->bias().defined() ? linear_fc1_->bias().grad : none;
+    du = linear_fc2_->backward_dgelu_bgrad(dy, a, saved.fc1_out, db1);
   } else {
-    Tensor da = ctx_.empty({n, f_});
-    linear_bwd(ctx_, da, fc2_w_.grad, dy2, saved.act_out, fc2_w_.value);
-    activation_bwd(ctx_, act_, gelu_, du, da, saved.fc1_out);
+    const Tensor da = linear_fc2_->backward(dy, a);
+    du = ctx_.empty(saved.fc1_out.shape());
+    activation_bwd(ctx_, act_, gelu_, du, da.view({a.size(0), f_}), saved.fc1_out);
   }
-  Tensor dx = ctx_.empty({n, h_});
-  if (fused_ && act_ != Activation::gelu && fc1_b_.defined()) {
-    // dW1 += du^T x with dbias1 += sum_n du on the weight-gradient GEMM.
-    ctx_.op().gemm_epilogue(
-        fc1_w_.grad, none, fc1_b_.grad, du, xt.view({n, h_}), Tensor(),
-        ops::GemmEpilogueArgs{.trans_a = true, .epilogue = ops::GemmEpilogue::bgrad, .beta = 1.0f});
-    ctx_.op().gemm(dx, du, fc1_w_.value, ops::GemmArgs{});
-  } else {
-    if (!fused_ && fc1_b_.defined()) ctx_.op().bias_grad(fc1_b_.grad, du);
-    linear_bwd(ctx_, dx, fc1_w_.grad, du, xt.view({n, h_}), fc1_w_.value);
-  }
+  // fc1: dW1 += du^T x (with the bias gradient unless the dgelu_bgrad epilogue took it), dx
+  // summed over TP (or reduce-scattered) back to x's shape.
+  const bool bias_grad_done = fused_ && act_ == Activation::gelu;
+  const Tensor dx = linear_fc1_->backward(du, x, saved.fc1, bias_grad_done);
   saved = Saved{};
-  return tp_region_enter_bwd(ctx_, dx.view(xt.shape()));
+  return dx;
 }
 
 }  // namespace mg::transformer

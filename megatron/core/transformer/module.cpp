@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "megatron/core/common/error.h"
-#include "megatron/core/tensor_parallel/mappings.h"
 
 namespace mg::transformer {
 
@@ -59,34 +58,6 @@ void ParamBuilder::finish(std::vector<Parameter>& params, ParamAndGradBuffer& bu
   decls = std::move(decls_);
   shapes_.clear();
   weights_.clear();
-}
-
-Tensor tp_region_enter(const ModuleContext& ctx, const Tensor& x) {
-  if (ctx.tp_size() == 1) return x;
-  return ctx.sequence_parallel
-             ? tensor_parallel::gather_from_sequence_parallel_region(x, *ctx.tp_group)
-             : tensor_parallel::copy_to_tensor_model_parallel_region(x, *ctx.tp_group);
-}
-
-Tensor tp_region_enter_bwd(const ModuleContext& ctx, const Tensor& dx) {
-  if (ctx.tp_size() == 1) return dx;
-  return ctx.sequence_parallel
-             ? tensor_parallel::gather_from_sequence_parallel_region_bwd(dx, *ctx.tp_group)
-             : tensor_parallel::copy_to_tensor_model_parallel_region_bwd(dx, *ctx.tp_group);
-}
-
-Tensor tp_region_exit(const ModuleContext& ctx, const Tensor& y) {
-  if (ctx.tp_size() == 1) return y;
-  return ctx.sequence_parallel
-             ? tensor_parallel::reduce_scatter_to_sequence_parallel_region(y, *ctx.tp_group)
-             : tensor_parallel::reduce_from_tensor_model_parallel_region(y, *ctx.tp_group);
-}
-
-Tensor tp_region_exit_bwd(const ModuleContext& ctx, const Tensor& dy) {
-  if (ctx.tp_size() == 1) return dy;
-  return ctx.sequence_parallel
-             ? tensor_parallel::reduce_scatter_to_sequence_parallel_region_bwd(dy, *ctx.tp_group)
-             : tensor_parallel::reduce_from_tensor_model_parallel_region_bwd(dy, *ctx.tp_group);
 }
 
 Tensor linear_fwd(const ModuleContext& ctx, const Tensor& x, const Tensor& w) {

@@ -1,6 +1,7 @@
-// What every transformer module shares: the build context (op table, device, dtypes, config), the
-// parameter declarations that become views into the flat buffers, linear-layer helpers over the
-// gemm op, and the per-site dropout seeds.
+// What every transformer module shares: the build context (op table, device, dtypes, config,
+// parallel groups), the parameter declarations that become views into the flat buffers, plain
+// (single-rank) linear helpers over the gemm op, and the per-site dropout seeds. The
+// tensor-parallel linear layers and embedding are tensor_parallel/layers.h.
 //
 // Modules are built in two phases: each declares its parameters (name, shape, init rule) into a
 // ParamBuilder, which then allocates the flat buffers (reverse order of declaration, parameter.h)
@@ -26,6 +27,10 @@
 
 namespace mg::transformer {
 
+namespace moe {
+struct MoEState;  // moe/moe_utils.h
+}
+
 struct ModuleContext {
   const ops::OpTable* ops = nullptr;
   Device device;
@@ -42,6 +47,9 @@ struct ModuleContext {
   // Expert parallelism (moe/): the expert-model-parallel group the routed experts are spread
   // over (null: one rank holds every expert).
   comm::ProcessGroup* ep_group = nullptr;
+  // The model's MoE state (aux-loss scale, metrics tracker; moe/moe_utils.h) its MoE layers use;
+  // null: the model has no MoE layers.
+  moe::MoEState* moe = nullptr;
   const ops::OpTable& op() const { return *ops; }
   int64_t tp_rank() const { return tp_group ? tp_group->rank() : 0; }
   int64_t tp_size() const { return tp_group ? tp_group->size() : 1; }
@@ -97,17 +105,6 @@ class ParamBuilder {
   std::vector<Shape> shapes_;  // local (shard) shapes
   std::vector<Weight*> weights_;
 };
-
-// Entry and exit of a tensor-parallel region (attention, MLP), as conjugate pairs of
-// tensor_parallel/mappings.h; the identity on one rank.
-//   enter: copy_to_tensor_model_parallel_region, or under SP gather_from_sequence_parallel_region
-//          ([S/TP, B, H] -> [S, B, H]); enter_bwd: all-reduce, or reduce-scatter to [S/TP, B, H].
-//   exit : reduce_from_tensor_model_parallel_region (all-reduce), or under SP
-//          reduce_scatter_to_sequence_parallel_region; exit_bwd: identity, or all-gather.
-Tensor tp_region_enter(const ModuleContext& ctx, const Tensor& x);
-Tensor tp_region_enter_bwd(const ModuleContext& ctx, const Tensor& dx);
-Tensor tp_region_exit(const ModuleContext& ctx, const Tensor& y);
-Tensor tp_region_exit_bwd(const ModuleContext& ctx, const Tensor& dy);
 
 // y [N, out] = x [N, in] @ w [out, in]^T (the bias, if any, is the caller's: bias_add or bda).
 Tensor linear_fwd(const ModuleContext& ctx, const Tensor& x, const Tensor& w);

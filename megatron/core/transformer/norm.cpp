@@ -1,11 +1,16 @@
 // LayerNorm / RMSNorm module over the layernorm_* / rmsnorm_* ops (norm.h).
 #include "megatron/core/transformer/norm.h"
 
+#include "megatron/core/common/error.h"
+
 namespace mg::transformer {
 
-Norm::Norm(const ModuleContext& ctx, ParamBuilder& pb, const std::string& weight_name,
-           const std::string& bias_name, int64_t h, bool sum_grads_over_tp)
-    : ctx_(ctx), layernorm_(ctx.config->normalization == Normalization::layernorm) {
+Norm::Norm(const ModuleContext& ctx, ParamBuilder& pb, NormImpl impl,
+           const std::string& weight_name, const std::string& bias_name, int64_t h,
+           bool sum_grads_over_tp)
+    : ctx_(ctx), layernorm_(impl == NormImpl::layernorm) {
+  MG_CHECK(impl != NormImpl::identity,
+           "Norm " << weight_name << ": NormImpl::identity is no module (hold none)");
   args_.eps = static_cast<float>(ctx.config->norm_epsilon);
   args_.zero_centered_gamma = ctx.config->apply_layernorm_1p;
   const InitRule w_init = args_.zero_centered_gamma ? InitRule::zeros : InitRule::ones;

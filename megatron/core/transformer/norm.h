@@ -1,12 +1,14 @@
-// A norm slot: LayerNorm (weight + bias) or RMSNorm (weight) over the last dim, per
-// config.normalization, eps and apply_layernorm_1p (zero-centred weight). Used for the layer norms,
-// the final norm and q/k layernorm. forward_bda / backward_add are the residual-path fusions the
-// transformer layer uses (norm.cpp's ops; bit-identical to the unfused sequences on the CPU).
+// A norm slot: LayerNorm (weight + bias) or RMSNorm (weight) over the last dim, as the layer spec
+// names it (NormImpl), with config.norm_epsilon and apply_layernorm_1p (zero-centred weight). Used
+// for the layer norms, the final norm and q/k layernorm. forward_bda / backward_add are the
+// residual-path fusions the transformer layer uses (norm.cpp's ops; bit-identical to the unfused
+// sequences on the CPU).
 #pragma once
 
 #include <string>
 
 #include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/transformer_layer_spec.h"
 
 namespace mg::transformer {
 
@@ -15,11 +17,12 @@ class Norm {
   struct Saved {
     Tensor mean, rstd;  // [rows] stat dtype (mean: LayerNorm only)
   };
-  // Declares `weight_name` [h] (and `bias_name` [h] for LayerNorm). sum_grads_over_tp: the
+  // impl: layernorm or rmsnorm (identity is no module: the caller holds none). Declares
+  // `weight_name` [h] (and `bias_name` [h] for LayerNorm). sum_grads_over_tp: the
   // parameters are TP-replicated but each rank sees only part of the rows (sequence-parallel
   // shards, or q/k layernorm over this rank's heads): marked sequence_parallel, so
   // tensor_parallel::all_reduce_sequence_parallel_grads sums their grads over TP.
-  Norm(const ModuleContext& ctx, ParamBuilder& pb, const std::string& weight_name,
+  Norm(const ModuleContext& ctx, ParamBuilder& pb, NormImpl impl, const std::string& weight_name,
        const std::string& bias_name, int64_t h, bool sum_grads_over_tp = false);
 
   // y [.., h] = norm(x [.., h]).

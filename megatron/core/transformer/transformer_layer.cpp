@@ -7,6 +7,7 @@
 // and inference (infer(), unfused ops).
 #include "megatron/core/transformer/transformer_layer.h"
 
+#include "megatron/core/common/error.h"
 #include "megatron/core/tensor_parallel/random.h"
 
 namespace mg::transformer {
@@ -36,20 +37,21 @@ ops::DropoutArgs attention_dropout(const ModuleContext& ctx, const DropoutCtx& r
   return r.args(p, layer, DropoutSite::attention_probs);
 }
 
-// The norm module of a slot, named as the spec says (TE-fused or separate), or null (identity).
-std::unique_ptr<Norm> make_norm(const ModuleContext& ctx, ParamBuilder& pb, NormSlot slot,
+// The norm module of a slot as the spec names it, or null (identity): parameters named as a
+// separate module (input_layernorm.weight) or, TE naming, after the next linear
+// (self_attention.linear_qkv.layer_norm_weight).
+std::unique_ptr<Norm> make_norm(const ModuleContext& ctx, ParamBuilder& pb, const NormSpec& spec,
                                 const std::string& separate_prefix,
                                 const std::string& fused_prefix) {
-  switch (slot) {
-    case NormSlot::identity:
-      return nullptr;
-    case NormSlot::norm:
-      return std::make_unique<Norm>(ctx, pb, separate_prefix + "weight", separate_prefix + "bias",
-                                    ctx.config->hidden_size, ctx.sequence_parallel);
-    case NormSlot::fused_into_linear:
-      return std::make_unique<Norm>(ctx, pb, fused_prefix + "layer_norm_weight",
-                                    fused_prefix + "layer_norm_bias", ctx.config->hidden_size,
-                                    ctx.sequence_parallel);
+  if (spec.impl == NormImpl::identity) return nullptr;
+  const int64_t h = ctx.config->hidden_size;
+  switch (spec.naming) {
+    case NormNaming::separate:
+      return std::make_unique<Norm>(ctx, pb, spec.impl, separate_prefix + "weight",
+                                    separate_prefix + "bias", h, ctx.sequence_parallel);
+    case NormNaming::fused_into_linear:
+      return std::make_unique<Norm>(ctx, pb, spec.impl, fused_prefix + "layer_norm_weight",
+                                    fused_prefix + "layer_norm_bias", h, ctx.sequence_parallel);
   }
   return nullptr;
 }
@@ -60,15 +62,22 @@ TransformerLayer::TransformerLayer(const ModuleContext& ctx, ParamBuilder& pb,
                                    const TransformerLayerSpec& spec, int64_t layer_number)
     : ctx_(ctx), layer_(layer_number) {
   const std::string p = "decoder.layers." + std::to_string(layer_number) + ".";
+  MG_CHECK(spec.self_attn_bda == BdaImpl::fused && spec.mlp_bda == BdaImpl::fused,
+           p << ": the bias-dropout-adds are the fused op only (BdaImpl::fused)");
   norm1_ = make_norm(ctx, pb, spec.input_layernorm, p + "input_layernorm.",
                      p + "self_attention.linear_qkv.");
   attn_ = std::make_unique<SelfAttention>(ctx, pb, p + "self_attention.", spec.self_attention);
   norm2_ =
       make_norm(ctx, pb, spec.pre_mlp_layernorm, p + "pre_mlp_layernorm.", p + "mlp.linear_fc1.");
-  if (ctx.config->is_moe_layer(layer_number))
-    moe_ = std::make_unique<moe::MoELayer>(ctx, pb, p + "mlp.", layer_number);
-  else
-    mlp_ = std::make_unique<MLP>(ctx, pb, p + "mlp.", spec.mlp);
+  switch (spec.mlp.impl) {
+    case MlpImpl::dense:
+      mlp_ = std::make_unique<MLP>(ctx, pb, p + "mlp.", spec.mlp.submodules);
+      break;
+    case MlpImpl::moe:
+      moe_ =
+          std::make_unique<moe::MoELayer>(ctx, pb, p + "mlp.", layer_number, spec.mlp.submodules);
+      break;
+  }
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, Saved& saved, const AttentionInputs& in,

@@ -10,9 +10,10 @@
 // attention and MLP are TP regions (heads and F split across ranks); under sequence parallelism the
 // layer's input, output, norms and bias-dropout-adds work on [S/TP, B, H] shards, hidden dropout
 // drawing at the shard's offset so SP on/off drop the same elements; attention-probability dropout
-// uses Megatron's model-parallel seed when TP > 1. Mixture of Experts: a layer with
-// config.is_moe_layer(layer_number) has an moe::MoELayer (router, experts, shared experts;
-// moe/moe_layer.h) in the mlp slot instead of the dense MLP; the mlp_bda then has no bias.
+// uses Megatron's model-parallel seed when TP > 1. Every slot is built as the layer's spec names it
+// (transformer_layer_spec.h): the norms (layernorm, rmsnorm or none; separate or TE naming), the
+// attention, and the mlp slot: the dense MLP or an moe::MoELayer (router, experts, shared experts;
+// moe/moe_layer.h), whose mlp_bda then has no bias.
 #pragma once
 
 #include <memory>

@@ -26,6 +26,10 @@
 #include "megatron/core/transformer/parameter.h"
 #include "megatron/core/transformer/transformer_config.h"
 
+namespace mg::transformer::moe {
+struct MoEState;  // transformer/moe/moe_utils.h
+}
+
 namespace mg::models {
 
 // One micro-batch, as Megatron's get_batch gives it. Host or device tensors; the model copies them
@@ -131,10 +135,11 @@ class LanguageModule {
   virtual void set_grad_ready_hook(GradReadyHook hook) = 0;
   virtual void set_param_use_hook(ParamUseHook hook) = 0;
 
-  // Mixture of experts: the factor the auxiliary (load-balancing, z) losses' gradients are scaled
-  // by in backward, as the lm loss's seed is (Megatron's MoEAuxLossAutoScaler.set_loss_scale). A
-  // model without MoE layers ignores it.
-  virtual void set_aux_loss_scale(double scale) = 0;
+  // Mixture of experts: the model's own auxiliary-loss scale (Megatron's MoEAuxLossAutoScaler,
+  // set by the trainer to the lm loss's seed scale, schedules.h aux_loss_scale) and metrics
+  // tracker (the training log's load-balancing / z losses and tokens per expert). A model without
+  // MoE layers has one that stays empty.
+  virtual transformer::moe::MoEState& moe_state() = 0;
 };
 
 }  // namespace mg::models

@@ -4,7 +4,6 @@
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/models/gpt/gpt_model.h"
-#include "megatron/core/transformer/moe/moe_utils.h"
 
 namespace mg::models {
 namespace {
@@ -36,10 +35,6 @@ transformer::Parameter* GPTModel::shared_embedding_or_output_weight() {
   for (auto& p : parameters())
     if (p.name == "embedding.word_embeddings.weight") return &p;
   return nullptr;
-}
-
-void GPTModel::set_aux_loss_scale(double scale) {
-  transformer::moe::MoEAuxLossAutoScaler::set_loss_scale(scale);
 }
 
 }  // namespace mg::models

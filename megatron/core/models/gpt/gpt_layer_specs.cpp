@@ -1,27 +1,58 @@
-// GPT-family layer specs and architecture presets (gpt_layer_specs.h).
+// GPT-family layer and block specs and architecture presets (gpt_layer_specs.h).
 #include "megatron/core/models/gpt/gpt_layer_specs.h"
 
 namespace mg::models {
 
-using transformer::NormSlot;
+using transformer::MlpImpl;
+using transformer::NormImpl;
+using transformer::NormNaming;
+using transformer::NormSpec;
+using transformer::TransformerBlockSpec;
 using transformer::TransformerConfig;
 using transformer::TransformerLayerSpec;
 
-TransformerLayerSpec get_gpt_layer_with_transformer_engine_spec(const TransformerConfig& config) {
+namespace {
+
+// A layer spec of the GPT family: `norm` in every norm slot (q/k too when qk_norm), TE or local
+// naming, dense or MoE mlp; column/row-parallel linears and the op-table core attention.
+TransformerLayerSpec layer_spec(NormImpl norm, bool te_naming, bool qk_norm, bool moe) {
+  const NormNaming naming = te_naming ? NormNaming::fused_into_linear : NormNaming::separate;
   TransformerLayerSpec spec;
-  spec.input_layernorm = NormSlot::fused_into_linear;
-  spec.pre_mlp_layernorm = NormSlot::fused_into_linear;
-  spec.self_attention.q_layernorm = config.qk_layernorm ? NormSlot::norm : NormSlot::identity;
-  spec.self_attention.k_layernorm = spec.self_attention.q_layernorm;
-  spec.final_layernorm = NormSlot::norm;
+  spec.input_layernorm = {norm, naming};
+  spec.pre_mlp_layernorm = {norm, naming};
+  const NormSpec qk = qk_norm ? NormSpec{norm, NormNaming::separate} : NormSpec{};
+  spec.self_attention.q_layernorm = qk;
+  spec.self_attention.k_layernorm = qk;
+  spec.mlp.impl = moe ? MlpImpl::moe : MlpImpl::dense;
   return spec;
 }
 
-TransformerLayerSpec get_gpt_layer_local_spec(const TransformerConfig& config) {
-  TransformerLayerSpec spec = get_gpt_layer_with_transformer_engine_spec(config);
-  spec.input_layernorm = NormSlot::norm;
-  spec.pre_mlp_layernorm = NormSlot::norm;
-  return spec;
+// One layer spec per layer, MoE where is_moe(l); the final norm of kind `norm`.
+template <typename IsMoe>
+TransformerBlockSpec block_spec(const TransformerConfig& c, NormImpl norm, bool te_naming,
+                                bool qk_norm, IsMoe is_moe) {
+  TransformerBlockSpec block;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    block.layer_specs.push_back(layer_spec(norm, te_naming, qk_norm, is_moe(l)));
+  block.final_layernorm = {norm, NormNaming::separate};
+  return block;
+}
+
+}  // namespace
+
+TransformerLayerSpec get_gpt_layer_with_transformer_engine_spec(const TransformerConfig& config,
+                                                                bool moe) {
+  return layer_spec(transformer::norm_impl(config.normalization), true, config.qk_layernorm, moe);
+}
+
+TransformerLayerSpec get_gpt_layer_local_spec(const TransformerConfig& config, bool moe) {
+  return layer_spec(transformer::norm_impl(config.normalization), false, config.qk_layernorm, moe);
+}
+
+TransformerBlockSpec get_gpt_decoder_block_spec(const TransformerConfig& config,
+                                                bool use_transformer_engine) {
+  return block_spec(config, transformer::norm_impl(config.normalization), use_transformer_engine,
+                    config.qk_layernorm, [&](int64_t l) { return config.is_moe_layer(l); });
 }
 
 void apply_gpt2_architecture(TransformerConfig& c) {
@@ -78,24 +109,25 @@ void apply_deepseek_moe_architecture(TransformerConfig& c, int64_t num_experts, 
   c.moe_shared_expert_intermediate_size = shared_expert_size;
 }
 
-TransformerLayerSpec gpt2_layer_spec(const TransformerConfig& config) {
-  return get_gpt_layer_with_transformer_engine_spec(config);
+TransformerBlockSpec gpt2_block_spec(const TransformerConfig& config) {
+  return block_spec(config, NormImpl::layernorm, true, false, [](int64_t) { return false; });
 }
 
-TransformerLayerSpec llama_layer_spec(const TransformerConfig& config) {
-  return get_gpt_layer_with_transformer_engine_spec(config);
+TransformerBlockSpec llama_block_spec(const TransformerConfig& config) {
+  return block_spec(config, NormImpl::rmsnorm, true, false, [](int64_t) { return false; });
 }
 
-TransformerLayerSpec qwen2_layer_spec(const TransformerConfig& config) {
-  return get_gpt_layer_with_transformer_engine_spec(config);
+TransformerBlockSpec qwen2_block_spec(const TransformerConfig& config) {
+  return block_spec(config, NormImpl::rmsnorm, true, false, [](int64_t) { return false; });
 }
 
-TransformerLayerSpec mixtral_layer_spec(const TransformerConfig& config) {
-  return get_gpt_layer_with_transformer_engine_spec(config);
+TransformerBlockSpec mixtral_block_spec(const TransformerConfig& config) {
+  return block_spec(config, NormImpl::rmsnorm, true, false, [](int64_t) { return true; });
 }
 
-TransformerLayerSpec deepseek_moe_layer_spec(const TransformerConfig& config) {
-  return get_gpt_layer_with_transformer_engine_spec(config);
+TransformerBlockSpec deepseek_moe_block_spec(const TransformerConfig& config) {
+  return block_spec(config, NormImpl::rmsnorm, true, false,
+                    [&](int64_t l) { return config.is_moe_layer(l); });
 }
 
 }  // namespace mg::models

@@ -10,14 +10,18 @@
 #include "megatron/core/common/error.h"
 #include "megatron/core/models/gpt/gpt_layer_specs.h"
 #include "megatron/core/tensor_parallel/cross_entropy.h"
+#include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/core/tensor_parallel/mappings.h"
 #include "megatron/core/tensor_parallel/sharding.h"
 #include "megatron/core/transformer/module.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/core/transformer/norm.h"
 #include "megatron/core/transformer/transformer_layer.h"
 
 namespace mg::models {
 
+using tensor_parallel::ColumnParallelLinear;
+using tensor_parallel::VocabParallelEmbedding;
 using transformer::AttentionInputs;
 using transformer::DropoutCtx;
 using transformer::DropoutSite;
@@ -38,7 +42,7 @@ struct GPTSaved {
   DropoutCtx rng;
   std::vector<TransformerLayer::Saved> layers;  // the chunk's layers, in order
   Tensor decoder_out, final_ln;                 // [S, B, H] ([S/TP, B, H] under SP)
-  Tensor final_ln_total;  // TP > 1: the output layer's input, gathered under SP [S, B, H]
+  ColumnParallelLinear::Saved output_layer;     // TP > 1: its input in the TP region [S, B, H]
   Norm::Saved final_norm;
   Tensor logits, max, sum_exp, loss;  // [N, V_pad]; [N] x3
 };
@@ -58,8 +62,9 @@ void GPTForwardState::clear() {
 
 struct GPTModel::Impl {
   TransformerConfig config;
-  transformer::TransformerLayerSpec spec;
+  transformer::TransformerBlockSpec spec;
   transformer::ModuleContext ctx;
+  transformer::moe::MoEState moe;  // the MoE layers' aux-loss scale and metrics (ctx.moe)
   int64_t vocab = 0, vocab_padded = 0;
   GPTModelParallel parallel;
   tensor_parallel::VocabRange vocab_shard;  // this rank's rows of the padded vocabulary
@@ -67,7 +72,12 @@ struct GPTModel::Impl {
   std::vector<transformer::Parameter> params;
   std::vector<transformer::ParamDecl> decls;
   transformer::ParamAndGradBuffer buffer;
-  Weight word, position, output;
+  // embedding.word_embeddings (vocab-parallel), embedding.position_embeddings (learned absolute
+  // positions, replicated), output_layer (column-parallel, logits never gathered; no weight of
+  // its own when tied to the word embedding).
+  std::unique_ptr<VocabParallelEmbedding> word_embeddings;
+  Weight position;
+  std::unique_ptr<ColumnParallelLinear> output_layer;
   std::vector<std::unique_ptr<TransformerLayer>> layers;  // every chunk's, chunk after chunk
   std::vector<PipelineChunk> chunks;
   std::vector<int64_t> chunk_begin;              // index in `layers` of each chunk's first layer
@@ -100,16 +110,21 @@ struct GPTModel::Impl {
     return a;
   }
 
-  // Logits in the model dtype, as Megatron's output layer (bf16 training keeps bf16 logits: half
-  // the memory of f32 ones for the whole vocabulary); the cross entropy computes in f32 from them
-  // and its per-row statistics (loss, max, sum_exp, dloss) are stat_dtype(): f32, f64 for f64.
-  DType logits_dtype() const { return ctx.dtype; }
+  // The output layer gives logits in the model dtype, as Megatron's (bf16 training keeps bf16
+  // logits: half the memory of f32 ones for the whole vocabulary); the cross entropy computes in
+  // f32 from them and its per-row statistics (loss, max, sum_exp, dloss) are stat_dtype(): f32,
+  // f64 for f64.
   DType stat_dtype() const { return ctx.dtype == DType::f64 ? DType::f64 : DType::f32; }
-  const Weight& output_weight() const { return output.defined() ? output : word; }
-  Weight& output_weight() { return output.defined() ? output : word; }
-  // The rows of the output weight (or its grad) that produce logits.
-  Tensor logit_rows_of(const Tensor& w) const {
-    return logit_rows == w.size(0) ? w : w.slice(0, logit_rows);
+  // The output layer's weight (its own, or the tied word embedding), cut to the rows that
+  // produce logits (exclude_vocab_padding); padding rows get no gradient.
+  Weight logit_weight() const {
+    const Weight& w = config.untie_embeddings_and_output_weights ? output_layer->weight()
+                                                                 : word_embeddings->weight();
+    if (logit_rows == w.value.size(0)) return w;
+    Weight rows = w;
+    rows.value = w.value.slice(0, logit_rows);
+    rows.grad = w.grad.slice(0, logit_rows);
+    return rows;
   }
   // Targets must lie below this (the vocab-parallel cross entropy's check).
   int64_t loss_vocab_end() const { return parallel.exclude_vocab_padding ? vocab : vocab_padded; }
@@ -139,21 +154,23 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
     : GPTModel(config, vocab_size, ops, device, [&] {
         TransformerConfig c = config;
         c.finalize();
-        return get_gpt_layer_with_transformer_engine_spec(c);
+        return get_gpt_decoder_block_spec(c);
       }()) {}
 
 GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const ops::OpTable& ops,
-                   Device device, const transformer::TransformerLayerSpec& spec)
+                   Device device, const transformer::TransformerBlockSpec& spec)
     : GPTModel(config, vocab_size, ops, device, spec, GPTModelParallel{}) {}
 
 GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const ops::OpTable& ops,
-                   Device device, const transformer::TransformerLayerSpec& spec,
+                   Device device, const transformer::TransformerBlockSpec& spec,
                    const GPTModelParallel& parallel)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   m.config = config;
   m.config.finalize();
+  transformer::check_block_spec(spec, m.config);
   m.spec = spec;
+  m.ctx.moe = &m.moe;
   const TransformerConfig& c = m.config;
   m.ctx.ops = &ops;
   m.ctx.device = device;
@@ -198,9 +215,12 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   }
   const bool tied = !c.untie_embeddings_and_output_weights;
   transformer::ParamBuilder pb(m.ctx);
+  // The word embedding: all-reduced over TP (never reduce-scattered: positions are added to the
+  // full [S, B, H] before the SP scatter). A last stage without the embedding holds its replica
+  // for the tied output layer.
   if (m.pre_process || (tied && m.post_process))
-    pb.add(m.word, "embedding.word_embeddings.weight", {m.vocab_padded, c.hidden_size},
-           InitRule::normal, m.ctx.tp_partition(0));
+    m.word_embeddings = std::make_unique<VocabParallelEmbedding>(
+        m.ctx, pb, "embedding.word_embeddings.weight", m.vocab_padded, c.hidden_size);
   if (m.pre_process &&
       c.position_embedding_type == transformer::PositionEmbeddingType::learned_absolute)
     pb.add(m.position, "embedding.position_embeddings.weight",
@@ -208,16 +228,24 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   for (const PipelineChunk& ch : m.chunks) {
     m.chunk_begin.push_back(static_cast<int64_t>(m.layers.size()));
     for (int64_t l = ch.layer_offset; l < ch.layer_offset + ch.num_layers; ++l)
-      m.layers.push_back(std::make_unique<TransformerLayer>(m.ctx, pb, spec, l));
+      m.layers.push_back(std::make_unique<TransformerLayer>(m.ctx, pb, spec.layer(l), l));
   }
   m.chunk_begin.push_back(static_cast<int64_t>(m.layers.size()));
-  if (m.post_process && spec.final_layernorm != transformer::NormSlot::identity)
-    m.final_norm = std::make_unique<Norm>(m.ctx, pb, "decoder.final_layernorm.weight",
-                                          "decoder.final_layernorm.bias", c.hidden_size,
-                                          m.ctx.sequence_parallel);
-  if (m.post_process && !tied)
-    pb.add(m.output, "output_layer.weight", {m.vocab_padded, c.hidden_size}, InitRule::normal,
-           m.ctx.tp_partition(0));
+  if (m.post_process && spec.final_layernorm.impl != transformer::NormImpl::identity)
+    m.final_norm = std::make_unique<Norm>(
+        m.ctx, pb, spec.final_layernorm.impl, "decoder.final_layernorm.weight",
+        "decoder.final_layernorm.bias", c.hidden_size, m.ctx.sequence_parallel);
+  // Megatron's output layer: a ColumnParallelLinear without bias or gather; tied, it uses the word
+  // embedding (skip_weight_param_allocation).
+  if (m.post_process)
+    m.output_layer = std::make_unique<ColumnParallelLinear>(
+        m.ctx, pb, "output_layer.",
+        tensor_parallel::ColumnParallelLinearConfig{.input_size = c.hidden_size,
+                                                    .output_size = m.vocab_padded,
+                                                    .bias = false,
+                                                    .gather_output = false,
+                                                    .init = InitRule::normal,
+                                                    .skip_weight_param_allocation = tied});
   pb.finish(m.params, m.buffer, m.decls);
   std::vector<int64_t> local_of(static_cast<std::size_t>(c.num_layers), -1);
   for (std::size_t i = 0; i < m.layers.size(); ++i)
@@ -261,8 +289,11 @@ GPTModel::~GPTModel() = default;
 const TransformerConfig& GPTModel::config() const {
   return impl_->config;
 }
-const transformer::TransformerLayerSpec& GPTModel::spec() const {
+const transformer::TransformerBlockSpec& GPTModel::spec() const {
   return impl_->spec;
+}
+transformer::moe::MoEState& GPTModel::moe_state() {
+  return impl_->moe;
 }
 int64_t GPTModel::vocab_size() const {
   return impl_->vocab;
@@ -427,10 +458,7 @@ void GPTModel::Impl::prepare(const GPTBatch& batch, detail::GPTSaved& st, const 
 Tensor GPTModel::Impl::embed(detail::GPTSaved& st) {
   const auto& ops = ctx.op();
   const int64_t s = st.s, b = st.b, h = config.hidden_size;
-  Tensor emb = ctx.empty({s, b, h});
-  ops.embedding_fwd(emb, st.tokens, word.value, vocab_shard.start);
-  if (ctx.tp_size() > 1)
-    emb = tensor_parallel::reduce_from_tensor_model_parallel_region(emb, *ctx.tp_group);
+  Tensor emb = word_embeddings->forward(st.tokens, s, b);  // [S, B, H], summed over TP
   if (position.defined()) {
     Tensor pe = ctx.empty({s, b, h});
     ops.embedding_fwd(pe, st.positions, position.value, 0);
@@ -472,15 +500,11 @@ Tensor GPTModel::Impl::decoder(int v, Tensor x, detail::GPTSaved& st) {
 // enters the TP region (copy, or SP all-gather).
 LossSums GPTModel::Impl::head(const Tensor& x, detail::GPTSaved& st) {
   const auto& ops = ctx.op();
-  const int64_t n = st.s * st.b, h = config.hidden_size;
+  const int64_t n = st.s * st.b;
   st.decoder_out = x;
   st.final_ln = final_norm ? final_norm->forward(x, st.final_norm) : x;
-  Tensor ln_total = st.final_ln;
-  if (ctx.tp_size() > 1) st.final_ln_total = ln_total = transformer::tp_region_enter(ctx, ln_total);
-  st.logits = Tensor::empty({n, logit_rows}, logits_dtype(), ctx.device);
-  if (logit_rows > 0)
-    ops.gemm(st.logits, ln_total.view({n, h}), logit_rows_of(output_weight().value),
-             ops::GemmArgs{.trans_b = true});
+  const Weight w = logit_weight();
+  st.logits = output_layer->forward(st.final_ln, st.output_layer, &w).view({n, logit_rows});
   LossSums sums;
   if (st.labels.defined()) {
     const DType stat = stat_dtype();
@@ -561,7 +585,7 @@ Tensor GPTModel::forward_chunk(int v, const GPTBatch& batch, const Tensor& input
 Tensor GPTModel::Impl::head_bwd(detail::GPTSaved& st, double dloss) {
   const auto& ops = ctx.op();
   MG_CHECK(st.labels.defined(), "GPTModel::backward: the forward ran without labels");
-  const int64_t n = st.s * st.b, h = config.hidden_size;
+  const int64_t n = st.s * st.b;
   // Cross entropy: dlogits = dloss * mask * (softmax - onehot), written over the logits.
   std::vector<double> dl(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) dl[i] = dloss * st.mask[i];
@@ -572,20 +596,11 @@ Tensor GPTModel::Impl::head_bwd(detail::GPTSaved& st, double dloss) {
   const Tensor dlogits = st.logits;  // [N, V_pad(/TP)] in the model dtype, as the gemms take
   st.logits = Tensor();
 
-  // Output layer (the word embedding when tied): d(final_ln) = dlogits W; dW += dlogits^T ln.
-  Weight& out_w = output_weight();
-  Tensor dln = ctx.empty({st.s, st.b, h});
-  Tensor dln2 = dln.view({n, h});
-  const Tensor ln_total = st.final_ln_total.defined() ? st.final_ln_total : st.final_ln;
-  if (logit_rows > 0) {
-    Tensor dw = logit_rows_of(out_w.grad);  // padding rows (excluded) get no gradient
-    transformer::linear_bwd(ctx, dln2, dw, dlogits, ln_total.view({n, h}),
-                            logit_rows_of(out_w.value));
-  } else {
-    ops.fill(dln2, 0.0);  // a shard of padding only: no logits, no contribution
-  }
-  st.final_ln_total = Tensor();
-  dln = transformer::tp_region_enter_bwd(ctx, dln);  // summed over TP (SP: reduce-scattered)
+  // Output layer (the word embedding when tied): d(final_ln) = dlogits W, summed over TP (SP:
+  // reduce-scattered); dW += dlogits^T ln (a shard of padding only: no logits, dx 0).
+  Weight w = logit_weight();
+  const Tensor dln = output_layer->backward(dlogits.view({st.s, st.b, logit_rows}), st.final_ln,
+                                            st.output_layer, false, &w);
   Tensor dx = final_norm ? final_norm->backward(dln, st.decoder_out, st.final_norm) : dln;
   st.final_ln = Tensor();
   st.decoder_out = Tensor();
@@ -626,7 +641,7 @@ void GPTModel::Impl::embed_bwd(const Tensor& dx, detail::GPTSaved& st) {
   ops.dropout_bwd(demb, dx, embedding_dropout(st.rng, dx));
   if (ctx.sequence_parallel)
     demb = tensor_parallel::scatter_to_sequence_parallel_region_bwd(demb, *ctx.tp_group);
-  ops.embedding_bwd(word.grad, demb, st.tokens, vocab_shard.start);
+  word_embeddings->backward(demb, st.tokens);
   if (position.defined()) ops.embedding_bwd(position.grad, demb, st.positions, 0);
 }
 
@@ -725,11 +740,7 @@ Tensor GPTModel::infer(const Tensor& tokens, inference::StaticInferenceContext& 
     MG_CHECK(tok[i] >= 0 && tok[i] < m.vocab_padded,
              "token id " << tok[i] << " is outside [0, " << m.vocab_padded << ") (padded vocab)");
   const Device dev = m.ctx.device;
-  Tensor emb = m.ctx.empty({s, b, h});
-  ops.embedding_fwd(emb, Tensor::from_vector(tok, {n}, DType::i64, dev), m.word.value,
-                    m.vocab_shard.start);
-  if (m.ctx.tp_size() > 1)
-    emb = tensor_parallel::reduce_from_tensor_model_parallel_region(emb, *m.ctx.tp_group);
+  Tensor emb = m.word_embeddings->forward(Tensor::from_vector(tok, {n}, DType::i64, dev), s, b);
   if (m.position.defined()) {
     std::vector<int64_t> pos(static_cast<std::size_t>(n));
     for (int64_t j = 0; j < s; ++j)
@@ -742,11 +753,9 @@ Tensor GPTModel::infer(const Tensor& tokens, inference::StaticInferenceContext& 
   for (const auto& layer : m.layers) x = layer->infer(x, ic);
   Norm::Saved unused;
   Tensor ln = m.final_norm ? m.final_norm->forward(x, unused) : x;
-  if (m.ctx.tp_size() > 1) ln = transformer::tp_region_enter(m.ctx, ln);
-  Tensor logits = Tensor::empty({n, m.logit_rows}, m.logits_dtype(), dev);
-  if (m.logit_rows > 0)
-    ops.gemm(logits, ln.view({n, h}), m.logit_rows_of(m.output_weight().value),
-             ops::GemmArgs{.trans_b = true});
+  ColumnParallelLinear::Saved unused_in;
+  const Weight w = m.logit_weight();
+  const Tensor logits = m.output_layer->forward(ln, unused_in, &w);  // [Sq, B, rows]
   ic.sequence_len_offset = off + s;
   return logits.view({s, b, m.logit_rows}).to(m.stat_dtype());  // as logits(): model dtype, f32
 }

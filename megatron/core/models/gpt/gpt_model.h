@@ -45,6 +45,10 @@
 #include "megatron/core/transformer/transformer_config.h"
 #include "megatron/core/transformer/transformer_layer_spec.h"
 
+namespace mg::transformer::moe {
+struct MoEState;  // transformer/moe/moe_utils.h
+}
+
 namespace mg::models {
 
 // The model-independent types of a micro-batch (models/common/language_module.h).
@@ -107,21 +111,22 @@ class GPTForwardState final : public ForwardState {
 class GPTModel final : public LanguageModule {
  public:
   // Builds the modules and the parameter/grad buffers on `device`, weights uninitialised (call
-  // init_weights or load them). `config` is copied and finalize()d. `spec` defaults to
-  // get_gpt_layer_with_transformer_engine_spec(config).
+  // init_weights or load them). `config` is copied and finalize()d. `spec` (one layer spec per
+  // layer, checked against the config: check_block_spec) defaults to
+  // get_gpt_decoder_block_spec(config).
   GPTModel(const transformer::TransformerConfig& config, int64_t vocab_size,
            const ops::OpTable& ops, Device device);
   GPTModel(const transformer::TransformerConfig& config, int64_t vocab_size,
-           const ops::OpTable& ops, Device device, const transformer::TransformerLayerSpec& spec);
+           const ops::OpTable& ops, Device device, const transformer::TransformerBlockSpec& spec);
   GPTModel(const transformer::TransformerConfig& config, int64_t vocab_size,
-           const ops::OpTable& ops, Device device, const transformer::TransformerLayerSpec& spec,
+           const ops::OpTable& ops, Device device, const transformer::TransformerBlockSpec& spec,
            const GPTModelParallel& parallel);
   ~GPTModel() override;
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
 
   const transformer::TransformerConfig& config() const override;
-  const transformer::TransformerLayerSpec& spec() const;
+  const transformer::TransformerBlockSpec& spec() const;
   int64_t vocab_size() const override;         // as given
   int64_t padded_vocab_size() const override;  // V_pad: rows of the embedding and output layer (global)
   const GPTModelParallel& parallel() const;
@@ -176,13 +181,12 @@ class GPTModel final : public LanguageModule {
 
   // LanguageModule (models/common/language_module.h): the same calls on a model-independent
   // state (a GPTForwardState made by new_forward_state; another model's state is an error), the
-  // tied word embedding, and the MoE layers' aux-loss scale.
+  // tied word embedding.
   std::unique_ptr<ForwardState> new_forward_state() const override;
   Tensor forward_chunk(int v, const Batch& batch, const Tensor& input, ForwardState& state,
                        const StepRng& rng, bool training, LossSums* sums) override;
   Tensor backward_chunk(ForwardState& state, const Tensor& output_grad, double dloss) override;
   transformer::Parameter* shared_embedding_or_output_weight() override;
-  void set_aux_loss_scale(double scale) override;
 
   // Called once per parameter (its index in parameters()) during backward(), as soon as that
   // parameter's gradient contribution of the micro-batch is complete: after the output layer (when
@@ -198,6 +202,11 @@ class GPTModel final : public LanguageModule {
   // holding them (Megatron's forward pre-hook). Empty by default; it never changes what forward
   // computes.
   void set_param_use_hook(ParamUseHook hook) override;
+
+  // This model's MoE state (transformer/moe/moe_utils.h), which its MoE layers use: the aux/z
+  // losses' backward seed (Megatron's MoEAuxLossAutoScaler.set_loss_scale, set by the training
+  // step) and the per-layer metrics tracker (the training log's moe_metrics_log).
+  transformer::moe::MoEState& moe_state() override;
 
   // Logits [S, B, V_pad] (computed in the model dtype as in training, returned in f32 under
   // bf16/f16, else the params dtype) without dropout, for tests and

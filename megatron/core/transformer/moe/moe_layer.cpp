@@ -72,10 +72,13 @@ std::vector<double> exchange_rows(const ModuleContext& ctx, comm::ProcessGroup& 
 }  // namespace
 
 MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix,
-                   int64_t layer_number)
+                   int64_t layer_number, const MlpSubmodules& shared_experts)
     : ctx_(ctx), layer_(layer_number) {
   const TransformerConfig& c = *ctx.config;
-  MG_CHECK(c.num_moe_experts >= 1, "MoELayer needs num_moe_experts >= 1");
+  MG_CHECK(c.num_moe_experts >= 1,
+           prefix << ": the spec names an MoE layer, but num_moe_experts is " << c.num_moe_experts);
+  MG_CHECK(ctx.moe != nullptr,
+           prefix << ": an MoE layer needs its model's MoE state (ModuleContext::moe)");
   h_ = c.hidden_size;
   e_ = c.num_moe_experts;
   k_ = c.moe_router_topk;
@@ -102,7 +105,7 @@ MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string
     pb.set_expert(x.fc2);
   }
   if (c.moe_shared_expert_intermediate_size > 0)
-    shared_ = std::make_unique<MLP>(ctx, pb, prefix + "shared_experts.", MlpSpec{},
+    shared_ = std::make_unique<MLP>(ctx, pb, prefix + "shared_experts.", shared_experts,
                                     c.moe_shared_expert_intermediate_size);
 }
 
@@ -383,7 +386,7 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
   // Router: the routing's backward, plus the aux and z losses' (MoEAuxLossAutoScaler's seed).
   std::vector<double> dlogits(static_cast<std::size_t>(T * e_), 0.0);
   topk_routing_backward(s.routing, s.logits, dprob, router_, dlogits);
-  const double scale = MoEAuxLossAutoScaler::loss_scale();
+  const double scale = ctx_.moe->aux_loss_auto_scaler.loss_scale();
   if (!s.aux_dscores.empty() && c.moe_aux_loss_coeff > 0.0) {
     std::vector<double> ds = s.aux_dscores;
     for (double& v : ds) v *= c.moe_aux_loss_coeff * scale;
@@ -393,7 +396,7 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
   if (s.training && c.moe_z_loss_coeff > 0.0)
     z_loss(s.logits, T, e_, c.moe_z_loss_coeff / static_cast<double>(nss), scale, &dlogits);
   if (s.training)
-    MoEMetricsTracker::instance().add(layer_, s.lb_loss, s.z_loss, s.routing.tokens_per_expert);
+    ctx_.moe->metrics_tracker.add(layer_, s.lb_loss, s.z_loss, s.routing.tokens_per_expert);
   Tensor dxt = device_tensor(ctx_, dx, {T, h_}, ctx_.dtype);
   if (T > 0) {
     const Tensor dl = device_tensor(ctx_, dlogits, {T, e_}, ctx_.dtype);

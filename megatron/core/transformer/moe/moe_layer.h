@@ -31,9 +31,10 @@
 // Aux losses (training only): the load-balancing loss (aux_loss / seq_aux_loss) over the scores
 // of aux_loss_scores, with tokens per expert summed over the sequence partition (the TP group
 // under SP), and the z-loss (coeff / partition size, Megatron's). They add nothing to forward's
-// output; backward adds their gradient times MoEAuxLossAutoScaler::loss_scale() to the router
-// logits' (Megatron's MoEAuxLossAutoScaler), and records their values (without coefficients) and
-// the tokens per expert in MoEMetricsTracker.
+// output; backward adds their gradient times the model's aux-loss scale to the router logits'
+// (Megatron's MoEAuxLossAutoScaler), and records their values (without coefficients) and the
+// tokens per expert in the model's MoEMetricsTracker: both are the model's MoEState
+// (moe_utils.h), reached through ModuleContext::moe.
 //
 // Token-level work (router softmax/top-k, permutation, probability weighting) runs on the host in
 // f64; the expert and router GEMMs and activations go through the op table.
@@ -72,9 +73,10 @@ class MoELayer {
     MLP::Saved shared;
   };
 
-  // prefix: "decoder.layers.N.mlp."
+  // prefix: "decoder.layers.N.mlp."; shared_experts: the spec of the shared experts' MLP (built
+  // when config.moe_shared_expert_intermediate_size > 0). Needs ctx.moe (the model's MoEState).
   MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix,
-           int64_t layer_number);
+           int64_t layer_number, const MlpSubmodules& shared_experts);
 
   // x [S, B, H] (an SP shard under sequence parallelism) -> [S, B, H]. training: compute the aux
   // losses (their collectives run on every rank alike).

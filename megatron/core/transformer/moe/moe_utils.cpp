@@ -291,11 +291,6 @@ Permutation permutation(const Routing& r) {
   return p;
 }
 
-MoEMetricsTracker& MoEMetricsTracker::instance() {
-  static MoEMetricsTracker t;
-  return t;
-}
-
 void MoEMetricsTracker::add(int64_t layer, double lb_loss, double z,
                             const std::vector<double>& tokens) {
   MoELayerMetrics& m = layers_[layer];
@@ -306,12 +301,11 @@ void MoEMetricsTracker::add(int64_t layer, double lb_loss, double z,
   ++m.microbatches;
 }
 
-MoELogLines moe_metrics_log(comm::ProcessGroup* world, const TransformerConfig& c,
-                            int64_t seq_partition, int64_t iterations) {
+MoELogLines moe_metrics_log(MoEMetricsTracker& tracker, comm::ProcessGroup* world,
+                            const TransformerConfig& c, int64_t seq_partition, int64_t iterations) {
   MoELogLines out;
   const int64_t L = c.num_layers, E = c.num_moe_experts, w = 3 + E;
   if (E <= 0) return out;
-  auto& tracker = MoEMetricsTracker::instance();
   std::vector<double> v(static_cast<std::size_t>(L * w), 0.0);
   for (const auto& [layer, m] : tracker.layers()) {
     if (layer < 0 || layer >= L) continue;

@@ -2,7 +2,7 @@
 // host vectors in f64: score functions, top-k with capacity (token dropping), the load-balancing
 // losses (switch aux loss, sequence aux loss) and the z-loss, each with its exact backward; the
 // token permutation order; Megatron's MoEAuxLossAutoScaler scale and the per-layer metrics
-// tracker that the training log prints.
+// tracker that the training log prints (per model: MoEState).
 //
 // Layouts: logits / scores [T, E] row-major (token t = row, sequence-first: t = s * B + b);
 // top-k results [T, K] (the k-th choice of token t at t * K + k, experts in descending score).
@@ -95,20 +95,21 @@ Permutation permutation(const Routing& r);
 
 // Megatron's MoEAuxLossAutoScaler: the aux and z losses' backward seed, which must match the lm
 // loss's: loss_scale / num_microbatches (loss_scale alone under calculate_per_token_loss). Set by
-// the training step before the backward passes; 1 by default. Process-wide, as in Megatron.
+// the training step before the backward passes; 1 by default. One per model (MoEState), not
+// process-wide as in Megatron.
 class MoEAuxLossAutoScaler {
  public:
-  static void set_loss_scale(double scale) { scale_ = scale; }
-  static double loss_scale() { return scale_; }
+  void set_loss_scale(double scale) { scale_ = scale; }
+  double loss_scale() const { return scale_; }
 
  private:
-  static inline double scale_ = 1.0;
+  double scale_ = 1.0;
 };
 
 // Megatron's MoE layer-wise logging tracker: per layer (global number), the load-balancing and z
 // losses (without their coefficients, summed over the layer's micro-batches) and the tokens each
 // expert was chosen by (summed). Layers add in backward, so a recomputed forward is not counted
-// twice. Process-wide, as in Megatron.
+// twice. One per model (MoEState), not process-wide as in Megatron.
 struct MoELayerMetrics {
   double load_balancing_loss = 0.0;
   double z_loss = 0.0;
@@ -117,7 +118,6 @@ struct MoELayerMetrics {
 };
 class MoEMetricsTracker {
  public:
-  static MoEMetricsTracker& instance();
   void add(int64_t layer, double lb_loss, double z_loss, const std::vector<double>& tokens);
   std::map<int64_t, MoELayerMetrics>& layers() { return layers_; }
   void clear() { layers_.clear(); }
@@ -126,17 +126,25 @@ class MoEMetricsTracker {
   std::map<int64_t, MoELayerMetrics> layers_;
 };
 
+// The MoE state of one model, mutated by its MoE layers: owned by the GPTModel
+// (GPTModel::moe_state()), reached by its layers through ModuleContext::moe.
+struct MoEState {
+  MoEAuxLossAutoScaler aux_loss_auto_scaler;
+  MoEMetricsTracker metrics_tracker;
+};
+
 // The training log's MoE part, Megatron's track_moe_metrics: a collective over `world` (every rank
 // calls it at each log line with the same arguments; null: this process only). Per layer: the
 // load-balancing and z losses averaged over micro-batches and data-parallel replicas (summed over
 // the sequence partition of `seq_partition` ranks), and the tokens each expert was chosen by per
-// iteration (the whole batch). Clears the tracker.
+// iteration (the whole batch), from `tracker` (the model's), which it clears.
 struct MoELogLines {
   std::string inline_part;  // " load_balancing_loss: 1.000123E+00 | z_loss: ... |" (layer mean)
   std::string layer_lines;  // one " moe layer N | load_balancing_loss: ... | tokens per expert:
                             // [...]" line per MoE layer, each ending in "\n"
 };
-MoELogLines moe_metrics_log(comm::ProcessGroup* world, const TransformerConfig& config,
-                            int64_t seq_partition, int64_t iterations);
+MoELogLines moe_metrics_log(MoEMetricsTracker& tracker, comm::ProcessGroup* world,
+                            const TransformerConfig& config, int64_t seq_partition,
+                            int64_t iterations);
 
 }  // namespace mg::transformer::moe

@@ -85,7 +85,8 @@ TEST(GPTModel, LocalSpecNamesAndQwen2Biases) {
   models::apply_qwen2_architecture(c);
   c.qk_layernorm = true;
   c.finalize();
-  GPTModel m(c, 50, cpu_ops(), Device::cpu(), models::get_gpt_layer_local_spec(c));
+  GPTModel m(c, 50, cpu_ops(), Device::cpu(),
+             models::get_gpt_decoder_block_spec(c, /*use_transformer_engine=*/false));
   const auto s = shapes_of(m);
   EXPECT_EQ(s.at("decoder.layers.1.input_layernorm.weight"), Shape{16});
   EXPECT_EQ(s.at("decoder.layers.1.pre_mlp_layernorm.weight"), Shape{16});
@@ -150,7 +151,7 @@ TEST(GPTModel, InitMatchesMegatron) {
 }
 
 // f64 finite differences of L = sum(loss * mask) for sampled elements of every parameter.
-void check_gradients(TransformerConfig c, const transformer::TransformerLayerSpec* spec,
+void check_gradients(TransformerConfig c, const transformer::TransformerBlockSpec* spec,
                      GPTBatch batch) {
   c.params_dtype = DType::f64;
   c.init_method_std = 0.3;  // large enough that every path matters
@@ -218,7 +219,7 @@ TEST(GPTModel, FiniteDifferenceSquaredReluLayernorm1pLocalSpec) {
   c.untie_embeddings_and_output_weights = true;
   c.num_query_groups = 2;
   c.finalize();
-  const auto spec = models::get_gpt_layer_local_spec(c);
+  const auto spec = models::get_gpt_decoder_block_spec(c, /*use_transformer_engine=*/false);
   GPTBatch batch = random_batch(2, 8, 50, 4);
   std::vector<int64_t> pos = {3, 4, 5, 6, 7, 8, 9, 10, 0, 1, 2, 3, 0, 1, 2, 3};
   batch.position_ids = Tensor::from_vector(pos, {2, 8}, DType::i64);

@@ -10,6 +10,7 @@
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/models/common/language_module.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
 #include "tests/unit/test_util.h"
 
 namespace mg {
@@ -90,11 +91,10 @@ class UnigramModel final : public models::LanguageModule {
   }
   void set_grad_ready_hook(GradReadyHook hook) override { grad_ready = std::move(hook); }
   void set_param_use_hook(ParamUseHook) override {}
-  void set_aux_loss_scale(double scale) override { aux_scale = scale; }
+  transformer::moe::MoEState& moe_state() override { return moe_; }
 
   GradReadyHook grad_ready;
   int forwards = 0;
-  double aux_scale = 0.0;
 
  private:
   const ops::OpTable& ops_;
@@ -103,6 +103,7 @@ class UnigramModel final : public models::LanguageModule {
   transformer::ParamAndGradBuffer buffer_;
   std::vector<transformer::Parameter> params_;
   models::PipelineChunk chunk_;
+  transformer::moe::MoEState moe_;
 };
 
 // Two micro-batches of [1, 4] tokens with uneven masks (3 and 1 unmasked tokens).

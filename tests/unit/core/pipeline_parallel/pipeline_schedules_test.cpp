@@ -174,7 +174,7 @@ void run_pipe_case(const PipeCase& pc) {
   c.num_layers = 2 * pp * pc.vp;
   c.hidden_dropout = 0.1;  // dropout seeds follow global layer numbers: equal masks
   const int64_t vocab = 37, mbs = 2, m = 2 * pp;
-  const auto spec = models::get_gpt_layer_with_transformer_engine_spec(c);
+  const auto spec = models::get_gpt_decoder_block_spec(c);
   models::GPTModel ref(c, vocab, ops, Device::cpu(), spec);
   ref.init_weights(11);
   const auto layout =

@@ -81,7 +81,7 @@ void run_model_case(const ModelCase& mc) {
   cref.make_vocab_size_divisible_by = ctp.make_vocab_size_divisible_by * tp;  // same V_pad
   transformer::TransformerConfig cf = ctp;
   cf.finalize();
-  const auto spec = models::get_gpt_layer_with_transformer_engine_spec(cf);
+  const auto spec = models::get_gpt_decoder_block_spec(cf);
   models::GPTModel ref(cref, vocab, ops, Device::cpu(), spec);
   models::GPTModel model(ctp, vocab, ops, Device::cpu(), spec,
                          models::GPTModelParallel{&g, mc.sequence_parallel});
@@ -154,7 +154,7 @@ TEST(GPTModelTensorParallel, LossIndependentOfVocabPaddingWhenExcluded) {
     transformer::TransformerConfig c = make_config({false, sp, 0.0});
     transformer::TransformerConfig cf = c;
     cf.finalize();
-    const auto spec = models::get_gpt_layer_with_transformer_engine_spec(cf);
+    const auto spec = models::get_gpt_decoder_block_spec(cf);
     models::GPTModel ref(c, vocab, ops, Device::cpu(), spec,
                          models::GPTModelParallel{nullptr, false, true});
     models::GPTModel model(c, vocab, ops, Device::cpu(), spec,

@@ -13,6 +13,8 @@
 //   - a whole TransformerLayer (GPT-2: LayerNorm, GELU, biases; LLaMA/Qwen3-like: RMSNorm, SwiGLU,
 //     RoPE, GQA, qk-layernorm, qkv bias) with TP, with and without SP and hidden dropout, equals
 //     the single-rank layer.
+//   - on one rank: OutputSplit (the fused QKV) and the bias-GELU fusion equal the plain layer and
+//     the separate ops.
 // Every rank runs the same collectives whatever a check gives (EXPECT_*, never ASSERT_*).
 #include <gtest/gtest.h>
 
@@ -134,21 +136,18 @@ void run_linear_case(const LinearCase& c) {
   test::SoloGroup solo;
   const int64_t s = 8, b = 2, h = 6, f = 16;
   auto build = [&](Net& net, comm::ProcessGroup& grp, bool sp) {
+    net.ctx.tp_group = &grp;
+    net.ctx.sequence_parallel = sp;
     auto col = std::make_unique<ColumnParallelLinear>(
         net.ctx, *net.pb, "fc1.",
         ColumnParallelLinearConfig{.input_size = h,
                                    .output_size = c.stride * f,
                                    .gather_output = c.gather_output,
-                                   .sequence_parallel = sp,
-                                   .partition_stride = c.stride},
-        grp);
+                                   .partition_stride = c.stride});
     auto row = std::make_unique<RowParallelLinear>(
         net.ctx, *net.pb, "fc2.",
-        RowParallelLinearConfig{.input_size = f,
-                                .output_size = h,
-                                .input_is_parallel = !c.gather_output,
-                                .sequence_parallel = sp},
-        grp);
+        RowParallelLinearConfig{
+            .input_size = f, .output_size = h, .input_is_parallel = !c.gather_output});
     net.finish();
     return std::make_pair(std::move(col), std::move(row));
   };
@@ -178,10 +177,10 @@ void run_linear_case(const LinearCase& c) {
   auto run = [&](ColumnParallelLinear& col, RowParallelLinear& row, const Tensor& xin,
                  const Tensor& dyin, Tensor& dxout) {
     ColumnParallelLinear::Saved cs;
-    RowParallelLinear::Saved rs;
     const Tensor u = col.forward(xin, cs);
-    const Tensor y = row.forward(act(u), rs);
-    dxout = col.backward(act_bwd(row.backward(dyin, rs), u), cs);
+    const Tensor a = act(u);
+    const Tensor y = row.forward(a);
+    dxout = col.backward(act_bwd(row.backward(dyin, a), u), xin, cs);
     return y;
   };
   Tensor dx_ref;
@@ -220,16 +219,17 @@ TEST(TensorParallelLayers, SequenceParallelOnEqualsOff) {
   const int64_t s = 8, b = 2, h = 6, f = 8;
   auto run = [&](bool sp, std::vector<double>& grads) {
     Net net;
-    ColumnParallelLinear col(net.ctx, *net.pb, "fc1.",
-                             {.input_size = h, .output_size = f, .sequence_parallel = sp}, g);
-    RowParallelLinear row(net.ctx, *net.pb, "fc2.",
-                          {.input_size = f, .output_size = h, .sequence_parallel = sp}, g);
+    net.ctx.tp_group = &g;
+    net.ctx.sequence_parallel = sp;
+    ColumnParallelLinear col(net.ctx, *net.pb, "fc1.", {.input_size = h, .output_size = f});
+    RowParallelLinear row(net.ctx, *net.pb, "fc2.", {.input_size = f, .output_size = h});
     net.finish();
     const Tensor x = det_tensor({s, b, h}, 21), dy = det_tensor({s, b, h}, 22);
+    const Tensor xin = sp ? split_dim0(x, g) : x;
     ColumnParallelLinear::Saved cs;
-    RowParallelLinear::Saved rs;
-    Tensor y = row.forward(col.forward(sp ? split_dim0(x, g) : x, cs), rs);
-    Tensor dx = col.backward(row.backward(sp ? split_dim0(dy, g) : dy, rs), cs);
+    const Tensor u = col.forward(xin, cs);
+    Tensor y = row.forward(u);
+    Tensor dx = col.backward(row.backward(sp ? split_dim0(dy, g) : dy, u), xin, cs);
     if (sp) {
       y = all_gather_dim0(y, g);
       dx = all_gather_dim0(dx, g);
@@ -247,6 +247,100 @@ TEST(TensorParallelLayers, SequenceParallelOnEqualsOff) {
   EXPECT_TRUE(test::all_close(g_on, g_off, tol));
 }
 
+// forward_split / backward_split (the fused QKV of grouped-query attention) equal the unsplit
+// layer with its output columns regrouped: two groups of [q q | k | v] rows become parts q, k, v.
+TEST(TensorParallelLayers, OutputSplitEqualsTheUnsplitLayer) {
+  test::SoloGroup solo;
+  const int64_t s = 4, b = 2, h = 6, n = s * b;
+  OutputSplit split;
+  split.part_rows = {4, 2, 2};
+  for (int64_t g = 0; g < 2; ++g) {
+    split.blocks.push_back({0, g * 4, 2});
+    split.blocks.push_back({1, g * 4 + 2, 1});
+    split.blocks.push_back({2, g * 4 + 3, 1});
+  }
+  auto build = [&](Net& net) {
+    net.ctx.tp_group = &solo;
+    auto l = std::make_unique<ColumnParallelLinear>(
+        net.ctx, *net.pb, "qkv.", ColumnParallelLinearConfig{.input_size = h, .output_size = 8});
+    net.finish();
+    return l;
+  };
+  Net ref, sp;
+  auto rl = build(ref);
+  auto sl = build(sp);
+  const Tensor x = det_tensor({s, b, h}, 61);
+  ColumnParallelLinear::Saved rs, ss;
+  const std::vector<double> y = vec(rl->forward(x, rs));  // [N, 8]
+  const std::vector<Tensor> parts = sl->forward_split(x, ss, split);
+  // Column of row `row` of the unsplit output for each part's columns, block by block.
+  std::vector<std::vector<int64_t>> cols(3);
+  for (const auto& blk : split.blocks)
+    for (int64_t r = 0; r < blk.rows; ++r) cols[blk.part].push_back(blk.offset + r);
+  std::vector<Tensor> dparts;
+  std::vector<double> dy(static_cast<std::size_t>(n * 8));
+  for (int p = 0; p < 3; ++p) {
+    std::vector<double> want;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c : cols[p]) want.push_back(y[i * 8 + c]);
+    expect_close(parts[p], Tensor::from_vector(want, parts[p].shape()),
+                 "part " + std::to_string(p));
+    const Tensor d = det_tensor({n, split.part_rows[p]}, 70 + p);
+    const std::vector<double> dv = vec(d);
+    for (int64_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < cols[p].size(); ++j)
+        dy[i * 8 + cols[p][j]] = dv[i * cols[p].size() + j];
+    dparts.push_back(d);
+  }
+  const Tensor dx_ref = rl->backward(Tensor::from_vector(dy, {s, b, 8}), x, rs);
+  const Tensor dx = sl->backward_split(dparts, x, ss, split);
+  expect_close(dx, dx_ref, "input grad");
+  expect_close(sp.buf.grads, ref.buf.grads, "weight and bias grads");
+}
+
+// Megatron's bias-GELU fusion (forward_bias_gelu, backward_dgelu_bgrad) equals the separate ops:
+// bias add, tanh GELU, its backward, bias_grad.
+TEST(TensorParallelLayers, BiasGeluFusionEqualsTheSeparateOps) {
+  test::SoloGroup solo;
+  const int64_t s = 4, b = 2, h = 6, f = 8;
+  auto build = [&](Net& net, bool fused) {
+    net.ctx.tp_group = &solo;
+    auto fc1 = std::make_unique<ColumnParallelLinear>(
+        net.ctx, *net.pb, "fc1.",
+        ColumnParallelLinearConfig{.input_size = h, .output_size = f, .gemm_bias_fusion = fused});
+    auto fc2 = std::make_unique<RowParallelLinear>(
+        net.ctx, *net.pb, "fc2.",
+        RowParallelLinearConfig{.input_size = f, .output_size = h, .skip_bias_add = true});
+    net.finish();
+    return std::make_pair(std::move(fc1), std::move(fc2));
+  };
+  Net fn, sn;
+  auto [ffc1, ffc2] = build(fn, true);
+  auto [sfc1, sfc2] = build(sn, false);
+  const Tensor x = det_tensor({s, b, h}, 81), dy = det_tensor({s, b, h}, 82);
+  const ops::OpTable& ops = *sn.ctx.ops;
+  // Fused.
+  ColumnParallelLinear::Saved fs;
+  Tensor pre;
+  const Tensor fa = ffc1->forward_bias_gelu(x, fs, pre);
+  const Tensor fy = ffc2->forward(fa);
+  const Tensor fdu = ffc2->backward_dgelu_bgrad(dy, fa, pre, ffc1->bias().grad);
+  const Tensor fdx = ffc1->backward(fdu, x, fs, /*bias_grad_done=*/true);
+  // Separate ops.
+  ColumnParallelLinear::Saved ss;
+  const Tensor u = sfc1->forward(x, ss).view({s * b, f});
+  Tensor a = Tensor::empty(u.shape(), DType::f64);
+  ops.gelu_fwd(a, u, ops::GeluApprox::tanh);
+  const Tensor sy = sfc2->forward(a.view({s, b, f}));
+  const Tensor da = sfc2->backward(dy, a.view({s, b, f})).view({s * b, f});
+  Tensor du = Tensor::empty(u.shape(), DType::f64);
+  ops.gelu_bwd(du, da, u, ops::GeluApprox::tanh);
+  const Tensor sdx = sfc1->backward(du.view({s, b, f}), x, ss);
+  expect_close(fy, sy, "output");
+  expect_close(fdx, sdx, "input grad");
+  expect_close(fn.buf.grads, sn.buf.grads, "weight and bias grads");
+}
+
 // Embedding -> output layer (column-parallel, logits never gathered) -> vocab-parallel cross
 // entropy, V = 1003 padded to a multiple of TP, against the serial embedding, gemm and cross
 // entropy on the same padded vocabulary.
@@ -259,13 +353,13 @@ void run_vocab_case(bool sp) {
   const int64_t vpad = vc.padded_vocab_size(vocab, g.size());
   EXPECT_EQ(vpad % g.size(), 0);
   auto build = [&](Net& net, comm::ProcessGroup& grp, bool seq) {
+    net.ctx.tp_group = &grp;
+    net.ctx.sequence_parallel = seq;
     auto emb = std::make_unique<VocabParallelEmbedding>(
-        net.ctx, *net.pb, "embedding.word_embeddings.weight", vpad, h, grp, seq);
+        net.ctx, *net.pb, "embedding.word_embeddings.weight", vpad, h, seq);
     auto out = std::make_unique<ColumnParallelLinear>(
         net.ctx, *net.pb, "output_layer.",
-        ColumnParallelLinearConfig{
-            .input_size = h, .output_size = vpad, .bias = false, .sequence_parallel = seq},
-        grp);
+        ColumnParallelLinearConfig{.input_size = h, .output_size = vpad, .bias = false});
     net.finish();
     return std::make_pair(std::move(emb), std::move(out));
   };
@@ -293,7 +387,7 @@ void run_vocab_case(bool sp) {
     Tensor dlogits = Tensor::empty(logits.shape(), DType::f64);
     vocab_parallel_cross_entropy_bwd(*net.ctx.ops, dlogits, dloss, logits, lab, emb.vocab_start(),
                                      cs);
-    const Tensor de = out.backward(dlogits.view({s, b, -1}), os);
+    const Tensor de = out.backward(dlogits.view({s, b, -1}), e, os);
     emb.backward(de, tok);
     const Tensor e_full = seq ? all_gather_dim0(e, grp) : e;
     return std::make_pair(vec(loss), vec(e_full));

@@ -47,6 +47,7 @@ struct Case {
 struct Layer {
   transformer::TransformerConfig c;
   transformer::ModuleContext ctx;
+  MoEState state;  // this layer's aux-loss scale and metrics (a model's, in training)
   std::unique_ptr<transformer::ParamBuilder> pb;
   std::unique_ptr<MoELayer> layer;
   std::vector<transformer::Parameter> params;
@@ -73,8 +74,10 @@ struct Layer {
     ctx.config = &c;
     ctx.dtype = ctx.grad_dtype = DType::f64;
     ctx.ep_group = ep;
+    ctx.moe = &state;
     pb = std::make_unique<transformer::ParamBuilder>(ctx);
-    layer = std::make_unique<MoELayer>(ctx, *pb, "decoder.layers.0.mlp.", 0);
+    layer = std::make_unique<MoELayer>(ctx, *pb, "decoder.layers.0.mlp.", 0,
+                                       transformer::MlpSubmodules{});
     pb->finish(params, buffer, decls);
     for (auto& p : params) {  // by name: the same values in both layouts
       auto v =
@@ -112,7 +115,8 @@ TEST(MoEExpertParallel, EqualsTheSerialLayer) {
         std::string(k.dispatcher == MoeTokenDispatcherType::alltoall ? "alltoall" : "allgather") +
         (k.capacity ? " capacity" : "") + (k.starve_last_rank ? " starved" : ""));
     Layer ep(k, &world, w), serial(k, nullptr, w);
-    MoEAuxLossAutoScaler::set_loss_scale(0.5);
+    ep.state.aux_loss_auto_scaler.set_loss_scale(0.5);
+    serial.state.aux_loss_auto_scaler.set_loss_scale(0.5);
     auto tokens = [&](int r) {
       auto x = randn(static_cast<std::size_t>(S * B * H), 100 + r, 1.0);
       if (k.starve_last_rank)
@@ -145,7 +149,7 @@ TEST(MoEExpertParallel, EqualsTheSerialLayer) {
         for (std::size_t i = 0; i < router_ref.size(); ++i) router_ref[i] -= before[i];
       }
     }
-    MoEMetricsTracker::instance().clear();
+    EXPECT_EQ(ep.state.metrics_tracker.layers().size(), 1u);
     expect_near(y, y_ref, "output");
     expect_near(dx, dx_ref, "input grad");
     expect_near(ep.param(router).main_grad.to_vector<double>(), router_ref, "router grad");

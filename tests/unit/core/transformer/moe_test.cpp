@@ -204,6 +204,7 @@ TEST(MoERouter, PermutationIsExpertMajorTokensAscending) {
 struct LayerFixture {
   transformer::TransformerConfig c;
   transformer::ModuleContext ctx;
+  MoEState state;  // this layer's aux-loss scale and metrics (a model's, in training)
   std::unique_ptr<transformer::ParamBuilder> pb;
   std::unique_ptr<MoELayer> layer;
   std::vector<transformer::Parameter> params;
@@ -231,8 +232,10 @@ struct LayerFixture {
     ctx.config = &c;
     ctx.dtype = DType::f64;
     ctx.grad_dtype = DType::f64;
+    ctx.moe = &state;
     pb = std::make_unique<transformer::ParamBuilder>(ctx);
-    layer = std::make_unique<MoELayer>(ctx, *pb, "decoder.layers.0.mlp.", 0);
+    layer = std::make_unique<MoELayer>(ctx, *pb, "decoder.layers.0.mlp.", 0,
+                                       transformer::MlpSubmodules{});
     pb->finish(params, buffer, decls);
     uint32_t seed = 1;
     for (auto& p : params) {
@@ -311,13 +314,14 @@ TEST(MoELayer, BackwardMatchesFiniteDifferences) {
                          .to_vector<double>();
       return dot(y, dyv) + ca * s.lb_loss + cz * s.z_loss;
     };
-    MoEAuxLossAutoScaler::set_loss_scale(1.0);
+    fx.state.aux_loss_auto_scaler.set_loss_scale(1.0);
     fx.buffer.grads.zero_();
     MoELayer::Saved s;
     fx.layer->forward(Tensor::from_vector(xv, {S, B, H}, DType::f64), s, true);
     const auto dx =
         fx.layer->backward(Tensor::from_vector(dyv, {S, B, H}, DType::f64), s).to_vector<double>();
-    MoEMetricsTracker::instance().clear();
+    EXPECT_EQ(fx.state.metrics_tracker.layers().size(), 1u);  // backward records the layer
+    fx.state.metrics_tracker.clear();
     const double eps = 1e-6;
     for (std::size_t i = 0; i < xv.size(); i += 3) {
       auto xp = xv, xm = xv;
@@ -342,7 +346,7 @@ TEST(MoELayer, BackwardMatchesFiniteDifferences) {
         EXPECT_NEAR(g[i], (jp - jm) / (2 * eps), 1e-6) << p.name << " [" << i << "]";
       }
     }
-    EXPECT_TRUE(MoEMetricsTracker::instance().layers().empty());  // forward alone adds nothing
+    EXPECT_TRUE(fx.state.metrics_tracker.layers().empty());  // forward alone adds nothing
   }
 }
 
@@ -373,7 +377,10 @@ TEST(MoEPresets, MixtralAndDeepSeekStyleModelsTrain) {
     else
       models::apply_deepseek_moe_architecture(c, 4, 2, 8);
     c.moe_z_loss_coeff = 1e-3;
-    models::GPTModel model(c, 50, ops_on("cpu"), Device::cpu());
+    models::GPTModel model(
+        c, 50, ops_on("cpu"), Device::cpu(),
+        preset == 0 ? models::mixtral_block_spec(c) : models::deepseek_moe_block_spec(c));
+    models::GPTModel other(c, 50, ops_on("cpu"), Device::cpu());  // its own MoE state
     model.init_weights(3);
     int experts = 0;
     for (const auto& p : model.parameters()) experts += p.is_expert;
@@ -387,7 +394,6 @@ TEST(MoEPresets, MixtralAndDeepSeekStyleModelsTrain) {
     b.labels = Tensor::from_vector(lab, {2, 8}, DType::i64);
     models::GPTForwardState st;
     model.zero_grad();
-    MoEMetricsTracker::instance().clear();
     const auto sums = model.forward(b, st, models::StepRng{}, true);
     EXPECT_TRUE(std::isfinite(sums.loss_sum));
     model.backward(st, 1.0 / sums.num_tokens);
@@ -396,8 +402,9 @@ TEST(MoEPresets, MixtralAndDeepSeekStyleModelsTrain) {
       for (double v : p.main_grad.to_vector<double>()) sq += v * v;
       EXPECT_GT(sq, 0.0) << p.name;
     }
-    EXPECT_EQ(MoEMetricsTracker::instance().layers().size(), 2u);
-    MoEMetricsTracker::instance().clear();
+    EXPECT_EQ(model.moe_state().metrics_tracker.layers().size(), 2u);
+    EXPECT_TRUE(other.moe_state().metrics_tracker.layers().empty());  // per model, not global
+    model.moe_state().metrics_tracker.clear();
     // KV-cache inference through the MoE layers: prefill + one token equal the full logits.
     const auto full = model.logits(b).to_vector<double>();  // [S, B, V]
     inference::StaticInferenceContext ic(2, 8);
