@@ -29,8 +29,10 @@
 // mins (each saves first when --save is set). Evaluation every --eval-interval iterations on
 // --eval-iters batches of the validation split: lm loss and perplexity.
 // Determinism: on the CPU a run of N iterations equals N/2 + save + load + N/2 bit for bit.
-// --deterministic-mode: its NCCL check (check_deterministic_mode) before any work; two runs are
-// bit-identical (docs/architecture.md).
+// --deterministic-mode: the run's Runtime resolves its op table without non-deterministic
+// providers (RuntimeOptions::deterministic; no built-in kernel is one), and its NCCL check
+// (check_deterministic_mode) runs before any work; two runs are bit-identical
+// (docs/architecture.md, "Deterministic mode").
 #pragma once
 
 #include <cstdint>
