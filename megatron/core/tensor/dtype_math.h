@@ -15,7 +15,7 @@
 //             contract dtype.h documents); integer -> integer wraps; integer -> float rounds
 //             once to f32 (f64 for f64).
 //   f32<->f64 a NaN keeps its sign and payload top bits (x86), not the GPU's canonical NaN.
-// Not here: vectorised or packed conversions (the speed issue), anything that allocates.
+// Not here: vectorised or packed conversions (not yet), anything that allocates.
 #pragma once
 
 #include <cstdint>

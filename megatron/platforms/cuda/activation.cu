@@ -11,7 +11,7 @@
 //   sq. relu   y = max(x, 0)^2;  y' = 2 max(x, 0)
 // Math in f32 (f64 for f64), the same formulas as megatron/platforms/cpu/activation.cpp. Unary ops
 // accept any shapes with equal element counts; dx may alias dy (each element is read, then written
-// by the same thread). Not here: fused bias + activation, vectorised loads (the speed issue).
+// by the same thread). Not here: fused bias + activation, vectorised loads (not yet).
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"

@@ -11,7 +11,7 @@
 // shard's columns [vocab_start, vocab_start + Vl) and give target_logit 0 (and no one-hot term)
 // for targets outside them. dlogits may alias logits exactly (element-wise backward).
 // Not here: ignore_index, label smoothing, z-loss, the all-reduces (the caller's group), a
-// device-side target check (the speed issue).
+// device-side target check (not yet).
 #include <cmath>
 #include <utility>
 #include <vector>

@@ -14,7 +14,7 @@
 // Stats: allocated_bytes counts requested bytes; reserved_bytes counts every block held from
 // cudaMalloc, live or cached. deallocate never throws (it runs in destructors, also at process
 // teardown when the CUDA runtime may already be gone; then the block is dropped).
-// Not here: block splitting, expandable segments, per-stream pools (the speed issue).
+// Not here: block splitting, expandable segments, per-stream pools (not yet).
 //
 // ---- CudaPinnedAllocator
 // Page-locked host memory (cudaHostAlloc with cudaHostAllocPortable: pinned for every device's

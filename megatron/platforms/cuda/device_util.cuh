@@ -4,7 +4,7 @@
 // Invariants: reductions combine warp partials in a fixed order, so a kernel's result does not
 // depend on scheduling; blockDim.x is a multiple of 32 and at most 1024. Every kernel reads its
 // tensors through dmath::load<C> / dmath::store<C>, so one instantiation per compute type (float
-// or double) serves every storage dtype. Not here: host code, tensor-core paths (speed issue).
+// or double) serves every storage dtype. Not here: host code, tensor-core paths (not yet).
 #pragma once
 
 #include <cuda_runtime.h>

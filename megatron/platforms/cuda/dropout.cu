@@ -10,7 +10,7 @@
 // same-shaped inputs (each element is read, then written by the same thread).
 // The mask (DropoutMask, dropout_mask.cuh) is shared with norm.cu's fused
 // bias_dropout_add_norm_fwd. Not here: attention-probability dropout (attention.cu uses the same
-// stream); one Philox block per element is computed (4x the needed work; the speed issue).
+// stream); one Philox block per element is computed (4x the needed work; not yet optimised).
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/random/philox.h"
 #include "megatron/platforms/cuda/cuda_common.h"

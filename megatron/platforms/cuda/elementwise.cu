@@ -5,7 +5,7 @@
 // Semantics as the CPU kernels (megatron/platforms/cpu/gemm.cpp): y and bias, x and y, may differ
 // in float dtype; math in f32, or f64 when an operand is f64; bias_grad sums in f64 in a fixed
 // order (reduce.cuh). fill converts the value exactly as Tensor::to does and accepts any dtype.
-// Not here: vectorised loads, fusion with GEMM epilogues (the speed issue).
+// Not here: vectorised loads, fusion with GEMM epilogues (not yet).
 #include <cstring>
 
 #include "megatron/core/ops/ops.h"

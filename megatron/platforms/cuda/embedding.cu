@@ -10,7 +10,7 @@
 // copied to the host (one stream synchronisation), (row, token) pairs sorted there, and one block
 // per distinct row sums its dout rows in increasing token order in f32 (f64 when dweight or dout is
 // f64) before a single add into dweight. Negative ids are rejected there, as on the CPU.
-// Not here: a device-side sort (the speed issue), padding_idx, max_norm.
+// Not here: a device-side sort (not yet), padding_idx, max_norm.
 #include <algorithm>
 #include <utility>
 #include <vector>

@@ -23,7 +23,7 @@
 // dx may alias dy or dresidual: the column sums run before the dx kernel, and each dx element is
 // written by the thread that read it last. In the fused forward, sum may alias x or residual (each
 // element is read, then written, by one thread); y must not overlap sum (validated).
-// Not here: fp8 outputs, rows cached in shared memory, vectorised loads (the speed issue); the
+// Not here: fp8 outputs, rows cached in shared memory, vectorised loads (not yet); the
 // MLP-BDA + next layer's input norm fusion.
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"

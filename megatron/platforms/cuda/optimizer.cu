@@ -9,7 +9,7 @@
 // multi_tensor_scale checks finiteness after rounding to the storage type and never clears
 // found_nonfinite (the caller zeroes it, as apex's amp does).
 // Gradient rule: none here (no backward); the optimizer updates param/exp_avg/exp_avg_sq in place.
-// Not here: one launch for all tensors (multi_tensor_apply chunk lists: the speed issue), the
+// Not here: one launch for all tensors (multi_tensor_apply chunk lists, not yet), the
 // distributed optimizer's sharding.
 #include <cmath>
 #include <string>

@@ -3,7 +3,7 @@
 // in f64, in two passes: chunks of rows write partial sums, then each column adds its chunks in
 // order. The result does not depend on scheduling, and out may have any kernel float dtype (an f32
 // main-grad buffer for bf16 weights). g is a device functor (no extended lambdas in this build).
-// Not here: fused row + column passes (the speed issue).
+// Not here: fused row + column passes (not yet).
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,7 @@
 // y may alias x and dx may alias dy: the reductions finish (block barrier) before the write pass,
 // which reads and writes each element in the same thread. Same formulas as
 // megatron/platforms/cpu/softmax.cpp. Not here: masks, dropout, rows kept in registers or shared
-// memory (the speed issue: x is read three times).
+// memory (x is read three times; not yet optimised).
 #include <cmath>
 
 #include "megatron/core/ops/ops.h"

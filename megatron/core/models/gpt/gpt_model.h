@@ -17,8 +17,9 @@
 // dropout seeds ("decoder.layers.<offset + i>."), so a stage's parameters and activations equal
 // the single-stage model's. With tied embeddings, a last stage without the embedding builds its
 // own copy of the word embedding as output weight (Megatron's shared embedding): same name, same
-// init (so equal to the first stage's copy), Parameter::shared = true; the caller keeps the two
-// copies equal by summing their grads over the embedding group.
+// init (so equal to the first stage's copy), Parameter::shared = true;
+// distributed::finalize_model_grads keeps the two copies equal by summing their grads over the
+// embedding group (shared_embedding_or_output_weight).
 //
 // Activations of one micro-batch live in a caller-owned GPTForwardState, so a schedule can hold
 // several micro-batches in flight. forward() fills it; backward() consumes it (and releases it),
@@ -61,8 +62,8 @@ using GPTBatch = Batch;
 // padded vocabulary is a multiple of make_vocab_size_divisible_by x TP (Megatron's rule: it grows
 // with TP, so the loss equals the TP = 1 loss of the same padded vocabulary). Logits stay
 // vocab-parallel (never gathered) into the vocab-parallel cross entropy. Parameters marked
-// sequence_parallel (norms and replicated biases under SP, q/k layernorm) need
-// tensor_parallel::all_reduce_sequence_parallel_grads after the last micro-batch's backward.
+// sequence_parallel (norms and replicated biases under SP, q/k layernorm) have their grads summed
+// over TP after the last micro-batch's backward (distributed::finalize_model_grads).
 //
 // exclude_vocab_padding (not Megatron's behaviour, which keeps the padding rows' logits in the
 // softmax): the output layer computes logits for the real vocabulary rows only, so the loss and
