@@ -431,8 +431,10 @@ namespace {
 
 std::string ranges_str(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   std::string out;
-  for (const auto& [a, b] : ranges)
-    out += (out.empty() ? "" : ",") + std::to_string(a) + ":" + std::to_string(b);
+  for (const auto& [a, b] : ranges) {
+    if (!out.empty()) out += ',';  // not "," + std::string&&: a bogus -Wrestrict in GCC 12 at -O3
+    out += std::to_string(a) + ":" + std::to_string(b);
+  }
   return out;
 }
 
