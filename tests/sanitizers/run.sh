@@ -7,6 +7,7 @@
 #   run.sh tsan <build dir> <jobs>  TSan (-fsanitize=thread) over the code with background threads:
 #       the MPI progress thread (collectives_test, ddp_test under mpirun, 2 and 4 ranks), the async
 #       checkpoint save (checkpointing_test) and the data prefetch thread (data_samplers_test);
+#       and one pretrain_gpt run with all three (DP 2, overlapped reduce and gather, --async-save);
 #       only those targets are built. One OpenMP thread: libgomp is not TSan-instrumented, so its
 #       barriers would be invisible to TSan and every parallel loop a false report.
 # Both configure a build directory of their own (CPU only, -O1 -g1: the sanitizers' recommended
@@ -38,7 +39,7 @@ if [ "$kind" = asan ]; then
   stage "all tests passed"
 else
   tests=(collectives_test ddp_test checkpointing_test data_samplers_test)
-  cmake --build "$build" -j "$jobs" --target "${tests[@]}"
+  cmake --build "$build" -j "$jobs" --target "${tests[@]}" pretrain_gpt
   stage "built"
   export TSAN_OPTIONS="suppressions=$supp/tsan.supp:halt_on_error=1:second_deadlock_stack=1"
   export OMP_NUM_THREADS=1
@@ -53,5 +54,17 @@ else
       "${mpirun[@]}" -np "$np" --tag-output "$build/bin/$t" --gtest_brief=1
     done
   done
+  # All three threads in one real run: DP 2 with the overlapped grad reduce and param gather
+  # (progress thread), the data prefetch, and an async save at iterations 2 and 4.
+  echo "== tsan: mpirun -np 2 pretrain_gpt (overlap, prefetch, --async-save)"
+  ckpt=$(mktemp -d)
+  "${mpirun[@]}" -np 2 "$build/bin/pretrain_gpt" --num-layers 2 --hidden-size 32 \
+    --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16 --micro-batch-size 2 \
+    --global-batch-size 8 --train-iters 4 --lr 1e-3 --mock-data --tokenizer-type NullTokenizer \
+    --vocab-size 301 --log-interval 1 --eval-iters 0 --use-distributed-optimizer \
+    --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 2000 --save "$ckpt" \
+    --save-interval 2 --async-save > "$build/pretrain_gpt_tsan.log" 2>&1 \
+    || { cat "$build/pretrain_gpt_tsan.log"; rm -rf "$ckpt"; exit 1; }
+  rm -rf "$ckpt"
   stage "all runs clean"
 fi
