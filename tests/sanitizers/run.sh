@@ -25,9 +25,10 @@ case "$kind" in
 esac
 stage() { echo "== $kind: $1 ($((SECONDS - t0)) s so far)"; }
 t0=$SECONDS
+mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -DNDEBUG" \
-  -DMG_CUDA=OFF -DMG_SANITIZE=$sanitize -DMG_BUILD_BENCHMARKS=OFF > "$build.configure.log" 2>&1 \
-  || { cat "$build.configure.log"; exit 1; }
+  -DMG_CUDA=OFF -DMG_SANITIZE=$sanitize -DMG_BUILD_BENCHMARKS=OFF > "$build/configure.log" 2>&1 \
+  || { cat "$build/configure.log"; exit 1; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 if [ "$kind" = asan ]; then
   cmake --build "$build" -j "$jobs"
