@@ -237,6 +237,16 @@ std::string pipeline_parallel_summary(const Run& r) {
   return s.str();
 }
 
+// "context parallel: ..." (a line) with CP > 1. The data-parallel line counts the DP x CP ranks
+// its gradients are reduced over; this one gives the data-parallel size itself.
+std::string context_parallel_summary(const Run& r) {
+  if (!r.ps.cp) return "";
+  std::ostringstream s;
+  s << "context parallel: " << r.ps.cp->size() << " ranks (" << r.args.parallel.cp_comm_type
+    << "), data-parallel size " << r.args.training.data_parallel_size << "\n";
+  return s.str();
+}
+
 void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
   const auto& m = *r.model;
   auto& plat = *r.rt->platform;
@@ -252,10 +262,10 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed
         << "\n"
         << data_parallel_summary(r) << tensor_parallel_summary(r) << pipeline_parallel_summary(r)
-        << "optimizer: " << r.args.optimizer.optimizer << ", lr " << *r.args.optimizer.lr << " ("
-        << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
-        << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
-        << dtype_name(r.args.model.params_dtype) << "\n"
+        << context_parallel_summary(r) << "optimizer: " << r.args.optimizer.optimizer << ", lr "
+        << *r.args.optimizer.lr << " (" << r.args.scheduler.lr_decay_style << "), weight decay "
+        << r.args.optimizer.weight_decay << ", clip-grad " << r.args.optimizer.clip_grad
+        << ", params " << dtype_name(r.args.model.params_dtype) << "\n"
         << "op table (" << plat.name() << "):";
   int col = 0;
   for (const auto& res : r.rt->resolutions()) {

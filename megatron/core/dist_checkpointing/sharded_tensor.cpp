@@ -88,6 +88,7 @@ int64_t copy_overlap(const ShardedTensor& src, const std::byte* src_data, const 
                                                       << shape_str(ss) << " and destination "
                                                       << shape_str(ds) << " differ in rank");
   const std::size_t n = ss.size();
+  if (n == 0) return 0;  // never (empty shapes are {1} above); tells GCC 12 n - 1 cannot wrap
   Shape lo(n), hi(n);
   for (std::size_t i = 0; i < n; ++i) {
     lo[i] = std::max(so[i], dof[i]);

@@ -343,7 +343,7 @@ Gathered gather_kv(const ContextParallel& cp, const Setup& st, const Tensor& k, 
 
 // The arguments of local query chunk qc against its key prefix [0, sk) of the sequence.
 ops::AttentionArgs prefix_args(const ops::AttentionArgs& a, const Setup& st, const Gathered& g,
-                               int qc, int64_t gq, int64_t sk) {
+                               int qc, int64_t gq, int64_t /*sk*/) {
   ops::AttentionArgs r;
   r.causal = a.causal;  // bottom-right aligned: query i of chunk gq is token gq C + i
   r.softmax_scale = a.softmax_scale;

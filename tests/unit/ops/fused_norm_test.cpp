@@ -118,7 +118,9 @@ TEST_P(FusedNormCpu, ForwardBitIdenticalToBiasDropoutAddThenNorm) {
       EXPECT_TRUE(same_bits(sum_f, sum_u)) << ctx << ": sum";
       EXPECT_TRUE(same_bits(y_f, y_u)) << ctx << ": y";
       EXPECT_TRUE(same_bits(rstd_f, rstd_u)) << ctx << ": rstd";
-      if (ln) EXPECT_TRUE(same_bits(mean_f, mean_u)) << ctx << ": mean";
+      if (ln) {
+        EXPECT_TRUE(same_bits(mean_f, mean_u)) << ctx << ": mean";
+      }
       // The outputs were really written (no NaN left from the poison).
       for (double v : to_doubles(y_f)) ASSERT_FALSE(std::isnan(v)) << ctx;
     }
@@ -265,9 +267,10 @@ TEST_P(FusedNormOps, ForwardMatchesReference) {
       EXPECT_TRUE(all_close(to_doubles(y), ref.y, test::tolerance(dtype))) << ctx << ": y";
       EXPECT_TRUE(all_close(to_doubles(rstd), ref.rstd, test::tolerance(stat_dtype(dtype))))
           << ctx << ": rstd";
-      if (ln)
+      if (ln) {
         EXPECT_TRUE(all_close(to_doubles(mean), ref.mean, test::tolerance(stat_dtype(dtype))))
             << ctx << ": mean";
+      }
     }
   }
 }
@@ -341,12 +344,13 @@ TEST(FusedNormGradient, MatchesFiniteDifferences) {
           test::numerical_gradient([&](const V& v) { return loss(x0, r0, bias0, v, beta0); }, g0),
           tol))
           << ctx << ": dgamma";
-      if (ln)
+      if (ln) {
         EXPECT_TRUE(all_close(
             to_doubles(dbeta),
             test::numerical_gradient([&](const V& v) { return loss(x0, r0, bias0, g0, v); }, beta0),
             tol))
             << ctx << ": dbeta";
+      }
     }
   }
 }

@@ -29,14 +29,16 @@ args="--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16
   --make-vocab-size-divisible-by 4 --log-interval 1 --eval-iters 0 --hidden-dropout 0
   --attention-dropout 0 --seed 7"
 
+. "$(dirname "$0")/compare_logs.sh"  # expect_layout (its values() is replaced below)
 values() { grep -o "lm loss: [^ ]*" "$1" | sed "s/lm loss: //"; }
-run() {  # run <log> <np> <extra args...>
+run() {  # run <log> <np> <extra args...>: also checks the layout of its start-up lines
   log=$1; n=$2; shift 2
   if [ "$n" -eq 1 ]; then
     "$bin" $args "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
   else
     "$mpi" $mpi_args -np "$n" "$bin" $args "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
   fi
+  expect_layout "$log" "$n" $args "$@"
 }
 # check <log> <what> <relative tolerance> <reference log>: its lm losses equal the reference's
 # iterations 3..5.
@@ -110,6 +112,7 @@ case "$source" in
       echo "FAIL: the run with a rank killed mid-save succeeded"; cat "$work/crash.out"; exit 1
     fi
     grep -q "fault injection" "$work/crash.out" || { cat "$work/crash.out"; exit 1; }
+    expect_layout "$work/crash.out" 4 $args $save $dopt
     [ "$(cat "$ck/latest_checkpointed_iteration.txt")" = 2 ] \
       || { echo "FAIL: the tracker moved: $(cat "$ck/latest_checkpointed_iteration.txt")"; exit 1; }
     [ ! -e "$ck/iter_0000004" ] || { echo "FAIL: iter_0000004 exists"; ls -R "$ck"; exit 1; }

@@ -1,4 +1,4 @@
-# Shared by the pretrain_gpt_*.sh mpi tests (sourced, not run): compare the values one field of
+# Shared by the multi-rank training scripts (sourced, not run): compare the values one field of
 # Megatron's log line takes in a reference run and in a candidate run, line by line.
 #   values <log> <field>        the values printed after "<field>: ", one per line
 #   compare_one <reference> <candidate> <what> <field> <relative tol> <absolute tol>
@@ -16,4 +16,90 @@ compare_one() {
       if ($2 == "" || d > rel * (a < 0 ? -a : a) + abs) { print "FAIL " what ": line " NR ": " $1 " vs " $2; bad = 1 } }
     END { if (NR != n) bad = 1; if (bad) exit 1; print "ok " what ": " NR " values agree" }' \
     || { echo "--- $2:"; cat "$2"; exit 1; }
+}
+
+# The start-up lines of a pretrain_gpt run show the layout the run asked for, so that a run that
+# silently fell back to another layout (fewer ranks, no TP, no CP, ...) cannot pass on its losses:
+#   expect_line <log> <what> <regex>   some line of the log matches the extended regex
+#   expect_no_line <log> <what> <regex> no line does
+#   expect_layout <log> <np> <pretrain_gpt args...>
+#       from the arguments (--tensor/--pipeline/--context/--expert-model-parallel-size,
+#       --virtual-pipeline-model-parallel-size or --num-layers-per-virtual-pipeline-stage,
+#       --sequence-parallel, --use-distributed-optimizer, --cp-comm-type, --num-experts) and <np>:
+#       "tensor parallel: TP ranks, sequence parallel on|off", "pipeline parallel: PP p [x VP v]:"
+#       with its schedule, "context parallel: CP ranks (type), data-parallel size DP", "data
+#       parallel: DPxCP ranks" (the gradient reduce group) with the distributed optimizer when
+#       asked for, "mixture of experts: ... expert parallel EP (E/EP experts per rank), expert
+#       data parallel EDP"; and no tensor / pipeline / context parallel line for size 1.
+# Fails printing the log's start-up summary. Its variables start with _el_ (the scripts are sh).
+expect_line() {
+  if grep -Eq -- "$3" "$1"; then [ -n "${_el_quiet:-}" ] || echo "ok layout $2: /$3/"; return 0; fi
+  echo "FAIL layout $2: no line matches /$3/; the start-up lines of $1:"
+  sed -n '/^-* Megatron-CPP/,/^> building/p' "$1"
+  exit 1
+}
+expect_no_line() {
+  if ! grep -Eq -- "$3" "$1"; then return 0; fi
+  echo "FAIL layout $2: a line matches /$3/:"; grep -E -- "$3" "$1"
+  exit 1
+}
+expect_layout() {
+  _el_log=$1; _el_np=$2; shift 2; _el_quiet=1
+  _el_tp=1 _el_pp=1 _el_cp=1 _el_ep=1 _el_vp="" _el_sp=off _el_dopt="" _el_comm=p2p _el_experts=0
+  _el_overlap=""
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --tensor-model-parallel-size) _el_tp=$2; shift ;;
+      --pipeline-model-parallel-size) _el_pp=$2; shift ;;
+      --context-parallel-size) _el_cp=$2; shift ;;
+      --expert-model-parallel-size) _el_ep=$2; shift ;;
+      --virtual-pipeline-model-parallel-size) _el_vp=" x VP $2"; shift ;;
+      --num-layers-per-virtual-pipeline-stage) _el_vp=" x VP [0-9]+"; shift ;;
+      --cp-comm-type) _el_comm=$2; shift ;;
+      --num-experts) _el_experts=$2; shift ;;
+      --sequence-parallel) _el_sp=on ;;
+      --use-distributed-optimizer) _el_dopt=".*, distributed optimizer" ;;
+      --overlap-grad-reduce) _el_overlap=1 ;;
+    esac
+    shift
+  done
+  [ "$_el_tp" -gt 1 ] || _el_sp=off
+  _el_dp=$((_el_np / (_el_tp * _el_pp * _el_cp)))
+  _el_what="np $_el_np = TP $_el_tp x PP $_el_pp x CP $_el_cp x DP $_el_dp"
+  [ $((_el_dp * _el_tp * _el_pp * _el_cp)) -eq "$_el_np" ] \
+    || { echo "FAIL layout $_el_what: np is not a multiple of TP x PP x CP"; exit 1; }
+  if [ "$_el_tp" -gt 1 ]; then
+    expect_line "$_el_log" "$_el_what" \
+      "^tensor parallel: $_el_tp ranks, sequence parallel $_el_sp,"
+  else
+    expect_no_line "$_el_log" "$_el_what" "^tensor parallel:"
+  fi
+  if [ "$_el_pp" -gt 1 ]; then
+    if [ -n "$_el_vp" ]; then _el_sched="interleaved 1F1B"; else _el_sched="; 1F1B"; fi
+    expect_line "$_el_log" "$_el_what" "^pipeline parallel: PP $_el_pp$_el_vp:.*$_el_sched schedule"
+  else
+    expect_no_line "$_el_log" "$_el_what" "^pipeline parallel:"
+  fi
+  if [ "$_el_cp" -gt 1 ]; then
+    expect_line "$_el_log" "$_el_what" \
+      "^context parallel: $_el_cp ranks \($_el_comm\), data-parallel size $_el_dp\$"
+  else
+    expect_no_line "$_el_log" "$_el_what" "^context parallel:"
+  fi
+  if [ $((_el_dp * _el_cp)) -gt 1 ] || [ -n "$_el_dopt$_el_overlap" ]; then
+    expect_line "$_el_log" "$_el_what" "^data parallel: $((_el_dp * _el_cp)) ranks $_el_dopt"
+  fi
+  [ -n "$_el_dopt" ] || expect_no_line "$_el_log" "$_el_what" "^data parallel: .*distributed optimizer"
+  if [ "$_el_experts" -gt 0 ]; then
+    if [ "$_el_ep" -gt 1 ] || [ "$_el_tp" -gt 1 ]; then
+      _el_edp=$((_el_np / (_el_ep * _el_pp)))
+    else
+      _el_edp=$((_el_dp * _el_cp))
+    fi
+    expect_line "$_el_log" "$_el_what x EP $_el_ep" "^mixture of experts: $_el_experts experts,.*\
+ expert parallel $_el_ep \($((_el_experts / _el_ep)) experts per rank\), expert data parallel\
+ $_el_edp[ ,]"
+  fi
+  _el_quiet=""
+  echo "ok layout $_el_what$([ "$_el_experts" -gt 0 ] && echo " x EP $_el_ep"): start-up lines agree"
 }

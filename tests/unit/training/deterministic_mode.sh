@@ -15,6 +15,7 @@ args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
 for run in 1 2; do
   "$@" -np "$np" "$bin" $args > "$work/run$run.log" 2>&1 || { cat "$work/run$run.log"; exit 1; }
 done
+expect_layout "$work/run1.log" "$np" $args
 grep -q "deterministic mode" "$work/run1.log" || { echo "FAIL: no deterministic mode line"; cat "$work/run1.log"; exit 1; }
 min_lines=6
 compare_one "$work/run1.log" "$work/run2.log" "np $np rerun" "lm loss" 0 0

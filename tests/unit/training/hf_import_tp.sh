@@ -15,11 +15,15 @@ trap 'rm -rf "$work"' EXIT
 flags=(--yaml-cfg "$work/ckpt/model_args.yaml" --load "$work/ckpt" --finetune --mock-data
        --micro-batch-size 2 --global-batch-size 4 --seq-length 32 --train-iters 4 --lr 1e-3
        --log-interval 1 --eval-iters 0 --hidden-dropout 0 --attention-dropout 0)
+. "$(dirname "$0")/compare_logs.sh"  # expect_layout
 losses() { grep -o 'lm loss: [0-9.E+-]*' | awk '{print $3}'; }
 # The yaml asks for TP 2: the single-rank reference overrides it.
-OMP_NUM_THREADS=1 "$pretrain" "${flags[@]}" --tensor-model-parallel-size 1 | losses > "$work/tp1"
+OMP_NUM_THREADS=1 "$pretrain" "${flags[@]}" --tensor-model-parallel-size 1 | tee "$work/tp1.log" \
+  | losses > "$work/tp1"
 OMP_NUM_THREADS=1 "$mpirun" "$@" -np 2 "$pretrain" "${flags[@]}" --save "$work/tp2ckpt" \
-  --save-interval 4 | losses > "$work/tp2"
+  --save-interval 4 | tee "$work/tp2.log" | losses > "$work/tp2"
+expect_layout "$work/tp1.log" 1 --tensor-model-parallel-size 1
+expect_layout "$work/tp2.log" 2 --tensor-model-parallel-size 2  # from model_args.yaml
 echo "TP 1: $(tr '\n' ' ' < "$work/tp1")"
 echo "TP 2: $(tr '\n' ' ' < "$work/tp2")"
 [ "$(wc -l < "$work/tp1")" -eq 4 ] || { echo "expected 4 loss values on one rank" >&2; exit 1; }

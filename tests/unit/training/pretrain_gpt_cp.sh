@@ -39,11 +39,13 @@ single() {  # single <name> <extra args...>: the one-rank reference, run once
   [ -f "$work/$name.log" ] || "$bin" $args "$@" > "$work/$name.log" 2>&1 \
     || { cat "$work/$name.log"; exit 1; }
 }
-# check <reference name> <np> <what> <extra args...>: the parallel run equals the reference.
+# check <reference name> <np> <what> <extra args...>: the parallel run shows the layout asked for
+# and equals the reference.
 check() {
   ref=$1; n=$2; what=$3; shift 3
   "$mpi" $mpi_args -np "$n" "$bin" $args "$@" > "$work/run.log" 2>&1 \
     || { cat "$work/run.log"; exit 1; }
+  expect_layout "$work/run.log" "$n" $args "$@"
   compare_one "$work/$ref.log" "$work/run.log" "$what" "lm loss" 2e-6 0
   compare_one "$work/$ref.log" "$work/run.log" "$what" "grad norm" 0 2e-3
 }

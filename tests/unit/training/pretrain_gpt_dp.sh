@@ -14,6 +14,7 @@ args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
   --lr 1e-3 --mock-data --tokenizer-type NullTokenizer --vocab-size 300 --log-interval 1
   --eval-iters 0 --hidden-dropout 0 --attention-dropout 0 --seed 7"
 
+. "$(dirname "$0")/compare_logs.sh"  # expect_layout
 losses() { grep -o 'lm loss: [^ ]*' "$1" | sed 's/lm loss: //'; }
 compare() {  # compare <reference> <candidate> <what>
   losses "$1" > "$work/a"; losses "$2" > "$work/b"
@@ -28,6 +29,7 @@ compare() {  # compare <reference> <candidate> <what>
 
 "$bin" $args > "$work/single.log" 2>&1 || { cat "$work/single.log"; exit 1; }
 "$@" -np "$np" "$bin" $args > "$work/dp.log" 2>&1 || { cat "$work/dp.log"; exit 1; }
+expect_layout "$work/dp.log" "$np" $args
 compare "$work/single.log" "$work/dp.log" "np $np"
 
 # Distributed optimizer + overlap of the grad reduce and of the param gather (the save at
@@ -38,7 +40,9 @@ dopt="--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather -
 "$@" -np "$np" "$bin" $args $dopt --save "$work/ckpt" --save-interval 2 --exit-interval 2 \
   > "$work/first.log" 2>&1 || { cat "$work/first.log"; exit 1; }
 ls "$work/ckpt/iter_0000002/rank_00000.safetensors" > /dev/null
+expect_layout "$work/first.log" "$np" $args $dopt
 "$@" -np "$np" "$bin" $args $dopt --load "$work/ckpt" > "$work/second.log" 2>&1 \
   || { cat "$work/second.log"; exit 1; }
+expect_layout "$work/second.log" "$np" $args $dopt
 cat "$work/first.log" "$work/second.log" > "$work/resumed.log"
 compare "$work/single.log" "$work/resumed.log" "np $np save at 2 + resume"

@@ -25,9 +25,10 @@ compare() {
   compare_one "$1" "$2" "$3" "grad norm" 0 2e-3
   compare_one "$1" "$2" "$3" "load_balancing_loss" 1e-5 0
 }
-run() {  # run <log> <np> <extra args...>
+run() {  # run <log> <np> <extra args...>: also checks the layout of its start-up lines
   log=$1; n=$2; shift 2
   "$mpi" $mpi_args -np "$n" "$bin" $args "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
+  expect_layout "$log" "$n" $args "$@"
 }
 single() {  # single <log> <extra args...>
   log=$1; shift

@@ -39,9 +39,10 @@ compare() {
   compare_one "$1" "$2" "$3" "lm loss" 2e-6 0
   compare_one "$1" "$2" "$3" "grad norm" 0 2e-3
 }
-run() {  # run <log> <np> <model args> <extra args...>
+run() {  # run <log> <np> <model args> <extra args...>: also checks the layout of its start-up lines
   log=$1; n=$2; model=$3; shift 3
   "$mpi" $mpi_args -np "$n" "$bin" $model "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
+  expect_layout "$log" "$n" $model "$@"
 }
 refused() {  # refused <np> <expected message> <args...>
   n=$1; msg=$2; shift 2

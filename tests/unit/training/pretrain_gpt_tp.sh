@@ -37,9 +37,10 @@ compare_zeros() {  # compare_zeros <np> <what> <extra args...>
   run "$work/zeros.log" "$n" $zeros_args "$@"
   compare_one "$work/single_zeros.log" "$work/zeros.log" "$what (untied)" "num zeros" 0 2
 }
-run() {  # run <log> <np> <extra args...>
+run() {  # run <log> <np> <extra args...>: also checks the layout of its start-up lines
   log=$1; n=$2; shift 2
   "$mpi" $mpi_args -np "$n" "$bin" $args "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
+  expect_layout "$log" "$n" $args "$@"
 }
 # save_resume <ckpt> <np> <what> <extra args...>: save at iteration 2 (and exit), resume to the
 # end: the losses of both runs together equal the single-rank run's.

@@ -44,7 +44,7 @@ TEST(LocalRank, PrecedenceTorchrunThenOpenMpiThenSlurmThenMpich) {
   EXPECT_EQ(local_rank_from(env(all)).source, "LOCAL_RANK");
   all.erase("LOCAL_RANK");
   // mpirun inside a SLURM allocation: every rank inherits SLURM_LOCALID=0; OpenMPI's wins.
-  all["SLURM_LOCALID"] = "0";
+  all["SLURM_LOCALID"] = std::string("0");  // not = "0": a bogus -Wrestrict in GCC 12 at -O3
   EXPECT_EQ(local_rank_from(env(all)).rank, 2);
   all.erase("OMPI_COMM_WORLD_LOCAL_RANK");
   EXPECT_EQ(local_rank_from(env(all)).source, "SLURM_LOCALID");

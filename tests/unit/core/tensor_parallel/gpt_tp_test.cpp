@@ -24,6 +24,16 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// The parallel options of these tests (set field by field: a braced {group, sp} leaves out the
+// later fields, which -Wmissing-field-initializers reports and -Werror turns into an error).
+models::GPTModelParallel tp_options(comm::ProcessGroup* group, bool sp, bool exclude = false) {
+  models::GPTModelParallel p;
+  p.tp_group = group;
+  p.sequence_parallel = sp;
+  p.exclude_vocab_padding = exclude;
+  return p;
+}
+
 comm::ProcessGroup& tp_group() {
   static std::unique_ptr<comm::Communicator> c = [] {
     auto p = comm::init_communicator("");
@@ -84,7 +94,7 @@ void run_model_case(const ModelCase& mc) {
   const auto spec = models::get_gpt_decoder_block_spec(cf);
   models::GPTModel ref(cref, vocab, ops, Device::cpu(), spec);
   models::GPTModel model(ctp, vocab, ops, Device::cpu(), spec,
-                         models::GPTModelParallel{&g, mc.sequence_parallel});
+                         tp_options(&g, mc.sequence_parallel));
   EXPECT_EQ(model.padded_vocab_size(), ref.padded_vocab_size());
   EXPECT_EQ(model.padded_vocab_size() % (8 * tp), 0);
   ref.init_weights(1234);
@@ -155,10 +165,8 @@ TEST(GPTModelTensorParallel, LossIndependentOfVocabPaddingWhenExcluded) {
     transformer::TransformerConfig cf = c;
     cf.finalize();
     const auto spec = models::get_gpt_decoder_block_spec(cf);
-    models::GPTModel ref(c, vocab, ops, Device::cpu(), spec,
-                         models::GPTModelParallel{nullptr, false, true});
-    models::GPTModel model(c, vocab, ops, Device::cpu(), spec,
-                           models::GPTModelParallel{&g, sp, true});
+    models::GPTModel ref(c, vocab, ops, Device::cpu(), spec, tp_options(nullptr, false, true));
+    models::GPTModel model(c, vocab, ops, Device::cpu(), spec, tp_options(&g, sp, true));
     EXPECT_EQ(ref.padded_vocab_size(), 24);
     const int64_t multiple = 8 * g.size();
     EXPECT_EQ(model.padded_vocab_size(), (vocab + multiple - 1) / multiple * multiple);

@@ -110,10 +110,11 @@ TEST_P(CudaFusedNorm, ForwardMatchesCpu) {
             EXPECT_TRUE(
                 test::all_close(to_doubles(rstd.gpu), to_doubles(rstd.cpu), twice(stat_dtype(dt))))
                 << ctx << ": rstd";
-            if (ln)
+            if (ln) {
               EXPECT_TRUE(test::all_close(to_doubles(mean.gpu), to_doubles(mean.cpu),
                                           twice(stat_dtype(dt))))
                   << ctx << ": mean";
+            }
             // The mask: a dropped element's sum is exactly its residual.
             if (p > 0.0f) {
               int64_t dropped = 0, wrong = 0;
@@ -177,10 +178,11 @@ TEST_P(CudaFusedNorm, BackwardAddMatchesCpu) {
                 << ctx << ": dx";
             EXPECT_TRUE(test::all_close(to_doubles(dg.gpu), to_doubles(dg.cpu), twice(DType::f32)))
                 << ctx << ": dgamma";
-            if (ln)
+            if (ln) {
               EXPECT_TRUE(
                   test::all_close(to_doubles(db.gpu), to_doubles(db.cpu), twice(DType::f32)))
                   << ctx << ": dbeta";
+            }
           }
         }
       }
