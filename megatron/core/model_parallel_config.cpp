@@ -44,11 +44,11 @@ void ModelParallelConfig::validate(const transformer::TransformerConfig& model,
              "--num-attention-heads " << model.num_attention_heads
                                       << " must be divisible by --tensor-model-parallel-size "
                                       << tp);
-    MG_CHECK(model.num_query_groups % tp == 0,
-             "the number of query groups " << model.num_query_groups
-                                           << " (--num-query-groups) must be divisible by "
-                                              "--tensor-model-parallel-size "
-                                           << tp);
+    MG_CHECK(model.num_query_groups % tp == 0, "the number of query groups "
+                                                   << model.num_query_groups
+                                                   << " (--num-query-groups) must be divisible by "
+                                                      "--tensor-model-parallel-size "
+                                                   << tp);
     // Megatron's validate_args: "Disabling sequence parallelism because tensor model
     // parallelism is disabled".
     if (tp == 1 && sequence_parallel) {
@@ -76,8 +76,7 @@ void ModelParallelConfig::validate(const transformer::TransformerConfig& model,
         MG_CHECK(
             model.num_attention_heads / tp % cp == 0 && model.num_query_groups / tp % cp == 0,
             "--cp-comm-type a2a splits each TP rank's heads across CP: "
-                << model.num_attention_heads / tp << " heads and "
-                << model.num_query_groups / tp
+                << model.num_attention_heads / tp << " heads and " << model.num_query_groups / tp
                 << " query groups per TP rank must be divisible by --context-parallel-size " << cp);
       }
       MG_CHECK(model.num_moe_experts == 0,
@@ -87,8 +86,7 @@ void ModelParallelConfig::validate(const transformer::TransformerConfig& model,
   {
     // Pipeline layout checked before any work (the loop builds it again per rank).
     const auto layout = pipeline_parallel::make_pipeline_layout(
-        model.num_layers, pipeline_model_parallel_size,
-        virtual_pipeline_size,
+        model.num_layers, pipeline_model_parallel_size, virtual_pipeline_size,
         num_layers_per_virtual_pipeline_stage, decoder_first_pipeline_num_layers,
         decoder_last_pipeline_num_layers);
     virtual_pipeline_model_parallel_size = layout.vp;

@@ -1,7 +1,7 @@
 // ModelParallelConfig (Megatron-Core's megatron/core/model_parallel_config.py): the parallel layout
 // a run asks for, one plain struct with its checks, instead of loose fields of the arguments. The
-// flags are Megatron's; parse_args fills it, initialize_model_parallel (training/initialize.h) turns
-// it into process groups, model_provider into this rank's share of the model.
+// flags are Megatron's; parse_args fills it, initialize_model_parallel (training/initialize.h)
+// turns it into process groups, model_provider into this rank's share of the model.
 #pragma once
 
 #include <cstdint>

@@ -434,7 +434,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   if (x.moe_layer_freq) apply_moe_layer_freq(a.model, *x.moe_layer_freq);
   a.model.finalize();
   a.parallel.validate(a.model, a.ddp.use_distributed_optimizer,
-                     static_cast<int>(x.virtual_pipeline_model_parallel_size.value_or(1)));
+                      static_cast<int>(x.virtual_pipeline_model_parallel_size.value_or(1)));
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "
                                                  << a.training.micro_batch_size << ")");

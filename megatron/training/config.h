@@ -12,9 +12,10 @@
 namespace mg::training {
 
 struct TrainingConfig {
-  int64_t micro_batch_size = 0;    // --micro-batch-size, required (samples per micro-batch)
-  int64_t global_batch_size = 0;   // --global-batch-size; 0 -> micro_batch_size * dp
-  int64_t data_parallel_size = 1;  // world / (tp * pp * cp), set by complete_arguments (initialize.h)
+  int64_t micro_batch_size = 0;   // --micro-batch-size, required (samples per micro-batch)
+  int64_t global_batch_size = 0;  // --global-batch-size; 0 -> micro_batch_size * dp
+  int64_t data_parallel_size =
+      1;  // world / (tp * pp * cp), set by complete_arguments (initialize.h)
   // Exactly one of --train-iters / --train-samples (samples: iterations = samples / gbs).
   std::optional<int64_t> train_iters;
   std::optional<int64_t> train_samples;

@@ -10,12 +10,14 @@ namespace mg::training {
 
 ParallelState initialize_model_parallel(const Arguments& args) {
   ParallelState ps;
-  const int32_t tp = args.parallel.tensor_model_parallel_size, pp = args.parallel.pipeline_model_parallel_size,
+  const int32_t tp = args.parallel.tensor_model_parallel_size,
+                pp = args.parallel.pipeline_model_parallel_size,
                 cp = args.parallel.context_parallel_size;
   const bool moe = args.model.num_moe_experts > 0;
   ps.layout = pipeline_parallel::make_pipeline_layout(
       args.model.num_layers, pp, args.parallel.virtual_pipeline_model_parallel_size, std::nullopt,
-      args.parallel.decoder_first_pipeline_num_layers, args.parallel.decoder_last_pipeline_num_layers);
+      args.parallel.decoder_first_pipeline_num_layers,
+      args.parallel.decoder_last_pipeline_num_layers);
   ps.communicator = comm::init_communicator(args.distributed_backend);
   ps.communicator->set_default_timeout(std::chrono::minutes(args.distributed_timeout_minutes));
   const int world = ps.communicator->world_size();

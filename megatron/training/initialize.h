@@ -1,8 +1,9 @@
-// The first stage of a run (Megatron's initialize_megatron + parallel_state.initialize_model_parallel):
-// the run's communicator (--distributed-backend, --distributed-timeout-minutes), Megatron's process
-// groups for the layout the flags ask for (parallel_state.h's RankGenerator), the pipeline layer
-// layout, and the flags that depend on the world size (Megatron's validate_args: the
-// data-parallel size, the default global batch = mbs x dp, its divisibility).
+// The first stage of a run (Megatron's initialize_megatron +
+// parallel_state.initialize_model_parallel): the run's communicator (--distributed-backend,
+// --distributed-timeout-minutes), Megatron's process groups for the layout the flags ask for
+// (parallel_state.h's RankGenerator), the pipeline layer layout, and the flags that depend on the
+// world size (Megatron's validate_args: the data-parallel size, the default global batch = mbs x
+// dp, its divisibility).
 //
 // One object per run, owned by the caller: no process-wide communicator. Creating one is a
 // collective over the world (every rank calls it with the same flags). MPI itself is initialised

@@ -23,8 +23,7 @@ std::unique_ptr<models::GPTModel> model_provider(const transformer::TransformerC
   transformer::TransformerConfig finalized = config;  // the spec reads derived fields
   finalized.finalize();
   return std::make_unique<models::GPTModel>(
-      config, vocab_size, ops, device,
-      models::get_gpt_decoder_block_spec(finalized), parallel);
+      config, vocab_size, ops, device, models::get_gpt_decoder_block_spec(finalized), parallel);
 }
 
 }  // namespace mg::training

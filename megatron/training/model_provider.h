@@ -2,9 +2,9 @@
 // a given parallel layout. Training (pretrain), checkpoint_model (generate, evaluation tools) and
 // the HuggingFace converter all call it, so a model is built the same way everywhere: the config
 // from --num-layers/--hidden-size/..., the decoder block spec (get_gpt_decoder_block_spec: TE
-// naming, dense or MoE MLP per layer from --moe-layer-freq), this rank's tensor / sequence / expert / context
-// parallel groups and pipeline chunks. Weights are left uninitialised (init_weights or a load).
-// A new model family adds its builder here, behind the same call.
+// naming, dense or MoE MLP per layer from --moe-layer-freq), this rank's tensor / sequence / expert
+// / context parallel groups and pipeline chunks. Weights are left uninitialised (init_weights or a
+// load). A new model family adds its builder here, behind the same call.
 #pragma once
 
 #include <cstdint>

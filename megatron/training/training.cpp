@@ -68,7 +68,7 @@ struct Run {
   // Declared before the model and its wrappers: their collectives need the groups until the end.
   ParallelState ps;
   std::unique_ptr<models::LanguageModule> model;  // the schedules' and DDP's interface
-  distributed::DataParallelModel dp_model;  // DDP (and the ZeRO shard) around `model`
+  distributed::DataParallelModel dp_model;        // DDP (and the ZeRO shard) around `model`
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
   std::unique_ptr<optimizer::OptimizerParamScheduler> scheduler;
   datasets::DatasetSplits splits;
@@ -124,7 +124,8 @@ void save(Run& r) {
   st.consumed_valid_samples = r.consumed_valid;
   st.floating_point_operations_so_far = r.flops_so_far;
   st.vocab_size = r.model->vocab_size();
-  r.dp_model.ddp->finish_param_sync();  // --overlap-param-gather: the parameters saved are the updated ones
+  r.dp_model.ddp
+      ->finish_param_sync();  // --overlap-param-gather: the parameters saved are the updated ones
   if (!c.no_save_optim) {
     st.optimizer = r.opt->state_dict();
     st.scheduler = r.scheduler->state_dict();
@@ -521,8 +522,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   ro.deterministic = args.deterministic_mode;
   r.rt = &mg::init(ro);  // this run's Runtime: its op table is resolved for ro.deterministic
   if (args.deterministic_mode)
-    check_deterministic_mode(r.ps.world->backend(), r.ps.world->size(),
-                             std::getenv("NCCL_ALGO"));
+    check_deterministic_mode(r.ps.world->backend(), r.ps.world->size(), std::getenv("NCCL_ALGO"));
   r.rng_seed = args.training.seed;
   r.train_iters = args.training.total_iters();
 

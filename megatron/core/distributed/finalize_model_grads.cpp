@@ -11,8 +11,8 @@ namespace mg::distributed {
 
 models::LossSums reduce_loss_sums(const models::LossSums& local, comm::ProcessGroup* dp_group) {
   if (!dp_group || dp_group->size() == 1) return local;
-  Tensor t = Tensor::from_vector(std::vector<double>{local.loss_sum, local.num_tokens}, {2},
-                                 DType::f64);
+  Tensor t =
+      Tensor::from_vector(std::vector<double>{local.loss_sum, local.num_tokens}, {2}, DType::f64);
   dp_group->all_reduce(t, comm::ReduceOp::sum)->wait();
   const auto v = t.to_vector<double>();
   return {v[0], v[1]};
@@ -24,8 +24,9 @@ models::LossSums finalize_model_grads(models::LanguageModule& model,
   // 1. Tied embeddings over the pipeline (before the data-parallel reduce: PITFALLS #4).
   if (config.embedding_group && config.embedding_group->size() > 1) {
     transformer::Parameter* shared = model.shared_embedding_or_output_weight();
-    MG_CHECK(shared != nullptr, "finalize_model_grads: this rank is in the embedding group but "
-                                "holds no word embedding or tied output weight");
+    MG_CHECK(shared != nullptr,
+             "finalize_model_grads: this rank is in the embedding group but "
+             "holds no word embedding or tied output weight");
     Tensor g = shared->main_grad;
     config.embedding_group->all_reduce(g, comm::ReduceOp::sum)->wait();
   }

@@ -25,9 +25,9 @@ namespace mg::distributed {
 
 // The groups and switches of a layout that finalize_model_grads needs (null / false: absent).
 struct FinalizeModelGradsConfig {
-  DistributedDataParallel* ddp = nullptr;    // null: no data-parallel wrapping (one rank)
-  comm::ProcessGroup* dp_group = nullptr;    // the loss sums' group (dp-cp); null: one rank
-  comm::ProcessGroup* tp_group = nullptr;    // with sequence_parallel: step 3
+  DistributedDataParallel* ddp = nullptr;  // null: no data-parallel wrapping (one rank)
+  comm::ProcessGroup* dp_group = nullptr;  // the loss sums' group (dp-cp); null: one rank
+  comm::ProcessGroup* tp_group = nullptr;  // with sequence_parallel: step 3
   bool sequence_parallel = false;
   comm::ProcessGroup* embedding_group = nullptr;  // first and last pipeline stage (tied)
   bool calculate_per_token_loss = false;

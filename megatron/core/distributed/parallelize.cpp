@@ -12,9 +12,9 @@ DataParallelModel parallelize(models::LanguageModule& model,
                               comm::ProcessGroupPtr dp_group,
                               comm::ProcessGroupPtr expert_dp_group) {
   DataParallelModel out;
-  out.ddp = std::make_unique<DistributedDataParallel>(config, model.parameters(), model.buffer(),
-                                                      model.ops(), dp_group,
-                                                      std::move(expert_dp_group));
+  out.ddp =
+      std::make_unique<DistributedDataParallel>(config, model.parameters(), model.buffer(),
+                                                model.ops(), dp_group, std::move(expert_dp_group));
   DistributedDataParallel* ddp = out.ddp.get();  // stable: owned by the unique_ptr
   if (config.overlap_grad_reduce)
     model.set_grad_ready_hook([ddp](std::size_t i) { ddp->param_grad_ready(i); });

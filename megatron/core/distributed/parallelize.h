@@ -1,9 +1,9 @@
-// The data-parallel wrapping of a built model (torchtitan's `parallelize` step; Megatron's get_model
-// wrapping the model in DistributedDataParallel): the model is built plain by model_provider, then
-// this stage attaches DDP to its gradient buffer, installs DDP's hooks into the model
-// (--overlap-grad-reduce's grad-ready hook, --overlap-param-gather's param-use hook) and, under
-// --use-distributed-optimizer, describes the optimizer's ZeRO-1 shard. A new data-parallel scheme
-// (FSDP's --data-parallel-sharding-strategy) is a new branch here, not in the trainer.
+// The data-parallel wrapping of a built model (torchtitan's `parallelize` step; Megatron's
+// get_model wrapping the model in DistributedDataParallel): the model is built plain by
+// model_provider, then this stage attaches DDP to its gradient buffer, installs DDP's hooks into
+// the model (--overlap-grad-reduce's grad-ready hook, --overlap-param-gather's param-use hook) and,
+// under --use-distributed-optimizer, describes the optimizer's ZeRO-1 shard. A new data-parallel
+// scheme (FSDP's --data-parallel-sharding-strategy) is a new branch here, not in the trainer.
 //
 // Invariants: nothing here changes the numbers (one rank: DDP communicates and scales nothing).
 // The returned object must outlive the model's use of the hooks (the trainer holds both).

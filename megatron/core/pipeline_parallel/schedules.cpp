@@ -219,11 +219,11 @@ namespace {
 // Runs `steps` on a model: batches fetched in micro-batch order, activations held per
 // (micro-batch, chunk) from forward to backward, the loss on the last virtual stage; then the
 // loss sums summed over the pipeline group.
-ForwardBackwardResult run_model_pipeline(models::LanguageModule& model, const NextBatchFn& next_batch,
-                                       int64_t num_microbatches,
-                                       const ForwardBackwardConfig& config,
-                                       const models::StepRng& rng,
-                                       const std::vector<ScheduleStep>& steps) {
+ForwardBackwardResult run_model_pipeline(models::LanguageModule& model,
+                                         const NextBatchFn& next_batch, int64_t num_microbatches,
+                                         const ForwardBackwardConfig& config,
+                                         const models::StepRng& rng,
+                                         const std::vector<ScheduleStep>& steps) {
   MG_CHECK(config.pp_group != nullptr && config.pp_group->size() > 1,
            "a pipelined schedule needs ForwardBackwardConfig::pp_group with more than one rank");
   MG_CHECK(config.seq_length > 0 && config.micro_batch_size > 0,
@@ -261,10 +261,10 @@ ForwardBackwardResult run_model_pipeline(models::LanguageModule& model, const Ne
     MG_CHECK(it != states.end(),
              "backward of micro-batch " << mb << ", chunk " << v << " before its forward");
     // Only a post_process chunk starts from the loss; the others ignore dloss.
-    const double dloss = model.chunk(v).post_process
-                             ? loss_backward_seed(config, sums.at(mb).num_tokens,
-                                                  num_microbatches, mb)
-                             : config.loss_scale;
+    const double dloss =
+        model.chunk(v).post_process
+            ? loss_backward_seed(config, sums.at(mb).num_tokens, num_microbatches, mb)
+            : config.loss_scale;
     Tensor dx = model.backward_chunk(*it->second, output_grad, dloss);
     states.erase(it);
     return dx;

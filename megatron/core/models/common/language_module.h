@@ -63,8 +63,8 @@ struct LossSums {
 };
 
 // One model chunk (virtual pipeline stage): layers [layer_offset, layer_offset + num_layers) of the
-// global decoder; pre_process: it holds the embedding (the first virtual stage); post_process: final
-// norm, output layer and loss (the last virtual stage).
+// global decoder; pre_process: it holds the embedding (the first virtual stage); post_process:
+// final norm, output layer and loss (the last virtual stage).
 struct PipelineChunk {
   int64_t layer_offset = 0;
   int64_t num_layers = 0;

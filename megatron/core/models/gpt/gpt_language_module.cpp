@@ -10,8 +10,9 @@ namespace {
 
 GPTForwardState& gpt_state(ForwardState& state) {
   auto* s = dynamic_cast<GPTForwardState*>(&state);
-  MG_CHECK(s != nullptr, "GPTModel: the forward state was not made by a GPTModel "
-                         "(use GPTModel::new_forward_state)");
+  MG_CHECK(s != nullptr,
+           "GPTModel: the forward state was not made by a GPTModel "
+           "(use GPTModel::new_forward_state)");
   return *s;
 }
 

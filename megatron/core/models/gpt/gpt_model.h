@@ -128,8 +128,9 @@ class GPTModel final : public LanguageModule {
 
   const transformer::TransformerConfig& config() const override;
   const transformer::TransformerBlockSpec& spec() const;
-  int64_t vocab_size() const override;         // as given
-  int64_t padded_vocab_size() const override;  // V_pad: rows of the embedding and output layer (global)
+  int64_t vocab_size() const override;  // as given
+  // V_pad: rows of the embedding and output layer (global)
+  int64_t padded_vocab_size() const override;
   const GPTModelParallel& parallel() const;
   Device device() const override;
   const ops::OpTable& ops() const override;

@@ -50,7 +50,8 @@ class UnigramModel final : public models::LanguageModule {
   int64_t padded_vocab_size() const override { return vocab_; }
   int64_t num_parameters() const override { return vocab_; }
   void init_weights(uint64_t) override {
-    buffer_.params.copy_(Tensor::from_vector(std::vector<double>(vocab_, 0.5), {vocab_}, DType::f64));
+    buffer_.params.copy_(
+        Tensor::from_vector(std::vector<double>(vocab_, 0.5), {vocab_}, DType::f64));
   }
   transformer::Parameter* shared_embedding_or_output_weight() override { return &params_[0]; }
   int num_chunks() const override { return 1; }
