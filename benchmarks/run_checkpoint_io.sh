@@ -51,7 +51,7 @@ best of $(get reps).
 | dd write 1 GiB, conv=fsync | | $(rate "$tmp/dd_write") |
 | save_checkpoint (fsynced, atomic rename) | $(get save_s) | $(get save_gbs) |
 | --async-save: until save_checkpoint returns (host copy) | $(get async_return_s) | |
-| --async-save: until finalize_async_save (durable) | $(get async_total_s) | |
+| --async-save: until AsyncCheckpointSaver::finalize (durable) | $(get async_total_s) | |
 | dd read 1 GiB, page cache dropped | | $(rate "$tmp/dd_read_cold") |
 | load_checkpoint, files evicted (posix_fadvise) | $(get load_cold_s) | $(get load_cold_gbs) |
 | dd read 1 GiB, warm | | $(rate "$tmp/dd_read_warm") |
