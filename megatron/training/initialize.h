@@ -43,7 +43,6 @@ struct ParallelState {
 
   // The data iterator's group: the pure data-parallel ranks (dp without CP).
   const comm::ProcessGroupPtr& data_iterator_group() const { return data ? data : dp; }
-  int pipeline_rank() const { return pp ? pp->rank() : 0; }
 };
 
 // Creates the communicator and every group of the layout in `args` (throws naming the sizes when

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <iomanip>
 #include <optional>
-#include <span>
 #include <sstream>
 #include <utility>
 
