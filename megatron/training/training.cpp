@@ -17,13 +17,16 @@
 #include "megatron/core/models/gpt/gpt_flops.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer/optimizer_param_scheduler.h"
+#include "megatron/core/optimizer/optimizer_state.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/runtime.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/initialize.h"
+#include "megatron/training/memory_estimate.h"
 #include "megatron/training/model_provider.h"
+#include "megatron/training/reliability.h"
 #include "megatron/training/training_log.h"
 
 namespace mg::training {
@@ -115,6 +118,29 @@ CheckpointRanks checkpoint_ranks(const Run& r) {
   return ranks;
 }
 
+// Nothing non-finite is saved: every rank checks its parameters and optimizer state (one
+// l2_norm_sq pass), all agree, and a NaN/inf refuses the save before the tracker moves.
+void check_finite_before_save(Run& r, const CheckpointState& st) {
+  std::vector<Tensor> ts = {r.model->buffer().params};
+  if (st.optimizer)
+    for (const auto& [k, t] : st.optimizer->tensors) ts.push_back(t);
+  const double bad = optimizer::detail::all_reduce_scalar(
+      r.ps.world.get(), all_finite(*r.rt->ops, ts) ? 0.0 : 1.0, comm::ReduceOp::max);
+  if (bad == 0.0) return;
+  std::string where = "another rank";
+  if (auto p = first_nonfinite_parameter(r.model->parameters(), false))
+    where = "parameter '" + *p + "'";
+  else if (auto k = st.optimizer ? first_nonfinite_state(*st.optimizer) : std::nullopt)
+    where = "optimizer state '" + *k + "'";
+  const auto latest = read_latest_iteration(*r.args.checkpoint.save);
+  MG_THROW("refusing to save iteration "
+           << r.iteration << " to " << *r.args.checkpoint.save << ": " << where
+           << " holds NaN/inf values; the tracker stays at "
+           << (latest ? "iteration " + std::to_string(*latest) : std::string("no checkpoint"))
+           << " (the run diverged: lower --lr, check the data, or resume from the last good "
+              "checkpoint)");
+}
+
 void save(Run& r) {
   const auto& c = r.args.checkpoint;
   CheckpointState st;
@@ -131,6 +157,7 @@ void save(Run& r) {
   }
   if (!c.no_save_rng) st.rng = nlohmann::json{{"seed", r.rng_seed}};
   st.args = given_args_json(r.args);
+  check_finite_before_save(r, st);
   r.timers.start("save-checkpoint");
   SaveOptions so;
   so.format = c.ckpt_format;
@@ -381,6 +408,20 @@ StepOutcome train_step(Run& r) {
     return out;
   }
   const optimizer::StepResult s = r.opt->step(out.lr, r.scheduler->weight_decay());
+  // A non-finite grad norm with a finite loss: the optimizer did not apply it (bf16/fp32; fp16's
+  // overflows are the scaler's). Stop, naming the first parameter with a non-finite gradient.
+  if (s.found_inf && !a.optimizer.fp16) {
+    out.nan = true;
+    MG_CHECK(!a.training.check_for_nan_in_loss_and_grad,
+             "grad norm is " << s.grad_norm << " at iteration " << r.iteration + 1 << " (lm loss "
+                             << out.lm_loss << ", lr " << out.lr
+                             << "); the step was not applied; first parameter with a non-finite "
+                                "gradient on this rank: "
+                             << first_nonfinite_parameter(r.model->parameters(), true)
+                                    .value_or("none (another rank holds it)")
+                             << "; stopping (Megatron's --check-for-nan-in-loss-and-grad; "
+                                "--no-check-for-nan-in-loss-and-grad skips such steps)");
+  }
   out.skipped = !s.success;
   out.grad_norm = s.grad_norm;
   out.num_zeros_in_grad = s.num_zeros_in_grad;
@@ -405,6 +446,7 @@ void train(Run& r) {
 
   double interval_loss = 0.0;
   int64_t interval_count = 0, interval_iters = 0, interval_skipped = 0, interval_nan = 0;
+  int64_t fp16_skips_at_min = 0;
   std::optional<double> last_grad_norm;
   std::optional<int64_t> last_num_zeros;
   double last_lr = 0.0;
@@ -420,6 +462,21 @@ void train(Run& r) {
     ++interval_iters;
     last_lr = o.lr;
     if (o.skipped) ++interval_skipped, ++r.result.skipped_iters;
+    // fp16: skipped iterations at the minimum loss scale, which the scaler cannot cure.
+    if (a.optimizer.fp16 && tr.check_for_nan_in_loss_and_grad) {
+      fp16_skips_at_min =
+          o.skipped && r.opt->grad_scaler() && r.opt->loss_scale() <= a.optimizer.min_loss_scale
+              ? fp16_skips_at_min + 1
+              : 0;
+      MG_CHECK(fp16_skips_at_min < kMaxFp16SkipsAtMinLossScale,
+               "iteration " << r.iteration << ": " << fp16_skips_at_min
+                            << " consecutive iterations skipped (inf/nan loss or gradients) at the "
+                               "minimum loss scale "
+                            << a.optimizer.min_loss_scale << " (lm loss " << o.lm_loss
+                            << "); the fp16 run diverged and the scaler cannot back off further; "
+                               "stopping (Megatron's --check-for-nan-in-loss-and-grad). Lower "
+                               "--lr, or use --bf16");
+    }
     if (o.nan) ++interval_nan, ++r.result.nan_iters;
     if (!o.skipped && !o.nan) {
       interval_loss += o.lm_loss;
@@ -538,23 +595,38 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   data.vocab_size = tokenizer->vocab_size();
   data.validate();
 
+  // Up front, before allocating: this rank's memory estimate against what it may use.
+  const MemoryEstimate estimate =
+      estimate_memory(args, tokenizer->vocab_size(), memory_layout(args, r.ps.world->size()),
+                      r.ps.pp ? r.ps.pp->rank() : 0);
+  const AvailableMemory available = available_memory(*r.rt->platform, r.rt->device.index);
+  check_memory_fits(estimate, available, args);
+
   // 2. The model: this rank's share of it, initialised from --seed.
-  r.model = model_provider(args.model, tokenizer->vocab_size(), *r.rt->ops, r.rt->device,
-                           model_parallel_options(args, r.ps));
-  r.model->init_weights(args.training.seed);
+  naming_allocation("the model's parameters (model_provider)", [&] {
+    r.model = model_provider(args.model, tokenizer->vocab_size(), *r.rt->ops, r.rt->device,
+                             model_parallel_options(args, r.ps));
+    r.model->init_weights(args.training.seed);
+  });
   // 3. The data-parallel wrapping: DDP over the gradient buffer (and the distributed optimizer's
   //    shard).
-  r.dp_model = distributed::parallelize(*r.model, args.ddp, r.ps.dp, r.ps.expert_dp);
+  naming_allocation("the gradient buffers (distributed::parallelize)", [&] {
+    r.dp_model = distributed::parallelize(*r.model, args.ddp, r.ps.dp, r.ps.expert_dp);
+  });
   // 4. The optimizer and the LR scheduler.
-  r.opt = std::make_unique<optimizer::MegatronOptimizer>(
-      args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
-      optimizer::ParamGroupOptions{}, std::move(r.dp_model.optimizer_shard),
-      optimizer::GradStatsGroups{.tp = r.ps.tp, .pp = r.ps.pp, .expert = r.ps.expert_mp});
+  naming_allocation("the optimizer state (MegatronOptimizer)", [&] {
+    r.opt = std::make_unique<optimizer::MegatronOptimizer>(
+        args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
+        optimizer::ParamGroupOptions{}, std::move(r.dp_model.optimizer_shard),
+        optimizer::GradStatsGroups{.tp = r.ps.tp, .pp = r.ps.pp, .expert = r.ps.expert_mp});
+  });
   r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
       optimizer::scheduler_config_from_args(args.scheduler));
   r.flops_per_iter = models::num_floating_point_operations(
       r.model->config(), r.model->padded_vocab_size(), args.training.global_batch_size);
   print_summary(r, *tokenizer);
+  log << "memory estimate (pipeline rank " << estimate.pipeline_rank << "): " << estimate.str()
+      << "; available: " << available.what << std::endl;
   if (args.model.num_moe_experts > 0) {
     const auto& m = args.model;
     log << "mixture of experts: " << m.num_moe_experts << " experts, top-" << m.moe_router_topk
@@ -580,7 +652,9 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   const auto sizes = datasets::megatron_split_sizes(
       args.training.train_iters.value_or(r.train_iters), args.training.global_batch_size,
       args.training.eval_interval, args.training.eval_iters, args.training.train_samples);
-  r.splits = datasets::BlendedMegatronDatasetBuilder(data, sizes).build();
+  naming_allocation("the datasets' indices (BlendedMegatronDatasetBuilder)", [&] {
+    r.splits = datasets::BlendedMegatronDatasetBuilder(data, sizes).build();
+  });
   for (auto s : datasets::kSplits) {
     const auto& ds = r.splits[static_cast<std::size_t>(s)];
     log << "    " << datasets::split_name(s) << ": "
@@ -597,7 +671,10 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   const int64_t start_iteration = r.iteration;
   if (!args.training.skip_train && r.iteration < r.train_iters) {
     log << "> training ..." << std::endl;
-    train(r);
+    naming_allocation("a training step's activations and workspace (train_step, micro batch " +
+                          std::to_string(args.training.micro_batch_size) + " x --seq-length " +
+                          std::to_string(args.model.seq_length) + ")",
+                      [&] { train(r); });
   }
   r.dp_model.ddp->finish_param_sync();  // --overlap-param-gather: the last step's gather
   r.train_iter.reset();

@@ -281,6 +281,9 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   // The pre-clip norm, computed even without clipping (for the log).
   r.grad_norm = config_.clip_grad > 0.0 ? clip_grad_norm(config_.clip_grad) : get_grad_norm();
   r.found_inf = !std::isfinite(r.grad_norm);
+  // A non-finite norm (every rank sees the same global value) is never applied: the step is
+  // skipped, params, state and step count untouched (Megatron would apply it in bf16/fp32).
+  if (r.found_inf) return r;
   if (config_.log_num_zeros_in_grad) r.num_zeros_in_grad = count_zeros();
 
   const int64_t step = step_ + 1;

@@ -70,9 +70,10 @@ struct ParamGroupOptions {
 };
 
 struct StepResult {
-  bool success = false;    // false: the step was skipped (fp16 overflow); count it as skipped
-  bool found_inf = false;  // some gradient was inf/nan (any precision; bf16/fp32 still step, as
-                           // Megatron does: the loop counts it as a nan iteration)
+  bool success = false;    // false: the step was skipped (fp16 overflow, or a non-finite grad
+                           // norm in any precision); count it as skipped
+  bool found_inf = false;  // some gradient was inf/nan (any precision); the step is then never
+                           // applied (Megatron applies it in bf16/fp32; the loop stops or skips)
   // Global L2 norm of the unscaled gradients before clipping, also computed when clip_grad is 0
   // (Megatron then reports 0 / None); 0 when skipped (Megatron: None).
   double grad_norm = 0.0;

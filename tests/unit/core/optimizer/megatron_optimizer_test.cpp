@@ -175,17 +175,20 @@ TEST_P(MegatronOptimizerTest, Fp16OverflowSkipsStepThenUnscales) {
   EXPECT_EQ(opt.num_steps(), 1);
 }
 
-TEST_P(MegatronOptimizerTest, NanWithoutScalerIsReportedAndStepped) {
+TEST_P(MegatronOptimizerTest, NanWithoutScalerIsReportedAndNeverApplied) {
   auto m = make_model(DType::f32, DType::f32, dev());
   OptimizerConfig c;
   MegatronOptimizer opt(c, m.params, m.buffer, ops());
+  const auto before = model_values(m);
   auto g = make_grads(700);
   g[0][3] = std::numeric_limits<double>::quiet_NaN();
   set_grads(m, g);
   const auto r = opt.step(1e-3, 0.0);
-  EXPECT_TRUE(r.success);  // Megatron's FP32/bf16 optimizers do not skip; the loop counts it
+  EXPECT_FALSE(r.success);  // Megatron's FP32/bf16 optimizers would apply it; never here
   EXPECT_TRUE(r.found_inf);
   EXPECT_TRUE(std::isnan(r.grad_norm));
+  EXPECT_EQ(model_values(m), before);
+  EXPECT_EQ(opt.num_steps(), 0);
 }
 
 TEST_P(MegatronOptimizerTest, LrMultHookAndZeroGradAndZeroCount) {
