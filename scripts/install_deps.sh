@@ -17,6 +17,7 @@ packages=(
   libsentencepiece-dev        # SentencePieceTokenizer
   libicu-dev                  # HuggingFaceTokenizer: NFC/NFKC normalizers, Unicode properties
   zlib1g-dev libzstd-dev      # preprocess_data: .gz / .zst inputs
+  libxxhash-dev               # checkpoint checksums (XXH3-64 per tensor)
   gzip zstd                   # tests write compressed inputs with them
   clang-format                # make format / the format check of make test (Debian 12: 14)
 )

@@ -300,6 +300,13 @@ void add_training_flags(ArgParser& p, TrainingConfig& tr, CheckpointConfig& c, L
                "load a checkpoint of either format whatever --ckpt-format says");
   p.add_switch("--async-save", c.async_save, true,
                "write checkpoints from a background thread after a host copy (sharded format)");
+  p.add_switch("--allow-ckpt-model-mismatch", c.allow_ckpt_model_mismatch, true,
+               "load a checkpoint whose recorded model flags (heads, groups, kv-channels, norm, "
+               "activation, positions, RoPE base, vocabulary, ...) differ from this run's, with a "
+               "warning (e.g. fine-tuning with a new vocabulary); default: an error");
+  p.add_switch("--no-ckpt-checksum", c.ckpt_checksum, false,
+               "write checkpoints without per-tensor XXH3-64 checksums and load without "
+               "verifying them (faster; corruption then goes unnoticed)");
   p.add("--log-interval", l.log_interval, "iterations between log lines (100)");
   p.add("--peak-tflops", l.peak_tflops, "device peak dense TFLOP/s for MFU");
   p.add_switch("--log-params-norm", l.log_params_norm, true, "log the parameters' L2 norm");

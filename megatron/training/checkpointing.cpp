@@ -40,6 +40,7 @@ CheckpointIOStats save_checkpoint(const std::string& root,
   target.tracker = dc::join_path(root, kTrackerFile);
   target.tracker_text = std::to_string(state.iteration);
   target.iteration = state.iteration;
+  target.checksums = options.checksums;
   if (options.format == "legacy") {
     MG_CHECK(!options.async, "--async-save needs --ckpt-format sharded");
     MG_CHECK(!ranks.pp_group || ranks.pp_group->size() == 1,

@@ -54,6 +54,11 @@ struct CheckpointConfig {
   std::string ckpt_format = "sharded";
   bool auto_detect_ckpt_format = false;
   bool async_save = false;
+  // Per-tensor XXH3-64 checksums written at save and verified at load (--no-ckpt-checksum: off).
+  bool ckpt_checksum = true;
+  // --allow-ckpt-model-mismatch: a --load whose recorded model flags differ from this run's only
+  // warns (default: an error naming both values; reliability.h checkpoint_model_mismatches).
+  bool allow_ckpt_model_mismatch = false;
 
   void validate() const;
 };

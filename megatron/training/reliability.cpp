@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "megatron/training/checkpoint_model.h"
+
 namespace mg::training {
 namespace {
 
@@ -38,6 +40,68 @@ std::optional<std::string> first_nonfinite_state(const optimizer::StateDict& sd)
   for (const auto& [k, t] : sd.tensors)
     if (!host_finite(t)) return k;
   return std::nullopt;
+}
+
+std::vector<std::string> checkpoint_model_mismatches(const nlohmann::json& metadata,
+                                                     const Arguments& current, int64_t vocab_size) {
+  std::vector<std::string> out;
+  if (metadata.contains("vocab_size") && metadata["vocab_size"].is_number_integer() &&
+      vocab_size > 0) {
+    const int64_t v = metadata["vocab_size"].get<int64_t>();
+    if (v != vocab_size)
+      out.push_back("vocabulary (--vocab-size / the tokenizer): the checkpoint has " +
+                    std::to_string(v) + " tokens, this run " + std::to_string(vocab_size));
+  }
+  if (!metadata.contains("args") || !metadata["args"].is_object() || metadata["args"].empty())
+    return out;
+  Arguments saved;
+  try {
+    saved = parse_args(checkpoint_command_line(metadata, {}));
+  } catch (const Error& e) {
+    MG_THROW("cannot compare the checkpoint's recorded flags with this run's: they do not parse ("
+             << e.message() << ")");
+  }
+  const transformer::TransformerConfig& a = saved.model;
+  const transformer::TransformerConfig& b = current.model;
+  auto cmp = [&](const char* flag, const auto& x, const auto& y) {
+    if (x == y) return;
+    std::ostringstream s;
+    s << flag << ": the checkpoint has " << x << ", this run " << y;
+    out.push_back(s.str());
+  };
+  using transformer::to_string;
+  cmp("--num-layers", a.num_layers, b.num_layers);
+  cmp("--hidden-size", a.hidden_size, b.hidden_size);
+  cmp("--ffn-hidden-size", a.ffn_hidden_size, b.ffn_hidden_size);
+  cmp("--num-attention-heads", a.num_attention_heads, b.num_attention_heads);
+  cmp("--num-query-groups", a.num_query_groups, b.num_query_groups);
+  cmp("--kv-channels", a.kv_channels, b.kv_channels);
+  cmp("--normalization", to_string(a.normalization), to_string(b.normalization));
+  cmp("--apply-layernorm-1p", a.apply_layernorm_1p, b.apply_layernorm_1p);
+  cmp("--swiglu / --squared-relu (activation)", to_string(a.activation), to_string(b.activation));
+  cmp("--no-bias-gelu-fusion (gelu's tanh form)", a.bias_activation_fusion,
+      b.bias_activation_fusion);
+  cmp("--disable-bias-linear (add_bias_linear)", a.add_bias_linear, b.add_bias_linear);
+  cmp("--add-qkv-bias", a.add_qkv_bias, b.add_qkv_bias);
+  cmp("--qk-layernorm", a.qk_layernorm, b.qk_layernorm);
+  cmp("--position-embedding-type", to_string(a.position_embedding_type),
+      to_string(b.position_embedding_type));
+  if (a.position_embedding_type == transformer::PositionEmbeddingType::rope &&
+      b.position_embedding_type == transformer::PositionEmbeddingType::rope) {
+    cmp("--rotary-base", a.rotary_base, b.rotary_base);
+    cmp("--rotary-percent", a.rotary_percent, b.rotary_percent);
+    cmp("--rotary-interleaved", a.rotary_interleaved, b.rotary_interleaved);
+  }
+  cmp("--untie-embeddings-and-output-weights", a.untie_embeddings_and_output_weights,
+      b.untie_embeddings_and_output_weights);
+  cmp("--num-experts", a.num_moe_experts, b.num_moe_experts);
+  if (a.num_moe_experts > 0 && b.num_moe_experts > 0) {
+    cmp("--moe-router-topk", a.moe_router_topk, b.moe_router_topk);
+    cmp("--moe-ffn-hidden-size", a.expert_ffn_hidden_size(), b.expert_ffn_hidden_size());
+    cmp("--moe-shared-expert-intermediate-size", a.moe_shared_expert_intermediate_size,
+        b.moe_shared_expert_intermediate_size);
+  }
+  return out;
 }
 
 int local_world_size() {

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "megatron/core/common/error.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/optimizer/state_dict.h"
@@ -32,6 +34,15 @@ std::optional<std::string> first_nonfinite_parameter(const std::vector<transform
                                                      bool grads);
 // The first key of `sd`'s floating tensors holding a NaN or inf.
 std::optional<std::string> first_nonfinite_state(const optimizer::StateDict& sd);
+
+// Strict loads: the model-defining settings of the checkpoint's recorded flags (metadata.json
+// "args", parsed as the run parsed them) against this run's: layers, hidden, FFN, heads, query
+// groups, kv-channels, normalisation (and its 1p form), activation, biases, QK norm, positions,
+// RoPE base and percent, tied output, MoE experts / top-k / expert FFN, and the real vocabulary
+// (metadata "vocab_size" vs `vocab_size`). One line per difference, "--flag: the checkpoint has
+// X, this run Y"; empty when they agree or the checkpoint records no flags.
+std::vector<std::string> checkpoint_model_mismatches(const nlohmann::json& metadata,
+                                                     const Arguments& current, int64_t vocab_size);
 
 // fp16: a skipped iteration at the minimum loss scale cannot be cured by the scaler any more. The
 // run stops after this many consecutive such iterations (with --check-for-nan-in-loss-and-grad).

@@ -22,6 +22,7 @@
 #include "megatron/core/tokenizers/build_tokenizer.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/runtime.h"
+#include "megatron/training/checkpoint_model.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/initialize.h"
 #include "megatron/training/memory_estimate.h"
@@ -162,6 +163,7 @@ void save(Run& r) {
   SaveOptions so;
   so.format = c.ckpt_format;
   so.async = c.async_save;
+  so.checksums = c.ckpt_checksum;
   const CheckpointIOStats io = save_checkpoint(*c.save, r.model->parameters(), st,
                                                checkpoint_ranks(r), so, &r.checkpoint_saver);
   const double s = r.timers.stop("save-checkpoint");
@@ -187,12 +189,29 @@ void load(Run& r) {
           << "; will not load any checkpoints and will start from random" << std::endl;
     return;
   }
+  // Strict load: the model flags recorded in the checkpoint must be this run's.
+  const auto mismatches = checkpoint_model_mismatches(read_checkpoint_metadata(*c.load, latest),
+                                                      r.args, r.model->vocab_size());
+  if (!mismatches.empty()) {
+    std::string list;
+    for (const auto& m : mismatches) list += "\n  " + m;
+    MG_CHECK(c.allow_ckpt_model_mismatch,
+             "--load " << *c.load << " (iteration " << *latest
+                       << ") holds a model built with other flags; loading it would silently "
+                          "change the model:"
+                       << list
+                       << "\nPass the checkpoint's values, or --allow-ckpt-model-mismatch to "
+                          "load it anyway");
+    r.log << "WARNING: --allow-ckpt-model-mismatch: loading " << *c.load
+          << " although its model flags differ:" << list << std::endl;
+  }
   LoadOptions o;
   o.load_optimizer = !c.no_load_optim && !c.finetune;
   o.load_rng = !c.no_load_rng && !c.finetune;
   o.format = c.ckpt_format;
   o.auto_detect_format = c.auto_detect_ckpt_format;
   o.vocab_size = r.model->vocab_size();
+  o.verify_checksums = c.ckpt_checksum;
   if (o.load_optimizer) o.optimizer_template = r.opt->state_dict();
   CheckpointState st = load_checkpoint(*c.load, r.model->parameters(), o, checkpoint_ranks(r));
   if (st.optimizer)

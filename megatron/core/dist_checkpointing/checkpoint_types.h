@@ -50,6 +50,7 @@ struct CheckpointIOStats {
 struct SaveOptions {
   std::string format = "sharded";  // "sharded" | "legacy"
   bool async = false;              // sharded only
+  bool checksums = true;           // per-tensor XXH3-64 in every file (--no-ckpt-checksum: off)
 };
 
 // The ranks taking part in a save or load (data parallel). Default: this process alone.
@@ -64,6 +65,8 @@ struct CheckpointRanks {
 struct LoadOptions {
   bool load_optimizer = true;  // false: --no-load-optim / --finetune
   bool load_rng = true;        // false: --no-load-rng / --finetune
+  // Verify the files' per-tensor checksums where present (--no-ckpt-checksum: skip).
+  bool verify_checksums = true;
   // The iteration to load; nullopt -> the tracker's.
   std::optional<int64_t> iteration;
   // --ckpt-format / --auto-detect-ckpt-format: a checkpoint of another format is an error unless

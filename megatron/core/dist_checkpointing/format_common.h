@@ -22,6 +22,7 @@ struct SaveTarget {
   std::shared_ptr<Storage> storage;
   std::string final_dir, tracker, tracker_text;
   int64_t iteration = 0;
+  bool checksums = true;  // per-tensor checksums in the files (SaveOptions::checksums)
 };
 
 int tp_size_of(const CheckpointRanks& r);

@@ -85,7 +85,7 @@ void save_legacy(const SaveTarget& target, const std::vector<transformer::Parame
   meta["parameters"] = param_meta;
   if (dp_writer)
     save_safetensors(storage, join_path(tmp_dir, model_file(tp_rank)), model,
-                     {{"format", kCheckpointFormat}});
+                     {{"format", kCheckpointFormat}}, target.checksums);
   for (int t = 0; tp_size > 1 && t < tp_size; ++t) meta["files"][model_file(t)] = json::object();
   meta["files"][model_file(tp_rank)] = tensor_records(model);  // world rank 0's (local shapes)
 
@@ -102,14 +102,15 @@ void save_legacy(const SaveTarget& target, const std::vector<transformer::Parame
       const int rank = ranks.group ? ranks.group->rank() : 0;
       const int size = ranks.group ? ranks.group->size() : 1;
       save_safetensors(storage, join_path(tmp_dir, optimizer_shard_file(rank, tp_rank)), opt,
-                       file_meta);
+                       file_meta, target.checksums);
       meta["optimizer_shards"] = size;
       for (int t = tp_size > 1 ? 0 : -1; t < (tp_size > 1 ? tp_size : 0); ++t)
         for (int r = 0; r < size; ++r) meta["files"][optimizer_shard_file(r, t)] = json::object();
       meta["files"][optimizer_shard_file(rank, tp_rank)] = tensor_records(opt);
     } else {
       if (dp_writer)
-        save_safetensors(storage, join_path(tmp_dir, optimizer_file(tp_rank)), opt, file_meta);
+        save_safetensors(storage, join_path(tmp_dir, optimizer_file(tp_rank)), opt, file_meta,
+                         target.checksums);
       for (int t = 0; tp_size > 1 && t < tp_size; ++t)
         meta["files"][optimizer_file(t)] = json::object();
       meta["files"][optimizer_file(tp_rank)] = tensor_records(opt);
@@ -157,7 +158,7 @@ CheckpointState load_legacy(const Storage& storage, const std::string& dir,
                                "--tensor-model-parallel-size)");
     // Model: every parameter present with its (local) shape, nothing else in the file.
     const std::string model_path = join_path(dir, model_file(tp_rank));
-    SafetensorsFile model(storage, model_path);
+    SafetensorsFile model(storage, model_path, options.verify_checksums);
     for (auto& p : params) {
       MG_CHECK(model.contains(p.name), "checkpoint '" << model_path << "' has no tensor '" << p.name
                                                       << "' that the model needs");
@@ -207,7 +208,7 @@ CheckpointState load_legacy(const Storage& storage, const std::string& dir,
       } else {
         opt_path = join_path(dir, optimizer_file(tp_rank));
       }
-      SafetensorsFile opt(storage, opt_path);
+      SafetensorsFile opt(storage, opt_path, options.verify_checksums);
       for (const auto& n : opt.names()) sd.tensors[n] = opt.tensor(n);
       if (shards > 0 || tp_size > 1)  // this rank's ranges (rank 0's were in metadata.json)
         for (const auto& [k, v] : opt.metadata())

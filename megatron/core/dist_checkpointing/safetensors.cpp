@@ -2,7 +2,9 @@
 // Storage object). See safetensors.h; no file I/O here, only the Storage interface.
 #include "megatron/core/dist_checkpointing/safetensors.h"
 
+#include <xxhash.h>
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -67,10 +69,19 @@ DType dtype_from_safetensors(const std::string& s) {
                                     "F8_E4M3, F8_E5M2, I32, I64, U8)");
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path)
-    : SafetensorsFile(*storage_for(path), path) {}
+std::string checksum_hex(std::span<const std::byte> bytes) {
+  const XXH64_hash_t h = XXH3_64bits(bytes.data(), bytes.size());
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
 
-SafetensorsFile::SafetensorsFile(const Storage& storage, const std::string& path) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, bool verify_checksums)
+    : SafetensorsFile(*storage_for(path), path, verify_checksums) {}
+
+SafetensorsFile::SafetensorsFile(const Storage& storage, const std::string& path,
+                                 bool verify_checksums)
+    : path_(path), verify_(verify_checksums) {
   MG_CHECK(storage.exists(path),
            "cannot open safetensors file '" << path << "': it does not exist");
   map_ = storage.map(path);
@@ -178,6 +189,24 @@ SafetensorsFile::SafetensorsFile(const Storage& storage, const std::string& path
                                   << " bytes, the file has " << file_size);
     for (std::size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
   }
+  if (auto it = metadata_.find(kChecksumMetadataKey); it != metadata_.end()) {
+    json sums;
+    try {
+      sums = json::parse(it->second);
+    } catch (const json::exception& e) {
+      MG_THROW("safetensors file '" << path << "': __metadata__['" << kChecksumMetadataKey
+                                    << "'] is not JSON (" << e.what() << "): corrupt checkpoint");
+    }
+    MG_CHECK(sums.is_object(), "safetensors file '" << path << "': __metadata__['"
+                                                    << kChecksumMetadataKey
+                                                    << "'] is not an object: corrupt checkpoint");
+    for (auto s = sums.begin(); s != sums.end(); ++s) {
+      MG_CHECK(s.value().is_string() && index_.count(s.key()),
+               "safetensors file '" << path << "': checksum entry '" << s.key()
+                                    << "' names no tensor of the file: corrupt checkpoint");
+      checksums_[s.key()] = s.value().get<std::string>();
+    }
+  }
 }
 
 SafetensorsFile::~SafetensorsFile() = default;
@@ -196,7 +225,26 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 
 std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const {
   const auto& e = entry(name);
-  return map_->bytes().subspan(data_start_ + e.begin, e.end - e.begin);
+  const auto b = map_->bytes().subspan(data_start_ + e.begin, e.end - e.begin);
+  if (verify_ && !checksums_.empty()) {
+    std::lock_guard<std::mutex> lock(verified_mutex_);
+    if (!verified_.count(name)) {
+      const auto it = checksums_.find(name);
+      MG_CHECK(it != checksums_.end(), "safetensors file '" << path_ << "': tensor '" << name
+                                                            << "' has no checksum although the "
+                                                               "file's other tensors have one "
+                                                               "(corrupt checkpoint)");
+      const std::string got = checksum_hex(b);
+      MG_CHECK(got == it->second, "checkpoint file '"
+                                      << path_ << "': tensor '" << name
+                                      << "' fails its checksum (stored XXH3-64 " << it->second
+                                      << ", the bytes hash to " << got
+                                      << "): the file is corrupt; restore it or load an "
+                                         "earlier checkpoint");
+      verified_.insert(name);
+    }
+  }
+  return b;
 }
 
 void SafetensorsFile::prefetch(const std::string& name) const {
@@ -214,13 +262,13 @@ Tensor SafetensorsFile::tensor(const std::string& name) const {
 
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  save_safetensors(*storage_for(path), path, tensors, metadata);
+                      const std::map<std::string, std::string>& metadata, bool checksums) {
+  save_safetensors(*storage_for(path), path, tensors, metadata, checksums);
 }
 
 void save_safetensors(Storage& storage, const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+                      const std::map<std::string, std::string>& given_metadata, bool checksums) {
   std::vector<std::pair<std::string, Tensor>> order;
   std::set<std::string> seen;
   for (const auto& [name, t] : tensors) {
@@ -234,6 +282,16 @@ void save_safetensors(Storage& storage, const std::string& path,
     const int rb = dtype_rank(safetensors_dtype(b.second.dtype()));
     return ra != rb ? ra > rb : a.first < b.first;
   });
+  std::map<std::string, std::string> metadata = given_metadata;
+  if (checksums) {
+    MG_CHECK(!metadata.count(kChecksumMetadataKey),
+             "save_safetensors: metadata key '" << kChecksumMetadataKey << "' is reserved");
+    nlohmann::ordered_json sums = nlohmann::ordered_json::object();
+    for (const auto& [name, t] : order)
+      sums[name] = checksum_hex(
+          std::span<const std::byte>(static_cast<const std::byte*>(t.raw_data()), t.nbytes()));
+    metadata[kChecksumMetadataKey] = sums.dump();
+  }
   // Compact JSON, __metadata__ first, then the tensors in layout order (ordered_json keeps order).
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) {

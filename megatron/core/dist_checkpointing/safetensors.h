@@ -10,6 +10,11 @@
 // JSON with __metadata__ first; header space-padded to a multiple of 8), written as one object of
 // a Storage (storage.h: durable and atomic, so a reader never sees a partial file under the final
 // name). All file I/O goes through a Storage; the overloads without one use storage_for(path).
+// Checksums (Megatron-CPP's checkpoints): with `checksums` the writer stores an XXH3-64 of every
+// tensor's bytes in __metadata__[kChecksumMetadataKey] (a JSON object name -> 16 hex digits); a
+// reader that verifies (the default) hashes a tensor's bytes on its first bytes()/tensor() and
+// throws naming the file and the tensor on a mismatch. Files without the key (HF, older
+// checkpoints) are read as before.
 // Not done: the sharded model.safetensors.index.json (§7.6), big-endian hosts, F4/F6 packing on
 // read into Tensors (such entries validate but cannot be turned into a Tensor).
 #pragma once
@@ -18,6 +23,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -42,10 +49,16 @@ std::string safetensors_dtype(DType dtype);
 // The mg::DType of a safetensors dtype string; throws for strings without one (e.g. "I16").
 DType dtype_from_safetensors(const std::string& dtype);
 
+inline constexpr const char* kChecksumMetadataKey = "mg_checksums_xxh3_64";
+
+// XXH3-64 of `bytes` (libxxhash), as 16 lower-case hex digits.
+std::string checksum_hex(std::span<const std::byte> bytes);
+
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);  // opens, maps and validates
-  SafetensorsFile(const Storage& storage, const std::string& path);
+  // Opens, maps and validates; verify_checksums: check each tensor against its stored checksum.
+  explicit SafetensorsFile(const std::string& path, bool verify_checksums = true);
+  SafetensorsFile(const Storage& storage, const std::string& path, bool verify_checksums = true);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
@@ -56,8 +69,10 @@ class SafetensorsFile {
   std::vector<std::string> names() const;
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   const SafetensorsEntry& entry(const std::string& name) const;
-  // The raw little-endian bytes of a tensor, inside the mapping.
+  // The raw little-endian bytes of a tensor, inside the mapping (checksum-verified once).
   std::span<const std::byte> bytes(const std::string& name) const;
+  // Whether the file carries per-tensor checksums.
+  bool has_checksums() const { return !checksums_.empty(); }
   // Asks the kernel to read the tensor's pages ahead (madvise WILLNEED; a hint, errors ignored):
   // one large read-ahead instead of a page fault per 4 KiB when copying out of the mapping.
   void prefetch(const std::string& name) const;
@@ -71,15 +86,22 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
   std::vector<SafetensorsEntry> entries_;  // sorted by begin
   std::map<std::string, std::size_t> index_;
+  bool verify_ = true;
+  std::map<std::string, std::string> checksums_;  // name -> hex, from the metadata
+  mutable std::mutex verified_mutex_;
+  mutable std::set<std::string> verified_;
 };
 
 // Writes `tensors` (any devices; copied to the host through pinned staging memory) to `path`
-// atomically. Names must be unique and must not be "__metadata__".
+// atomically. Names must be unique and must not be "__metadata__". checksums: add the per-tensor
+// XXH3-64 checksums to the metadata.
 void save_safetensors(Storage& storage, const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      bool checksums = false);
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+                      const std::map<std::string, std::string>& metadata = {},
+                      bool checksums = false);
 
 }  // namespace mg::dist_checkpointing

@@ -32,8 +32,8 @@ struct IndexEntry {
 
 class ShardedReader {
  public:
-  ShardedReader(const Storage& storage, std::string dir, const json& index)
-      : storage_(storage), dir_(std::move(dir)) {
+  ShardedReader(const Storage& storage, std::string dir, const json& index, bool verify)
+      : storage_(storage), dir_(std::move(dir)), verify_(verify) {
     for (auto it = index.begin(); it != index.end(); ++it) {
       IndexEntry e;
       e.dtype = dtype_from_safetensors(it.value().at("dtype").get<std::string>());
@@ -104,7 +104,7 @@ class ShardedReader {
     const std::string p = join_path(dir_, name);
     MG_CHECK(storage_.exists(p), "checkpoint '" << dir_ << "' is missing shard file '" << name
                                                 << "' (it holds pieces of '" << key << "')");
-    auto f = std::make_unique<SafetensorsFile>(storage_, p);
+    auto f = std::make_unique<SafetensorsFile>(storage_, p, verify_);
     return *files_.emplace(name, std::move(f)).first->second;
   }
   const Storage& storage_;
@@ -112,6 +112,7 @@ class ShardedReader {
   std::map<std::string, IndexEntry> entries_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   double bytes_ = 0;
+  bool verify_ = true;
 };
 
 // Keys whose dim 0 is the padded vocabulary (it grows with TP).
@@ -184,7 +185,8 @@ CheckpointState load_sharded(const Storage& storage, const std::string& dir,
   }
   std::unique_ptr<ShardedReader> reader_ptr;
   try {
-    reader_ptr = std::make_unique<ShardedReader>(storage, dir, meta.at("index"));
+    reader_ptr =
+        std::make_unique<ShardedReader>(storage, dir, meta.at("index"), options.verify_checksums);
   } catch (const json::exception& e) {
     MG_THROW("checkpoint metadata '" << where << "' has a malformed index: " << e.what());
   }

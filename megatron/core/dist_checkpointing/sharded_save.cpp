@@ -231,17 +231,18 @@ CheckpointIOStats save_sharded(const SaveTarget& target,
   stats.async = async != nullptr;
   if (async) {
     PendingSave* raw = ps.get();
-    raw->writer = std::thread([raw, &storage, path, tensors = std::move(tensors), file_meta] {
-      try {
-        if (!tensors.empty()) save_safetensors(storage, path, tensors, file_meta);
-      } catch (...) {
-        raw->error = std::current_exception();
-      }
-    });
+    raw->writer = std::thread(
+        [raw, &storage, path, tensors = std::move(tensors), file_meta, sums = target.checksums] {
+          try {
+            if (!tensors.empty()) save_safetensors(storage, path, tensors, file_meta, sums);
+          } catch (...) {
+            raw->error = std::current_exception();
+          }
+        });
     async->start(std::move(ps));
   } else {
     try {
-      if (!tensors.empty()) save_safetensors(storage, path, tensors, file_meta);
+      if (!tensors.empty()) save_safetensors(storage, path, tensors, file_meta, target.checksums);
     } catch (...) {
       ps->error = std::current_exception();
     }
