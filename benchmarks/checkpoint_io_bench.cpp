@@ -8,7 +8,9 @@
 //                                (posix_fadvise DONTNEED after fsync: clean pages are dropped)
 //   load_warm_s / load_warm_gbs  load_checkpoint again (files in the page cache)
 // and checks that the loaded parameters and optimizer state equal the saved ones.
-//   checkpoint_io_bench <dir> [hidden=1024] [layers=4] [reps=2]
+//   checkpoint_io_bench <dir> [hidden=1024] [layers=4] [reps=2] [checksum=1]
+// (checksum 0: saves without the per-tensor XXH3-64 and loads without verifying,
+// --no-ckpt-checksum)
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -98,13 +100,15 @@ double state_bytes(const Model& m) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: checkpoint_io_bench <dir> [hidden=1024] [layers=4] [reps=2]\n";
+    std::cerr << "usage: checkpoint_io_bench <dir> [hidden=1024] [layers=4] [reps=2] "
+                 "[checksum=1 (0: --no-ckpt-checksum)]\n";
     return 2;
   }
   const std::string root = argv[1];
   const int64_t h = argc > 2 ? std::atoll(argv[2]) : 1024;
   const int64_t layers = argc > 3 ? std::atoll(argv[3]) : 4;
   const int reps = argc > 4 ? std::atoi(argv[4]) : 2;
+  const bool checksum = argc > 5 ? std::atoi(argv[5]) != 0 : true;
   try {
     Model src = make_model(h, layers, 1.f);
     const double bytes = state_bytes(src);
@@ -114,11 +118,14 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) {
       st.iteration = 2 * r + 1;
       auto t0 = Clock::now();
-      mg::training::save_checkpoint(root, src.params, st);
+      mg::training::SaveOptions sync;
+      sync.checksums = checksum;
+      mg::training::save_checkpoint(root, src.params, st, {}, sync);
       save_best = std::min(save_best, since(t0));
       st.iteration = 2 * r + 2;
       mg::training::SaveOptions async;
       async.async = true;
+      async.checksums = checksum;
       t0 = Clock::now();
       mg::training::AsyncCheckpointSaver saver;
       mg::training::save_checkpoint(root, src.params, st, {}, async, &saver);
@@ -129,6 +136,7 @@ int main(int argc, char** argv) {
     Model dst = make_model(h, layers, 0.f);
     mg::training::LoadOptions lo;
     lo.optimizer_template = dst.opt;
+    lo.verify_checksums = checksum;
     for (int r = 0; r < reps; ++r) {
       evict(root);
       auto t0 = Clock::now();
@@ -156,10 +164,11 @@ int main(int argc, char** argv) {
     const double gb = bytes / 1e9;
     std::printf(
         "{\"state_gb\": %.4f, \"params\": %zu, \"reps\": %d, \"save_s\": %.3f, \"save_gbs\": "
-        "%.3f, \"async_return_s\": %.3f, \"async_total_s\": %.3f, \"load_cold_s\": %.3f, "
+        "%.3f, \"checksum\": %d, \"async_return_s\": %.3f, \"async_total_s\": %.3f, "
+        "\"load_cold_s\": %.3f, "
         "\"load_cold_gbs\": %.3f, \"load_warm_s\": %.3f, \"load_warm_gbs\": %.3f}\n",
-        gb, src.params.size(), reps, save_best, gb / save_best, async_ret, async_total, cold,
-        gb / cold, warm, gb / warm);
+        gb, src.params.size(), reps, save_best, gb / save_best, checksum ? 1 : 0, async_ret,
+        async_total, cold, gb / cold, warm, gb / warm);
   } catch (const std::exception& e) {
     std::cerr << "checkpoint_io_bench: " << e.what() << "\n";
     return 1;

@@ -80,6 +80,7 @@ struct Args {
   bool keep_sequential_samples = false;
   int64_t log_interval = 1000;
   bool skip_bad_lines = false;  // count and report malformed lines instead of stopping
+  bool allow_empty = false;     // --allow-empty: an input without tokens writes an empty dataset
   mg::tokenizers::TokenizerArgs tokenizer;
 
   void validate() const {
@@ -360,6 +361,8 @@ class Progress {
     tokens_ += tokens;
     if (docs_ / static_cast<uint64_t>(interval_) != before) print("Processed");
   }
+  uint64_t docs() const { return docs_; }
+  uint64_t tokens() const { return tokens_; }
   void print(const char* what) const {
     const double s = std::max(1e-9, std::chrono::duration<double>(Clock::now() - start_).count());
     std::fprintf(stderr,
@@ -551,9 +554,19 @@ std::string dataset_prefix(const std::string& output_prefix, const std::string& 
   return output_prefix + "_" + key + "_document";
 }
 
-// Encodes one JSONL file into `<output_prefix>_<key>_document` for every key.
-void encode_file(const Args& args, const std::vector<std::unique_ptr<Tokenizer>>& toks,
-                 const std::string& input, const std::string& output_prefix) {
+// An input without a single token is an error (nothing is written) unless --allow-empty.
+void check_not_empty(const Args& args, const std::string& what, uint64_t tokens) {
+  MG_CHECK(tokens > 0 || args.allow_empty,
+           what << " holds no token to write: refusing to write an empty dataset to "
+                << args.output_prefix
+                << "_<key>_document.{bin,idx} (check --input and --json-keys; --allow-empty "
+                   "writes it anyway)");
+}
+
+// Encodes one JSONL file into `<output_prefix>_<key>_document` for every key; returns the tokens
+// written. check_empty: refuse an input without tokens (check_not_empty) before writing.
+uint64_t encode_file(const Args& args, const std::vector<std::unique_ptr<Tokenizer>>& toks,
+                     const std::string& input, const std::string& output_prefix, bool check_empty) {
   const Tokenizer& tok = *toks.front();
   std::fprintf(stderr, "Opening %s\n", input.c_str());
   const auto dtype = mg::datasets::optimal_token_dtype(tok.vocab_size());
@@ -564,6 +577,10 @@ void encode_file(const Args& args, const std::vector<std::unique_ptr<Tokenizer>>
   Progress progress(args.log_interval);
   Pipeline pipeline(args, toks);
   pipeline.run(input, builders, progress);
+  if (check_empty)
+    check_not_empty(args,
+                    "--input '" + input + "' (" + std::to_string(progress.docs()) + " documents)",
+                    progress.tokens());
   for (std::size_t k = 0; k < builders.size(); ++k)
     builders[k]->finalize(
         mg::datasets::get_idx_path(dataset_prefix(output_prefix, args.json_keys[k])));
@@ -571,6 +588,7 @@ void encode_file(const Args& args, const std::vector<std::unique_ptr<Tokenizer>>
   if (pipeline.skipped() > 0)
     std::fprintf(stderr, "Skipped %zu bad line(s) (--skip-bad-lines); the first: %s\n",
                  pipeline.skipped(), pipeline.first_skip().c_str());
+  return progress.tokens();
 }
 
 std::vector<std::string> expand_glob(const std::string& pattern) {
@@ -659,12 +677,17 @@ void run(const Args& args) {
                                mg::datasets::optimal_token_dtype(tok->vocab_size())))
                    .c_str());
   if (args.partitions == 1) {
-    encode_file(args, toks, args.input, args.output_prefix);
+    encode_file(args, toks, args.input, args.output_prefix, true);
     return;
   }
   const std::vector<std::string> parts = split_partitions(args);
+  uint64_t tokens = 0;
   for (std::size_t i = 0; i < parts.size(); ++i)
-    encode_file(args, toks, parts[i], args.output_prefix + "_" + std::to_string(i));
+    tokens +=
+        encode_file(args, toks, parts[i], args.output_prefix + "_" + std::to_string(i), false);
+  check_not_empty(
+      args, "--input '" + args.input + "' (all " + std::to_string(parts.size()) + " partitions)",
+      tokens);
   const auto dtype = mg::datasets::optimal_token_dtype(tok->vocab_size());
   for (const auto& key : args.json_keys) {
     const std::string out = dataset_prefix(args.output_prefix, key);
@@ -702,6 +725,8 @@ int main(int argc, char** argv) {
   app.add_flag("--skip-bad-lines", args.skip_bad_lines,
                "Leave out malformed JSON lines and lines missing a key (counted and reported) "
                "instead of stopping at the first one");
+  app.add_flag("--allow-empty", args.allow_empty,
+               "Write an empty dataset when the input holds no token (default: an error)");
   app.add_option("--tokenizer-type", args.tokenizer.tokenizer_type,
                  "GPT2BPETokenizer, HuggingFaceTokenizer, SentencePieceTokenizer, "
                  "GPTSentencePieceTokenizer, Llama2Tokenizer or NullTokenizer")

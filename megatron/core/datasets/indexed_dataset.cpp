@@ -316,6 +316,27 @@ IndexedDataset::IndexedDataset(const std::string& path_prefix)
                                << " bytes) does not lie aligned inside " << bin_.path() << " ("
                                << bin_size << " bytes)");
   }
+  // The pair must agree: the sequences tile the .bin densely from byte 0 (every writer, Megatron's
+  // included, writes it so) and their lengths x item size add up to its size. This refuses a dtype
+  // byte changed, an altered length, another corpus's .idx and a .bin/.idx pair from two runs.
+  int64_t expect = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    MG_CHECK(sequence_pointers_[i] == expect,
+             "IndexedDataset " << idx_path << ": sequence " << i << " starts at byte "
+                               << sequence_pointers_[i] << " of " << bin_.path() << ", but the "
+                               << "earlier sequences' lengths x " << item << " bytes ("
+                               << index_dtype_name(dtype_) << ") end at byte " << expect
+                               << ": the .idx does not describe this .bin (a corrupt dtype or "
+                                  "length, or the index of another corpus)");
+    expect += static_cast<int64_t>(sequence_lengths_[i]) * item;
+  }
+  MG_CHECK(expect == bin_size,
+           "IndexedDataset " << idx_path << ": its " << n << " sequences hold " << expect / item
+                             << " tokens x " << item << " bytes (" << index_dtype_name(dtype_)
+                             << ") = " << expect << " bytes, but " << bin_.path() << " has "
+                             << bin_size
+                             << " bytes: the .idx and .bin disagree (a corrupt or mismatched "
+                                "pair, e.g. a replacement interrupted between the two files)");
 }
 
 bool IndexedDataset::exists(const std::string& path_prefix) {
@@ -515,8 +536,18 @@ void IndexedDatasetBuilder::finalize(const std::string& idx_path) {
       MG_THROW("IndexedDatasetBuilder: writing " << idx_tmp_path << " failed");
     }
   }
-  // The .bin first: a final .idx then implies a complete .bin beside it.
+  // Replacing a pair: the old .idx goes first, then the .bin is renamed, the .idx last. A final
+  // .idx then implies the complete .bin of the same run beside it; an interruption leaves a .bin
+  // without .idx (an error naming it), never a new .bin under an old .idx (and readers check that
+  // the two agree).
   std::error_code ec;
+  std::filesystem::remove(idx_path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(idx_tmp_path, ignored);
+  }
+  MG_CHECK(!ec,
+           "IndexedDatasetBuilder: removing the old " << idx_path << " failed: " << ec.message());
   std::filesystem::rename(bin_tmp_path_, bin_path_, ec);
   if (ec) {
     std::error_code ignored;
