@@ -25,6 +25,7 @@
 // positions, Llama attention/MLP biases, activations other than SiLU (LLaMA family) or GELU
 // (GPT-2), GPT-2's scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn.
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -105,6 +106,18 @@ struct HfTensors {
     auto it = where.find(name);
     MG_CHECK(it != where.end(), "the HuggingFace checkpoint has no tensor '" << name << "'");
     Tensor t = it->second->tensor(name);
+    // Import guard: a NaN/inf in the HF weights would be imported and generate garbage.
+    if (mg::is_floating(t.dtype())) {
+      const std::vector<double> v = t.to_vector<double>();
+      std::size_t bad = 0, first = 0;
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (!std::isfinite(v[i]) && bad++ == 0) first = i;
+      MG_CHECK(bad == 0, "HuggingFace tensor '" << name << "' in '" << it->second->path()
+                                                << "' holds " << bad << " NaN/inf value(s) (the "
+                                                << "first at flat index " << first
+                                                << "): the checkpoint is corrupt; nothing was "
+                                                   "imported");
+    }
     MG_CHECK(t.shape() == shape, "HuggingFace tensor '" << name << "' has shape "
                                                         << mg::shape_str(t.shape()) << ", expected "
                                                         << mg::shape_str(shape)
@@ -203,7 +216,72 @@ T need(const json& c, const char* key, const std::string& where) {
   return c[key].get<T>();
 }
 
+// The JSON types of the config.json fields read here: a wrong one is an error naming the key
+// (nlohmann's own type errors name none).
+void check_config_types(const json& c, const std::string& where) {
+  enum class Kind { integer, number, boolean, string, object };
+  static const std::vector<std::pair<const char*, Kind>> kFields = {
+      {"model_type", Kind::string},
+      {"torch_dtype", Kind::string},
+      {"dtype", Kind::string},
+      {"vocab_size", Kind::integer},
+      {"n_layer", Kind::integer},
+      {"n_embd", Kind::integer},
+      {"n_head", Kind::integer},
+      {"n_inner", Kind::integer},
+      {"n_positions", Kind::integer},
+      {"num_hidden_layers", Kind::integer},
+      {"hidden_size", Kind::integer},
+      {"intermediate_size", Kind::integer},
+      {"num_attention_heads", Kind::integer},
+      {"num_key_value_heads", Kind::integer},
+      {"head_dim", Kind::integer},
+      {"max_position_embeddings", Kind::integer},
+      {"sliding_window", Kind::integer},
+      {"layer_norm_epsilon", Kind::number},
+      {"rms_norm_eps", Kind::number},
+      {"rope_theta", Kind::number},
+      {"resid_pdrop", Kind::number},
+      {"attn_pdrop", Kind::number},
+      {"attention_dropout", Kind::number},
+      {"tie_word_embeddings", Kind::boolean},
+      {"attention_bias", Kind::boolean},
+      {"mlp_bias", Kind::boolean},
+      {"use_sliding_window", Kind::boolean},
+      {"scale_attn_weights", Kind::boolean},
+      {"scale_attn_by_inverse_layer_idx", Kind::boolean},
+      {"reorder_and_upcast_attn", Kind::boolean},
+      {"activation_function", Kind::string},
+      {"hidden_act", Kind::string},
+      {"rope_parameters", Kind::object},
+      {"rope_scaling", Kind::object}};
+  auto check = [&](const json& obj, const std::string& prefix) {
+    for (const auto& [key, kind] : kFields) {
+      if (!obj.contains(key) || obj[key].is_null()) continue;
+      const json& v = obj[key];
+      const bool ok = kind == Kind::integer   ? v.is_number_integer()
+                      : kind == Kind::number  ? v.is_number()
+                      : kind == Kind::boolean ? v.is_boolean()
+                      : kind == Kind::string  ? v.is_string()
+                                              : v.is_object();
+      static constexpr const char* kNames[] = {"an integer", "a number", "true or false",
+                                               "a string", "an object"};
+      MG_CHECK(ok, where << ": \"" << prefix << key << "\" is " << v.dump() << " (a "
+                         << v.type_name() << "), expected " << kNames[static_cast<int>(kind)]);
+    }
+  };
+  check(c, "");
+  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+    check(c["rope_parameters"], "rope_parameters.");
+    const json& r = c["rope_parameters"];
+    MG_CHECK(!r.contains("rope_type") || r["rope_type"].is_string(),
+             where << ": \"rope_parameters.rope_type\" is " << r["rope_type"].dump()
+                   << ", expected a string");
+  }
+}
+
 HfModel parse_hf_config(const json& c, const std::string& where) {
+  check_config_types(c, where);
   HfModel m;
   m.model_type = c.value("model_type", "");
   if (m.model_type == "llama")
