@@ -607,6 +607,11 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
              "--load " << *args.checkpoint.load << " has no checkpoint (" << kTrackerFile
                        << " missing) and --exit-on-missing-checkpoint is set");
 
+  // Training data must be asked for: no data path and no --mock-data is an error (not mock data).
+  MG_CHECK(args.data.mock || !args.data.data_path.empty() || !args.data.train_data_path.empty() ||
+               !args.data.valid_data_path.empty() || !args.data.test_data_path.empty(),
+           "no data: pass --data-path (or --train-data-path / --valid-data-path / "
+           "--test-data-path) with a Megatron indexed dataset, or --mock-data for synthetic data");
   // Tokenizer, then the data config it completes (validated before any heavy work).
   auto tokenizer = tokenizers::build_tokenizer(args.tokenizer);
   datasets::DataConfig data = args.data;

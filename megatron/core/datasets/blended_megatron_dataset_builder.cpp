@@ -274,7 +274,14 @@ GPTSplits build_megatron_dataset_splits(const DataConfig& c,
   for (Split s : kSplits) {
     const std::size_t i = static_cast<std::size_t>(s);
     if (!bookends[i]) continue;
-    out[i] = std::make_shared<GPTSplitDataset>(c, low, prefix, s, *bookends[i], sizes[i], info);
+    try {
+      out[i] = std::make_shared<GPTSplitDataset>(c, low, prefix, s, *bookends[i], sizes[i], info);
+    } catch (const Error& e) {
+      // Name the split and the file (a too-small or empty split says neither by itself).
+      MG_THROW("the " << split_name(s) << " split of "
+                      << (prefix ? "'" + *prefix + "' (.bin/.idx)" : std::string("the mock data"))
+                      << ": " << e.message());
+    }
   }
   return out;
 }

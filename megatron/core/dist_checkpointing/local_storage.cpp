@@ -5,6 +5,7 @@
 // the renames survive a crash. Reads map the file (mmap) or pread a range.
 // Not done: Windows; network filesystems without atomic rename.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -184,6 +185,25 @@ class LocalStorage final : public Storage {
     MG_CHECK(!ec, "cannot remove '" << name << "': " << ec.message());
   }
   std::string process_tag() const override { return std::to_string(::getpid()); }
+  // Staged (<dir>.tmp.<pid>) and moved-aside (<dir>.old.<pid>) directories of saves whose process
+  // is gone (killed mid-save) are removed; those of live processes are left alone.
+  static void remove_stale_staging(const fs::path& root) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      const std::string name = e.path().filename().string();
+      std::size_t at = name.rfind(".tmp.");
+      if (at == std::string::npos) at = name.rfind(".old.");
+      if (at == std::string::npos || at + 5 >= name.size()) continue;
+      const std::string pid_text = name.substr(at + 5);
+      if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9)
+        continue;
+      const auto pid = static_cast<pid_t>(std::stol(pid_text));
+      if (pid <= 0 || pid == ::getpid()) continue;
+      if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+      std::error_code ignored;
+      fs::remove_all(e.path(), ignored);
+    }
+  }
   std::string staged_name(const std::string& final_dir, const std::string& tag) const override {
     return final_dir + ".tmp." + tag;
   }
@@ -192,6 +212,7 @@ class LocalStorage final : public Storage {
     std::error_code ec;
     fs::create_directories(root, ec);
     MG_CHECK(!ec, "cannot create checkpoint directory '" << root.string() << "': " << ec.message());
+    remove_stale_staging(root);
     const std::string staged = staged_name(final_dir, tag);
     fs::remove_all(staged, ec);
     fs::create_directories(staged, ec);

@@ -85,6 +85,19 @@ std::string to_string(MoeTokenDispatcherType v) {
 }
 
 void TransformerConfig::finalize() {
+  // The sizes the defaults below derive from, checked first (a negative --hidden-size is refused
+  // as such, not as a divisibility problem).
+  MG_CHECK(hidden_size >= 1, "hidden_size (--hidden-size) must be >= 1, got " << hidden_size);
+  MG_CHECK(num_attention_heads >= 1,
+           "num_attention_heads (--num-attention-heads) must be >= 1, got " << num_attention_heads);
+  MG_CHECK(ffn_hidden_size >= 0,
+           "ffn_hidden_size (--ffn-hidden-size) must be >= 1 (or unset), got " << ffn_hidden_size);
+  MG_CHECK(kv_channels >= 0,
+           "kv_channels (--kv-channels) must be >= 1 (or unset), got " << kv_channels);
+  MG_CHECK(num_query_groups >= 0,
+           "num_query_groups (--num-query-groups) must be >= 1 (or unset), "
+           "got "
+               << num_query_groups);
   if (ffn_hidden_size == 0) ffn_hidden_size = 4 * hidden_size;
   if (num_query_groups == 0) num_query_groups = num_attention_heads;
   if (kv_channels == 0 && num_attention_heads > 0) {

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "megatron/core/datasets/indexed_dataset.h"
 #include "megatron/core/dist_checkpointing/safetensors.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/memory_estimate.h"
@@ -224,6 +225,55 @@ TEST(Reliability, EstimateCoversTheMeasuredPeak) {
   const double est_mb = est.total_bytes() / (1024.0 * 1024.0);
   EXPECT_GE(est_mb, 0.8 * peak_mb) << est.str();
   EXPECT_LE(est_mb, 2.0 * peak_mb) << est.str();
+}
+
+// The smaller guards: no data asked for, a negative size, an empty split, stale staging folders.
+TEST(Reliability, NoDataFlagIsAnErrorNotMockData) {
+  test::ensure_runtime();
+  std::vector<std::string> f = tiny(3, {"--lr", "1e-3"});
+  f.erase(std::find(f.begin(), f.end(), "--mock-data"));
+  const auto e = test::error_message([&] { run(f); });
+  EXPECT_NE(e.find("no data: pass --data-path"), std::string::npos) << e;
+}
+
+TEST(Reliability, NegativeHiddenSizeIsRefusedAsSuch) {
+  const auto e = test::error_message([&] { parse_args(tiny(2, {"--hidden-size", "-1"})); });
+  EXPECT_NE(e.find("--hidden-size) must be >= 1, got -1"), std::string::npos) << e;
+}
+
+TEST(Reliability, AnEmptySplitNamesTheSplitAndTheFile) {
+  test::ensure_runtime();
+  const std::string dir = temp_dir("empty_split");
+  const std::string prefix = dir + "/tiny";
+  {
+    datasets::IndexedDatasetBuilder b(datasets::get_bin_path(prefix), datasets::IndexDType::uint16);
+    for (int d = 0; d < 3; ++d) {
+      std::vector<int64_t> ids(40, 5 + d);
+      b.add_item(std::span<const int64_t>(ids));
+      b.end_document();
+    }
+    b.finalize(datasets::get_idx_path(prefix));
+  }
+  std::vector<std::string> f = tiny(3, {"--lr", "1e-3", "--data-path", prefix, "--split", "98,1,1",
+                                        "--eval-iters", "1", "--data-cache-path", dir + "/cache"});
+  f.erase(std::find(f.begin(), f.end(), "--mock-data"));
+  const auto e = test::error_message([&] { run(f); });
+  EXPECT_NE(e.find("the valid split of '" + prefix + "'"), std::string::npos) << e;
+}
+
+TEST(Reliability, StaleStagingFoldersOfKilledSavesAreRemoved) {
+  test::ensure_runtime();
+  const std::string dir = temp_dir("stale");
+  // A dead process's staging and moved-aside folders; a live process's (this test's parent) stays.
+  const fs::path dead = fs::path(dir) / "iter_0000007.tmp.999999999";
+  const fs::path dead_old = fs::path(dir) / "iter_0000003.old.999999998";
+  const fs::path live = fs::path(dir) / ("iter_0000009.tmp." + std::to_string(::getppid()));
+  for (const auto& p : {dead, dead_old, live}) fs::create_directories(p / "x");
+  run(tiny(3, {"--lr", "1e-3", "--save", dir}));
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_FALSE(fs::exists(dead_old));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_EQ(read_latest_iteration(dir), 3);
 }
 
 }  // namespace
