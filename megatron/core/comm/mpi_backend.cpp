@@ -436,16 +436,31 @@ class MpiWork final : public Work {
       os << "; waiting for global rank(s) " << ranks_str(g);
     } else if (seq > 0) {
       std::vector<int> missing, unknown;
+      std::ostringstream counts;
       for (int r : ranks) {
         const int64_t c = info_->board->count(r, info_->index);
         if (c < 0) {
           unknown.push_back(r);
-        } else if (c < seq) {
-          missing.push_back(r);
+        } else {
+          counts << (counts.tellp() > 0 ? ", " : "") << "rank " << r << ": " << c;
+          if (c < seq) missing.push_back(r);
         }
       }
-      os << "; ranks that did not arrive: " << ranks_str(missing);
-      if (!unknown.empty()) os << " (not visible from this node: " << ranks_str(unknown) << ")";
+      if (!missing.empty() || unknown.empty()) {
+        if (!missing.empty()) {
+          os << "; ranks that did not arrive: " << ranks_str(missing);
+        } else {
+          // Everyone on this node entered it: the members disagree on what this collective is
+          // (another op or size at the same position) or one of them stalls inside it.
+          os << "; every member entered this group's collective #" << seq
+             << ", so it is mismatched (another op or size on some rank) or stalled inside MPI";
+        }
+        os << " (collectives entered per rank: " << counts.str() << ")";
+      } else {
+        os << "; no member on this node is missing";
+      }
+      if (!unknown.empty())
+        os << "; ranks on other nodes (arrival unknown): " << ranks_str(unknown);
     } else {
       os << "; which ranks did not arrive is unknown";
     }
