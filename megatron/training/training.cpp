@@ -137,6 +137,7 @@ void save(Run& r) {
   so.async = c.async_save;
   const CheckpointIOStats io = save_checkpoint(*c.save, r.model->parameters(), st,
                                                checkpoint_ranks(r), so, &r.checkpoint_saver);
+  r.dp_model.ddp->reshard_params();  // FSDP optim_grads_params: the gathered copies go again
   const double s = r.timers.stop("save-checkpoint");
   r.log << "  successfully " << (io.async ? "started saving" : "saved")
         << " checkpoint from iteration " << std::setw(7) << r.iteration << " to " << *c.save
@@ -172,6 +173,7 @@ void load(Run& r) {
     r.opt->load_state_dict(*st.optimizer);
   else
     r.opt->reload_model_params();
+  r.dp_model.ddp->reshard_params();  // FSDP optim_grads_params: keep only this rank's chunks
   if (st.scheduler) r.scheduler->load_state_dict(*st.scheduler);
   if (st.rng) r.rng_seed = (*st.rng).at("seed").get<uint64_t>();
   if (!c.finetune) {
@@ -207,12 +209,25 @@ std::string wrap_config(const std::string& lines) {
 // "data parallel: ..." (a line) when there is more than one rank or a DDP option is on.
 std::string data_parallel_summary(const Run& r) {
   const auto& d = r.args.ddp;
-  if (r.ps.dp->size() == 1 && !d.use_distributed_optimizer && !d.overlap_grad_reduce) return "";
   std::ostringstream s;
-  s << "data parallel: " << r.ps.dp->size() << " ranks (" << r.ps.dp->backend() << "), "
-    << r.dp_model.ddp->buckets().size() << " gradient bucket(s)"
-    << (d.use_distributed_optimizer ? ", distributed optimizer" : "")
-    << (d.overlap_grad_reduce ? ", overlap-grad-reduce" : "") << "\n";
+  if (r.ps.dp->size() > 1 || d.use_distributed_optimizer || d.overlap_grad_reduce ||
+      d.use_megatron_fsdp)
+    s << "data parallel: " << r.ps.dp->size() << " ranks (" << r.ps.dp->backend() << "), "
+      << r.dp_model.ddp->buckets().size() << " gradient bucket(s)"
+      << (d.use_distributed_optimizer ? ", distributed optimizer" : "")
+      << (d.use_megatron_fsdp ? std::string(", Megatron FSDP ") + to_string(d.sharding_strategy)
+                              : std::string())
+      << (d.overlap_grad_reduce ? ", overlap-grad-reduce" : "")
+      << (d.overlap_param_gather ? ", overlap-param-gather" : "") << "\n";
+  if (r.args.use_torch_fsdp2)
+    s << "note: --use-torch-fsdp2 runs the Megatron FSDP engine with optim_grads_params\n";
+  if (!r.args.gradient_accumulation_fusion)
+    s << "note: --no-gradient-accumulation-fusion: weight gradients accumulate into main_grad "
+         "in the GEMM either way in this build (same numbers)\n";
+  if (r.args.optimizer.optimizer_cpu_offload)
+    s << "optimizer CPU offload (fraction " << r.args.optimizer.optimizer_offload_fraction
+      << "): the identity on " << r.rt->platform->name()
+      << ", whose optimizer state and update are in host memory already\n";
   return s.str();
 }
 

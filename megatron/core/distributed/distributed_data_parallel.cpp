@@ -2,12 +2,41 @@
 // (distributed_data_parallel.h).
 #include "megatron/core/distributed/distributed_data_parallel.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "megatron/core/common/error.h"
 
 namespace mg::distributed {
+
+int64_t release_host_range(const Tensor& view) {
+  if (view.numel() == 0) return 0;
+  if (!view.device().is_host()) {
+    Tensor v = view;
+    v.zero_();
+    return 0;
+  }
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  auto* base = static_cast<char*>(view.raw_data());
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
+  const uintptr_t hi = lo + static_cast<uintptr_t>(view.nbytes());
+  const uintptr_t plo = (lo + page - 1) / page * page, phi = hi / page * page;
+  if (phi <= plo) {  // no whole page inside: just zero it
+    std::memset(base, 0, view.nbytes());
+    return 0;
+  }
+  std::memset(base, 0, plo - lo);
+  std::memset(reinterpret_cast<void*>(phi), 0, hi - phi);
+  // Private anonymous memory (the host allocator's): the pages are freed and read as zeros.
+  MG_CHECK(madvise(reinterpret_cast<void*>(plo), phi - plo, MADV_DONTNEED) == 0,
+           "release_host_range: madvise(MADV_DONTNEED) of " << (phi - plo) << " bytes failed");
+  return static_cast<int64_t>(phi - plo);
+}
 
 struct DistributedDataParallel::BucketState {
   int pending = 0;  // params not yet ready in this backward
@@ -18,6 +47,12 @@ struct DistributedDataParallel::BucketState {
   Tensor gather_in;           // [shard_size] params chunk for the all-gather
   Tensor gather_staging;      // [dp * shard_size] params, only for an uneven bucket
   comm::WorkPtr gather_work;  // the bucket's parameter all-gather while in flight
+  // FSDP optim_grads_params: whether the whole bucket's params are there, and how many modules in
+  // flight use them (use_params / release_params).
+  bool params_resident = true;
+  int uses = 0;
+  // FSDP optim_grads / optim_grads_params: the grads outside this rank's chunk are discarded.
+  bool grads_discarded = false;
 };
 
 DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelConfig& config,
@@ -80,6 +115,49 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
     for (std::size_t i : buckets_[b].params) buckets_of_param_[i].push_back(b);
   param_ready_.assign(params_.size(), false);
   reset_readiness();
+  resident_bytes_ = peak_resident_bytes_ =
+      static_cast<int64_t>(buffer_.params.nbytes() + buffer_.grads.nbytes());
+  MG_CHECK(!config_.shards_grads() || config_.use_distributed_optimizer,
+           "DistributedDataParallel: FSDP " << to_string(config_.sharding_strategy)
+                                            << " needs the distributed optimizer's buckets");
+  if (config_.shards_grads())
+    for (std::size_t b = 0; b < buckets_.size(); ++b) discard_grads(b);
+  if (config_.shards_params())
+    for (std::size_t b = 0; b < buckets_.size(); ++b) discard_params(b);
+}
+
+void DistributedDataParallel::account(int64_t delta) {
+  resident_bytes_ += delta;
+  peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
+}
+
+// The elements of bucket bi outside this rank's chunk: [start, lo) and [hi, end).
+static std::pair<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> outside_chunk(
+    const GradBucket& b, int rank) {
+  const auto [lo, hi] = b.shard_range(rank);
+  return {{b.start, lo}, {std::max(hi, lo), b.end}};
+}
+
+void DistributedDataParallel::discard_params(std::size_t bi) {
+  BucketState& s = state_[bi];
+  const auto [a, b] = outside_chunk(buckets_[bi], dp_group_->rank());
+  for (auto [lo, hi] : {a, b})
+    if (hi > lo) release_host_range(buffer_.params.slice(lo, hi - lo));
+  if (s.params_resident)
+    account(-static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
+            (a.second - a.first + b.second - b.first));
+  s.params_resident = false;
+}
+
+void DistributedDataParallel::discard_grads(std::size_t bi) {
+  BucketState& s = state_[bi];
+  const auto [a, b] = outside_chunk(buckets_[bi], dp_group_->rank());
+  for (auto [lo, hi] : {a, b})
+    if (hi > lo) release_host_range(buffer_.grads.slice(lo, hi - lo));
+  if (!s.grads_discarded)
+    account(-static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) *
+            (a.second - a.first + b.second - b.first));
+  s.grads_discarded = true;
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -195,13 +273,46 @@ void DistributedDataParallel::finish_grad_sync() {
       }
     }
   }
+  if (config_.shards_grads())  // ZeRO-2: only this rank's shard of the grads stays
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) discard_grads(bi);
+  if (config_.shards_params()) {
+    // No parameter all-gather may write the buffer while the optimizer steps (a prefetch of the
+    // last backward); a bucket no module uses is discarded again.
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      finish_gather(bi);
+      if (state_[bi].uses == 0) discard_params(bi);
+    }
+  }
   reset_readiness();
 }
 
 void DistributedDataParallel::zero_grad_buffer() {
   for (auto& s : state_)
     if (s.work) s.work->wait(), s.work.reset();
-  buffer_.grads.zero_();
+  if (!config_.shards_grads()) {
+    buffer_.grads.zero_();
+  } else {
+    // ZeRO-2: the discarded grads already read as zeros (zeroing them would bring their pages
+    // back before backward needs them); the shards and any bucket not discarded are zeroed. The
+    // whole buffer counts as resident again: backward writes all of it.
+    const int rank = dp_group_->rank();
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      BucketState& s = state_[bi];
+      const GradBucket& b = buckets_[bi];
+      if (!s.grads_discarded) {
+        Tensor g = buffer_.grads.slice(b.start, b.numel());
+        g.zero_();
+        continue;
+      }
+      const auto [lo, hi] = b.shard_range(rank);
+      if (hi > lo) {
+        Tensor g = buffer_.grads.slice(lo, hi - lo);
+        g.zero_();
+      }
+      s.grads_discarded = false;
+      account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (b.numel() - (hi - lo)));
+    }
+  }
   reset_readiness();
 }
 
@@ -216,33 +327,119 @@ std::vector<std::pair<int64_t, int64_t>> DistributedDataParallel::optimizer_shar
   return out;
 }
 
+void DistributedDataParallel::launch_gather(std::size_t bi) {
+  const int dp = dp_group_->size();
+  const GradBucket& b = buckets_[bi];
+  BucketState& s = state_[bi];
+  const Tensor& params = buffer_.params;
+  if (!s.gather_in.defined())
+    s.gather_in = Tensor::zeros({b.shard_size}, params.dtype(), params.device());
+  const auto [lo, hi] = b.shard_range(dp_group_->rank());
+  if (hi > lo) {
+    Tensor head = s.gather_in.slice(0, hi - lo);
+    head.copy_(params.slice(lo, hi - lo));
+  }
+  if (b.padded_numel(dp) == b.numel()) {
+    Tensor out = params.slice(b.start, b.numel());
+    s.gather_work = dp_group_->all_gather(out, s.gather_in);
+  } else {
+    if (!s.gather_staging.defined())
+      s.gather_staging = Tensor::empty({b.padded_numel(dp)}, params.dtype(), params.device());
+    s.gather_work = dp_group_->all_gather(s.gather_staging, s.gather_in);
+  }
+  ++gathers_pending_;
+}
+
 void DistributedDataParallel::start_param_sync() {
   MG_CHECK(config_.use_distributed_optimizer,
            "DistributedDataParallel: param sync exists only with --use-distributed-optimizer");
   const int dp = dp_group_->size();
   if (dp == 1) return;
-  finish_param_sync();  // a previous gather still in flight completes first
-  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
-    const GradBucket& b = buckets_[bi];
-    BucketState& s = state_[bi];
-    const Tensor& params = buffer_.params;
-    if (!s.gather_in.defined())
-      s.gather_in = Tensor::zeros({b.shard_size}, params.dtype(), params.device());
-    const auto [lo, hi] = b.shard_range(dp_group_->rank());
-    if (hi > lo) {
-      Tensor head = s.gather_in.slice(0, hi - lo);
-      head.copy_(params.slice(lo, hi - lo));
-    }
-    if (b.padded_numel(dp) == b.numel()) {
-      Tensor out = params.slice(b.start, b.numel());
-      s.gather_work = dp_group_->all_gather(out, s.gather_in);
-    } else {
-      if (!s.gather_staging.defined())
-        s.gather_staging = Tensor::empty({b.padded_numel(dp)}, params.dtype(), params.device());
-      s.gather_work = dp_group_->all_gather(s.gather_staging, s.gather_in);
-    }
-    ++gathers_pending_;
+  if (config_.shards_params()) {
+    // ZeRO-3: nothing is gathered now; every module gathers its buckets when it runs. Only the
+    // first bucket of the next forward (the last in the buffer) is prefetched under overlap.
+    reshard_params();
+    if (config_.overlap_param_gather && !buckets_.empty()) launch_gather(buckets_.size() - 1);
+    return;
   }
+  finish_param_sync();  // a previous gather still in flight completes first
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) launch_gather(bi);
+}
+
+void DistributedDataParallel::reshard_params() {
+  if (!config_.shards_params() || dp_group_->size() == 1) return;
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    finish_gather(bi);
+    MG_CHECK(state_[bi].uses == 0, "DistributedDataParallel: bucket "
+                                       << bi << " is resharded while " << state_[bi].uses
+                                       << " module(s) use its parameters");
+    discard_params(bi);  // also when not resident: a checkpoint load rewrote the whole buffer
+  }
+}
+
+void DistributedDataParallel::use_params(std::span<const std::size_t> param_indices) {
+  if (!config_.shards_params() || dp_group_->size() == 1) return;
+  std::size_t first = buckets_.size(), last = 0;
+  for (std::size_t i : param_indices) {
+    MG_CHECK(i < buckets_of_param_.size(), "DistributedDataParallel::use_params: parameter "
+                                               << i << " of " << buckets_of_param_.size());
+    for (std::size_t bi : buckets_of_param_[i]) {
+      first = std::min(first, bi);
+      last = std::max(last, bi);
+    }
+  }
+  if (first > last) return;
+  // Every bucket in [first, last] that holds one of these parameters, gathered once, in order.
+  for (std::size_t bi = first; bi <= last; ++bi) {
+    bool wanted = false;
+    for (std::size_t i : param_indices)
+      for (std::size_t b : buckets_of_param_[i]) wanted |= b == bi;
+    if (!wanted) continue;
+    BucketState& s = state_[bi];
+    if (!s.params_resident) {
+      if (!s.gather_work) launch_gather(bi);
+      finish_gather(bi);
+      s.params_resident = true;
+      ++param_gathers_;
+      const auto [lo, hi] = buckets_[bi].shard_range(dp_group_->rank());
+      account(static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
+              (buckets_[bi].numel() - (hi - lo)));
+    }
+    ++s.uses;
+  }
+  // Prefetch: forward walks the buffer from its end to its start, backward the other way; the
+  // direction is that of this use relative to the previous one (all ranks see the same calls).
+  if (config_.overlap_param_gather) {
+    const bool forward = first < last_used_bucket_;
+    last_used_bucket_ = first;
+    auto idle = [this](std::size_t b) {
+      return !state_[b].params_resident && !state_[b].gather_work;
+    };
+    if (forward) {
+      if (first > 0 && idle(first - 1)) launch_gather(first - 1);
+    } else {
+      for (std::size_t bi = first + 1; bi <= last + 1 && bi < buckets_.size(); ++bi)
+        if (idle(bi)) {
+          launch_gather(bi);
+          break;
+        }
+    }
+  }
+}
+
+void DistributedDataParallel::release_params(std::span<const std::size_t> param_indices) {
+  if (!config_.shards_params() || dp_group_->size() == 1) return;
+  std::vector<std::size_t> seen;
+  for (std::size_t i : param_indices)
+    for (std::size_t bi : buckets_of_param_.at(i)) {
+      if (std::find(seen.begin(), seen.end(), bi) != seen.end()) continue;
+      seen.push_back(bi);
+      BucketState& s = state_[bi];
+      MG_CHECK(s.uses > 0, "DistributedDataParallel::release_params: bucket "
+                               << bi << " (parameter '" << params_[i].name
+                               << "') was released more often than used");
+      if (--s.uses == 0) discard_params(bi);
+    }
 }
 
 void DistributedDataParallel::finish_gather(std::size_t bi) {
@@ -258,6 +455,19 @@ void DistributedDataParallel::finish_gather(std::size_t bi) {
 }
 
 void DistributedDataParallel::finish_param_sync() {
+  if (config_.shards_params() && dp_group_->size() > 1) {  // ZeRO-3: every bucket made whole
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      BucketState& s = state_[bi];
+      if (s.params_resident) continue;
+      if (!s.gather_work) launch_gather(bi);
+      finish_gather(bi);
+      s.params_resident = true;
+      const auto [lo, hi] = buckets_[bi].shard_range(dp_group_->rank());
+      account(static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
+              (buckets_[bi].numel() - (hi - lo)));
+    }
+    return;
+  }
   for (std::size_t bi = 0; bi < buckets_.size(); ++bi) finish_gather(bi);
 }
 

@@ -2,6 +2,7 @@
 // (parallelize.h).
 #include "megatron/core/distributed/parallelize.h"
 
+#include <algorithm>
 #include <span>
 #include <utility>
 
@@ -12,9 +13,21 @@ DataParallelModel parallelize(models::LanguageModule& model,
                               comm::ProcessGroupPtr dp_group,
                               comm::ProcessGroupPtr expert_dp_group) {
   DataParallelModel out;
-  out.ddp =
-      std::make_unique<DistributedDataParallel>(config, model.parameters(), model.buffer(),
-                                                model.ops(), dp_group, std::move(expert_dp_group));
+  DistributedDataParallelConfig c = config;
+  if (c.shards_params() && !c.bucket_size) {
+    // Megatron FSDP gathers per module: without --ddp-bucket-size a bucket holds about one unit
+    // (a layer, the head, the embeddings) of the model, the largest one's size.
+    int64_t unit = 0;
+    for (const auto& u : model.param_units()) {
+      int64_t n = 0;
+      for (std::size_t i : u) n += model.parameters().at(i).param.numel();
+      unit = std::max(unit, n);
+    }
+    if (unit > 0) c.bucket_size = unit;
+  }
+  out.ddp = std::make_unique<DistributedDataParallel>(c, model.parameters(), model.buffer(),
+                                                      model.ops(), dp_group,
+                                                      std::move(expert_dp_group));
   DistributedDataParallel* ddp = out.ddp.get();  // stable: owned by the unique_ptr
   if (config.overlap_grad_reduce)
     model.set_grad_ready_hook([ddp](std::size_t i) { ddp->param_grad_ready(i); });
@@ -29,9 +42,14 @@ DataParallelModel parallelize(models::LanguageModule& model,
       ddp->start_param_sync();
       if (!overlap_gather) ddp->finish_param_sync();
     };
-    if (overlap_gather)
+    if (config.shards_params()) {  // ZeRO-3: gather before each use, free after
+      model.set_param_use_hook([ddp](std::span<const std::size_t> idx) { ddp->use_params(idx); });
+      model.set_param_release_hook(
+          [ddp](std::span<const std::size_t> idx) { ddp->release_params(idx); });
+    } else if (overlap_gather) {
       model.set_param_use_hook(
           [ddp](std::span<const std::size_t> idx) { ddp->wait_param_gather(idx); });
+    }
     out.optimizer_shard = std::move(shard);
   }
   return out;
