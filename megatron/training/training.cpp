@@ -614,6 +614,17 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     log << "> training ..." << std::endl;
     train(r);
   }
+  if (args.ddp.use_megatron_fsdp) {
+    const auto& d = *r.dp_model.ddp;
+    const auto& buf = r.model->buffer();
+    log << "Megatron FSDP " << to_string(args.ddp.sharding_strategy) << ": "
+        << d.param_gathers() << " parameter bucket all-gathers in forward and backward; flat "
+        << "param+grad buffers resident now " << std::fixed << std::setprecision(3)
+        << d.resident_buffer_bytes() / 1048576.0 << " MiB, at most "
+        << d.peak_resident_buffer_bytes() / 1048576.0 << " MiB of "
+        << static_cast<double>(buf.params.nbytes() + buf.grads.nbytes()) / 1048576.0
+        << " MiB on this rank" << std::defaultfloat << std::endl;
+  }
   r.dp_model.ddp->finish_param_sync();  // --overlap-param-gather: the last step's gather
   r.train_iter.reset();
 

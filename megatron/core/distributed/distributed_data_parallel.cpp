@@ -124,6 +124,7 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
     for (std::size_t b = 0; b < buckets_.size(); ++b) discard_grads(b);
   if (config_.shards_params())
     for (std::size_t b = 0; b < buckets_.size(); ++b) discard_params(b);
+  peak_resident_bytes_ = resident_bytes_;  // the peak of training, not of the model's build
 }
 
 void DistributedDataParallel::account(int64_t delta) {

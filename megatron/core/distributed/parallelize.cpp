@@ -37,16 +37,17 @@ DataParallelModel parallelize(models::LanguageModule& model,
     shard.group = std::move(dp_group);
     // --overlap-param-gather: the all-gathers run during the next forward, each bucket waited for
     // by the model's param-use hook just before its parameters are first used.
-    const bool overlap_gather = config.overlap_param_gather;
-    shard.gather_params = [ddp, overlap_gather] {
+    // ZeRO-3: start_param_sync only discards (and prefetches); the modules gather what they use.
+    const bool wait_gather = !config.overlap_param_gather && !config.shards_params();
+    shard.gather_params = [ddp, wait_gather] {
       ddp->start_param_sync();
-      if (!overlap_gather) ddp->finish_param_sync();
+      if (wait_gather) ddp->finish_param_sync();
     };
     if (config.shards_params()) {  // ZeRO-3: gather before each use, free after
       model.set_param_use_hook([ddp](std::span<const std::size_t> idx) { ddp->use_params(idx); });
       model.set_param_release_hook(
           [ddp](std::span<const std::size_t> idx) { ddp->release_params(idx); });
-    } else if (overlap_gather) {
+    } else if (config.overlap_param_gather) {
       model.set_param_use_hook(
           [ddp](std::span<const std::size_t> idx) { ddp->wait_param_gather(idx); });
     }
