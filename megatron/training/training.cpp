@@ -361,6 +361,7 @@ StepOutcome train_step(Run& r) {
   if (a.ddp.overlap_grad_reduce)
     cfg.set_is_last_microbatch = [&ddp](bool last) { ddp.set_is_last_microbatch(last); };
   if (r.ps.pp) ddp.set_is_last_microbatch(false);
+  ddp.set_pipelined(r.ps.pp != nullptr);
   auto next = [&] {
     auto mb = r.train_iter->next();
     MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);

@@ -53,6 +53,9 @@ struct DistributedDataParallel::BucketState {
   int uses = 0;
   // FSDP optim_grads / optim_grads_params: the grads outside this rank's chunk are discarded.
   bool grads_discarded = false;
+  // FSDP with per-micro-batch reduce-scatters: the sum of this step's reduced shards so far.
+  Tensor grad_acc;
+  bool acc_valid = false;
 };
 
 DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelConfig& config,
@@ -181,7 +184,9 @@ void DistributedDataParallel::reset_readiness() {
 }
 
 void DistributedDataParallel::param_grad_ready(std::size_t i) {
-  if (!is_last_microbatch_ || !config_.overlap_grad_reduce) return;
+  if (!config_.overlap_grad_reduce) return;
+  const bool every_microbatch = reduce_every_microbatch();
+  if (!is_last_microbatch_ && !every_microbatch) return;
   MG_CHECK(i < params_.size(), "DistributedDataParallel: grad-ready for parameter index "
                                    << i << " of " << params_.size());
   MG_CHECK(!param_ready_[i], "DistributedDataParallel: the gradient of '"
@@ -195,14 +200,56 @@ void DistributedDataParallel::param_grad_ready(std::size_t i) {
     if (--s.pending == 0) {
       launch(b);
       ++launched_in_backward_;
+      if (every_microbatch) {
+        // FSDP: at most one bucket in flight; a completed one keeps only its reduced shard.
+        for (std::size_t o = 0; o < buckets_.size(); ++o)
+          if (o != b && state_[o].work) complete_bucket(o);
+      }
     }
   }
+  if (every_microbatch &&
+      std::all_of(state_.begin(), state_.end(), [](const BucketState& x) { return x.launched; })) {
+    for (std::size_t o = 0; o < buckets_.size(); ++o) complete_bucket(o);
+    reset_readiness();  // the next micro-batch's backward reports again
+  }
+}
+
+bool DistributedDataParallel::reduce_every_microbatch() const {
+  return config_.shards_grads() && config_.overlap_grad_reduce && !pipelined_ &&
+         dp_group_->size() > 1;
+}
+
+void DistributedDataParallel::complete_bucket(std::size_t bi) {
+  BucketState& s = state_[bi];
+  if (!s.work) return;
+  s.work->wait();
+  s.work.reset();
+  const GradBucket& b = buckets_[bi];
+  const auto [lo, hi] = b.shard_range(dp_group_->rank());
+  if (hi > lo) {
+    Tensor red = s.rs_out.slice(0, hi - lo);
+    if (!s.acc_valid) {
+      if (!s.grad_acc.defined()) s.grad_acc = Tensor::empty({hi - lo}, red.dtype(), red.device());
+      s.grad_acc.copy_(red);
+    } else {  // acc += reduced shard of this micro-batch
+      ops_.axpy(s.grad_acc, red, 1.0f);
+    }
+    Tensor own = buffer_.grads.slice(lo, hi - lo);
+    own.zero_();  // the next micro-batch accumulates its local grads from zero again
+  }
+  s.acc_valid = true;
+  discard_grads(bi);
 }
 
 void DistributedDataParallel::launch(std::size_t bi) {
   const GradBucket& b = buckets_[bi];
   BucketState& s = state_[bi];
   s.launched = true;
+  if (s.grads_discarded) {  // FSDP: backward wrote the whole bucket again
+    const auto [lo, hi] = b.shard_range(dp_group_->rank());
+    account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (b.numel() - (hi - lo)));
+    s.grads_discarded = false;
+  }
   Tensor grads = buffer_.grads.slice(b.start, b.numel());
   const int dp = dp_group_->size();
   if (config_.check_for_nan_in_grad) {
@@ -259,23 +306,43 @@ void DistributedDataParallel::start_grad_sync() {
 }
 
 void DistributedDataParallel::finish_grad_sync() {
-  start_grad_sync();
   const int rank = dp_group_->rank();
-  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
-    BucketState& s = state_[bi];
-    if (!s.work) continue;
-    s.work->wait();
-    s.work.reset();
-    if (config_.use_distributed_optimizer) {
+  if (config_.shards_grads() && dp_group_->size() > 1) {
+    // ZeRO-2/3: every bucket's reduced shard (summed over the micro-batches when each was reduced
+    // as its backward completed) into this rank's chunk of the buffer; the rest is discarded.
+    // Per-micro-batch reduction leaves nothing to launch when the last backward completed all.
+    const bool all_done =
+        reduce_every_microbatch() &&
+        std::all_of(state_.begin(), state_.end(), [](const BucketState& x) { return !x.launched; }) &&
+        std::all_of(state_.begin(), state_.end(), [](const BucketState& x) { return x.acc_valid; }) &&
+        std::find(param_ready_.begin(), param_ready_.end(), true) == param_ready_.end();
+    if (!all_done) start_grad_sync();
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      complete_bucket(bi);
+      BucketState& s = state_[bi];
       const auto [lo, hi] = buckets_[bi].shard_range(rank);
-      if (hi > lo) {
+      if (hi > lo && s.acc_valid) {
         Tensor dst = buffer_.grads.slice(lo, hi - lo);
-        dst.copy_(s.rs_out.slice(0, hi - lo));
+        dst.copy_(s.grad_acc);
+      }
+      s.acc_valid = false;
+    }
+  } else {
+    start_grad_sync();
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      BucketState& s = state_[bi];
+      if (!s.work) continue;
+      s.work->wait();
+      s.work.reset();
+      if (config_.use_distributed_optimizer) {
+        const auto [lo, hi] = buckets_[bi].shard_range(rank);
+        if (hi > lo) {
+          Tensor dst = buffer_.grads.slice(lo, hi - lo);
+          dst.copy_(s.rs_out.slice(0, hi - lo));
+        }
       }
     }
   }
-  if (config_.shards_grads())  // ZeRO-2: only this rank's shard of the grads stays
-    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) discard_grads(bi);
   if (config_.shards_params()) {
     // No parameter all-gather may write the buffer while the optimizer steps (a prefetch of the
     // last backward); a bucket no module uses is discarded again.
@@ -294,24 +361,18 @@ void DistributedDataParallel::zero_grad_buffer() {
     buffer_.grads.zero_();
   } else {
     // ZeRO-2: the discarded grads already read as zeros (zeroing them would bring their pages
-    // back before backward needs them); the shards and any bucket not discarded are zeroed. The
-    // whole buffer counts as resident again: backward writes all of it.
+    // back before backward needs them); the shards and any bucket not discarded are zeroed. A
+    // bucket's full gradients count as resident again from its launch (its backward wrote them).
     const int rank = dp_group_->rank();
     for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
-      BucketState& s = state_[bi];
       const GradBucket& b = buckets_[bi];
-      if (!s.grads_discarded) {
-        Tensor g = buffer_.grads.slice(b.start, b.numel());
-        g.zero_();
-        continue;
-      }
-      const auto [lo, hi] = b.shard_range(rank);
+      const auto [lo, hi] = state_[bi].grads_discarded ? b.shard_range(rank)
+                                                       : std::pair<int64_t, int64_t>{b.start, b.end};
       if (hi > lo) {
         Tensor g = buffer_.grads.slice(lo, hi - lo);
         g.zero_();
       }
-      s.grads_discarded = false;
-      account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (b.numel() - (hi - lo)));
+      state_[bi].acc_valid = false;
     }
   }
   reset_readiness();

@@ -75,6 +75,10 @@ class DistributedDataParallel {
   // Megatron's no_sync(): false while earlier micro-batches run their backward (grad-ready calls
   // are then ignored); true (the default) for the last one.
   void set_is_last_microbatch(bool last) { is_last_microbatch_ = last; }
+  // Pipelining: gradients are reduced only after the whole schedule (the tied embedding's
+  // gradient is summed over the embedding group before the data-parallel reduction), so FSDP's
+  // per-micro-batch reduce-scatter is off.
+  void set_pipelined(bool pipelined) { pipelined_ = pipelined; }
   // The model's grad-ready hook: parameter `param_index`'s gradient of this micro-batch is final.
   // With overlap on the last micro-batch, a bucket whose params are all ready is launched. A
   // parameter reported twice in one backward is an error.
@@ -127,6 +131,11 @@ class DistributedDataParallel {
   void finish_gather(std::size_t bucket);  // waits for one bucket's all-gather and unstages
   void launch_gather(std::size_t bucket);  // starts one bucket's all-gather
   void reset_readiness();
+  // FSDP optim_grads(_params) with --overlap-grad-reduce and no pipelining: each micro-batch's
+  // buckets are reduce-scattered as its backward completes them (Megatron FSDP), summed into a
+  // shard accumulator, and the full gradients discarded.
+  bool reduce_every_microbatch() const;
+  void complete_bucket(std::size_t bucket);  // waits, accumulates the shard, clears the bucket
   // Discards this bucket's params / grads outside this rank's chunk (FSDP) and marks it so.
   void discard_params(std::size_t bucket);
   void discard_grads(std::size_t bucket);
@@ -143,6 +152,7 @@ class DistributedDataParallel {
   std::vector<std::vector<std::size_t>> buckets_of_param_;
   std::vector<bool> param_ready_;
   bool is_last_microbatch_ = true;
+  bool pipelined_ = false;
   int64_t launched_in_backward_ = 0, launched_after_backward_ = 0;
   int64_t gathers_pending_ = 0;  // buckets whose all-gather is in flight
   int64_t resident_bytes_ = 0, peak_resident_bytes_ = 0, param_gathers_ = 0;
