@@ -465,15 +465,9 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   if (a.ddp.use_megatron_fsdp &&
       a.ddp.sharding_strategy != distributed::ShardingStrategy::no_shard)
     a.ddp.use_distributed_optimizer = true;
-  MG_CHECK(!a.ddp.use_megatron_fsdp || a.parallel.expert_model_parallel_size == 1 ||
-               a.ddp.sharding_strategy == distributed::ShardingStrategy::no_shard,
-           "--use-megatron-fsdp --data-parallel-sharding-strategy "
-               << distributed::to_string(a.ddp.sharding_strategy)
-               << " with --expert-model-parallel-size "
-               << a.parallel.expert_model_parallel_size
-               << " (experts sharded over the expert data-parallel group) is not supported yet; "
-                  "use no_shard or expert-model-parallel-size 1");
-  a.parallel.validate(a.model, a.ddp.use_distributed_optimizer,
+  // FSDP shards experts over the expert data-parallel group; plain --use-distributed-optimizer
+  // is refused there (ModelParallelConfig::validate).
+  a.parallel.validate(a.model, a.ddp.use_distributed_optimizer && !a.ddp.use_megatron_fsdp,
                       static_cast<int>(x.virtual_pipeline_model_parallel_size.value_or(1)));
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "

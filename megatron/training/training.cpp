@@ -1,6 +1,8 @@
 // pretrain / train / train_step / evaluate (training.h).
 #include "megatron/training/training.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -23,6 +25,7 @@
 #include "megatron/runtime.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/initialize.h"
+#include "megatron/training/memory_estimate.h"
 #include "megatron/training/model_provider.h"
 #include "megatron/training/training_log.h"
 
@@ -405,6 +408,13 @@ StepOutcome train_step(Run& r) {
   return out;
 }
 
+// This process's peak resident set size (getrusage; Linux reports KiB).
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
+}
+
 std::optional<double> mem_mb(Run& r, bool peak) {
   auto st = r.rt->platform->memory_stats(r.rt->device.index);
   const double b = static_cast<double>(peak ? st.peak_allocated_bytes : st.allocated_bytes);
@@ -571,6 +581,13 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.flops_per_iter = models::num_floating_point_operations(
       r.model->config(), r.model->padded_vocab_size(), args.training.global_batch_size);
   print_summary(r, *tokenizer);
+  // The per-rank memory breakdown predicted from the flags (memory_estimate.h); FSDP runs check
+  // it against what the engine held at the end of training.
+  const MemoryEstimate estimate =
+      estimate_memory(args, tokenizer->vocab_size(), memory_layout(args, r.ps.world->size()),
+                      r.ps.pp ? r.ps.pp->rank() : 0);
+  log << "memory estimate (pipeline rank " << estimate.pipeline_rank << "): " << estimate.str()
+      << std::endl;
   if (args.model.num_moe_experts > 0) {
     const auto& m = args.model;
     log << "mixture of experts: " << m.num_moe_experts << " experts, top-" << m.moe_router_topk
@@ -625,6 +642,19 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
         << d.peak_resident_buffer_bytes() / 1048576.0 << " MiB of "
         << static_cast<double>(buf.params.nbytes() + buf.grads.nbytes()) / 1048576.0
         << " MiB on this rank" << std::defaultfloat << std::endl;
+    // Prediction vs measurement: parameters + gradients (what the engine held at its peak) and
+    // the optimizer state (what the optimizer allocated).
+    const double measured =
+        static_cast<double>(d.peak_resident_buffer_bytes() + r.opt->state_bytes());
+    const double predicted = estimate.parameter_bytes + estimate.gradient_bytes +
+                             estimate.optimizer_bytes + estimate.fsdp_parameter_bytes +
+                             estimate.fsdp_gradient_bytes;
+    log << "memory check: parameters + gradients + optimizer state measured "
+        << format_bytes(measured) << ", predicted " << format_bytes(predicted) << " (ratio "
+        << std::fixed << std::setprecision(3) << measured / std::max(predicted, 1.0)
+        << "); whole process: peak resident set " << format_bytes(peak_rss_bytes())
+        << ", predicted total " << format_bytes(estimate.total_bytes()) << std::defaultfloat
+        << std::endl;
   }
   r.dp_model.ddp->finish_param_sync();  // --overlap-param-gather: the last step's gather
   r.train_iter.reset();

@@ -84,11 +84,13 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
     buckets_ = build_buckets(params_, buffer_.grads.numel(), bucket_size, dp,
                              config_.use_distributed_optimizer);
   } else {
-    MG_CHECK(!config_.use_distributed_optimizer,
+    MG_CHECK(!config_.use_distributed_optimizer || config_.use_megatron_fsdp,
              "--use-distributed-optimizer with expert parameters reduced over an expert "
              "data-parallel group of "
                  << expert_dp_group_->size() << " ranks (data-parallel group " << dp
-                 << ") is not supported yet; drop --use-distributed-optimizer");
+                 << ") is not supported yet; drop --use-distributed-optimizer or use "
+                    "--use-megatron-fsdp (which shards experts over the expert data-parallel "
+                    "group)");
     // Runs of expert / dense parameters in buffer order, each bucketed on its own.
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < params_.size(); ++i)
@@ -105,7 +107,9 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
       const transformer::Parameter& last = params_[order[j - 1]];
       const int64_t hi = last.buffer_offset + last.param.numel();
       for (GradBucket& b :
-           build_buckets(params_, buffer_.grads.numel(), bucket_size, dp, false, lo, hi)) {
+           build_buckets(params_, buffer_.grads.numel(), bucket_size,
+                         expert ? expert_dp_group_->size() : dp,
+                         config_.use_distributed_optimizer, lo, hi)) {
         b.expert = expert;
         buckets_.push_back(std::move(b));
       }
@@ -144,7 +148,7 @@ static std::pair<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> outsi
 
 void DistributedDataParallel::discard_params(std::size_t bi) {
   BucketState& s = state_[bi];
-  const auto [a, b] = outside_chunk(buckets_[bi], dp_group_->rank());
+  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
   for (auto [lo, hi] : {a, b})
     if (hi > lo) release_host_range(buffer_.params.slice(lo, hi - lo));
   if (s.params_resident)
@@ -155,7 +159,7 @@ void DistributedDataParallel::discard_params(std::size_t bi) {
 
 void DistributedDataParallel::discard_grads(std::size_t bi) {
   BucketState& s = state_[bi];
-  const auto [a, b] = outside_chunk(buckets_[bi], dp_group_->rank());
+  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
   for (auto [lo, hi] : {a, b})
     if (hi > lo) release_host_range(buffer_.grads.slice(lo, hi - lo));
   if (!s.grads_discarded)
@@ -224,8 +228,7 @@ void DistributedDataParallel::complete_bucket(std::size_t bi) {
   if (!s.work) return;
   s.work->wait();
   s.work.reset();
-  const GradBucket& b = buckets_[bi];
-  const auto [lo, hi] = b.shard_range(dp_group_->rank());
+  const auto [lo, hi] = own_range(bi);
   if (hi > lo) {
     Tensor red = s.rs_out.slice(0, hi - lo);
     if (!s.acc_valid) {
@@ -246,7 +249,7 @@ void DistributedDataParallel::launch(std::size_t bi) {
   BucketState& s = state_[bi];
   s.launched = true;
   if (s.grads_discarded) {  // FSDP: backward wrote the whole bucket again
-    const auto [lo, hi] = b.shard_range(dp_group_->rank());
+    const auto [lo, hi] = own_range(bi);
     account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (b.numel() - (hi - lo)));
     s.grads_discarded = false;
   }
@@ -268,7 +271,12 @@ void DistributedDataParallel::launch(std::size_t bi) {
       Tensor none;
       ops_.multi_tensor_scale(std::span<Tensor>(&grads, 1), 1.0 / dp, none);
     }
-    if (expert_dp_group_->size() > 1) s.work = expert_dp_group_->all_reduce(grads);
+    if (!config_.use_distributed_optimizer) {
+      if (expert_dp_group_->size() > 1) s.work = expert_dp_group_->all_reduce(grads);
+      return;
+    }
+    // FSDP: reduce-scattered over the expert data-parallel group (of one rank: a copy).
+    reduce_scatter(bi, grads, comm::ReduceOp::sum, *expert_dp_group_);
     return;
   }
   if (dp == 1) return;  // nothing to reduce, and 1/dp = 1
@@ -285,16 +293,32 @@ void DistributedDataParallel::launch(std::size_t bi) {
     s.work = dp_group_->all_reduce(grads, op);
     return;
   }
+  reduce_scatter(bi, grads, op, *dp_group_);
+}
+
+void DistributedDataParallel::reduce_scatter(std::size_t bi, Tensor& grads, comm::ReduceOp op,
+                                             comm::ProcessGroup& group) {
+  const GradBucket& b = buckets_[bi];
+  BucketState& s = state_[bi];
+  const int n = group.size();
   if (!s.rs_out.defined()) s.rs_out = Tensor::empty({b.shard_size}, grads.dtype(), grads.device());
-  if (b.padded_numel(dp) == b.numel()) {
-    s.work = dp_group_->reduce_scatter(s.rs_out, grads, op);
+  if (b.padded_numel(n) == b.numel()) {
+    s.work = group.reduce_scatter(s.rs_out, grads, op);
   } else {
     if (!s.staging.defined())
-      s.staging = Tensor::zeros({b.padded_numel(dp)}, grads.dtype(), grads.device());
+      s.staging = Tensor::zeros({b.padded_numel(n)}, grads.dtype(), grads.device());
     Tensor head = s.staging.slice(0, b.numel());
     head.copy_(grads);
-    s.work = dp_group_->reduce_scatter(s.rs_out, s.staging, op);
+    s.work = group.reduce_scatter(s.rs_out, s.staging, op);
   }
+}
+
+comm::ProcessGroup& DistributedDataParallel::group_of(std::size_t bi) const {
+  return buckets_[bi].expert && expert_dp_group_ ? *expert_dp_group_ : *dp_group_;
+}
+
+std::pair<int64_t, int64_t> DistributedDataParallel::own_range(std::size_t bi) const {
+  return buckets_[bi].shard_range(group_of(bi).rank());
 }
 
 void DistributedDataParallel::start_grad_sync() {
@@ -306,7 +330,6 @@ void DistributedDataParallel::start_grad_sync() {
 }
 
 void DistributedDataParallel::finish_grad_sync() {
-  const int rank = dp_group_->rank();
   if (config_.shards_grads() && dp_group_->size() > 1) {
     // ZeRO-2/3: every bucket's reduced shard (summed over the micro-batches when each was reduced
     // as its backward completed) into this rank's chunk of the buffer; the rest is discarded.
@@ -320,7 +343,7 @@ void DistributedDataParallel::finish_grad_sync() {
     for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
       complete_bucket(bi);
       BucketState& s = state_[bi];
-      const auto [lo, hi] = buckets_[bi].shard_range(rank);
+      const auto [lo, hi] = own_range(bi);
       if (hi > lo && s.acc_valid) {
         Tensor dst = buffer_.grads.slice(lo, hi - lo);
         dst.copy_(s.grad_acc);
@@ -335,7 +358,7 @@ void DistributedDataParallel::finish_grad_sync() {
       s.work->wait();
       s.work.reset();
       if (config_.use_distributed_optimizer) {
-        const auto [lo, hi] = buckets_[bi].shard_range(rank);
+        const auto [lo, hi] = own_range(bi);
         if (hi > lo) {
           Tensor dst = buffer_.grads.slice(lo, hi - lo);
           dst.copy_(s.rs_out.slice(0, hi - lo));
@@ -363,10 +386,9 @@ void DistributedDataParallel::zero_grad_buffer() {
     // ZeRO-2: the discarded grads already read as zeros (zeroing them would bring their pages
     // back before backward needs them); the shards and any bucket not discarded are zeroed. A
     // bucket's full gradients count as resident again from its launch (its backward wrote them).
-    const int rank = dp_group_->rank();
     for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
       const GradBucket& b = buckets_[bi];
-      const auto [lo, hi] = state_[bi].grads_discarded ? b.shard_range(rank)
+      const auto [lo, hi] = state_[bi].grads_discarded ? own_range(bi)
                                                        : std::pair<int64_t, int64_t>{b.start, b.end};
       if (hi > lo) {
         Tensor g = buffer_.grads.slice(lo, hi - lo);
@@ -382,32 +404,33 @@ std::vector<std::pair<int64_t, int64_t>> DistributedDataParallel::optimizer_shar
   MG_CHECK(config_.use_distributed_optimizer,
            "DistributedDataParallel: shard ranges exist only with --use-distributed-optimizer");
   std::vector<std::pair<int64_t, int64_t>> out;
-  for (const auto& b : buckets_) {
-    const auto r = b.shard_range(dp_group_->rank());
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const auto r = own_range(bi);
     if (r.second > r.first) out.push_back(r);
   }
   return out;
 }
 
 void DistributedDataParallel::launch_gather(std::size_t bi) {
-  const int dp = dp_group_->size();
+  comm::ProcessGroup& g = group_of(bi);
+  const int dp = g.size();
   const GradBucket& b = buckets_[bi];
   BucketState& s = state_[bi];
   const Tensor& params = buffer_.params;
   if (!s.gather_in.defined())
     s.gather_in = Tensor::zeros({b.shard_size}, params.dtype(), params.device());
-  const auto [lo, hi] = b.shard_range(dp_group_->rank());
+  const auto [lo, hi] = own_range(bi);
   if (hi > lo) {
     Tensor head = s.gather_in.slice(0, hi - lo);
     head.copy_(params.slice(lo, hi - lo));
   }
   if (b.padded_numel(dp) == b.numel()) {
     Tensor out = params.slice(b.start, b.numel());
-    s.gather_work = dp_group_->all_gather(out, s.gather_in);
+    s.gather_work = g.all_gather(out, s.gather_in);
   } else {
     if (!s.gather_staging.defined())
       s.gather_staging = Tensor::empty({b.padded_numel(dp)}, params.dtype(), params.device());
-    s.gather_work = dp_group_->all_gather(s.gather_staging, s.gather_in);
+    s.gather_work = g.all_gather(s.gather_staging, s.gather_in);
   }
   ++gathers_pending_;
 }
@@ -463,7 +486,7 @@ void DistributedDataParallel::use_params(std::span<const std::size_t> param_indi
       finish_gather(bi);
       s.params_resident = true;
       ++param_gathers_;
-      const auto [lo, hi] = buckets_[bi].shard_range(dp_group_->rank());
+      const auto [lo, hi] = own_range(bi);
       account(static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
               (buckets_[bi].numel() - (hi - lo)));
     }
@@ -511,7 +534,7 @@ void DistributedDataParallel::finish_gather(std::size_t bi) {
   --gathers_pending_;
   w->wait();
   const GradBucket& b = buckets_[bi];
-  if (b.padded_numel(dp_group_->size()) == b.numel()) return;
+  if (b.padded_numel(group_of(bi).size()) == b.numel()) return;
   Tensor dst = buffer_.params.slice(b.start, b.numel());
   dst.copy_(s.gather_staging.slice(0, b.numel()));
 }
@@ -524,7 +547,7 @@ void DistributedDataParallel::finish_param_sync() {
       if (!s.gather_work) launch_gather(bi);
       finish_gather(bi);
       s.params_resident = true;
-      const auto [lo, hi] = buckets_[bi].shard_range(dp_group_->rank());
+      const auto [lo, hi] = own_range(bi);
       account(static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
               (buckets_[bi].numel() - (hi - lo)));
     }

@@ -34,7 +34,9 @@
 //     bucket (checkpoint save, end of training); reshard_params() discards them again.
 // Memory saved is real on the host (madvise(MADV_DONTNEED) of whole pages inside a range); on a
 // device the flat buffer stays allocated (only the contents are dropped): see docs/architecture.md.
-// Not here: bucket groups of several buckets, the distributed optimizer with expert groups.
+// With expert parallelism FSDP shards expert buckets over the expert data-parallel group (their
+// reduce-scatters and gathers run there; optimizer_shard_ranges() includes their chunks).
+// Not here: bucket groups of several buckets, plain --use-distributed-optimizer with expert groups.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +73,8 @@ class DistributedDataParallel {
   const DistributedDataParallelConfig& config() const { return config_; }
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   const comm::ProcessGroupPtr& data_parallel_group() const { return dp_group_; }
+  // The expert data-parallel group when expert buckets are reduced over it (else null).
+  const comm::ProcessGroupPtr& expert_data_parallel_group() const { return expert_dp_group_; }
 
   // Megatron's no_sync(): false while earlier micro-batches run their backward (grad-ready calls
   // are then ignored); true (the default) for the last one.
@@ -136,6 +140,12 @@ class DistributedDataParallel {
   // shard accumulator, and the full gradients discarded.
   bool reduce_every_microbatch() const;
   void complete_bucket(std::size_t bucket);  // waits, accumulates the shard, clears the bucket
+  void reduce_scatter(std::size_t bucket, Tensor& grads, comm::ReduceOp op,
+                      comm::ProcessGroup& group);
+  // The group a bucket is sharded over (the expert data-parallel one for expert buckets) and
+  // this rank's chunk of it.
+  comm::ProcessGroup& group_of(std::size_t bucket) const;
+  std::pair<int64_t, int64_t> own_range(std::size_t bucket) const;
   // Discards this bucket's params / grads outside this rank's chunk (FSDP) and marks it so.
   void discard_params(std::size_t bucket);
   void discard_grads(std::size_t bucket);

@@ -35,6 +35,7 @@ DataParallelModel parallelize(models::LanguageModule& model,
     optimizer::ShardOptions shard;
     shard.ranges = ddp->optimizer_shard_ranges();
     shard.group = std::move(dp_group);
+    shard.expert_group = ddp->expert_data_parallel_group();
     // --overlap-param-gather: the all-gathers run during the next forward, each bucket waited for
     // by the model's param-use hook just before its parameters are first used.
     // ZeRO-3: start_param_sync only discards (and prefetches); the modules gather what they use.

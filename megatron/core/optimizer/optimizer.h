@@ -102,6 +102,10 @@ struct ShardOptions {
   // Disjoint [start, end) element ranges of the flat buffer this rank steps, ascending.
   std::vector<std::pair<int64_t, int64_t>> ranges;
   comm::ProcessGroupPtr group;          // the ranks whose ranges partition the buffer (dp-cp)
+  // FSDP with expert parallelism: the expert data-parallel group whose ranks partition the expert
+  // buckets (null: expert parameters are not sharded apart). The grad norm of expert pieces sums
+  // over it before the expert group.
+  comm::ProcessGroupPtr expert_group;
   std::function<void()> gather_params;  // after a successful step: all-gather the model weights
 };
 

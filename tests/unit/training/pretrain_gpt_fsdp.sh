@@ -10,8 +10,10 @@
 #         --overlap-param-gather (prefetch), small buckets, full recompute, bf16, and a save at
 #         iteration 2 + resume in the same layout (values equal the uninterrupted run exactly);
 #         --use-torch-fsdp2 (the same engine, its note printed); CP 2 (sharded over dp-cp).
+#         EP 2 (MoE: 4 experts, top-2; each rank's experts unsharded, dense params over DP 2).
 #   np 4: DP 4, TP 2 + SP x DP 2, PP 2 x DP 2 (tied embedding across stages, 1F1B), CP 2 x DP 2,
-#         each with both strategies.
+#         EP 2 x DP 4 (experts sharded over their expert data-parallel group of 2), each with
+#         both strategies.
 # usage: pretrain_gpt_fsdp.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
 # (CTest label `mpi`; tests/CMakeLists.txt.) lm loss to 2e-6 relative (f32 round-off of another
 # summation order, as pretrain_gpt_dp.sh), grad norm (3 decimals printed) to 2e-3; bf16 runs are
@@ -28,6 +30,8 @@ args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
 
 . "$(dirname "$0")/compare_logs.sh"  # compare_one, expect_layout, expect_line
 fsdp="--use-megatron-fsdp --data-parallel-sharding-strategy"
+moe="--num-experts 4 --disable-bias-linear --swiglu --moe-router-topk 2 --moe-ffn-hidden-size 24
+  --moe-aux-loss-coeff 1e-2"
 # engine <log> <strategy>: the FSDP engine's end-of-training line shows it sharded.
 engine() {
   line=$(grep -E "^Megatron FSDP $2: " "$1") \
@@ -85,12 +89,19 @@ if [ "$np" -eq 2 ]; then
   compare_one "$work/single_bf16.log" "$work/fsdp2.log" "bf16 DP2 torch-fsdp2" "lm loss" 2e-3 0
   # Context parallelism: the sharding group is dp-cp.
   fsdp_run "CP2" 2 "$work/single.log" optim_grads_params --context-parallel-size 2
+  # Expert parallelism: each rank its own 2 experts (expert data-parallel size 1), the dense
+  # parameters sharded over DP 2.
+  "$bin" $args $moe > "$work/single_moe.log" 2>&1 || { cat "$work/single_moe.log"; exit 1; }
+  fsdp_run "EP2" 2 "$work/single_moe.log" optim_grads $moe --expert-model-parallel-size 2
 else
+  "$bin" $args $moe > "$work/single_moe.log" 2>&1 || { cat "$work/single_moe.log"; exit 1; }
   for s in optim_grads optim_grads_params; do
     fsdp_run "DP4" 4 "$work/single.log" $s
     fsdp_run "TP2+SP x DP2" 4 "$work/single.log" $s --tensor-model-parallel-size 2 \
       --sequence-parallel
     fsdp_run "PP2 x DP2" 4 "$work/single.log" $s --pipeline-model-parallel-size 2
     fsdp_run "CP2 x DP2" 4 "$work/single.log" $s --context-parallel-size 2
+    # EP 2 x DP 4: experts sharded over their expert data-parallel group of 2.
+    fsdp_run "EP2 x DP4" 4 "$work/single_moe.log" $s $moe --expert-model-parallel-size 2
   done
 fi
