@@ -14,7 +14,7 @@ DataParallelModel parallelize(models::LanguageModule& model,
                               comm::ProcessGroupPtr expert_dp_group) {
   DataParallelModel out;
   DistributedDataParallelConfig c = config;
-  if (c.shards_params() && !c.bucket_size) {
+  if (c.shards_grads() && !c.bucket_size) {
     // Megatron FSDP gathers per module: without --ddp-bucket-size a bucket holds about one unit
     // (a layer, the head, the embeddings) of the model, the largest one's size.
     int64_t unit = 0;
