@@ -452,8 +452,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   // optimizer state (the distributed optimizer's).
   if (a.use_torch_fsdp2) {
     MG_CHECK(!p.given("--data-parallel-sharding-strategy") ||
-                 a.ddp.sharding_strategy ==
-                     distributed::ShardingStrategy::optim_grads_params,
+                 a.ddp.sharding_strategy == distributed::ShardingStrategy::optim_grads_params,
              "--use-torch-fsdp2 shards parameters, gradients and optimizer state "
              "(optim_grads_params); got --data-parallel-sharding-strategy "
                  << distributed::to_string(a.ddp.sharding_strategy));
@@ -462,8 +461,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   }
   MG_CHECK(a.ddp.use_megatron_fsdp || !p.given("--data-parallel-sharding-strategy"),
            "--data-parallel-sharding-strategy needs --use-megatron-fsdp (or --use-torch-fsdp2)");
-  if (a.ddp.use_megatron_fsdp &&
-      a.ddp.sharding_strategy != distributed::ShardingStrategy::no_shard)
+  if (a.ddp.use_megatron_fsdp && a.ddp.sharding_strategy != distributed::ShardingStrategy::no_shard)
     a.ddp.use_distributed_optimizer = true;
   // FSDP shards experts over the expert data-parallel group; plain --use-distributed-optimizer
   // is refused there (ModelParallelConfig::validate).

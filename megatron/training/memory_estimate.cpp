@@ -182,16 +182,15 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
         unit = std::max(unit, layer_params(c, i, layout));
     if (post) unit = std::max(unit, norm_params(c, c.hidden_size) + (tied ? 0.0 : vpad / tp * h));
     if (pre) unit = std::max(unit, vpad / tp * h);
-    const double bucket =
-        args.ddp.bucket_size ? static_cast<double>(*args.ddp.bucket_size) : unit;
+    const double bucket = args.ddp.bucket_size ? static_cast<double>(*args.ddp.bucket_size) : unit;
     const double rest = 1.0 - 1.0 / shard;  // the part of a bucket that is not this rank's
     const bool per_microbatch = args.ddp.overlap_grad_reduce && layout.pp == 1;
     e.fsdp_gradient_bytes =
         (per_microbatch ? std::min(n, 2.0 * bucket) * rest * g_bytes + n / shard * g_bytes
                         : n * rest * g_bytes);
     if (args.ddp.shards_params())
-      e.fsdp_parameter_bytes = std::min(n, (args.ddp.overlap_param_gather ? 2.0 : 1.0) * bucket) *
-                               rest * p_bytes;
+      e.fsdp_parameter_bytes =
+          std::min(n, (args.ddp.overlap_param_gather ? 2.0 : 1.0) * bucket) * rest * p_bytes;
   }
 
   // Activations of one micro-batch.

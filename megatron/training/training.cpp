@@ -635,8 +635,8 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   if (args.ddp.use_megatron_fsdp) {
     const auto& d = *r.dp_model.ddp;
     const auto& buf = r.model->buffer();
-    log << "Megatron FSDP " << to_string(args.ddp.sharding_strategy) << ": "
-        << d.param_gathers() << " parameter bucket all-gathers in forward and backward; flat "
+    log << "Megatron FSDP " << to_string(args.ddp.sharding_strategy) << ": " << d.param_gathers()
+        << " parameter bucket all-gathers in forward and backward; flat "
         << "param+grad buffers resident now " << std::fixed << std::setprecision(3)
         << d.resident_buffer_bytes() / 1048576.0 << " MiB, at most "
         << d.peak_resident_buffer_bytes() / 1048576.0 << " MiB of "

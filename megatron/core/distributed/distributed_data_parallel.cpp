@@ -106,10 +106,9 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
       while (j < order.size() && params_[order[j]].is_expert == expert) ++j;
       const transformer::Parameter& last = params_[order[j - 1]];
       const int64_t hi = last.buffer_offset + last.param.numel();
-      for (GradBucket& b :
-           build_buckets(params_, buffer_.grads.numel(), bucket_size,
-                         expert ? expert_dp_group_->size() : dp,
-                         config_.use_distributed_optimizer, lo, hi)) {
+      for (GradBucket& b : build_buckets(params_, buffer_.grads.numel(), bucket_size,
+                                         expert ? expert_dp_group_->size() : dp,
+                                         config_.use_distributed_optimizer, lo, hi)) {
         b.expert = expert;
         buckets_.push_back(std::move(b));
       }
@@ -336,8 +335,10 @@ void DistributedDataParallel::finish_grad_sync() {
     // Per-micro-batch reduction leaves nothing to launch when the last backward completed all.
     const bool all_done =
         reduce_every_microbatch() &&
-        std::all_of(state_.begin(), state_.end(), [](const BucketState& x) { return !x.launched; }) &&
-        std::all_of(state_.begin(), state_.end(), [](const BucketState& x) { return x.acc_valid; }) &&
+        std::all_of(state_.begin(), state_.end(),
+                    [](const BucketState& x) { return !x.launched; }) &&
+        std::all_of(state_.begin(), state_.end(),
+                    [](const BucketState& x) { return x.acc_valid; }) &&
         std::find(param_ready_.begin(), param_ready_.end(), true) == param_ready_.end();
     if (!all_done) start_grad_sync();
     for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
@@ -388,8 +389,8 @@ void DistributedDataParallel::zero_grad_buffer() {
     // bucket's full gradients count as resident again from its launch (its backward wrote them).
     for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
       const GradBucket& b = buckets_[bi];
-      const auto [lo, hi] = state_[bi].grads_discarded ? own_range(bi)
-                                                       : std::pair<int64_t, int64_t>{b.start, b.end};
+      const auto [lo, hi] =
+          state_[bi].grads_discarded ? own_range(bi) : std::pair<int64_t, int64_t>{b.start, b.end};
       if (hi > lo) {
         Tensor g = buffer_.grads.slice(lo, hi - lo);
         g.zero_();

@@ -7,10 +7,14 @@ namespace mg::distributed {
 
 const char* to_string(ShardingStrategy s) {
   switch (s) {
-    case ShardingStrategy::no_shard: return "no_shard";
-    case ShardingStrategy::optim: return "optim";
-    case ShardingStrategy::optim_grads: return "optim_grads";
-    case ShardingStrategy::optim_grads_params: return "optim_grads_params";
+    case ShardingStrategy::no_shard:
+      return "no_shard";
+    case ShardingStrategy::optim:
+      return "optim";
+    case ShardingStrategy::optim_grads:
+      return "optim_grads";
+    case ShardingStrategy::optim_grads_params:
+      return "optim_grads_params";
   }
   return "?";
 }
@@ -20,7 +24,7 @@ ShardingStrategy parse_sharding_strategy(const std::string& s) {
                              ShardingStrategy::optim_grads, ShardingStrategy::optim_grads_params})
     if (s == to_string(v)) return v;
   MG_THROW("--data-parallel-sharding-strategy '"
-          << s << "' is not one of no_shard, optim, optim_grads, optim_grads_params");
+           << s << "' is not one of no_shard, optim, optim_grads, optim_grads_params");
 }
 
 void DistributedDataParallelConfig::validate() const {

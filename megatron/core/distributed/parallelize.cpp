@@ -25,9 +25,8 @@ DataParallelModel parallelize(models::LanguageModule& model,
     }
     if (unit > 0) c.bucket_size = unit;
   }
-  out.ddp = std::make_unique<DistributedDataParallel>(c, model.parameters(), model.buffer(),
-                                                      model.ops(), dp_group,
-                                                      std::move(expert_dp_group));
+  out.ddp = std::make_unique<DistributedDataParallel>(
+      c, model.parameters(), model.buffer(), model.ops(), dp_group, std::move(expert_dp_group));
   DistributedDataParallel* ddp = out.ddp.get();  // stable: owned by the unique_ptr
   if (config.overlap_grad_reduce)
     model.set_grad_ready_hook([ddp](std::size_t i) { ddp->param_grad_ready(i); });

@@ -246,7 +246,6 @@ TEST(Arguments, HelpListsFlags) {
   EXPECT_NE(a.help_text.find("--yaml-cfg"), std::string::npos);
 }
 
-
 TEST(Arguments, MegatronFsdpFlags) {
   using distributed::ShardingStrategy;
   Arguments a = parse_args(base());
@@ -288,8 +287,7 @@ TEST(Arguments, MegatronFsdpFlags) {
   e = parse_error(with({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "zero3"}));
   EXPECT_NE(e.find("zero3"), std::string::npos) << e;
   EXPECT_NE(e.find("optim_grads_params"), std::string::npos) << e;
-  e = parse_error(
-      with({"--use-torch-fsdp2", "--data-parallel-sharding-strategy", "optim_grads"}));
+  e = parse_error(with({"--use-torch-fsdp2", "--data-parallel-sharding-strategy", "optim_grads"}));
   EXPECT_NE(e.find("--use-torch-fsdp2 shards parameters"), std::string::npos) << e;
   e = parse_error(with({"--optimizer-offload-fraction", "1.5"}));
   EXPECT_NE(e.find("--optimizer-offload-fraction must be in [0, 1], got 1.5"), std::string::npos)

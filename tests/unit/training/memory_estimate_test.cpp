@@ -121,10 +121,10 @@ TEST(MemoryEstimate, StateBytesFollowDtypesAndTheDistributedOptimizer) {
   EXPECT_DOUBLE_EQ(e2.parameter_bytes, 2 * n);
   EXPECT_DOUBLE_EQ(e2.fsdp_gradient_bytes, 4 * n * 3 / 4);  // no overlap: all until reduced
   EXPECT_EQ(e2.fsdp_parameter_bytes, 0.0);
-  const Arguments z3 = parse({"--bf16", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
-                              "optim_grads_params", "--overlap-grad-reduce",
-                              "--overlap-param-gather", "--ddp-bucket-size", "1000",
-                              "--context-parallel-size", "2"});
+  const Arguments z3 =
+      parse({"--bf16", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+             "optim_grads_params", "--overlap-grad-reduce", "--overlap-param-gather",
+             "--ddp-bucket-size", "1000", "--context-parallel-size", "2"});
   const MemoryLayout l8 = memory_layout(z3, 8);
   EXPECT_EQ(l8.dp * l8.cp, 8);
   EXPECT_EQ(sharding_divisors(z3, l8).parameters, 8);

@@ -140,8 +140,9 @@ class LanguageModule {
   // between the two the module reads its parameters, never outside. A model that cannot promise
   // that keeps this default, which refuses.
   virtual void set_param_release_hook(ParamUseHook) {
-    MG_THROW("this model does not report when it is done with its parameters: FSDP "
-             "optim_grads_params (ZeRO-3) is not available for it");
+    MG_THROW(
+        "this model does not report when it is done with its parameters: FSDP "
+        "optim_grads_params (ZeRO-3) is not available for it");
   }
   // The parameter indices of each unit the param-use hook reports together (a layer, the head,
   // the embeddings); FSDP's default bucket size comes from the largest. Empty: unknown.
