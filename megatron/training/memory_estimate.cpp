@@ -170,27 +170,32 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
   e.optimizer_bytes = n * ((mixed ? 4.0 : 0.0) + moments * master_bytes) /
                       static_cast<double>(e.divisors.optimizer_state);
   // FSDP's unsharded copies in flight (DistributedDataParallel): ZeRO-3 gathers a bucket (about
-  // the largest layer, or --ddp-bucket-size) and prefetches the next under
+  // a layer, the embeddings alone; bounded here by the largest unit, or --ddp-bucket-size) and
+  // prefetches the next under
   // --overlap-param-gather; ZeRO-2/3 hold the full gradients of a bucket until it is
   // reduce-scattered (two buckets with per-micro-batch reduction, all of them otherwise) and a
   // shard accumulator.
   const double shard = static_cast<double>(layout.dp * layout.cp);
   if (args.ddp.shards_grads() && shard > 1) {
-    double unit = 0;
+    double layer = 0;  // the default bucket: about one layer (parallelize.cpp)
     for (const auto& ch : chunks)
       for (int64_t i = ch.layer_offset; i < ch.layer_offset + ch.num_layers; ++i)
-        unit = std::max(unit, layer_params(c, i, layout));
-    if (post) unit = std::max(unit, norm_params(c, c.hidden_size) + (tied ? 0.0 : vpad / tp * h));
-    if (pre) unit = std::max(unit, vpad / tp * h);
-    const double bucket = args.ddp.bucket_size ? static_cast<double>(*args.ddp.bucket_size) : unit;
+        layer = std::max(layer, layer_params(c, i, layout));
+    double largest = layer;  // the embeddings (or the untied head) get a bucket of their own
+    if (post)
+      largest = std::max(largest, norm_params(c, c.hidden_size) + (tied ? 0.0 : vpad / tp * h));
+    if (pre) largest = std::max(largest, vpad / tp * h);
+    if (args.ddp.bucket_size) layer = largest = static_cast<double>(*args.ddp.bucket_size);
+    if (layer == 0) layer = largest;
     const double rest = 1.0 - 1.0 / shard;  // the part of a bucket that is not this rank's
     const bool per_microbatch = args.ddp.overlap_grad_reduce && layout.pp == 1;
+    // In flight at once: the largest bucket and the next one (being reduced / prefetched).
     e.fsdp_gradient_bytes =
-        (per_microbatch ? std::min(n, 2.0 * bucket) * rest * g_bytes + n / shard * g_bytes
+        (per_microbatch ? std::min(n, largest + layer) * rest * g_bytes + n / shard * g_bytes
                         : n * rest * g_bytes);
     if (args.ddp.shards_params())
       e.fsdp_parameter_bytes =
-          std::min(n, (args.ddp.overlap_param_gather ? 2.0 : 1.0) * bucket) * rest * p_bytes;
+          std::min(n, largest + (args.ddp.overlap_param_gather ? layer : 0.0)) * rest * p_bytes;
   }
 
   // Activations of one micro-batch.

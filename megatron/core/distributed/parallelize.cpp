@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <span>
 #include <utility>
+#include <vector>
 
 namespace mg::distributed {
 
@@ -15,15 +16,19 @@ DataParallelModel parallelize(models::LanguageModule& model,
   DataParallelModel out;
   DistributedDataParallelConfig c = config;
   if (c.shards_grads() && !c.bucket_size) {
-    // Megatron FSDP gathers per module: without --ddp-bucket-size a bucket holds about one unit
-    // (a layer, the head, the embeddings) of the model, the largest one's size.
-    int64_t unit = 0;
+    // Megatron FSDP gathers and reduces per module: without --ddp-bucket-size a bucket holds
+    // about one unit of the model (LanguageModule::param_units: a layer, the head, the
+    // embeddings), the median unit's size (a layer's in a GPT; the embeddings get their own).
+    std::vector<int64_t> units;
     for (const auto& u : model.param_units()) {
       int64_t n = 0;
       for (std::size_t i : u) n += model.parameters().at(i).param.numel();
-      unit = std::max(unit, n);
+      if (n > 0) units.push_back(n);
     }
-    if (unit > 0) c.bucket_size = unit;
+    if (!units.empty()) {
+      std::sort(units.begin(), units.end());
+      c.bucket_size = units[units.size() / 2];
+    }
   }
   out.ddp = std::make_unique<DistributedDataParallel>(
       c, model.parameters(), model.buffer(), model.ops(), dp_group, std::move(expert_dp_group));
