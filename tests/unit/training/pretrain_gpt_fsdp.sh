@@ -11,9 +11,10 @@
 #         iteration 2 + resume in the same layout (values equal the uninterrupted run exactly);
 #         --use-torch-fsdp2 (the same engine, its note printed); CP 2 (sharded over dp-cp).
 #         EP 2 (MoE: 4 experts, top-2; each rank's experts unsharded, dense params over DP 2).
-#   np 4: DP 4, TP 2 + SP x DP 2, PP 2 x DP 2 (tied embedding across stages, 1F1B), CP 2 x DP 2,
-#         EP 2 x DP 4 (experts sharded over their expert data-parallel group of 2), each with
-#         both strategies.
+#   np 4: DP 4, TP 2 + SP x DP 2, PP 2 x DP 2 (tied embedding across stages; optim_grads 1F1B,
+#         optim_grads_params interleaved with VP 2, prefetch and an evaluation whose validation
+#         losses match too), CP 2 x DP 2, EP 2 x DP 4 (experts sharded over their expert
+#         data-parallel group of 2), each with both strategies.
 # usage: pretrain_gpt_fsdp.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
 # (CTest label `mpi`; tests/CMakeLists.txt.) lm loss to 2e-6 relative (f32 round-off of another
 # summation order, as pretrain_gpt_dp.sh), grad norm (3 decimals printed) to 2e-3; bf16 runs are
@@ -22,11 +23,13 @@
 set -eu
 bin=$1; np=$2; shift 2
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
+common="--hidden-size 32 --num-attention-heads 4 --seq-length 16
   --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 8 --train-iters 3
   --lr 1e-3 --mock-data --tokenizer-type NullTokenizer --vocab-size 301
-  --make-vocab-size-divisible-by 4 --log-interval 1 --eval-iters 0 --hidden-dropout 0
-  --attention-dropout 0 --seed 7"
+  --make-vocab-size-divisible-by 4 --log-interval 1 --hidden-dropout 0 --attention-dropout 0
+  --seed 7"
+args="$common --num-layers 2 --eval-iters 0"
+vp_args="$common --num-layers 4 --eval-iters 1 --eval-interval 2"  # interleaved PP + evaluation
 
 . "$(dirname "$0")/compare_logs.sh"  # compare_one, expect_layout, expect_line
 fsdp="--use-megatron-fsdp --data-parallel-sharding-strategy"
@@ -50,8 +53,9 @@ engine() {
 fsdp_run() {
   what=$1; n=$2; ref=$3; strategy=$4; shift 4
   log="$work/run.log"
-  $mpi -np "$n" "$bin" $args $fsdp "$strategy" "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
-  expect_layout "$log" "$n" $args $fsdp "$strategy" "$@"
+  a=${run_args:-$args}
+  $mpi -np "$n" "$bin" $a $fsdp "$strategy" "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
+  expect_layout "$log" "$n" $a $fsdp "$strategy" "$@"
   engine "$log" "$strategy"
   compare_one "$ref" "$log" "$what $strategy" "lm loss" 2e-6 0
   compare_one "$ref" "$log" "$what $strategy" "grad norm" 0 2e-3
@@ -95,11 +99,21 @@ if [ "$np" -eq 2 ]; then
   fsdp_run "EP2" 2 "$work/single_moe.log" optim_grads $moe --expert-model-parallel-size 2
 else
   "$bin" $args $moe > "$work/single_moe.log" 2>&1 || { cat "$work/single_moe.log"; exit 1; }
+  "$bin" $vp_args > "$work/single_vp.log" 2>&1 || { cat "$work/single_vp.log"; exit 1; }
   for s in optim_grads optim_grads_params; do
     fsdp_run "DP4" 4 "$work/single.log" $s
     fsdp_run "TP2+SP x DP2" 4 "$work/single.log" $s --tensor-model-parallel-size 2 \
       --sequence-parallel
-    fsdp_run "PP2 x DP2" 4 "$work/single.log" $s --pipeline-model-parallel-size 2
+    if [ "$s" = optim_grads ]; then
+      fsdp_run "PP2 x DP2" 4 "$work/single.log" $s --pipeline-model-parallel-size 2
+    else  # interleaved (4 layers, VP 2) with prefetch and an evaluation
+      run_args=$vp_args
+      fsdp_run "PP2 x VP2 x DP2 + eval" 4 "$work/single_vp.log" $s \
+        --pipeline-model-parallel-size 2 --virtual-pipeline-model-parallel-size 2 \
+        --overlap-grad-reduce --overlap-param-gather
+      run_args=
+      compare_one "$work/single_vp.log" "$work/run.log" "PP2 x VP2 x DP2" "lm loss value" 2e-6 0
+    fi
     fsdp_run "CP2 x DP2" 4 "$work/single.log" $s --context-parallel-size 2
     # EP 2 x DP 4: experts sharded over their expert data-parallel group of 2.
     fsdp_run "EP2 x DP4" 4 "$work/single_moe.log" $s $moe --expert-model-parallel-size 2
