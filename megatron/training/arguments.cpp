@@ -209,6 +209,10 @@ void add_optimizer_flags(ArgParser& p, optimizer::OptimizerConfig& o, optimizer:
   p.add("--adam-beta2", o.adam_beta2, "Adam beta2 (0.999)");
   p.add("--adam-eps", o.adam_eps, "Adam epsilon (1e-8)");
   p.add("--sgd-momentum", o.sgd_momentum, "SGD momentum (0.9)");
+  p.add_switch("--optimizer-cpu-offload", o.optimizer_cpu_offload, true,
+               "optimizer state and update in host memory (the identity on the CPU platform)");
+  p.add("--optimizer-offload-fraction", o.optimizer_offload_fraction,
+        "fraction of the optimizer state offloaded (1.0)");
   p.add("--clip-grad", o.clip_grad, "clip the global grad norm to this (1.0; 0 disables)");
   p.add_switch("--bf16", x.bf16, true, "bf16 weights, fp32 master weights and grads");
   p.add_switch("--fp16", x.fp16, true, "fp16 weights with dynamic loss scaling");
@@ -251,7 +255,18 @@ void add_data_flags(ArgParser& p, datasets::DataConfig& d, tokenizers::Tokenizer
   p.add("--vocab-size", t.vocab_size, "NullTokenizer vocabulary size");
 }
 
-void add_ddp_flags(ArgParser& p, distributed::DistributedDataParallelConfig& d) {
+void add_ddp_flags(ArgParser& p, distributed::DistributedDataParallelConfig& d, Arguments& a) {
+  p.add_switch("--use-megatron-fsdp", d.use_megatron_fsdp, true,
+               "Megatron FSDP over the data-parallel group (--data-parallel-sharding-strategy)");
+  p.add_choice(
+      "--data-parallel-sharding-strategy",
+      {"no_shard", "optim", "optim_grads", "optim_grads_params"},
+      [&d](const std::string& v) { d.sharding_strategy = distributed::parse_sharding_strategy(v); },
+      "FSDP: no_shard (DDP), optim (ZeRO-1), optim_grads (ZeRO-2), optim_grads_params (ZeRO-3)");
+  p.add_switch("--use-torch-fsdp2", a.use_torch_fsdp2, true,
+               "FSDP2 spelling: the --use-megatron-fsdp optim_grads_params engine");
+  p.add_switch("--no-gradient-accumulation-fusion", a.gradient_accumulation_fusion, false,
+               "accepted: wgrad accumulates into main_grad either way");
   p.add_switch("--use-distributed-optimizer", d.use_distributed_optimizer, true,
                "shard optimizer state over data-parallel ranks (ZeRO-1)");
   p.add_switch("--overlap-grad-reduce", d.overlap_grad_reduce, true,
@@ -367,7 +382,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       "--cp-comm-type", {"p2p", "a2a", "allgather"},
       [&a](const std::string& v) { a.parallel.cp_comm_type = v; },
       "how attention crosses the CP group: p2p (ring, default), allgather, a2a (Ulysses)");
-  add_ddp_flags(p, a.ddp);
+  add_ddp_flags(p, a.ddp, a);
   add_moe_flags(p, a.model, a, x);
   a.help_text = p.help();
 
@@ -440,7 +455,24 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   MG_CHECK(a.model.seq_length >= 1, "--seq-length is required (got " << a.model.seq_length << ")");
   if (x.moe_layer_freq) apply_moe_layer_freq(a.model, *x.moe_layer_freq);
   a.model.finalize();
-  a.parallel.validate(a.model, a.ddp.use_distributed_optimizer,
+  // FSDP: --use-torch-fsdp2 is the ZeRO-3 engine; every strategy above no_shard shards the
+  // optimizer state (the distributed optimizer's).
+  if (a.use_torch_fsdp2) {
+    MG_CHECK(!p.given("--data-parallel-sharding-strategy") ||
+                 a.ddp.sharding_strategy == distributed::ShardingStrategy::optim_grads_params,
+             "--use-torch-fsdp2 shards parameters, gradients and optimizer state "
+             "(optim_grads_params); got --data-parallel-sharding-strategy "
+                 << distributed::to_string(a.ddp.sharding_strategy));
+    a.ddp.use_megatron_fsdp = true;
+    a.ddp.sharding_strategy = distributed::ShardingStrategy::optim_grads_params;
+  }
+  MG_CHECK(a.ddp.use_megatron_fsdp || !p.given("--data-parallel-sharding-strategy"),
+           "--data-parallel-sharding-strategy needs --use-megatron-fsdp (or --use-torch-fsdp2)");
+  if (a.ddp.use_megatron_fsdp && a.ddp.sharding_strategy != distributed::ShardingStrategy::no_shard)
+    a.ddp.use_distributed_optimizer = true;
+  // FSDP shards experts over the expert data-parallel group; plain --use-distributed-optimizer
+  // is refused there (ModelParallelConfig::validate).
+  a.parallel.validate(a.model, a.ddp.use_distributed_optimizer && !a.ddp.use_megatron_fsdp,
                       static_cast<int>(x.virtual_pipeline_model_parallel_size.value_or(1)));
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "

@@ -41,6 +41,11 @@ struct Arguments {
   // --use-distributed-optimizer, --overlap-grad-reduce, --ddp-bucket-size,
   // --accumulate-allreduce-grads-in-fp32, --ddp-average-in-collective
   distributed::DistributedDataParallelConfig ddp;
+  // --use-torch-fsdp2: the FSDP engine of --use-megatron-fsdp with optim_grads_params (noted at
+  // start-up); --no-gradient-accumulation-fusion: weight gradients accumulate into main_grad in
+  // every GEMM of this build, fused or not the same numbers (noted at start-up when given).
+  bool use_torch_fsdp2 = false;
+  bool gradient_accumulation_fusion = true;
   std::string platform;  // --platform: cuda | musa | txda | cpu; "" -> MG_PLATFORM, else auto
   // --deterministic-mode (Megatron's): deterministic kernels only and bit-identical reruns; with
   // NCCL it needs NCCL_ALGO (Tree, Ring, CollnetDirect, CollnetChain or ^NVLS). It picks the

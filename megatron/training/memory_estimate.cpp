@@ -116,7 +116,10 @@ MemoryLayout memory_layout(const Arguments& args, int64_t world_size) {
 
 ShardingDivisors sharding_divisors(const Arguments& args, const MemoryLayout& layout) {
   ShardingDivisors d;
-  if (args.ddp.use_distributed_optimizer) d.optimizer_state = layout.dp;
+  const int64_t shard = layout.dp * layout.cp;  // the data-parallel (dp-cp) group
+  if (args.ddp.use_distributed_optimizer) d.optimizer_state = shard;
+  if (args.ddp.shards_grads()) d.gradients = shard;
+  if (args.ddp.shards_params()) d.parameters = shard;
   return d;
 }
 
@@ -166,6 +169,34 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
   const double moments = args.optimizer.optimizer == "sgd" ? 1.0 : 2.0;
   e.optimizer_bytes = n * ((mixed ? 4.0 : 0.0) + moments * master_bytes) /
                       static_cast<double>(e.divisors.optimizer_state);
+  // FSDP's unsharded copies in flight (DistributedDataParallel): ZeRO-3 gathers a bucket (about
+  // a layer, the embeddings alone; bounded here by the largest unit, or --ddp-bucket-size) and
+  // prefetches the next under
+  // --overlap-param-gather; ZeRO-2/3 hold the full gradients of a bucket until it is
+  // reduce-scattered (two buckets with per-micro-batch reduction, all of them otherwise) and a
+  // shard accumulator.
+  const double shard = static_cast<double>(layout.dp * layout.cp);
+  if (args.ddp.shards_grads() && shard > 1) {
+    double layer = 0;  // the default bucket: about one layer (parallelize.cpp)
+    for (const auto& ch : chunks)
+      for (int64_t i = ch.layer_offset; i < ch.layer_offset + ch.num_layers; ++i)
+        layer = std::max(layer, layer_params(c, i, layout));
+    double largest = layer;  // the embeddings (or the untied head) get a bucket of their own
+    if (post)
+      largest = std::max(largest, norm_params(c, c.hidden_size) + (tied ? 0.0 : vpad / tp * h));
+    if (pre) largest = std::max(largest, vpad / tp * h);
+    if (args.ddp.bucket_size) layer = largest = static_cast<double>(*args.ddp.bucket_size);
+    if (layer == 0) layer = largest;
+    const double rest = 1.0 - 1.0 / shard;  // the part of a bucket that is not this rank's
+    const bool per_microbatch = args.ddp.overlap_grad_reduce && layout.pp == 1;
+    // In flight at once: the largest bucket and the next one (being reduced / prefetched).
+    e.fsdp_gradient_bytes =
+        (per_microbatch ? std::min(n, largest + layer) * rest * g_bytes + n / shard * g_bytes
+                        : n * rest * g_bytes);
+    if (args.ddp.shards_params())
+      e.fsdp_parameter_bytes =
+          std::min(n, largest + (args.ddp.overlap_param_gather ? layer : 0.0)) * rest * p_bytes;
+  }
 
   // Activations of one micro-batch.
   const double tokens = static_cast<double>(c.seq_length) / static_cast<double>(layout.cp) *
@@ -228,10 +259,17 @@ std::string format_bytes(double bytes) {
 
 std::string MemoryEstimate::str() const {
   std::ostringstream s;
-  s << "parameters " << format_bytes(parameter_bytes) << ", gradients "
-    << format_bytes(gradient_bytes) << ", optimizer state " << format_bytes(optimizer_bytes)
-    << (divisors.optimizer_state > 1
-            ? " (/" + std::to_string(divisors.optimizer_state) + " distributed optimizer)"
+  auto per = [](int64_t d, const char* what) {
+    return d > 1 ? " (/" + std::to_string(d) + " " + what + ")" : std::string();
+  };
+  s << "parameters " << format_bytes(parameter_bytes) << per(divisors.parameters, "FSDP")
+    << ", gradients " << format_bytes(gradient_bytes) << per(divisors.gradients, "FSDP")
+    << ", optimizer state " << format_bytes(optimizer_bytes)
+    << per(divisors.optimizer_state, "distributed optimizer")
+    << (fsdp_parameter_bytes + fsdp_gradient_bytes > 0
+            ? ", FSDP in flight " + format_bytes(fsdp_parameter_bytes + fsdp_gradient_bytes) +
+                  " (gathered parameters " + format_bytes(fsdp_parameter_bytes) +
+                  ", unsharded gradients " + format_bytes(fsdp_gradient_bytes) + ")"
             : std::string())
     << ", activations " << format_bytes(activation_bytes) << " (" << layers << " layers, "
     << microbatches_in_flight << " micro-batch(es) in flight"

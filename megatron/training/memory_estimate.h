@@ -45,8 +45,9 @@ struct MemoryLayout {
 MemoryLayout memory_layout(const Arguments& args, int64_t world_size);
 
 // How many ranks share each of the per-rank state components: the one place a sharding strategy
-// enters the estimate. --use-distributed-optimizer (ZeRO-1): optimizer_state = dp. An FSDP
-// strategy divides gradients (optim_grads) and parameters too (optim_grads_params).
+// enters the estimate: the data-parallel (dp-cp) group's size. --use-distributed-optimizer
+// (ZeRO-1): optimizer_state; FSDP optim_grads also gradients, optim_grads_params also parameters
+// (the unsharded copies FSDP holds at its peak are MemoryEstimate::fsdp_*_bytes).
 struct ShardingDivisors {
   int64_t parameters = 1;
   int64_t gradients = 1;
@@ -61,6 +62,10 @@ struct MemoryEstimate {
   // Bytes on this rank.
   double parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
   double activation_bytes = 0;  // all micro-batches in flight, logits included
+  // FSDP (optim_grads / optim_grads_params): unsharded copies held at the peak on top of the
+  // shards: gathered parameter buckets (ZeRO-3) and gradients not yet reduce-scattered plus the
+  // shard accumulator (memory_estimate.cpp says which).
+  double fsdp_parameter_bytes = 0, fsdp_gradient_bytes = 0;
   double workspace_bytes = 0;
   // The parts of activation_bytes.
   double activation_bytes_per_layer = 0;  // one micro-batch, one (non-recomputed) layer
@@ -70,7 +75,8 @@ struct MemoryEstimate {
   double microbatches_in_flight_exact = 1;
 
   double total_bytes() const {
-    return parameter_bytes + gradient_bytes + optimizer_bytes + activation_bytes + workspace_bytes;
+    return parameter_bytes + gradient_bytes + optimizer_bytes + fsdp_parameter_bytes +
+           fsdp_gradient_bytes + activation_bytes + workspace_bytes;
   }
   // "parameters 1.2 GiB, gradients ..., optimizer ..., activations ..., workspace ... = total".
   std::string str() const;

@@ -1,6 +1,8 @@
 // pretrain / train / train_step / evaluate (training.h).
 #include "megatron/training/training.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -166,6 +168,7 @@ void save(Run& r) {
   so.checksums = c.ckpt_checksum;
   const CheckpointIOStats io = save_checkpoint(*c.save, r.model->parameters(), st,
                                                checkpoint_ranks(r), so, &r.checkpoint_saver);
+  r.dp_model.ddp->reshard_params();  // FSDP optim_grads_params: the gathered copies go again
   const double s = r.timers.stop("save-checkpoint");
   r.log << "  successfully " << (io.async ? "started saving" : "saved")
         << " checkpoint from iteration " << std::setw(7) << r.iteration << " to " << *c.save
@@ -218,6 +221,7 @@ void load(Run& r) {
     r.opt->load_state_dict(*st.optimizer);
   else
     r.opt->reload_model_params();
+  r.dp_model.ddp->reshard_params();  // FSDP optim_grads_params: keep only this rank's chunks
   if (st.scheduler) r.scheduler->load_state_dict(*st.scheduler);
   if (st.rng) r.rng_seed = (*st.rng).at("seed").get<uint64_t>();
   if (!c.finetune) {
@@ -253,12 +257,25 @@ std::string wrap_config(const std::string& lines) {
 // "data parallel: ..." (a line) when there is more than one rank or a DDP option is on.
 std::string data_parallel_summary(const Run& r) {
   const auto& d = r.args.ddp;
-  if (r.ps.dp->size() == 1 && !d.use_distributed_optimizer && !d.overlap_grad_reduce) return "";
   std::ostringstream s;
-  s << "data parallel: " << r.ps.dp->size() << " ranks (" << r.ps.dp->backend() << "), "
-    << r.dp_model.ddp->buckets().size() << " gradient bucket(s)"
-    << (d.use_distributed_optimizer ? ", distributed optimizer" : "")
-    << (d.overlap_grad_reduce ? ", overlap-grad-reduce" : "") << "\n";
+  if (r.ps.dp->size() > 1 || d.use_distributed_optimizer || d.overlap_grad_reduce ||
+      d.use_megatron_fsdp)
+    s << "data parallel: " << r.ps.dp->size() << " ranks (" << r.ps.dp->backend() << "), "
+      << r.dp_model.ddp->buckets().size() << " gradient bucket(s)"
+      << (d.use_distributed_optimizer ? ", distributed optimizer" : "")
+      << (d.use_megatron_fsdp ? std::string(", Megatron FSDP ") + to_string(d.sharding_strategy)
+                              : std::string())
+      << (d.overlap_grad_reduce ? ", overlap-grad-reduce" : "")
+      << (d.overlap_param_gather ? ", overlap-param-gather" : "") << "\n";
+  if (r.args.use_torch_fsdp2)
+    s << "note: --use-torch-fsdp2 runs the Megatron FSDP engine with optim_grads_params\n";
+  if (!r.args.gradient_accumulation_fusion)
+    s << "note: --no-gradient-accumulation-fusion: weight gradients accumulate into main_grad "
+         "in the GEMM either way in this build (same numbers)\n";
+  if (r.args.optimizer.optimizer_cpu_offload)
+    s << "optimizer CPU offload (fraction " << r.args.optimizer.optimizer_offload_fraction
+      << "): the identity on " << r.rt->platform->name()
+      << ", whose optimizer state and update are in host memory already\n";
   return s.str();
 }
 
@@ -392,6 +409,7 @@ StepOutcome train_step(Run& r) {
   if (a.ddp.overlap_grad_reduce)
     cfg.set_is_last_microbatch = [&ddp](bool last) { ddp.set_is_last_microbatch(last); };
   if (r.ps.pp) ddp.set_is_last_microbatch(false);
+  ddp.set_pipelined(r.ps.pp != nullptr);
   auto next = [&] {
     auto mb = r.train_iter->next();
     MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);
@@ -447,6 +465,13 @@ StepOutcome train_step(Run& r) {
   // Megatron: increment = num_microbatches * mbs * dp = the global batch, in samples.
   if (s.success) r.scheduler->step(a.training.global_batch_size);
   return out;
+}
+
+// This process's peak resident set size (getrusage; Linux reports KiB).
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
 }
 
 std::optional<double> mem_mb(Run& r, bool peak) {
@@ -699,6 +724,30 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
                           std::to_string(args.training.micro_batch_size) + " x --seq-length " +
                           std::to_string(args.model.seq_length) + ")",
                       [&] { train(r); });
+  }
+  if (args.ddp.use_megatron_fsdp) {
+    const auto& d = *r.dp_model.ddp;
+    const auto& buf = r.model->buffer();
+    log << "Megatron FSDP " << to_string(args.ddp.sharding_strategy) << ": " << d.param_gathers()
+        << " parameter bucket all-gathers in forward and backward; flat "
+        << "param+grad buffers resident now " << std::fixed << std::setprecision(3)
+        << d.resident_buffer_bytes() / 1048576.0 << " MiB, at most "
+        << d.peak_resident_buffer_bytes() / 1048576.0 << " MiB of "
+        << static_cast<double>(buf.params.nbytes() + buf.grads.nbytes()) / 1048576.0
+        << " MiB on this rank" << std::defaultfloat << std::endl;
+    // Prediction vs measurement: parameters + gradients (what the engine held at its peak) and
+    // the optimizer state (what the optimizer allocated).
+    const double measured =
+        static_cast<double>(d.peak_resident_buffer_bytes() + r.opt->state_bytes());
+    const double predicted = estimate.parameter_bytes + estimate.gradient_bytes +
+                             estimate.optimizer_bytes + estimate.fsdp_parameter_bytes +
+                             estimate.fsdp_gradient_bytes;
+    log << "memory check: parameters + gradients + optimizer state measured "
+        << format_bytes(measured) << ", predicted " << format_bytes(predicted) << " (ratio "
+        << std::fixed << std::setprecision(3) << measured / std::max(predicted, 1.0)
+        << "); whole process: peak resident set " << format_bytes(peak_rss_bytes())
+        << ", predicted total " << format_bytes(estimate.total_bytes()) << std::defaultfloat
+        << std::endl;
   }
   r.dp_model.ddp->finish_param_sync();  // --overlap-param-gather: the last step's gather
   r.train_iter.reset();

@@ -2,12 +2,41 @@
 // (distributed_data_parallel.h).
 #include "megatron/core/distributed/distributed_data_parallel.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "megatron/core/common/error.h"
 
 namespace mg::distributed {
+
+int64_t release_host_range(const Tensor& view) {
+  if (view.numel() == 0) return 0;
+  if (!view.device().is_host()) {
+    Tensor v = view;
+    v.zero_();
+    return 0;
+  }
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  auto* base = static_cast<char*>(view.raw_data());
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
+  const uintptr_t hi = lo + static_cast<uintptr_t>(view.nbytes());
+  const uintptr_t plo = (lo + page - 1) / page * page, phi = hi / page * page;
+  if (phi <= plo) {  // no whole page inside: just zero it
+    std::memset(base, 0, view.nbytes());
+    return 0;
+  }
+  std::memset(base, 0, plo - lo);
+  std::memset(reinterpret_cast<void*>(phi), 0, hi - phi);
+  // Private anonymous memory (the host allocator's): the pages are freed and read as zeros.
+  MG_CHECK(madvise(reinterpret_cast<void*>(plo), phi - plo, MADV_DONTNEED) == 0,
+           "release_host_range: madvise(MADV_DONTNEED) of " << (phi - plo) << " bytes failed");
+  return static_cast<int64_t>(phi - plo);
+}
 
 struct DistributedDataParallel::BucketState {
   int pending = 0;  // params not yet ready in this backward
@@ -18,6 +47,15 @@ struct DistributedDataParallel::BucketState {
   Tensor gather_in;           // [shard_size] params chunk for the all-gather
   Tensor gather_staging;      // [dp * shard_size] params, only for an uneven bucket
   comm::WorkPtr gather_work;  // the bucket's parameter all-gather while in flight
+  // FSDP optim_grads_params: whether the whole bucket's params are there, and how many modules in
+  // flight use them (use_params / release_params).
+  bool params_resident = true;
+  int uses = 0;
+  // FSDP optim_grads / optim_grads_params: the grads outside this rank's chunk are discarded.
+  bool grads_discarded = false;
+  // FSDP with per-micro-batch reduce-scatters: the sum of this step's reduced shards so far.
+  Tensor grad_acc;
+  bool acc_valid = false;
 };
 
 DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelConfig& config,
@@ -46,11 +84,13 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
     buckets_ = build_buckets(params_, buffer_.grads.numel(), bucket_size, dp,
                              config_.use_distributed_optimizer);
   } else {
-    MG_CHECK(!config_.use_distributed_optimizer,
+    MG_CHECK(!config_.use_distributed_optimizer || config_.use_megatron_fsdp,
              "--use-distributed-optimizer with expert parameters reduced over an expert "
              "data-parallel group of "
                  << expert_dp_group_->size() << " ranks (data-parallel group " << dp
-                 << ") is not supported yet; drop --use-distributed-optimizer");
+                 << ") is not supported yet; drop --use-distributed-optimizer or use "
+                    "--use-megatron-fsdp (which shards experts over the expert data-parallel "
+                    "group)");
     // Runs of expert / dense parameters in buffer order, each bucketed on its own.
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < params_.size(); ++i)
@@ -66,8 +106,9 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
       while (j < order.size() && params_[order[j]].is_expert == expert) ++j;
       const transformer::Parameter& last = params_[order[j - 1]];
       const int64_t hi = last.buffer_offset + last.param.numel();
-      for (GradBucket& b :
-           build_buckets(params_, buffer_.grads.numel(), bucket_size, dp, false, lo, hi)) {
+      for (GradBucket& b : build_buckets(params_, buffer_.grads.numel(), bucket_size,
+                                         expert ? expert_dp_group_->size() : dp,
+                                         config_.use_distributed_optimizer, lo, hi)) {
         b.expert = expert;
         buckets_.push_back(std::move(b));
       }
@@ -80,6 +121,50 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
     for (std::size_t i : buckets_[b].params) buckets_of_param_[i].push_back(b);
   param_ready_.assign(params_.size(), false);
   reset_readiness();
+  resident_bytes_ = peak_resident_bytes_ =
+      static_cast<int64_t>(buffer_.params.nbytes() + buffer_.grads.nbytes());
+  MG_CHECK(!config_.shards_grads() || config_.use_distributed_optimizer,
+           "DistributedDataParallel: FSDP " << to_string(config_.sharding_strategy)
+                                            << " needs the distributed optimizer's buckets");
+  if (config_.shards_grads())
+    for (std::size_t b = 0; b < buckets_.size(); ++b) discard_grads(b);
+  if (config_.shards_params())
+    for (std::size_t b = 0; b < buckets_.size(); ++b) discard_params(b);
+  peak_resident_bytes_ = resident_bytes_;  // the peak of training, not of the model's build
+}
+
+void DistributedDataParallel::account(int64_t delta) {
+  resident_bytes_ += delta;
+  peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
+}
+
+// The elements of bucket bi outside this rank's chunk: [start, lo) and [hi, end).
+static std::pair<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> outside_chunk(
+    const GradBucket& b, int rank) {
+  const auto [lo, hi] = b.shard_range(rank);
+  return {{b.start, lo}, {std::max(hi, lo), b.end}};
+}
+
+void DistributedDataParallel::discard_params(std::size_t bi) {
+  BucketState& s = state_[bi];
+  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
+  for (auto [lo, hi] : {a, b})
+    if (hi > lo) release_host_range(buffer_.params.slice(lo, hi - lo));
+  if (s.params_resident)
+    account(-static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
+            (a.second - a.first + b.second - b.first));
+  s.params_resident = false;
+}
+
+void DistributedDataParallel::discard_grads(std::size_t bi) {
+  BucketState& s = state_[bi];
+  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
+  for (auto [lo, hi] : {a, b})
+    if (hi > lo) release_host_range(buffer_.grads.slice(lo, hi - lo));
+  if (!s.grads_discarded)
+    account(-static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) *
+            (a.second - a.first + b.second - b.first));
+  s.grads_discarded = true;
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -102,7 +187,9 @@ void DistributedDataParallel::reset_readiness() {
 }
 
 void DistributedDataParallel::param_grad_ready(std::size_t i) {
-  if (!is_last_microbatch_ || !config_.overlap_grad_reduce) return;
+  if (!config_.overlap_grad_reduce) return;
+  const bool every_microbatch = reduce_every_microbatch();
+  if (!is_last_microbatch_ && !every_microbatch) return;
   MG_CHECK(i < params_.size(), "DistributedDataParallel: grad-ready for parameter index "
                                    << i << " of " << params_.size());
   MG_CHECK(!param_ready_[i], "DistributedDataParallel: the gradient of '"
@@ -116,14 +203,55 @@ void DistributedDataParallel::param_grad_ready(std::size_t i) {
     if (--s.pending == 0) {
       launch(b);
       ++launched_in_backward_;
+      if (every_microbatch) {
+        // FSDP: at most one bucket in flight; a completed one keeps only its reduced shard.
+        for (std::size_t o = 0; o < buckets_.size(); ++o)
+          if (o != b && state_[o].work) complete_bucket(o);
+      }
     }
   }
+  if (every_microbatch &&
+      std::all_of(state_.begin(), state_.end(), [](const BucketState& x) { return x.launched; })) {
+    for (std::size_t o = 0; o < buckets_.size(); ++o) complete_bucket(o);
+    reset_readiness();  // the next micro-batch's backward reports again
+  }
+}
+
+bool DistributedDataParallel::reduce_every_microbatch() const {
+  return config_.shards_grads() && config_.overlap_grad_reduce && !pipelined_ &&
+         dp_group_->size() > 1;
+}
+
+void DistributedDataParallel::complete_bucket(std::size_t bi) {
+  BucketState& s = state_[bi];
+  if (!s.work) return;
+  s.work->wait();
+  s.work.reset();
+  const auto [lo, hi] = own_range(bi);
+  if (hi > lo) {
+    Tensor red = s.rs_out.slice(0, hi - lo);
+    if (!s.acc_valid) {
+      if (!s.grad_acc.defined()) s.grad_acc = Tensor::empty({hi - lo}, red.dtype(), red.device());
+      s.grad_acc.copy_(red);
+    } else {  // acc += reduced shard of this micro-batch
+      ops_.axpy(s.grad_acc, red, 1.0f);
+    }
+    Tensor own = buffer_.grads.slice(lo, hi - lo);
+    own.zero_();  // the next micro-batch accumulates its local grads from zero again
+  }
+  s.acc_valid = true;
+  discard_grads(bi);
 }
 
 void DistributedDataParallel::launch(std::size_t bi) {
   const GradBucket& b = buckets_[bi];
   BucketState& s = state_[bi];
   s.launched = true;
+  if (s.grads_discarded) {  // FSDP: backward wrote the whole bucket again
+    const auto [lo, hi] = own_range(bi);
+    account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (b.numel() - (hi - lo)));
+    s.grads_discarded = false;
+  }
   Tensor grads = buffer_.grads.slice(b.start, b.numel());
   const int dp = dp_group_->size();
   if (config_.check_for_nan_in_grad) {
@@ -142,7 +270,12 @@ void DistributedDataParallel::launch(std::size_t bi) {
       Tensor none;
       ops_.multi_tensor_scale(std::span<Tensor>(&grads, 1), 1.0 / dp, none);
     }
-    if (expert_dp_group_->size() > 1) s.work = expert_dp_group_->all_reduce(grads);
+    if (!config_.use_distributed_optimizer) {
+      if (expert_dp_group_->size() > 1) s.work = expert_dp_group_->all_reduce(grads);
+      return;
+    }
+    // FSDP: reduce-scattered over the expert data-parallel group (of one rank: a copy).
+    reduce_scatter(bi, grads, comm::ReduceOp::sum, *expert_dp_group_);
     return;
   }
   if (dp == 1) return;  // nothing to reduce, and 1/dp = 1
@@ -159,16 +292,32 @@ void DistributedDataParallel::launch(std::size_t bi) {
     s.work = dp_group_->all_reduce(grads, op);
     return;
   }
+  reduce_scatter(bi, grads, op, *dp_group_);
+}
+
+void DistributedDataParallel::reduce_scatter(std::size_t bi, Tensor& grads, comm::ReduceOp op,
+                                             comm::ProcessGroup& group) {
+  const GradBucket& b = buckets_[bi];
+  BucketState& s = state_[bi];
+  const int n = group.size();
   if (!s.rs_out.defined()) s.rs_out = Tensor::empty({b.shard_size}, grads.dtype(), grads.device());
-  if (b.padded_numel(dp) == b.numel()) {
-    s.work = dp_group_->reduce_scatter(s.rs_out, grads, op);
+  if (b.padded_numel(n) == b.numel()) {
+    s.work = group.reduce_scatter(s.rs_out, grads, op);
   } else {
     if (!s.staging.defined())
-      s.staging = Tensor::zeros({b.padded_numel(dp)}, grads.dtype(), grads.device());
+      s.staging = Tensor::zeros({b.padded_numel(n)}, grads.dtype(), grads.device());
     Tensor head = s.staging.slice(0, b.numel());
     head.copy_(grads);
-    s.work = dp_group_->reduce_scatter(s.rs_out, s.staging, op);
+    s.work = group.reduce_scatter(s.rs_out, s.staging, op);
   }
+}
+
+comm::ProcessGroup& DistributedDataParallel::group_of(std::size_t bi) const {
+  return buckets_[bi].expert && expert_dp_group_ ? *expert_dp_group_ : *dp_group_;
+}
+
+std::pair<int64_t, int64_t> DistributedDataParallel::own_range(std::size_t bi) const {
+  return buckets_[bi].shard_range(group_of(bi).rank());
 }
 
 void DistributedDataParallel::start_grad_sync() {
@@ -180,19 +329,50 @@ void DistributedDataParallel::start_grad_sync() {
 }
 
 void DistributedDataParallel::finish_grad_sync() {
-  start_grad_sync();
-  const int rank = dp_group_->rank();
-  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
-    BucketState& s = state_[bi];
-    if (!s.work) continue;
-    s.work->wait();
-    s.work.reset();
-    if (config_.use_distributed_optimizer) {
-      const auto [lo, hi] = buckets_[bi].shard_range(rank);
-      if (hi > lo) {
+  if (config_.shards_grads() && dp_group_->size() > 1) {
+    // ZeRO-2/3: every bucket's reduced shard (summed over the micro-batches when each was reduced
+    // as its backward completed) into this rank's chunk of the buffer; the rest is discarded.
+    // Per-micro-batch reduction leaves nothing to launch when the last backward completed all.
+    const bool all_done =
+        reduce_every_microbatch() &&
+        std::all_of(state_.begin(), state_.end(),
+                    [](const BucketState& x) { return !x.launched; }) &&
+        std::all_of(state_.begin(), state_.end(),
+                    [](const BucketState& x) { return x.acc_valid; }) &&
+        std::find(param_ready_.begin(), param_ready_.end(), true) == param_ready_.end();
+    if (!all_done) start_grad_sync();
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      complete_bucket(bi);
+      BucketState& s = state_[bi];
+      const auto [lo, hi] = own_range(bi);
+      if (hi > lo && s.acc_valid) {
         Tensor dst = buffer_.grads.slice(lo, hi - lo);
-        dst.copy_(s.rs_out.slice(0, hi - lo));
+        dst.copy_(s.grad_acc);
       }
+      s.acc_valid = false;
+    }
+  } else {
+    start_grad_sync();
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      BucketState& s = state_[bi];
+      if (!s.work) continue;
+      s.work->wait();
+      s.work.reset();
+      if (config_.use_distributed_optimizer) {
+        const auto [lo, hi] = own_range(bi);
+        if (hi > lo) {
+          Tensor dst = buffer_.grads.slice(lo, hi - lo);
+          dst.copy_(s.rs_out.slice(0, hi - lo));
+        }
+      }
+    }
+  }
+  if (config_.shards_params()) {
+    // No parameter all-gather may write the buffer while the optimizer steps (a prefetch of the
+    // last backward); a bucket no module uses is discarded again.
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      finish_gather(bi);
+      if (state_[bi].uses == 0) discard_params(bi);
     }
   }
   reset_readiness();
@@ -201,7 +381,23 @@ void DistributedDataParallel::finish_grad_sync() {
 void DistributedDataParallel::zero_grad_buffer() {
   for (auto& s : state_)
     if (s.work) s.work->wait(), s.work.reset();
-  buffer_.grads.zero_();
+  if (!config_.shards_grads()) {
+    buffer_.grads.zero_();
+  } else {
+    // ZeRO-2: the discarded grads already read as zeros (zeroing them would bring their pages
+    // back before backward needs them); the shards and any bucket not discarded are zeroed. A
+    // bucket's full gradients count as resident again from its launch (its backward wrote them).
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      const GradBucket& b = buckets_[bi];
+      const auto [lo, hi] =
+          state_[bi].grads_discarded ? own_range(bi) : std::pair<int64_t, int64_t>{b.start, b.end};
+      if (hi > lo) {
+        Tensor g = buffer_.grads.slice(lo, hi - lo);
+        g.zero_();
+      }
+      state_[bi].acc_valid = false;
+    }
+  }
   reset_readiness();
 }
 
@@ -209,11 +405,35 @@ std::vector<std::pair<int64_t, int64_t>> DistributedDataParallel::optimizer_shar
   MG_CHECK(config_.use_distributed_optimizer,
            "DistributedDataParallel: shard ranges exist only with --use-distributed-optimizer");
   std::vector<std::pair<int64_t, int64_t>> out;
-  for (const auto& b : buckets_) {
-    const auto r = b.shard_range(dp_group_->rank());
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    const auto r = own_range(bi);
     if (r.second > r.first) out.push_back(r);
   }
   return out;
+}
+
+void DistributedDataParallel::launch_gather(std::size_t bi) {
+  comm::ProcessGroup& g = group_of(bi);
+  const int dp = g.size();
+  const GradBucket& b = buckets_[bi];
+  BucketState& s = state_[bi];
+  const Tensor& params = buffer_.params;
+  if (!s.gather_in.defined())
+    s.gather_in = Tensor::zeros({b.shard_size}, params.dtype(), params.device());
+  const auto [lo, hi] = own_range(bi);
+  if (hi > lo) {
+    Tensor head = s.gather_in.slice(0, hi - lo);
+    head.copy_(params.slice(lo, hi - lo));
+  }
+  if (b.padded_numel(dp) == b.numel()) {
+    Tensor out = params.slice(b.start, b.numel());
+    s.gather_work = g.all_gather(out, s.gather_in);
+  } else {
+    if (!s.gather_staging.defined())
+      s.gather_staging = Tensor::empty({b.padded_numel(dp)}, params.dtype(), params.device());
+    s.gather_work = g.all_gather(s.gather_staging, s.gather_in);
+  }
+  ++gathers_pending_;
 }
 
 void DistributedDataParallel::start_param_sync() {
@@ -221,28 +441,91 @@ void DistributedDataParallel::start_param_sync() {
            "DistributedDataParallel: param sync exists only with --use-distributed-optimizer");
   const int dp = dp_group_->size();
   if (dp == 1) return;
-  finish_param_sync();  // a previous gather still in flight completes first
-  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
-    const GradBucket& b = buckets_[bi];
-    BucketState& s = state_[bi];
-    const Tensor& params = buffer_.params;
-    if (!s.gather_in.defined())
-      s.gather_in = Tensor::zeros({b.shard_size}, params.dtype(), params.device());
-    const auto [lo, hi] = b.shard_range(dp_group_->rank());
-    if (hi > lo) {
-      Tensor head = s.gather_in.slice(0, hi - lo);
-      head.copy_(params.slice(lo, hi - lo));
-    }
-    if (b.padded_numel(dp) == b.numel()) {
-      Tensor out = params.slice(b.start, b.numel());
-      s.gather_work = dp_group_->all_gather(out, s.gather_in);
-    } else {
-      if (!s.gather_staging.defined())
-        s.gather_staging = Tensor::empty({b.padded_numel(dp)}, params.dtype(), params.device());
-      s.gather_work = dp_group_->all_gather(s.gather_staging, s.gather_in);
-    }
-    ++gathers_pending_;
+  if (config_.shards_params()) {
+    // ZeRO-3: nothing is gathered now; every module gathers its buckets when it runs. Only the
+    // first bucket of the next forward (the last in the buffer) is prefetched under overlap.
+    reshard_params();
+    if (config_.overlap_param_gather && !buckets_.empty()) launch_gather(buckets_.size() - 1);
+    return;
   }
+  finish_param_sync();  // a previous gather still in flight completes first
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) launch_gather(bi);
+}
+
+void DistributedDataParallel::reshard_params() {
+  if (!config_.shards_params() || dp_group_->size() == 1) return;
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+    finish_gather(bi);
+    MG_CHECK(state_[bi].uses == 0, "DistributedDataParallel: bucket "
+                                       << bi << " is resharded while " << state_[bi].uses
+                                       << " module(s) use its parameters");
+    discard_params(bi);  // also when not resident: a checkpoint load rewrote the whole buffer
+  }
+}
+
+void DistributedDataParallel::use_params(std::span<const std::size_t> param_indices) {
+  if (!config_.shards_params() || dp_group_->size() == 1) return;
+  std::size_t first = buckets_.size(), last = 0;
+  for (std::size_t i : param_indices) {
+    MG_CHECK(i < buckets_of_param_.size(), "DistributedDataParallel::use_params: parameter "
+                                               << i << " of " << buckets_of_param_.size());
+    for (std::size_t bi : buckets_of_param_[i]) {
+      first = std::min(first, bi);
+      last = std::max(last, bi);
+    }
+  }
+  if (first > last) return;
+  // Every bucket in [first, last] that holds one of these parameters, gathered once, in order.
+  for (std::size_t bi = first; bi <= last; ++bi) {
+    bool wanted = false;
+    for (std::size_t i : param_indices)
+      for (std::size_t b : buckets_of_param_[i]) wanted |= b == bi;
+    if (!wanted) continue;
+    BucketState& s = state_[bi];
+    if (!s.params_resident) {
+      if (!s.gather_work) launch_gather(bi);
+      finish_gather(bi);
+      s.params_resident = true;
+      ++param_gathers_;
+      const auto [lo, hi] = own_range(bi);
+      account(static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
+              (buckets_[bi].numel() - (hi - lo)));
+    }
+    ++s.uses;
+  }
+  // Prefetch: forward walks the buffer from its end to its start, backward the other way; the
+  // direction is that of this use relative to the previous one (all ranks see the same calls).
+  if (config_.overlap_param_gather) {
+    const bool forward = first < last_used_bucket_;
+    last_used_bucket_ = first;
+    auto idle = [this](std::size_t b) {
+      return !state_[b].params_resident && !state_[b].gather_work;
+    };
+    if (forward) {
+      if (first > 0 && idle(first - 1)) launch_gather(first - 1);
+    } else {
+      for (std::size_t bi = first + 1; bi <= last + 1 && bi < buckets_.size(); ++bi)
+        if (idle(bi)) {
+          launch_gather(bi);
+          break;
+        }
+    }
+  }
+}
+
+void DistributedDataParallel::release_params(std::span<const std::size_t> param_indices) {
+  if (!config_.shards_params() || dp_group_->size() == 1) return;
+  std::vector<std::size_t> seen;
+  for (std::size_t i : param_indices)
+    for (std::size_t bi : buckets_of_param_.at(i)) {
+      if (std::find(seen.begin(), seen.end(), bi) != seen.end()) continue;
+      seen.push_back(bi);
+      BucketState& s = state_[bi];
+      MG_CHECK(s.uses > 0, "DistributedDataParallel::release_params: bucket "
+                               << bi << " (parameter '" << params_[i].name
+                               << "') was released more often than used");
+      if (--s.uses == 0) discard_params(bi);
+    }
 }
 
 void DistributedDataParallel::finish_gather(std::size_t bi) {
@@ -252,12 +535,25 @@ void DistributedDataParallel::finish_gather(std::size_t bi) {
   --gathers_pending_;
   w->wait();
   const GradBucket& b = buckets_[bi];
-  if (b.padded_numel(dp_group_->size()) == b.numel()) return;
+  if (b.padded_numel(group_of(bi).size()) == b.numel()) return;
   Tensor dst = buffer_.params.slice(b.start, b.numel());
   dst.copy_(s.gather_staging.slice(0, b.numel()));
 }
 
 void DistributedDataParallel::finish_param_sync() {
+  if (config_.shards_params() && dp_group_->size() > 1) {  // ZeRO-3: every bucket made whole
+    for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      BucketState& s = state_[bi];
+      if (s.params_resident) continue;
+      if (!s.gather_work) launch_gather(bi);
+      finish_gather(bi);
+      s.params_resident = true;
+      const auto [lo, hi] = own_range(bi);
+      account(static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
+              (buckets_[bi].numel() - (hi - lo)));
+    }
+    return;
+  }
   for (std::size_t bi = 0; bi < buckets_.size(); ++bi) finish_gather(bi);
 }
 

@@ -21,7 +21,22 @@
 // that reads the parameters (checkpoint save, the end of training) calls finish_param_sync().
 // Expert parameters (MoE with expert parallelism) are bucketed apart and reduced over the
 // expert-data-parallel group (constructor).
-// Not here: FSDP, bucket groups of several buckets, the distributed optimizer with expert groups.
+// FSDP (config.use_megatron_fsdp, Megatron FSDP's sharding strategies over the same buckets and
+// the same collectives, so the numbers equal the distributed optimizer's):
+//   optim_grads (ZeRO-2): after a bucket's reduce-scatter, the rest of its gradients is discarded
+//     (release_host_range: the pages go back to the OS on the host; zeroed on a device), so
+//     between steps each rank holds only its gradient shard;
+//   optim_grads_params (ZeRO-3): also the parameters outside this rank's chunk are discarded after
+//     the optimizer step; the model's param-use hook (use_params, forward AND backward) all-gathers
+//     the buckets holding a module's parameters just before it runs (with --overlap-param-gather
+//     the next bucket's all-gather is already in flight), its param-release hook (release_params)
+//     discards them again once no module in flight uses them. finish_param_sync() gathers every
+//     bucket (checkpoint save, end of training); reshard_params() discards them again.
+// Memory saved is real on the host (madvise(MADV_DONTNEED) of whole pages inside a range); on a
+// device the flat buffer stays allocated (only the contents are dropped): see docs/architecture.md.
+// With expert parallelism FSDP shards expert buckets over the expert data-parallel group (their
+// reduce-scatters and gathers run there; optimizer_shard_ranges() includes their chunks).
+// Not here: bucket groups of several buckets, plain --use-distributed-optimizer with expert groups.
 #pragma once
 
 #include <cstdint>
@@ -58,10 +73,16 @@ class DistributedDataParallel {
   const DistributedDataParallelConfig& config() const { return config_; }
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   const comm::ProcessGroupPtr& data_parallel_group() const { return dp_group_; }
+  // The expert data-parallel group when expert buckets are reduced over it (else null).
+  const comm::ProcessGroupPtr& expert_data_parallel_group() const { return expert_dp_group_; }
 
   // Megatron's no_sync(): false while earlier micro-batches run their backward (grad-ready calls
   // are then ignored); true (the default) for the last one.
   void set_is_last_microbatch(bool last) { is_last_microbatch_ = last; }
+  // Pipelining: gradients are reduced only after the whole schedule (the tied embedding's
+  // gradient is summed over the embedding group before the data-parallel reduction), so FSDP's
+  // per-micro-batch reduce-scatter is off.
+  void set_pipelined(bool pipelined) { pipelined_ = pipelined; }
   // The model's grad-ready hook: parameter `param_index`'s gradient of this micro-batch is final.
   // With overlap on the last micro-batch, a bucket whose params are all ready is launched. A
   // parameter reported twice in one backward is an error.
@@ -86,6 +107,23 @@ class DistributedDataParallel {
   // Whether any parameter all-gather is still in flight.
   bool param_sync_pending() const { return gathers_pending_ > 0; }
 
+  // FSDP optim_grads_params (no-ops otherwise): the model's param-use hook in forward and backward
+  // (gathers the buckets holding these parameters unless resident, counts the use, prefetches
+  // the next bucket under --overlap-param-gather) and its param-release hook (ends the use; a
+  // bucket no module uses any more is discarded outside this rank's chunk).
+  void use_params(std::span<const std::size_t> param_indices);
+  void release_params(std::span<const std::size_t> param_indices);
+  // Discards every bucket's parameters outside this rank's chunk (after a checkpoint load or
+  // save, which need them whole); buckets in use are an error.
+  void reshard_params();
+  // FSDP: bytes of the flat buffers currently resident on this rank (params + grads; the whole
+  // buffers without FSDP) and the peak since construction (host pages, counted per discarded
+  // range as the engine tracks them).
+  int64_t resident_buffer_bytes() const { return resident_bytes_; }
+  int64_t peak_resident_buffer_bytes() const { return peak_resident_bytes_; }
+  // FSDP optim_grads_params: all-gathers run by use_params (sync or prefetched) since construction.
+  int64_t param_gathers() const { return param_gathers_; }
+
   // Buckets launched by param_grad_ready (during backward) vs by start_grad_sync, since
   // construction: tells a test that overlap really overlaps.
   int64_t buckets_launched_in_backward() const { return launched_in_backward_; }
@@ -95,7 +133,23 @@ class DistributedDataParallel {
   struct BucketState;
   void launch(std::size_t bucket);
   void finish_gather(std::size_t bucket);  // waits for one bucket's all-gather and unstages
+  void launch_gather(std::size_t bucket);  // starts one bucket's all-gather
   void reset_readiness();
+  // FSDP optim_grads(_params) with --overlap-grad-reduce and no pipelining: each micro-batch's
+  // buckets are reduce-scattered as its backward completes them (Megatron FSDP), summed into a
+  // shard accumulator, and the full gradients discarded.
+  bool reduce_every_microbatch() const;
+  void complete_bucket(std::size_t bucket);  // waits, accumulates the shard, clears the bucket
+  void reduce_scatter(std::size_t bucket, Tensor& grads, comm::ReduceOp op,
+                      comm::ProcessGroup& group);
+  // The group a bucket is sharded over (the expert data-parallel one for expert buckets) and
+  // this rank's chunk of it.
+  comm::ProcessGroup& group_of(std::size_t bucket) const;
+  std::pair<int64_t, int64_t> own_range(std::size_t bucket) const;
+  // Discards this bucket's params / grads outside this rank's chunk (FSDP) and marks it so.
+  void discard_params(std::size_t bucket);
+  void discard_grads(std::size_t bucket);
+  void account(int64_t delta_bytes);
 
   DistributedDataParallelConfig config_;
   std::vector<transformer::Parameter>& params_;
@@ -108,8 +162,16 @@ class DistributedDataParallel {
   std::vector<std::vector<std::size_t>> buckets_of_param_;
   std::vector<bool> param_ready_;
   bool is_last_microbatch_ = true;
+  bool pipelined_ = false;
   int64_t launched_in_backward_ = 0, launched_after_backward_ = 0;
   int64_t gathers_pending_ = 0;  // buckets whose all-gather is in flight
+  int64_t resident_bytes_ = 0, peak_resident_bytes_ = 0, param_gathers_ = 0;
+  std::size_t last_used_bucket_ = 0;  // ZeRO-3 prefetch: the first bucket of the last use
 };
+
+// Discards the contents of a 1-D tensor view (they read as zeros afterwards): on the host the
+// whole pages inside it go back to the OS (madvise MADV_DONTNEED; the edges are zeroed), on a
+// device it is zeroed. Returns the bytes given back (0 on a device).
+int64_t release_host_range(const Tensor& view);
 
 }  // namespace mg::distributed

@@ -2,8 +2,9 @@
 // get_model wrapping the model in DistributedDataParallel): the model is built plain by
 // model_provider, then this stage attaches DDP to its gradient buffer, installs DDP's hooks into
 // the model (--overlap-grad-reduce's grad-ready hook, --overlap-param-gather's param-use hook) and,
-// under --use-distributed-optimizer, describes the optimizer's ZeRO-1 shard. A new data-parallel
-// scheme (FSDP's --data-parallel-sharding-strategy) is a new branch here, not in the trainer.
+// under --use-distributed-optimizer, describes the optimizer's ZeRO-1 shard. Megatron FSDP
+// (--use-megatron-fsdp) is a branch here: ZeRO-3 installs DDP's use_params / release_params as
+// the model's param-use / param-release hooks, and FSDP's default bucket is one model unit.
 //
 // Invariants: nothing here changes the numbers (one rank: DDP communicates and scales nothing).
 // The returned object must outlive the model's use of the hooks (the trainer holds both).

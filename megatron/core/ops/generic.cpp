@@ -52,7 +52,8 @@ double sum_over(comm::ProcessGroup* group, double x) {
 
 double generic_grad_norm(std::span<const Tensor> grads, const GradNormArgs& args) {
   double sum_sq = local_sum_sq(grads);
-  const double expert_sq = sum_over(args.expert_group, local_sum_sq(args.expert_grads));
+  const double expert_sq = sum_over(
+      args.expert_group, sum_over(args.expert_shard_group, local_sum_sq(args.expert_grads)));
   for (comm::ProcessGroup* g : args.groups) sum_sq = sum_over(g, sum_sq);
   return std::sqrt(sum_sq + expert_sq);  // + 0.0 without experts: exact
 }

@@ -170,6 +170,9 @@ struct GradNormArgs {
   // experts): summed over expert_group only, apart from `grads`.
   std::span<const Tensor> expert_grads;
   comm::ProcessGroup* expert_group = nullptr;
+  // FSDP with expert parallelism: the expert data-parallel group whose ranks hold disjoint chunks
+  // of the expert gradients; summed over before expert_group (null: experts not sharded).
+  comm::ProcessGroup* expert_shard_group = nullptr;
   // The device of the gradients: clip_grad_norm calls grad_norm through this device's op table
   // (resolved the same way on a rank that holds no gradients).
   Device device = Device::cpu();

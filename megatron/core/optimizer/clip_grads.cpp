@@ -41,6 +41,8 @@ ops::GradNormArgs MegatronOptimizer::grad_norm_args() const {
   args.groups = grad_stats_groups_;
   args.expert_grads = state_->expert_grads_for_norm;
   args.expert_group = expert_.get();
+  if (shard_ && shard_->expert_group && shard_->expert_group->size() > 1)
+    args.expert_shard_group = shard_->expert_group.get();
   args.device = buffer_.grads.device();
   return args;
 }

@@ -91,6 +91,13 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
   MG_CHECK(buffer_.params.device() == buffer_.grads.device(),
            "optimizer: params on " << buffer_.params.device() << " but grads on "
                                    << buffer_.grads.device());
+  // --optimizer-cpu-offload: on the host the state is in host memory already (the identity).
+  MG_CHECK(!config_.optimizer_cpu_offload || config_.optimizer_offload_fraction == 0.0 ||
+               buffer_.params.device().is_host(),
+           "--optimizer-cpu-offload with the model on "
+               << buffer_.params.device()
+               << " is not built yet (the host-side update exists only as the CPU platform's "
+                  "identity); drop the flag or pass --optimizer-offload-fraction 0");
 
   // Each Parameter exactly once: unique names, disjoint ranges (a tied weight listed twice would
   // be stepped twice and counted twice in the grad norm).

@@ -32,7 +32,8 @@
 // Model parallelism (GradStatsGroups): the same statistics also reduce over TP, PP and the expert
 // group. The grad norm always goes through the op table's slots, whatever the layout, so a
 // plugin's override applies at scale (ops::GradNormArgs carries the groups).
-// Checkpoints: optimizer_state_dict.cpp. Not here: CPU offload.
+// Checkpoints: optimizer_state_dict.cpp. CPU offload (--optimizer-cpu-offload): the identity for a
+// host buffer; refused for a device buffer (not built yet).
 #pragma once
 
 #include <cstdint>
@@ -102,7 +103,11 @@ struct GradStatsGroups {
 struct ShardOptions {
   // Disjoint [start, end) element ranges of the flat buffer this rank steps, ascending.
   std::vector<std::pair<int64_t, int64_t>> ranges;
-  comm::ProcessGroupPtr group;          // the ranks whose ranges partition the buffer (dp-cp)
+  comm::ProcessGroupPtr group;  // the ranks whose ranges partition the buffer (dp-cp)
+  // FSDP with expert parallelism: the expert data-parallel group whose ranks partition the expert
+  // buckets (null: expert parameters are not sharded apart). The grad norm of expert pieces sums
+  // over it before the expert group.
+  comm::ProcessGroupPtr expert_group;
   std::function<void()> gather_params;  // after a successful step: all-gather the model weights
 };
 

@@ -62,6 +62,8 @@ void OptimizerConfig::validate() const {
   MG_CHECK(loss_scale_window > 0,
            "OptimizerConfig: loss_scale_window must be > 0, got " << loss_scale_window);
   MG_CHECK(hysteresis > 0, "OptimizerConfig: hysteresis must be > 0, got " << hysteresis);
+  MG_CHECK(optimizer_offload_fraction >= 0.0 && optimizer_offload_fraction <= 1.0,
+           "--optimizer-offload-fraction must be in [0, 1], got " << optimizer_offload_fraction);
 }
 
 }  // namespace mg::optimizer

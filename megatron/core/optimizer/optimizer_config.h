@@ -46,6 +46,12 @@ struct OptimizerConfig {
 
   double clip_grad = 1.0;              // --clip-grad (0 disables clipping)
   bool log_num_zeros_in_grad = false;  // --log-num-zeros-in-grad
+  // --optimizer-cpu-offload / --optimizer-offload-fraction (Megatron's): master weights and
+  // moments (that fraction of them) in host memory, the update on the host. On the CPU platform
+  // they are there already: the identity (the trainer says so); on a device not built yet (an
+  // error at construction naming the device).
+  bool optimizer_cpu_offload = false;
+  double optimizer_offload_fraction = 1.0;
 
   OptimizerType type() const { return parse_optimizer_type(optimizer); }
 

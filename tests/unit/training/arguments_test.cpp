@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "megatron/training/arg_parser.h"
 #include "tests/unit/test_util.h"
@@ -243,6 +244,54 @@ TEST(Arguments, HelpListsFlags) {
   EXPECT_TRUE(a.help);
   EXPECT_NE(a.help_text.find("--num-layers"), std::string::npos);
   EXPECT_NE(a.help_text.find("--yaml-cfg"), std::string::npos);
+}
+
+TEST(Arguments, MegatronFsdpFlags) {
+  using distributed::ShardingStrategy;
+  Arguments a = parse_args(base());
+  EXPECT_FALSE(a.ddp.use_megatron_fsdp);
+  EXPECT_EQ(a.ddp.sharding_strategy, ShardingStrategy::no_shard);  // Megatron's default
+  EXPECT_FALSE(a.ddp.use_distributed_optimizer);
+  EXPECT_TRUE(a.gradient_accumulation_fusion);
+  EXPECT_FALSE(a.optimizer.optimizer_cpu_offload);
+  EXPECT_EQ(a.optimizer.optimizer_offload_fraction, 1.0);
+
+  a = parse_args(with({"--use-megatron-fsdp"}));
+  EXPECT_TRUE(a.ddp.use_megatron_fsdp);
+  EXPECT_FALSE(a.ddp.use_distributed_optimizer);  // no_shard = DDP
+  EXPECT_FALSE(a.ddp.shards_grads());
+  for (const auto& [name, s, grads, params] :
+       {std::tuple{"optim", ShardingStrategy::optim, false, false},
+        std::tuple{"optim_grads", ShardingStrategy::optim_grads, true, false},
+        std::tuple{"optim_grads_params", ShardingStrategy::optim_grads_params, true, true}}) {
+    a = parse_args(with({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", name}));
+    EXPECT_EQ(a.ddp.sharding_strategy, s) << name;
+    EXPECT_TRUE(a.ddp.use_distributed_optimizer) << name;  // the optimizer state is sharded
+    EXPECT_EQ(a.ddp.shards_grads(), grads) << name;
+    EXPECT_EQ(a.ddp.shards_params(), params) << name;
+  }
+  // --use-torch-fsdp2: the ZeRO-3 engine.
+  a = parse_args(with({"--use-torch-fsdp2", "--no-gradient-accumulation-fusion"}));
+  EXPECT_TRUE(a.use_torch_fsdp2);
+  EXPECT_TRUE(a.ddp.use_megatron_fsdp);
+  EXPECT_EQ(a.ddp.sharding_strategy, ShardingStrategy::optim_grads_params);
+  EXPECT_FALSE(a.gradient_accumulation_fusion);
+  a = parse_args(with({"--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"}));
+  EXPECT_TRUE(a.optimizer.optimizer_cpu_offload);
+  EXPECT_EQ(a.optimizer.optimizer_offload_fraction, 0.5);
+
+  auto e = parse_error(with({"--data-parallel-sharding-strategy", "optim_grads"}));
+  EXPECT_NE(e.find("--data-parallel-sharding-strategy needs --use-megatron-fsdp"),
+            std::string::npos)
+      << e;
+  e = parse_error(with({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "zero3"}));
+  EXPECT_NE(e.find("zero3"), std::string::npos) << e;
+  EXPECT_NE(e.find("optim_grads_params"), std::string::npos) << e;
+  e = parse_error(with({"--use-torch-fsdp2", "--data-parallel-sharding-strategy", "optim_grads"}));
+  EXPECT_NE(e.find("--use-torch-fsdp2 shards parameters"), std::string::npos) << e;
+  e = parse_error(with({"--optimizer-offload-fraction", "1.5"}));
+  EXPECT_NE(e.find("--optimizer-offload-fraction must be in [0, 1], got 1.5"), std::string::npos)
+      << e;
 }
 
 }  // namespace

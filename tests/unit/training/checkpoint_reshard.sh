@@ -19,6 +19,9 @@
 #   ep:     MoE (8 experts, top-2; expert keys per global expert index) saved at EP2 x DP2; load
 #           EP1, EP4, TP2 + SP with EP2, EP2 x DP2 (exact)
 #   cp:     saved at CP2 x TP2 + SP; load CP1, CP2, CP4, CP2 x TP2 (exact)
+#   fsdp:   saved at TP2 x DP2 + FSDP optim_grads_params; load TP1, DP4 + FSDP optim_grads,
+#           TP2 x PP2 + distributed optimizer, TP2 x DP2 + FSDP optim_grads_params (exact); the
+#           dopt source also loads its checkpoint into DP4 + FSDP optim_grads_params
 # (CTest label `mpi`; tests/CMakeLists.txt.)
 set -eu
 bin=$1; source=$2; mpi=$3; shift 3; mpi_args="$*"
@@ -77,6 +80,7 @@ run "$work/single.log" 1
 ck="$work/ckpt"
 save="--tensor-model-parallel-size 2 --sequence-parallel"
 dopt="--use-distributed-optimizer"
+fsdp="--use-megatron-fsdp --data-parallel-sharding-strategy"
 case "$source" in
   dopt)
     save 4 $save $dopt
@@ -84,6 +88,7 @@ case "$source" in
     load 4 "TP2xDP2 dist-opt -> TP4" 2e-6 --tensor-model-parallel-size 4
     load 4 "TP2xDP2 dist-opt -> DP4" 2e-6
     load 4 "TP2xDP2 dist-opt -> TP2xDP2" 2e-6 --tensor-model-parallel-size 2
+    load 4 "TP2xDP2 dist-opt -> DP4 FSDP optim_grads_params" 2e-6 $fsdp optim_grads_params
     load 4 "TP2xDP2 dist-opt -> TP2xDP2 dist-opt (same layout, exact)" 0 $save $dopt
     ;;
   nodopt)
@@ -136,5 +141,14 @@ case "$source" in
     load 4 "CP2xTP2 -> CP4 (allgather)" 2e-6 --context-parallel-size 4 --cp-comm-type allgather
     load 4 "CP2xTP2 -> CP2xTP2 (same layout, exact)" 0 $cp2
     ;;
-  *) echo "unknown source '$source' (dopt, nodopt, pp, crash, ep, cp)"; exit 2 ;;
+  fsdp)
+    save 4 $save $fsdp optim_grads_params
+    load 1 "TP2xDP2 FSDP optim_grads_params -> TP1" 2e-6
+    load 4 "TP2xDP2 FSDP optim_grads_params -> DP4 FSDP optim_grads" 2e-6 $fsdp optim_grads
+    load 4 "TP2xDP2 FSDP optim_grads_params -> TP2xPP2 dist-opt" 2e-6 \
+      --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 $dopt
+    load 4 "TP2xDP2 FSDP optim_grads_params -> TP2xDP2 FSDP (same layout, exact)" 0 $save \
+      $fsdp optim_grads_params
+    ;;
+  *) echo "unknown source '$source' (dopt, nodopt, pp, crash, ep, cp, fsdp)"; exit 2 ;;
 esac

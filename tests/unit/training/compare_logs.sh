@@ -25,11 +25,12 @@ compare_one() {
 #   expect_layout <log> <np> <pretrain_gpt args...>
 #       from the arguments (--tensor/--pipeline/--context/--expert-model-parallel-size,
 #       --virtual-pipeline-model-parallel-size or --num-layers-per-virtual-pipeline-stage,
-#       --sequence-parallel, --use-distributed-optimizer, --cp-comm-type, --num-experts) and <np>:
+#       --sequence-parallel, --use-distributed-optimizer, --use-megatron-fsdp with
+#       --data-parallel-sharding-strategy, --use-torch-fsdp2, --cp-comm-type, --num-experts) and <np>:
 #       "tensor parallel: TP ranks, sequence parallel on|off", "pipeline parallel: PP p [x VP v]:"
 #       with its schedule, "context parallel: CP ranks (type), data-parallel size DP", "data
-#       parallel: DPxCP ranks" (the gradient reduce group) with the distributed optimizer when
-#       asked for, "mixture of experts: ... expert parallel EP (E/EP experts per rank), expert
+#       parallel: DPxCP ranks" (the gradient reduce group) with the distributed optimizer and the
+#       FSDP strategy when asked for, "mixture of experts: ... expert parallel EP (E/EP experts per rank), expert
 #       data parallel EDP"; and no tensor / pipeline / context parallel line for size 1.
 # Fails printing the log's start-up summary. Its variables start with _el_ (the scripts are sh).
 expect_line() {
@@ -46,7 +47,7 @@ expect_no_line() {
 expect_layout() {
   _el_log=$1; _el_np=$2; shift 2; _el_quiet=1
   _el_tp=1 _el_pp=1 _el_cp=1 _el_ep=1 _el_vp="" _el_sp=off _el_dopt="" _el_comm=p2p _el_experts=0
-  _el_overlap=""
+  _el_overlap="" _el_fsdp="" _el_strategy=no_shard
   while [ $# -gt 0 ]; do
     case "$1" in
       --tensor-model-parallel-size) _el_tp=$2; shift ;;
@@ -60,9 +61,16 @@ expect_layout() {
       --sequence-parallel) _el_sp=on ;;
       --use-distributed-optimizer) _el_dopt=".*, distributed optimizer" ;;
       --overlap-grad-reduce) _el_overlap=1 ;;
+      --use-megatron-fsdp) _el_fsdp=1 ;;
+      --use-torch-fsdp2) _el_fsdp=1 _el_strategy=optim_grads_params ;;
+      --data-parallel-sharding-strategy) _el_strategy=$2; shift ;;
     esac
     shift
   done
+  if [ -n "$_el_fsdp" ]; then  # FSDP: its strategy on the data-parallel line (dist-opt above no_shard)
+    if [ "$_el_strategy" = no_shard ]; then _el_dopt=".*, Megatron FSDP no_shard"
+    else _el_dopt=".*, distributed optimizer, Megatron FSDP $_el_strategy([ ,]|\$)"; fi
+  fi
   [ "$_el_tp" -gt 1 ] || _el_sp=off
   _el_dp=$((_el_np / (_el_tp * _el_pp * _el_cp)))
   _el_what="np $_el_np = TP $_el_tp x PP $_el_pp x CP $_el_cp x DP $_el_dp"
@@ -90,6 +98,7 @@ expect_layout() {
     expect_line "$_el_log" "$_el_what" "^data parallel: $((_el_dp * _el_cp)) ranks $_el_dopt"
   fi
   [ -n "$_el_dopt" ] || expect_no_line "$_el_log" "$_el_what" "^data parallel: .*distributed optimizer"
+  [ -n "$_el_fsdp" ] || expect_no_line "$_el_log" "$_el_what" "^data parallel: .*Megatron FSDP"
   if [ "$_el_experts" -gt 0 ]; then
     if [ "$_el_ep" -gt 1 ] || [ "$_el_tp" -gt 1 ]; then
       _el_edp=$((_el_np / (_el_ep * _el_pp)))

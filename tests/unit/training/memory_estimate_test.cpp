@@ -111,6 +111,30 @@ TEST(MemoryEstimate, StateBytesFollowDtypesAndTheDistributedOptimizer) {
   const MemoryEstimate ed = estimate_memory(dopt, kVocab, l4, 0);
   EXPECT_DOUBLE_EQ(ed.optimizer_bytes, 12 * n / 4);
   EXPECT_DOUBLE_EQ(ed.parameter_bytes, 2 * n);
+  EXPECT_EQ(ed.fsdp_parameter_bytes + ed.fsdp_gradient_bytes, 0.0);
+
+  // FSDP: the strategies divide over the dp-cp group; ZeRO-2/3 hold unsharded copies in flight.
+  const Arguments z2 =
+      parse({"--bf16", "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads"});
+  const MemoryEstimate e2 = estimate_memory(z2, kVocab, memory_layout(z2, 4), 0);
+  EXPECT_DOUBLE_EQ(e2.gradient_bytes, 4 * n / 4);
+  EXPECT_DOUBLE_EQ(e2.parameter_bytes, 2 * n);
+  EXPECT_DOUBLE_EQ(e2.fsdp_gradient_bytes, 4 * n * 3 / 4);  // no overlap: all until reduced
+  EXPECT_EQ(e2.fsdp_parameter_bytes, 0.0);
+  const Arguments z3 =
+      parse({"--bf16", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+             "optim_grads_params", "--overlap-grad-reduce", "--overlap-param-gather",
+             "--ddp-bucket-size", "1000", "--context-parallel-size", "2"});
+  const MemoryLayout l8 = memory_layout(z3, 8);
+  EXPECT_EQ(l8.dp * l8.cp, 8);
+  EXPECT_EQ(sharding_divisors(z3, l8).parameters, 8);
+  const MemoryEstimate e3 = estimate_memory(z3, kVocab, l8, 0);
+  EXPECT_DOUBLE_EQ(e3.parameter_bytes, 2 * n / 8);
+  EXPECT_DOUBLE_EQ(e3.optimizer_bytes, 12 * n / 8);
+  // Two 1000-element buckets gathered (one prefetched), 7/8 of each not this rank's; two
+  // buckets of gradients in flight plus the shard accumulator.
+  EXPECT_DOUBLE_EQ(e3.fsdp_parameter_bytes, 2 * 1000 * 2.0 * 7 / 8);
+  EXPECT_DOUBLE_EQ(e3.fsdp_gradient_bytes, 2 * 1000 * 4.0 * 7 / 8 + 4 * n / 8);
 }
 
 TEST(MemoryEstimate, ActivationsScaleWithTokensAndParallelism) {

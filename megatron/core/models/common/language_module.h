@@ -21,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "megatron/core/common/error.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/parameter.h"
@@ -134,6 +135,18 @@ class LanguageModule {
   using ParamUseHook = std::function<void(std::span<const std::size_t> param_indices)>;
   virtual void set_grad_ready_hook(GradReadyHook hook) = 0;
   virtual void set_param_use_hook(ParamUseHook hook) = 0;
+  // FSDP optim_grads_params: the param-use hook is then also called before a module's backward
+  // (and a recompute), and this one after each use, forward or backward, with the same indices;
+  // between the two the module reads its parameters, never outside. A model that cannot promise
+  // that keeps this default, which refuses.
+  virtual void set_param_release_hook(ParamUseHook) {
+    MG_THROW(
+        "this model does not report when it is done with its parameters: FSDP "
+        "optim_grads_params (ZeRO-3) is not available for it");
+  }
+  // The parameter indices of each unit the param-use hook reports together (a layer, the head,
+  // the embeddings); FSDP's default bucket size comes from the largest. Empty: unknown.
+  virtual std::vector<std::vector<std::size_t>> param_units() const { return {}; }
 
   // Mixture of experts: the model's own auxiliary-loss scale (Megatron's MoEAuxLossAutoScaler,
   // set by the trainer to the lm loss's seed scale, schedules.h aux_loss_scale) and metrics

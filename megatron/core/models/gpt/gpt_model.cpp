@@ -90,11 +90,19 @@ struct GPTModel::Impl {
   std::vector<std::vector<std::size_t>> layer_params;  // per layer (index in `layers`)
   std::vector<std::size_t> head_params;                // output layer (untied) and final norm
   std::vector<std::size_t> embedding_params;           // the rest: embeddings
+  // What the head reads: head_params and, when tied on a rank with the embedding, the word
+  // embedding (the param-use / param-release hooks' set for the head).
+  std::vector<std::size_t> head_use;
 
   // Param-use hook (forward pre-hook): called before a module first uses these parameters.
   GPTModel::ParamUseHook param_use;
   void use(const std::vector<std::size_t>& indices) const {
     if (param_use && !indices.empty()) param_use(std::span<const std::size_t>(indices));
+  }
+  // Param-release hook (FSDP): the module that called use() with these is done with them.
+  GPTModel::ParamUseHook param_release;
+  void release(const std::vector<std::size_t>& indices) const {
+    if (param_release && !indices.empty()) param_release(std::span<const std::size_t>(indices));
   }
 
   void report_ready(const std::vector<std::size_t>& indices) const {
@@ -267,6 +275,10 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
       m.embedding_params.push_back(i);
     }
   }
+  m.head_use = m.head_params;
+  if (tied && m.pre_process)
+    for (std::size_t i : m.embedding_params)
+      if (m.params[i].name == "embedding.word_embeddings.weight") m.head_use.push_back(i);
 
   // Full recompute: per chunk, over its own layers (Megatron: per pipeline stage).
   if (c.recompute_granularity == transformer::RecomputeGranularity::full) {
@@ -483,6 +495,7 @@ Tensor GPTModel::Impl::decoder(int v, Tensor x, detail::GPTSaved& st) {
     TransformerLayer::Saved& ls = st.layers[static_cast<std::size_t>(l - lo)];
     use(layer_params[static_cast<std::size_t>(l)]);
     Tensor y = layers[static_cast<std::size_t>(l)]->forward(x, ls, st.in, st.rng, !selective);
+    release(layer_params[static_cast<std::size_t>(l)]);
     const int rc = chunk_of(l);
     if (rc >= 0) {  // full recompute: keep only the chunk's input
       const bool first = recompute_chunks[static_cast<std::size_t>(rc)].first == l;
@@ -560,6 +573,7 @@ Tensor GPTModel::forward_chunk(int v, const GPTBatch& batch, const Tensor& input
   if (ch.pre_process) {
     m.use(m.embedding_params);
     x = m.embed(st);
+    m.release(m.embedding_params);
   } else {
     const Shape want = pipeline_tensor_shape(st.s, st.b);
     MG_CHECK(input.defined() && input.shape() == want && input.dtype() == m.ctx.dtype,
@@ -571,8 +585,9 @@ Tensor GPTModel::forward_chunk(int v, const GPTBatch& batch, const Tensor& input
   x = m.decoder(v, x, st);
   Tensor out;
   if (ch.post_process) {
-    m.use(m.head_params);
+    m.use(m.head_use);
     const LossSums ls = m.head(x, st);
+    m.release(m.head_use);
     if (sums) *sums = ls;
   } else {
     out = x;
@@ -598,10 +613,12 @@ Tensor GPTModel::Impl::head_bwd(detail::GPTSaved& st, double dloss) {
 
   // Output layer (the word embedding when tied): d(final_ln) = dlogits W, summed over TP (SP:
   // reduce-scattered); dW += dlogits^T ln (a shard of padding only: no logits, dx 0).
+  use(head_use);  // FSDP optim_grads_params gathers the head's parameters again for backward
   Weight w = logit_weight();
   const Tensor dln = output_layer->backward(dlogits.view({st.s, st.b, logit_rows}), st.final_ln,
                                             st.output_layer, false, &w);
   Tensor dx = final_norm ? final_norm->backward(dln, st.decoder_out, st.final_norm) : dln;
+  release(head_use);
   st.final_ln = Tensor();
   st.decoder_out = Tensor();
   report_ready(head_params);
@@ -625,10 +642,15 @@ Tensor GPTModel::Impl::decoder_bwd(Tensor dx, detail::GPTSaved& st) {
       Tensor x = saved(first).x;
       const bool selective =
           c.recompute_granularity == transformer::RecomputeGranularity::selective;
-      for (int64_t r = first; r < last; ++r)
+      for (int64_t r = first; r < last; ++r) {
+        use(layer_params[static_cast<std::size_t>(r)]);
         x = layers[static_cast<std::size_t>(r)]->forward(x, saved(r), st.in, st.rng, !selective);
+        release(layer_params[static_cast<std::size_t>(r)]);
+      }
     }
+    use(layer_params[static_cast<std::size_t>(l)]);
     dx = layers[static_cast<std::size_t>(l)]->backward(dx, ls, st.in, st.rng);
+    release(layer_params[static_cast<std::size_t>(l)]);
     report_ready(layer_params[static_cast<std::size_t>(l)]);
   }
   return dx;
@@ -697,6 +719,17 @@ DType GPTModel::pipeline_tensor_dtype() const {
 
 void GPTModel::set_param_use_hook(ParamUseHook hook) {
   impl_->param_use = std::move(hook);
+}
+
+void GPTModel::set_param_release_hook(ParamUseHook hook) {
+  impl_->param_release = std::move(hook);
+}
+
+std::vector<std::vector<std::size_t>> GPTModel::param_units() const {
+  std::vector<std::vector<std::size_t>> units = impl_->layer_params;
+  units.push_back(impl_->head_params);
+  units.push_back(impl_->embedding_params);
+  return units;
 }
 
 void GPTModel::set_grad_ready_hook(GradReadyHook hook) {

@@ -204,6 +204,8 @@ class GPTModel final : public LanguageModule {
   // holding them (Megatron's forward pre-hook). Empty by default; it never changes what forward
   // computes.
   void set_param_use_hook(ParamUseHook hook) override;
+  void set_param_release_hook(ParamUseHook hook) override;
+  std::vector<std::vector<std::size_t>> param_units() const override;
 
   // This model's MoE state (transformer/moe/moe_utils.h), which its MoE layers use: the aux/z
   // losses' backward seed (Megatron's MoEAuxLossAutoScaler.set_loss_scale, set by the training
