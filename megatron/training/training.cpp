@@ -284,16 +284,17 @@ std::string fp8_summary(Run& r) {
   const fp8::Fp8Config& f = st->config();
   std::ostringstream s;
   s << "fp8: format " << fp8::format_name(f.format) << " (forward " << dtype_name(f.forward_dtype())
-    << ", gradients " << dtype_name(f.backward_dtype()) << "), recipe " << fp8::recipe_name(f.recipe);
+    << ", gradients " << dtype_name(f.backward_dtype()) << "), recipe "
+    << fp8::recipe_name(f.recipe);
   if (f.recipe == fp8::Fp8Recipe::delayed)
     s << " (amax history " << f.amax_history_len << ", " << fp8::amax_algo_name(f.amax_compute_algo)
-      << ", margin " << f.margin << ", amax reduced over "
-      << (r.ps.amax ? r.ps.amax->size() : 1) << " rank(s))";
+      << ", margin " << f.margin << ", amax reduced over " << (r.ps.amax ? r.ps.amax->size() : 1)
+      << " rank(s))";
   s << ", " << st->num_linears() << " FP8 linears on this rank"
-    << (f.first_last_layers_bf16 ? ", first " + std::to_string(f.num_layers_at_start_in_bf16) +
-                                       " / last " + std::to_string(f.num_layers_at_end_in_bf16) +
-                                       " layers in high precision"
-                                 : std::string())
+    << (f.first_last_layers_bf16
+            ? ", first " + std::to_string(f.num_layers_at_start_in_bf16) + " / last " +
+                  std::to_string(f.num_layers_at_end_in_bf16) + " layers in high precision"
+            : std::string())
     << (f.wgrad ? "" : ", wgrad in high precision") << "\n";
   return s.str();
 }
@@ -323,10 +324,11 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed
         << "\n"
         << data_parallel_summary(r) << tensor_parallel_summary(r) << pipeline_parallel_summary(r)
-        << context_parallel_summary(r) << fp8_summary(r) << "optimizer: " << r.args.optimizer.optimizer << ", lr "
-        << *r.args.optimizer.lr << " (" << r.args.scheduler.lr_decay_style << "), weight decay "
-        << r.args.optimizer.weight_decay << ", clip-grad " << r.args.optimizer.clip_grad
-        << ", params " << dtype_name(r.args.model.params_dtype) << "\n"
+        << context_parallel_summary(r) << fp8_summary(r)
+        << "optimizer: " << r.args.optimizer.optimizer << ", lr " << *r.args.optimizer.lr << " ("
+        << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
+        << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
+        << dtype_name(r.args.model.params_dtype) << "\n"
         << "op table (" << plat.name() << "):";
   int col = 0;
   for (const auto& res : r.rt->resolutions()) {

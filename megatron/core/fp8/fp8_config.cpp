@@ -18,11 +18,10 @@ void Fp8Config::validate(int64_t num_layers) const {
   if (first_last_layers_bf16) {
     MG_CHECK(num_layers_at_start_in_bf16 >= 0 && num_layers_at_end_in_bf16 >= 0 &&
                  num_layers_at_start_in_bf16 + num_layers_at_end_in_bf16 <= num_layers,
-             "--num-layers-at-start-in-bf16 " << num_layers_at_start_in_bf16
-                                              << " and --num-layers-at-end-in-bf16 "
-                                              << num_layers_at_end_in_bf16
-                                              << ": each >= 0, together at most --num-layers "
-                                              << num_layers);
+             "--num-layers-at-start-in-bf16 "
+                 << num_layers_at_start_in_bf16 << " and --num-layers-at-end-in-bf16 "
+                 << num_layers_at_end_in_bf16 << ": each >= 0, together at most --num-layers "
+                 << num_layers);
   }
 }
 

@@ -21,16 +21,16 @@ enum class Fp8Recipe : uint8_t {
 enum class AmaxComputeAlgo : uint8_t { max, most_recent };
 
 struct Fp8Config {
-  Fp8Format format = Fp8Format::none;          // --fp8-format (--fp8-e4m3 / --fp8-hybrid)
-  Fp8Recipe recipe = Fp8Recipe::delayed;       // --fp8-recipe
-  int64_t margin = 0;                          // --fp8-margin: scale /= 2^margin
-  int64_t amax_history_len = 1;                // --fp8-amax-history-len
+  Fp8Format format = Fp8Format::none;     // --fp8-format (--fp8-e4m3 / --fp8-hybrid)
+  Fp8Recipe recipe = Fp8Recipe::delayed;  // --fp8-recipe
+  int64_t margin = 0;                     // --fp8-margin: scale /= 2^margin
+  int64_t amax_history_len = 1;           // --fp8-amax-history-len
   AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::most_recent;  // --fp8-amax-compute-algo
-  bool wgrad = true;                           // --no-fp8-wgrad: weight-gradient GEMM in high precision
-  bool tp_only_amax_red = false;               // --tp-only-amax-red: amax over TP(-CP) only
-  bool first_last_layers_bf16 = false;         // --first-last-layers-bf16
-  int64_t num_layers_at_start_in_bf16 = 1;     // --num-layers-at-start-in-bf16
-  int64_t num_layers_at_end_in_bf16 = 1;       // --num-layers-at-end-in-bf16
+  bool wgrad = true;                    // --no-fp8-wgrad: weight-gradient GEMM in high precision
+  bool tp_only_amax_red = false;        // --tp-only-amax-red: amax over TP(-CP) only
+  bool first_last_layers_bf16 = false;  // --first-last-layers-bf16
+  int64_t num_layers_at_start_in_bf16 = 1;  // --num-layers-at-start-in-bf16
+  int64_t num_layers_at_end_in_bf16 = 1;    // --num-layers-at-end-in-bf16
 
   bool enabled() const { return format != Fp8Format::none; }
   // The FP8 dtype of a forward operand (input, weight) and of a gradient.
@@ -44,8 +44,8 @@ struct Fp8Config {
   void validate(int64_t num_layers) const;
 };
 
-const char* format_name(Fp8Format f);  // "none", "e4m3", "hybrid"
-const char* recipe_name(Fp8Recipe r);  // "delayed", "tensorwise"
+const char* format_name(Fp8Format f);           // "none", "e4m3", "hybrid"
+const char* recipe_name(Fp8Recipe r);           // "delayed", "tensorwise"
 const char* amax_algo_name(AmaxComputeAlgo a);  // "max", "most_recent"
 // The largest finite value of an FP8 dtype: 448 (e4m3), 57344 (e5m2).
 float fp8_max(DType t);

@@ -10,7 +10,9 @@ namespace mg::fp8 {
 
 namespace {
 
-Tensor host_f32(const std::vector<float>& v, const Shape& s) { return Tensor::from_vector(v, s); }
+Tensor host_f32(const std::vector<float>& v, const Shape& s) {
+  return Tensor::from_vector(v, s);
+}
 
 nlohmann::json bits(const std::vector<float>& v) {
   nlohmann::json a = nlohmann::json::array();
@@ -19,9 +21,9 @@ nlohmann::json bits(const std::vector<float>& v) {
 }
 
 std::vector<float> from_bits(const nlohmann::json& a, std::size_t n, const std::string& what) {
-  MG_CHECK(a.is_array() && a.size() == n,
-           "fp8 checkpoint state: " << what << " holds " << (a.is_array() ? a.size() : 0)
-                                    << " values, expected " << n);
+  MG_CHECK(a.is_array() && a.size() == n, "fp8 checkpoint state: " << what << " holds "
+                                                                   << (a.is_array() ? a.size() : 0)
+                                                                   << " values, expected " << n);
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = std::bit_cast<float>(a[i].get<uint32_t>());
   return v;
@@ -97,7 +99,8 @@ Scaling Fp8State::scaling(int id, Role role, std::span<const Tensor> xs, bool tr
     const Buffers& b = buffers(forward);
     s.scale = b.scale.slice(slot, 1);
     s.scale_inv = b.scale_inv.slice(slot, 1).clone();
-    s.amax = training ? b.history.select(0).slice(slot, 1) : Tensor::zeros({1}, DType::f32, device_);
+    s.amax =
+        training ? b.history.select(0).slice(slot, 1) : Tensor::zeros({1}, DType::f32, device_);
     return s;
   }
   // Tensorwise: amax of the tensors, reduced over the group, then the scale.
@@ -138,9 +141,9 @@ void Fp8State::update(bool forward, comm::ProcessGroup* group) {
   }
   std::vector<float> hist = h.to_vector<float>();
   std::vector<float> sc = b.scale.to_vector<float>(), si = b.scale_inv.to_vector<float>();
-  delayed_update(hist, sc, si, len, n, fp8_max(forward ? cfg_.forward_dtype()
-                                                       : cfg_.backward_dtype()),
-                 cfg_.margin, cfg_.amax_compute_algo);
+  delayed_update(hist, sc, si, len, n,
+                 fp8_max(forward ? cfg_.forward_dtype() : cfg_.backward_dtype()), cfg_.margin,
+                 cfg_.amax_compute_algo);
   b.history.copy_(host_f32(hist, {len, n}));
   b.scale.copy_(host_f32(sc, {n}));
   b.scale_inv.copy_(host_f32(si, {n}));
@@ -166,7 +169,8 @@ nlohmann::json Fp8State::state_json() const {
     for (int id = 0; id < num_linears(); ++id) {
       std::vector<float> hh, ss, ssi;
       for (int64_t i = 0; i < len; ++i)
-        for (int r = 0; r < per; ++r) hh.push_back(h[static_cast<std::size_t>(i * n + id * per + r)]);
+        for (int r = 0; r < per; ++r)
+          hh.push_back(h[static_cast<std::size_t>(i * n + id * per + r)]);
       for (int r = 0; r < per; ++r) {
         ss.push_back(s[static_cast<std::size_t>(id * per + r)]);
         ssi.push_back(si[static_cast<std::size_t>(id * per + r)]);
@@ -186,15 +190,15 @@ nlohmann::json Fp8State::state_json() const {
 
 void Fp8State::load_state_json(const nlohmann::json& j) {
   const std::string recipe = j.value("recipe", "");
-  MG_CHECK(recipe == recipe_name(cfg_.recipe),
-           "fp8 checkpoint state: recipe " << recipe << ", this run's --fp8-recipe is "
-                                           << recipe_name(cfg_.recipe));
+  MG_CHECK(recipe == recipe_name(cfg_.recipe), "fp8 checkpoint state: recipe "
+                                                   << recipe << ", this run's --fp8-recipe is "
+                                                   << recipe_name(cfg_.recipe));
   const int64_t len = cfg_.amax_history_len;
   if (cfg_.recipe != Fp8Recipe::delayed) return;  // tensorwise keeps no state
   MG_CHECK(j.value("amax_history_len", int64_t{0}) == len,
-           "fp8 checkpoint state: amax history length "
-               << j.value("amax_history_len", int64_t{0}) << ", this run's --fp8-amax-history-len is "
-               << len);
+           "fp8 checkpoint state: amax history length " << j.value("amax_history_len", int64_t{0})
+                                                        << ", this run's --fp8-amax-history-len is "
+                                                        << len);
   const nlohmann::json& lin = j.at("linears");
   for (bool forward : {true, false}) {
     std::vector<float> h = history(forward), s = scale(forward), si = scale_inv(forward);
@@ -212,7 +216,8 @@ void Fp8State::load_state_json(const nlohmann::json& j) {
       const auto ssi = from_bits(e.at(k + "_scale_inv"), per_u, name + " " + k + "_scale_inv");
       for (int64_t i = 0; i < len; ++i)
         for (int r = 0; r < per; ++r)
-          h[static_cast<std::size_t>(i * n + id * per + r)] = hh[static_cast<std::size_t>(i * per + r)];
+          h[static_cast<std::size_t>(i * n + id * per + r)] =
+              hh[static_cast<std::size_t>(i * per + r)];
       for (int r = 0; r < per; ++r) {
         s[static_cast<std::size_t>(id * per + r)] = ss[static_cast<std::size_t>(r)];
         si[static_cast<std::size_t>(id * per + r)] = ssi[static_cast<std::size_t>(r)];

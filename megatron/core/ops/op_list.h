@@ -20,7 +20,7 @@
   X(gemm_epilogue, op, "",                                                                        \
     void(Tensor & c, Tensor & aux, Tensor & dbias, const Tensor& a, const Tensor& b,              \
          const Tensor& bias, const GemmEpilogueArgs& args))                                       \
-  /* FP8 (docs/fp8.md): q [R,C] fp8 = saturate(round(x [R,C] * scale)), qt [C,R] its transpose   \
+  /* FP8 (docs/fp8.md): q [R,C] fp8 = saturate(round(x [R,C] * scale)), qt [C,R] its transpose    \
      (cast-transpose; q, qt optional), amax [1] f32 = max(amax, max |x|); scale [1] f32 */        \
   X(fp8_cast_transpose, op, "",                                                                   \
     void(Tensor & q, Tensor & qt, Tensor & amax, const Tensor& x, const Tensor& scale))           \

@@ -136,7 +136,9 @@ GemmDims validate_gemm(const Placement& on, const Tensor& c, const Tensor& a, co
 
 namespace {
 
-bool is_fp8(DType t) { return t == DType::fp8_e4m3 || t == DType::fp8_e5m2; }
+bool is_fp8(DType t) {
+  return t == DType::fp8_e4m3 || t == DType::fp8_e5m2;
+}
 
 void check_scalar_f32(const Placement& on, const char* op, const char* name, const Tensor& t) {
   on.check(op, name, t);
@@ -200,9 +202,9 @@ GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a
   GemmDims d{.batch = 1, .m = a.size(0), .n = b.size(0), .k = a.size(1)};
   MG_CHECK(b.size(1) == d.k, op << ": inner dims differ: A " << shape_str(a.shape()) << ", B "
                                 << shape_str(b.shape()) << " (c = A @ B^T: both [.., K])");
-  MG_CHECK(c.size(0) == d.m && c.size(1) == d.n,
-           op << ": C " << shape_str(c.shape()) << " does not match A @ B^T = [" << d.m << ", "
-              << d.n << "]");
+  MG_CHECK(c.size(0) == d.m && c.size(1) == d.n, op << ": C " << shape_str(c.shape())
+                                                    << " does not match A @ B^T = [" << d.m << ", "
+                                                    << d.n << "]");
   MG_CHECK(args.beta == 0.0f || args.beta == 1.0f,
            op << ": beta " << args.beta << ", expected 0 or 1");
   MG_CHECK(d.m % 16 == 0 && d.n % 16 == 0 && d.k % 16 == 0,

@@ -229,9 +229,9 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
   if (fp8_id_ >= 0) {  // one cast of x and of the (regrouped) weight, one FP8 GEMM per part
     Tensor xq;
     fp8_cast_input(ctx_, fp8_id_, x2, xq, saved.fp8);
-    const fp8::Scaling sw = ctx_.fp8->scaling(
-        fp8_id_, fp8::Role::weight, std::span<const Tensor>(&w, 1), ctx_.fp8_training,
-        ctx_.tp_group);
+    const fp8::Scaling sw =
+        ctx_.fp8->scaling(fp8_id_, fp8::Role::weight, std::span<const Tensor>(&w, 1),
+                          ctx_.fp8_training, ctx_.tp_group);
     saved.fp8.weight_scale_inv = sw.scale_inv;
     saved.fp8.weight_parts_t.clear();
     for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
@@ -240,8 +240,7 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
       ctx_.fp8->cast(sw, w.slice(base[p], r), &wq, &wqt);
       saved.fp8.weight_parts_t.push_back(wqt);
       Tensor y = ctx_.empty({n, r});
-      ctx_.op().fp8_gemm(y, xq, wq, saved.fp8.input_scale_inv, sw.scale_inv,
-                         ops::Fp8GemmArgs{});
+      ctx_.op().fp8_gemm(y, xq, wq, saved.fp8.input_scale_inv, sw.scale_inv, ops::Fp8GemmArgs{});
       if (b_.defined()) ctx_.op().bias_add(y, bias.slice(base[p], r));
       parts.push_back(y);
     }
@@ -400,7 +399,8 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
 }
 
 Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) {
-  MG_CHECK(fp8_id_ < 0, "RowParallelLinear::backward: an FP8 linear needs the Saved of its forward");
+  MG_CHECK(fp8_id_ < 0,
+           "RowParallelLinear::backward: an FP8 linear needs the Saved of its forward");
   Saved saved;
   return backward(dy, x, saved);
 }
@@ -439,8 +439,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& sav
     const fp8::Scaling sg = fp8_grad_scaling(ctx_, fp8_id_, std::span<const Tensor>(&g2, 1));
     Tensor gq, gqt;
     fp8_cast_grad(ctx_, sg, g2, gq, gqt);
-    fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, g2, xp.view({n, in_local_}), saved.fp8,
-                 dx, 0.0f, w_.grad, 1.0f);
+    fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, g2, xp.view({n, in_local_}), saved.fp8, dx,
+                 0.0f, w_.grad, 1.0f);
     saved = Saved{};
   } else {
     linear_bwd(ctx_, dx, w_.grad, g.view({n, out}), xp.view({n, in_local_}), w_.value);

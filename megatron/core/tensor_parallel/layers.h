@@ -87,8 +87,8 @@ struct OutputSplit {
 // outputs in the model dtype, dW in main_grad's. Biases and the bias-GELU of the fused paths run
 // as separate ops there. What the backward needs of the forward's casts:
 struct Fp8Saved {
-  Tensor input_t, input_scale_inv;    // x_q^T [in, N]
-  Tensor weight_t, weight_scale_inv;  // w_q^T [in, out]
+  Tensor input_t, input_scale_inv;     // x_q^T [in, N]
+  Tensor weight_t, weight_scale_inv;   // w_q^T [in, out]
   std::vector<Tensor> weight_parts_t;  // forward_split: each part's w_q^T [in, rows]
 };
 

@@ -28,14 +28,15 @@ namespace mg::platforms::cpu {
 
 namespace {
 
-inline float nan_max(float m, float a) { return (a > m || a != a) ? a : m; }
+inline float nan_max(float m, float a) {
+  return (a > m || a != a) ? a : m;
+}
 
 inline uint8_t to_fp8(float v, bool e4m3) {
   return e4m3 ? dmath::f32_to_e4m3(v, true) : dmath::f32_to_e5m2(v, true);
 }
 
-void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x,
-                        const Tensor& scale) {
+void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x, const Tensor& scale) {
   const ops::GemmDims d = ops::validate_fp8_cast_transpose(kOnHost, q, qt, amax, x, scale);
   const int64_t rows = d.m, cols = d.n;
   const float s = *scale.data<float>();
@@ -81,8 +82,7 @@ std::vector<float> widen(const Tensor& t) {
 
 void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv,
               const Tensor& b_scale_inv, const ops::Fp8GemmArgs& args) {
-  const ops::GemmDims d =
-      ops::validate_fp8_gemm(kOnHost, c, a, b, a_scale_inv, b_scale_inv, args);
+  const ops::GemmDims d = ops::validate_fp8_gemm(kOnHost, c, a, b, a_scale_inv, b_scale_inv, args);
   MG_CHECK(!overlaps(c, a) && !overlaps(c, b), "fp8_gemm: C " << c.str() << " overlaps an input");
   const int64_t m = d.m, n = d.n, k = d.k;
   if (m * n == 0) return;
@@ -95,7 +95,7 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
         m * n * k < (int64_t{1} << 20)
             ? 1
             : std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), m / kMinBlock));
-#pragma omp parallel for schedule(static) num_threads(static_cast<int>(parts)) if (parts > 1)
+#pragma omp parallel for schedule(static) num_threads(static_cast <int>(parts)) if (parts > 1)
     for (int64_t p = 0; p < parts; ++p) {
       const int64_t lo = m * p / parts, len = m * (p + 1) / parts - lo;
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(len),

@@ -4,8 +4,8 @@
 // fp8_cast_transpose: one 32 x 32 tile per block: x read coalesced, q = the saturating RNE cast of
 // f32(x) * scale (dtype_math.h, the same code as the CPU: bit-identical), q written coalesced and
 // the tile transposed through shared memory so qt is written coalesced too (Transformer Engine's
-// fused cast-transpose). Each block writes its tile's max |x| to a partial; one block then folds the
-// partials in index order into amax (no atomics; max is exact, so equal to the CPU's).
+// fused cast-transpose). Each block writes its tile's max |x| to a partial; one block then folds
+// the partials in index order into amax (no atomics; max is exact, so equal to the CPU's).
 // fp8_gemm: cuBLASLt with A/B CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2, CUBLAS_COMPUTE_32F, the scale
 // inverses as CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER (device pointers: no host sync), FAST_ACCUM
 // off (TE's split accumulator: partial sums promoted to f32), C = D (beta 1 accumulates into the
@@ -39,7 +39,9 @@ constexpr int kTile = 32;
 constexpr int kMaxDevices = 64;
 constexpr std::size_t kFp8WorkspaceBytes = std::size_t{32} << 20;
 
-__device__ __forceinline__ float nan_max(float m, float a) { return (a > m || a != a) ? a : m; }
+__device__ __forceinline__ float nan_max(float m, float a) {
+  return (a > m || a != a) ? a : m;
+}
 
 // Block (tile_c, tile_r) of a [rows, cols] x; blockDim (32, 8), each thread 4 rows of the tile.
 __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, float* partial, const void* x,
@@ -95,8 +97,7 @@ __global__ void fold_amax_kernel(float* amax, const float* partial, int64_t n) {
   }
 }
 
-void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x,
-                        const Tensor& scale) {
+void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x, const Tensor& scale) {
   const ops::GemmDims d = ops::validate_fp8_cast_transpose(OnCudaDevice{}, q, qt, amax, x, scale);
   const int64_t rows = d.m, cols = d.n;
   if (rows * cols == 0) return;
@@ -104,8 +105,8 @@ void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x,
   DeviceGuard guard(dev);
   cudaStream_t s = current_stream(dev);
   const int64_t tiles_r = (rows + kTile - 1) / kTile, tiles_c = (cols + kTile - 1) / kTile;
-  MG_CHECK(tiles_r <= 65535, "fp8_cast_transpose: " << rows << " rows exceed the grid limit of "
-                                                    << 65535 * kTile);
+  MG_CHECK(tiles_r <= 65535,
+           "fp8_cast_transpose: " << rows << " rows exceed the grid limit of " << 65535 * kTile);
   Scratch partial(dev, static_cast<std::size_t>(tiles_r * tiles_c) * sizeof(float));
   const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
   cast_transpose_kernel<<<dim3(static_cast<unsigned>(tiles_c), static_cast<unsigned>(tiles_r)),
@@ -191,8 +192,8 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
   MG_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
   const int8_t fast_accum = 0;
-  MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
-                                                 &fast_accum, sizeof(fast_accum)));
+  MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
+                                                 sizeof(fast_accum)));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.la, cuda_type(b.dtype()), d.k, d.n, d.k));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.lb, cuda_type(a.dtype()), d.k, d.m, d.k));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.lc, cuda_type(c.dtype()), d.n, d.m, d.n));
@@ -202,8 +203,8 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
       x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  MG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(h, x.op, x.la, x.lb, x.lc, x.lc, x.pref, 1,
-                                                 &result, &found));
+  MG_CUBLAS_CHECK(
+      cublasLtMatmulAlgoGetHeuristic(h, x.op, x.la, x.lb, x.lc, x.lc, x.pref, 1, &result, &found));
   MG_CHECK(found > 0, "fp8_gemm: cuBLASLt has no FP8 algorithm for [M, N, K] = ["
                           << d.m << ", " << d.n << ", " << d.k << "], A " << dtype_name(a.dtype())
                           << ", B " << dtype_name(b.dtype()) << ", C " << dtype_name(c.dtype()));

@@ -64,7 +64,7 @@ struct GPTModel::Impl {
   TransformerConfig config;
   transformer::TransformerBlockSpec spec;
   transformer::ModuleContext ctx;
-  transformer::moe::MoEState moe;  // the MoE layers' aux-loss scale and metrics (ctx.moe)
+  transformer::moe::MoEState moe;      // the MoE layers' aux-loss scale and metrics (ctx.moe)
   std::unique_ptr<fp8::Fp8State> fp8;  // the FP8 linears' scaling state (ctx.fp8); null: no FP8
   int64_t vocab = 0, vocab_padded = 0;
   GPTModelParallel parallel;

@@ -30,7 +30,9 @@ using fp8::Fp8State;
 float from_hex(const std::string& h) {
   return std::bit_cast<float>(static_cast<uint32_t>(std::stoul(h, nullptr, 16)));
 }
-uint32_t bits(float f) { return std::bit_cast<uint32_t>(f); }
+uint32_t bits(float f) {
+  return std::bit_cast<uint32_t>(f);
+}
 
 std::vector<std::string> fixture_lines(const std::string& kind) {
   const std::string path = std::string(MG_TEST_FIXTURES_DIR) + "/fp8/fp8_fixture.txt";
@@ -43,7 +45,9 @@ std::vector<std::string> fixture_lines(const std::string& kind) {
   return out;
 }
 
-DType fmt_dtype(const std::string& f) { return f == "e4m3" ? DType::fp8_e4m3 : DType::fp8_e5m2; }
+DType fmt_dtype(const std::string& f) {
+  return f == "e4m3" ? DType::fp8_e4m3 : DType::fp8_e5m2;
+}
 
 TEST(Fp8Cast, MatchesMlDtypes) {
   const auto& ops = test::ops_on("cpu");
@@ -150,12 +154,14 @@ void replay_delayed(bool forward) {
       for (int64_t j = 0; j < slots; ++j) {
         // Two casts per slot: half the amax, then the amax (row 0 keeps the max of the pass).
         const int id = static_cast<int>(forward ? j / 2 : j);
-        const fp8::Role role = !forward        ? fp8::Role::grad_output
+        const fp8::Role role = !forward     ? fp8::Role::grad_output
                                : j % 2 == 0 ? fp8::Role::input
                                             : fp8::Role::weight;
-        for (float v : {rec[static_cast<std::size_t>(j)] * 0.5f, -rec[static_cast<std::size_t>(j)]}) {
+        for (float v :
+             {rec[static_cast<std::size_t>(j)] * 0.5f, -rec[static_cast<std::size_t>(j)]}) {
           const Tensor x = Tensor::from_vector(std::vector<float>{v, 0.0f}, {1, 2});
-          const fp8::Scaling sc = st.scaling(id, role, std::span<const Tensor>(&x, 1), true, nullptr);
+          const fp8::Scaling sc =
+              st.scaling(id, role, std::span<const Tensor>(&x, 1), true, nullptr);
           Tensor q;
           st.cast(sc, x, &q, nullptr);
         }
@@ -182,8 +188,12 @@ void replay_delayed(bool forward) {
   EXPECT_EQ(blocks, forward ? 2 : 10);
 }
 
-TEST(Fp8Delayed, BackwardSlotsMatchReference) { replay_delayed(false); }
-TEST(Fp8Delayed, ForwardSlotsMatchReference) { replay_delayed(true); }
+TEST(Fp8Delayed, BackwardSlotsMatchReference) {
+  replay_delayed(false);
+}
+TEST(Fp8Delayed, ForwardSlotsMatchReference) {
+  replay_delayed(true);
+}
 
 TEST(Fp8Delayed, EvaluationRecordsNothing) {
   Fp8Config cfg;
@@ -192,7 +202,8 @@ TEST(Fp8Delayed, EvaluationRecordsNothing) {
   st.add_linear("a");
   st.finalize();
   const Tensor x = Tensor::from_vector(std::vector<float>{3.0f, 1.0f}, {1, 2});
-  const fp8::Scaling s = st.scaling(0, fp8::Role::input, std::span<const Tensor>(&x, 1), false, nullptr);
+  const fp8::Scaling s =
+      st.scaling(0, fp8::Role::input, std::span<const Tensor>(&x, 1), false, nullptr);
   Tensor q;
   st.cast(s, x, &q, nullptr);
   EXPECT_EQ(st.history(true), (std::vector<float>{0.0f, 0.0f}));
@@ -252,9 +263,9 @@ TEST(Fp8Tensorwise, MatchesReference) {
 TEST(Fp8Gemm, CpuWithinTheF32AccumulationBound) {
   const auto& ops = test::ops_on("cpu");
   const int64_t m = 32, n = 48, k = 64;
-  for (auto [ta, tb] : {std::pair{DType::fp8_e4m3, DType::fp8_e4m3},
-                        std::pair{DType::fp8_e5m2, DType::fp8_e4m3},
-                        std::pair{DType::fp8_e4m3, DType::fp8_e5m2}}) {
+  for (auto [ta, tb] :
+       {std::pair{DType::fp8_e4m3, DType::fp8_e4m3}, std::pair{DType::fp8_e5m2, DType::fp8_e4m3},
+        std::pair{DType::fp8_e4m3, DType::fp8_e5m2}}) {
     for (float beta : {0.0f, 1.0f}) {
       const auto av = test::random_values(static_cast<std::size_t>(m * k), 11, -300.0, 300.0);
       const auto bv = test::random_values(static_cast<std::size_t>(n * k), 12, -30.0, 30.0);
@@ -265,7 +276,8 @@ TEST(Fp8Gemm, CpuWithinTheF32AccumulationBound) {
       const auto c0 = test::random_values(static_cast<std::size_t>(m * n), 13, -1.0, 1.0);
       Tensor c = Tensor::from_vector(c0, {m, n}, DType::f32);
       ops.fp8_gemm(c, a, b, sa, sb, ops::Fp8GemmArgs{.beta = beta});
-      const auto ad = a.to(DType::f64).to_vector<double>(), bd = b.to(DType::f64).to_vector<double>();
+      const auto ad = a.to(DType::f64).to_vector<double>(),
+                 bd = b.to(DType::f64).to_vector<double>();
       const auto cv = c.to_vector<float>();
       const double s = static_cast<double>(0.37f * (1.0f / 448.0f)), u = std::ldexp(1.0, -24);
       const double gamma = k * u / (1 - k * u);
@@ -279,9 +291,9 @@ TEST(Fp8Gemm, CpuWithinTheF32AccumulationBound) {
           }
           const double c_old = static_cast<float>(c0[i * n + j]);
           ref = s * ref + beta * c_old;
-          const double bound =
-              s * gamma * abs_sum + u * std::fabs(ref) + 2 * u * beta * std::fabs(c_old) +
-              u * s * abs_sum;  // s itself is rounded to f32 once
+          const double bound = s * gamma * abs_sum + u * std::fabs(ref) +
+                               2 * u * beta * std::fabs(c_old) +
+                               u * s * abs_sum;  // s itself is rounded to f32 once
           bad += std::fabs(cv[i * n + j] - ref) > bound;
         }
       EXPECT_EQ(bad, 0) << dtype_name(ta) << " x " << dtype_name(tb) << " beta " << beta;

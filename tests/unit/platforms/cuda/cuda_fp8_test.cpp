@@ -56,8 +56,8 @@ TEST(CudaFp8, GemmWithinTheDerivedBound) {
   const auto& cpu = test::ops_on("cpu");
   const auto& gpu = test::ops_on("cuda");
   const int64_t m = 64, n = 96, k = 256;
-  for (auto [ta, tb] : {std::pair{DType::fp8_e4m3, DType::fp8_e4m3},
-                        std::pair{DType::fp8_e5m2, DType::fp8_e4m3}})
+  for (auto [ta, tb] :
+       {std::pair{DType::fp8_e4m3, DType::fp8_e4m3}, std::pair{DType::fp8_e5m2, DType::fp8_e4m3}})
     for (DType cd : {DType::f32, DType::bf16})
       for (float beta : {0.0f, 1.0f}) {
         if (cd != DType::f32 && beta != 0.0f) continue;
@@ -81,18 +81,21 @@ TEST(CudaFp8, GemmWithinTheDerivedBound) {
         cpu.fp8_gemm(c, a, b, sa, sb, {.beta = beta});
         const auto gv = gc.to(Device::cpu()).to(DType::f64).to_vector<double>();
         const auto cv = c.to(DType::f64).to_vector<double>();
-        const auto ad = a.to(DType::f64).to_vector<double>(), bd = b.to(DType::f64).to_vector<double>();
-        const double s = 0.013 * 0.2, uc = cd == DType::f32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
+        const auto ad = a.to(DType::f64).to_vector<double>(),
+                   bd = b.to(DType::f64).to_vector<double>();
+        const double s = 0.013 * 0.2,
+                     uc = cd == DType::f32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -8);
         auto gamma = [&](double u) { return k * u / (1 - k * u); };
         int bad = 0;
         for (int64_t i = 0; i < m; ++i)
           for (int64_t j = 0; j < n; ++j) {
             double abs_sum = 0;
             for (int64_t q = 0; q < k; ++q) abs_sum += std::fabs(ad[i * k + q] * bd[j * k + q]);
-            const double bound =
-                s * (gamma(std::ldexp(1.0, -24)) + gamma(std::ldexp(1.0, -13)) + std::ldexp(1.0, -24)) *
-                    abs_sum +
-                2 * uc * std::fabs(cv[i * n + j]);
+            const double bound = s *
+                                     (gamma(std::ldexp(1.0, -24)) + gamma(std::ldexp(1.0, -13)) +
+                                      std::ldexp(1.0, -24)) *
+                                     abs_sum +
+                                 2 * uc * std::fabs(cv[i * n + j]);
             bad += std::fabs(gv[i * n + j] - cv[i * n + j]) > bound;
           }
         EXPECT_EQ(bad, 0) << dtype_name(ta) << " x " << dtype_name(tb) << " -> " << dtype_name(cd)
