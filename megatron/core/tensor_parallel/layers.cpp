@@ -405,6 +405,15 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) {
   return backward(dy, x, saved);
 }
 
+Tensor RowParallelLinear::backward_dgelu_bgrad(const Tensor& dy, const Tensor& x,
+                                               const Tensor& pre_activation, Tensor& dbias_prev) {
+  MG_CHECK(fp8_id_ < 0,
+           "RowParallelLinear::backward_dgelu_bgrad: an FP8 linear needs the Saved of "
+           "its forward");
+  Saved saved;
+  return backward_dgelu_bgrad(dy, x, pre_activation, dbias_prev, saved);
+}
+
 Tensor RowParallelLinear::forward(const Tensor& x, Saved& saved) const {
   const Tensor xp = cfg_.input_is_parallel || ctx_.tp_size() == 1
                         ? x

@@ -173,6 +173,8 @@ class RowParallelLinear {
   // undefined: none); dW += dy^T x.
   Tensor backward_dgelu_bgrad(const Tensor& dy, const Tensor& x, const Tensor& pre_activation,
                               Tensor& dbias_prev, Saved& saved);
+  Tensor backward_dgelu_bgrad(const Tensor& dy, const Tensor& x, const Tensor& pre_activation,
+                              Tensor& dbias_prev);  // not for an FP8 linear
 
   const Weight& weight() const { return w_; }
   const Weight& bias() const { return b_; }
