@@ -45,6 +45,13 @@ std::vector<std::string> fixture_lines(const std::string& kind) {
   return out;
 }
 
+// "l<i>" (appended, not "l" + to_string: GCC 12's bogus -Wrestrict at -O3, README "Developing").
+std::string linear_name(int64_t i) {
+  std::string s = "l";
+  s += std::to_string(i);
+  return s;
+}
+
 DType fmt_dtype(const std::string& f) {
   return f == "e4m3" ? DType::fp8_e4m3 : DType::fp8_e5m2;
 }
@@ -133,7 +140,7 @@ void replay_delayed(bool forward) {
         algo == "max" ? fp8::AmaxComputeAlgo::max : fp8::AmaxComputeAlgo::most_recent;
     Fp8State st(cfg, ops, Device::cpu());
     const int64_t linears = forward ? slots / 2 : slots;
-    for (int64_t i = 0; i < linears; ++i) st.add_linear("l" + std::to_string(i));
+    for (int64_t i = 0; i < linears; ++i) st.add_linear(linear_name(i));
     st.finalize();
     for (int64_t s = 0; s < steps; ++s) {
       std::istringstream ls(lines[li + 1 + static_cast<std::size_t>(s)]);
@@ -176,7 +183,7 @@ void replay_delayed(bool forward) {
       }
       // The checkpoint form restores the same state into a fresh one.
       Fp8State copy(cfg, ops, Device::cpu());
-      for (int64_t i = 0; i < linears; ++i) copy.add_linear("l" + std::to_string(i));
+      for (int64_t i = 0; i < linears; ++i) copy.add_linear(linear_name(i));
       copy.finalize();
       copy.load_state_json(nlohmann::json::parse(st.state_json().dump()));
       EXPECT_EQ(copy.history(forward), h);
