@@ -2,6 +2,7 @@
 #include "megatron/training/arguments.h"
 
 #include <sstream>
+#include <utility>
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/pipeline_parallel/layer_layout.h"
@@ -387,6 +388,26 @@ void check(bool ok, ArgParser& p, const char* a, const char* b) {
   (void)p;
 }
 
+// FP8 GEMMs need M, N, K multiples of 16 (cuBLASLt; Transformer Engine asserts the same): the
+// sizes every FP8 linear's GEMMs take, per tensor-parallel rank, checked before any work.
+void check_fp8_sizes(const Arguments& a) {
+  if (!a.model.fp8.enabled()) return;
+  const auto& m = a.model;
+  const int64_t tp = a.parallel.tensor_model_parallel_size;
+  const int64_t tokens =
+      m.seq_length / a.parallel.context_parallel_size * a.training.micro_batch_size;
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"--hidden-size", m.hidden_size},
+      {"the FFN size per tensor-parallel rank (fc1 output / TP)", m.fc1_output_size() / tp},
+      {"the query projection per tensor-parallel rank", m.query_projection_size() / tp},
+      {"the key / value projection per tensor-parallel rank", m.kv_projection_size() / tp},
+      {"tokens per micro-batch (--seq-length / CP x --micro-batch-size)", tokens}};
+  for (const auto& [what, v] : sizes)
+    MG_CHECK(v % 16 == 0, "--fp8-format: " << what << " is " << v
+                                           << "; FP8 GEMMs need multiples of 16 (cuBLASLt, as "
+                                              "Transformer Engine asserts)");
+}
+
 }  // namespace
 
 Arguments parse_args(int argc, char** argv) {
@@ -513,6 +534,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "
                                                  << a.training.micro_batch_size << ")");
+  check_fp8_sizes(a);
   if (a.training.global_batch_size == 0)
     a.training.global_batch_size = a.training.micro_batch_size * a.training.data_parallel_size;
   a.training.validate();

@@ -2,6 +2,7 @@
 // spellings, and every refusal naming the flag and value.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,15 @@ std::vector<std::string> with(std::vector<std::string> extra) {
                                 "--vocab-size",
                                 "64",
                                 "--bf16"};
-  v.insert(v.end(), extra.begin(), extra.end());
+  // A flag of the base given again in `extra` replaces the base's value (a flag may appear once).
+  for (std::size_t i = 0; i < extra.size(); ++i) {
+    auto it = std::find(v.begin(), v.end(), extra[i]);
+    if (it != v.end() && i + 1 < extra.size() && it + 1 != v.end() && (it + 1)->rfind("--", 0)) {
+      *(it + 1) = extra[++i];
+      continue;
+    }
+    v.push_back(extra[i]);
+  }
   return v;
 }
 
@@ -100,6 +109,15 @@ TEST(Fp8Arguments, Refusals) {
             std::string::npos);
   EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-amax-history-len", "0"})
                 .find("--fp8-amax-history-len 0"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--seq-length", "20"})
+                .find("tokens per micro-batch (--seq-length / CP x --micro-batch-size) is 40"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--hidden-size", "40"}).find("--hidden-size is 40"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--num-attention-heads", "8",
+                      "--group-query-attention", "--num-query-groups", "2"})
+                .find("key / value projection per tensor-parallel rank is 8"),
             std::string::npos);
   EXPECT_NE(error_of({"--fp8-format", "hybrid", "--recompute-granularity", "full",
                       "--recompute-method", "uniform", "--recompute-num-layers", "1"})
