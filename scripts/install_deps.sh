@@ -19,6 +19,7 @@ packages=(
   zlib1g-dev libzstd-dev      # preprocess_data: .gz / .zst inputs
   libxxhash-dev               # checkpoint checksums (XXH3-64 per tensor)
   gzip zstd                   # tests write compressed inputs with them
+  bible-kjv                   # the demo corpus (make demo; pretrain_gpt_fp8's 300-iteration track)
   clang-format                # make format / the format check of make test (Debian 12: 14)
 )
 

@@ -2,6 +2,7 @@
 #include "megatron/training/arguments.h"
 
 #include <sstream>
+#include <utility>
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/pipeline_parallel/layer_layout.h"
@@ -25,7 +26,80 @@ struct Pending {
   std::optional<std::string> yaml_cfg;
   std::optional<int64_t> virtual_pipeline_model_parallel_size;  // resolved with the layout
   std::optional<std::string> moe_layer_freq;                    // int or "[1,0,...]"
+  bool fp8_e4m3 = false, fp8_hybrid = false, fp8_param_gather = false;
+  int64_t fp8_interval = 1;
 };
+
+// ---- FP8 (Megatron's --fp8-* flags; docs/fp8.md) ----
+void add_fp8_flags(ArgParser& p, fp8::Fp8Config& f, Pending& x) {
+  using fp8::AmaxComputeAlgo;
+  using fp8::Fp8Format;
+  using fp8::Fp8Recipe;
+  p.add_choice(
+      "--fp8-format", {"e4m3", "hybrid"},
+      [&f](const std::string& v) { f.format = v == "e4m3" ? Fp8Format::e4m3 : Fp8Format::hybrid; },
+      "FP8 GEMMs in the decoder layers' linears: e4m3 everywhere, or hybrid (E4M3 forward, E5M2 "
+      "gradients)");
+  p.add_switch("--fp8-e4m3", x.fp8_e4m3, true, "older spelling of --fp8-format e4m3");
+  p.add_switch("--fp8-hybrid", x.fp8_hybrid, true, "older spelling of --fp8-format hybrid");
+  p.add_choice(
+      "--fp8-recipe", {"delayed", "tensorwise", "mxfp8", "blockwise"},
+      [&f](const std::string& v) {
+        MG_CHECK(v == "delayed" || v == "tensorwise",
+                 "--fp8-recipe " << v << ": not built yet (valid here: delayed, tensorwise)");
+        f.recipe = v == "delayed" ? Fp8Recipe::delayed : Fp8Recipe::tensorwise;
+      },
+      "scaling recipe (delayed: amax history; tensorwise: current per-tensor scaling)");
+  p.add("--fp8-margin", f.margin, "scaling margin: scale = fp8_max / amax / 2^margin (0)");
+  p.add("--fp8-interval", x.fp8_interval,
+        "scaling update interval; deprecated and ignored by Megatron: only 1 is accepted");
+  p.add("--fp8-amax-history-len", f.amax_history_len, "amax history length of delayed scaling (1)");
+  p.add_choice(
+      "--fp8-amax-compute-algo", {"most_recent", "max"},
+      [&f](const std::string& v) {
+        f.amax_compute_algo = v == "max" ? AmaxComputeAlgo::max : AmaxComputeAlgo::most_recent;
+      },
+      "amax from the history: most_recent (default) or max");
+  p.add_switch("--no-fp8-wgrad", f.wgrad, false,
+               "weight-gradient GEMMs in the model dtype instead of FP8");
+  p.add_switch("--fp8-param-gather", x.fp8_param_gather, true,
+               "FP8 parameters and all-gather (not built yet: refused)");
+  p.add_switch("--tp-only-amax-red", f.tp_only_amax_red, true,
+               "reduce amaxes over the tensor-(context-)parallel group only, not data parallel");
+  p.add_switch("--first-last-layers-bf16", f.first_last_layers_bf16, true,
+               "keep the first and last decoder layers out of FP8");
+  p.add("--num-layers-at-start-in-bf16", f.num_layers_at_start_in_bf16,
+        "with --first-last-layers-bf16: leading layers kept in the model dtype (1)");
+  p.add("--num-layers-at-end-in-bf16", f.num_layers_at_end_in_bf16,
+        "with --first-last-layers-bf16: trailing layers kept in the model dtype (1)");
+}
+
+// The FP8 flags' conflicts and dependencies; sets the format from the older spellings.
+void check_fp8_flags(ArgParser& p, fp8::Fp8Config& f, const Pending& x) {
+  MG_CHECK(!(x.fp8_e4m3 && x.fp8_hybrid), "--fp8-e4m3 and --fp8-hybrid conflict; give only one");
+  if (x.fp8_e4m3 || x.fp8_hybrid) {
+    const fp8::Fp8Format old = x.fp8_e4m3 ? fp8::Fp8Format::e4m3 : fp8::Fp8Format::hybrid;
+    MG_CHECK(!p.given("--fp8-format") || f.format == old,
+             "--fp8-format " << fp8::format_name(f.format) << " conflicts with "
+                             << (x.fp8_e4m3 ? "--fp8-e4m3" : "--fp8-hybrid"));
+    f.format = old;
+  }
+  MG_CHECK(!x.fp8_param_gather,
+           "--fp8-param-gather: not built yet (FP8 parameters and their all-gather); FP8 GEMMs "
+           "with high-precision parameters run without it");
+  MG_CHECK(x.fp8_interval == 1, "--fp8-interval " << x.fp8_interval
+                                                  << ": deprecated (Megatron and Transformer "
+                                                     "Engine ignore it; scales update every "
+                                                     "pass); only 1 is accepted");
+  if (!f.enabled()) {
+    for (const char* flag :
+         {"--fp8-recipe", "--fp8-margin", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
+          "--no-fp8-wgrad", "--tp-only-amax-red", "--first-last-layers-bf16"})
+      MG_CHECK(!p.given(flag), flag << " needs --fp8-format e4m3|hybrid (FP8 is off)");
+  }
+  for (const char* flag : {"--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"})
+    MG_CHECK(!p.given(flag) || f.first_last_layers_bf16, flag << " needs --first-last-layers-bf16");
+}
 
 // ---- Mixture of Experts and expert parallelism (Megatron's --moe-* flags) ----
 void add_moe_flags(ArgParser& p, transformer::TransformerConfig& m, Arguments& a, Pending& x) {
@@ -336,6 +410,26 @@ void check(bool ok, ArgParser& p, const char* a, const char* b) {
   (void)p;
 }
 
+// FP8 GEMMs need M, N, K multiples of 16 (cuBLASLt; Transformer Engine asserts the same): the
+// sizes every FP8 linear's GEMMs take, per tensor-parallel rank, checked before any work.
+void check_fp8_sizes(const Arguments& a) {
+  if (!a.model.fp8.enabled()) return;
+  const auto& m = a.model;
+  const int64_t tp = a.parallel.tensor_model_parallel_size;
+  const int64_t tokens =
+      m.seq_length / a.parallel.context_parallel_size * a.training.micro_batch_size;
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"--hidden-size", m.hidden_size},
+      {"the FFN size per tensor-parallel rank (fc1 output / TP)", m.fc1_output_size() / tp},
+      {"the query projection per tensor-parallel rank", m.query_projection_size() / tp},
+      {"the key / value projection per tensor-parallel rank", m.kv_projection_size() / tp},
+      {"tokens per micro-batch (--seq-length / CP x --micro-batch-size)", tokens}};
+  for (const auto& [what, v] : sizes)
+    MG_CHECK(v % 16 == 0, "--fp8-format: " << what << " is " << v
+                                           << "; FP8 GEMMs need multiples of 16 (cuBLASLt, as "
+                                              "Transformer Engine asserts)");
+}
+
 }  // namespace
 
 Arguments parse_args(int argc, char** argv) {
@@ -384,6 +478,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       "how attention crosses the CP group: p2p (ring, default), allgather, a2a (Ulysses)");
   add_ddp_flags(p, a.ddp, a);
   add_moe_flags(p, a.model, a, x);
+  add_fp8_flags(p, a.model.fp8, x);
   a.help_text = p.help();
 
   std::vector<std::string> args;
@@ -435,6 +530,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
                  !p.given("--rotary-interleaved"),
              "--rotary-* flags need --position-embedding-type rope (got "
                  << transformer::to_string(a.model.position_embedding_type) << ")");
+  check_fp8_flags(p, a.model.fp8, x);
   MG_CHECK(!a.checkpoint.finetune || a.checkpoint.load,
            "--finetune needs --load DIR (the model to start from)");
 
@@ -477,6 +573,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "
                                                  << a.training.micro_batch_size << ")");
+  check_fp8_sizes(a);
   if (a.training.global_batch_size == 0)
     a.training.global_batch_size = a.training.micro_batch_size * a.training.data_parallel_size;
   a.training.validate();

@@ -9,7 +9,7 @@
 // --lr-decay-iters = train iters); then the checks: conflicting flags (both --fp16 and --bf16, both
 // --train-iters and --train-samples, both warmup forms, --swiglu with --squared-relu, --mock-data
 // with a data path, ...) and every component's validate(). Errors name the flags and values.
-// Not here: fp8, tokenizer-dependent data checks (DataConfig::validate runs once the tokenizer gave
+// Not here: tokenizer-dependent data checks (DataConfig::validate runs once the tokenizer gave
 // eod/vocab; see training.h), the checks that need the world size (initialize.h).
 #pragma once
 

@@ -53,6 +53,11 @@ ParallelState initialize_model_parallel(const Arguments& args) {
     ps.expert_dp = groups.expert_dp;
     ps.expert_mp = groups.tp_ep_pp;
   }
+  if (args.model.fp8.enabled()) {
+    const comm::ProcessGroupPtr& g =
+        args.model.fp8.tp_only_amax_red ? groups.tp_cp : groups.tp_dp_cp;
+    if (g && g->size() > 1) ps.amax = g;
+  }
   return ps;
 }
 

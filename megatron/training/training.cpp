@@ -3,6 +3,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "megatron/core/datasets/data_samplers.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/distributed/parallelize.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_flops.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer/optimizer_param_scheduler.h"
@@ -142,6 +144,37 @@ void check_finite_before_save(Run& r, const CheckpointState& st) {
            << (latest ? "iteration " + std::to_string(*latest) : std::string("no checkpoint"))
            << " (the run diverged: lower --lr, check the data, or resume from the last good "
               "checkpoint)");
+// Every rank's FP8 state (fp8/fp8_state.h) merged by linear name: the pipeline stages hold other
+// layers; TP and DP replicas agree (the amax reduction), and the lowest rank wins where they do not
+// (--tp-only-amax-red), as Megatron keeps data-parallel rank 0's extra state. Collective over the
+// world.
+nlohmann::json gather_fp8_state(Run& r) {
+  comm::ProcessGroup& w = *r.ps.world;
+  const std::string mine = r.model->fp8_state()->state_json().dump();
+  if (w.size() == 1) return nlohmann::json::parse(mine);
+  const auto ws = static_cast<int64_t>(w.size());
+  Tensor len = Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, {1});
+  Tensor lens = Tensor::empty({ws}, DType::i64);
+  w.all_gather(lens, len)->wait();
+  int64_t longest = 0;
+  for (int64_t l : lens.to_vector<int64_t>()) longest = std::max(longest, l);
+  Tensor buf = Tensor::zeros({longest}, DType::u8);
+  std::copy(mine.begin(), mine.end(), buf.data<uint8_t>());
+  Tensor all = Tensor::empty({ws * longest}, DType::u8);
+  w.all_gather(all, buf)->wait();
+  nlohmann::json merged;
+  const std::vector<int64_t> l = lens.to_vector<int64_t>();
+  for (int64_t k = 0; k < ws; ++k) {
+    const char* p = reinterpret_cast<const char*>(all.data<uint8_t>() + k * longest);
+    nlohmann::json j = nlohmann::json::parse(std::string(p, static_cast<std::size_t>(l[k])));
+    if (merged.is_null()) {
+      merged = j;
+      continue;
+    }
+    for (auto& [name, v] : j.at("linears").items())
+      if (!merged["linears"].contains(name)) merged["linears"][name] = v;
+  }
+  return merged;
 }
 
 void save(Run& r) {
@@ -161,6 +194,7 @@ void save(Run& r) {
   if (!c.no_save_rng) st.rng = nlohmann::json{{"seed", r.rng_seed}};
   st.args = given_args_json(r.args);
   check_finite_before_save(r, st);
+  if (r.model->fp8_state()) st.extra["fp8"] = gather_fp8_state(r);  // amax histories and scales
   r.timers.start("save-checkpoint");
   SaveOptions so;
   so.format = c.ckpt_format;
@@ -223,6 +257,10 @@ void load(Run& r) {
     r.opt->reload_model_params();
   r.dp_model.ddp->reshard_params();  // FSDP optim_grads_params: keep only this rank's chunks
   if (st.scheduler) r.scheduler->load_state_dict(*st.scheduler);
+  // FP8 amax histories and scales (a run without FP8 ignores them: loading into BF16 works; a
+  // checkpoint without them starts FP8 from fresh state, as Transformer Engine does).
+  if (r.model->fp8_state() && st.extra.contains("fp8"))
+    r.model->fp8_state()->load_state_json(st.extra.at("fp8"));
   if (st.rng) r.rng_seed = (*st.rng).at("seed").get<uint64_t>();
   if (!c.finetune) {
     r.iteration = st.iteration;
@@ -300,6 +338,28 @@ std::string pipeline_parallel_summary(const Run& r) {
   return s.str();
 }
 
+// "fp8: ..." (a line) with --fp8-format.
+std::string fp8_summary(Run& r) {
+  const fp8::Fp8State* st = r.model->fp8_state();
+  if (!st) return "";
+  const fp8::Fp8Config& f = st->config();
+  std::ostringstream s;
+  s << "fp8: format " << fp8::format_name(f.format) << " (forward " << dtype_name(f.forward_dtype())
+    << ", gradients " << dtype_name(f.backward_dtype()) << "), recipe "
+    << fp8::recipe_name(f.recipe);
+  if (f.recipe == fp8::Fp8Recipe::delayed)
+    s << " (amax history " << f.amax_history_len << ", " << fp8::amax_algo_name(f.amax_compute_algo)
+      << ", margin " << f.margin << ", amax reduced over " << (r.ps.amax ? r.ps.amax->size() : 1)
+      << " rank(s))";
+  s << ", " << st->num_linears() << " FP8 linears on this rank"
+    << (f.first_last_layers_bf16
+            ? ", first " + std::to_string(f.num_layers_at_start_in_bf16) + " / last " +
+                  std::to_string(f.num_layers_at_end_in_bf16) + " layers in high precision"
+            : std::string())
+    << (f.wgrad ? "" : ", wgrad in high precision") << "\n";
+  return s.str();
+}
+
 // "context parallel: ..." (a line) with CP > 1. The data-parallel line counts the DP x CP ranks
 // its gradients are reduced over; this one gives the data-parallel size itself.
 std::string context_parallel_summary(const Run& r) {
@@ -325,10 +385,11 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed
         << "\n"
         << data_parallel_summary(r) << tensor_parallel_summary(r) << pipeline_parallel_summary(r)
-        << context_parallel_summary(r) << "optimizer: " << r.args.optimizer.optimizer << ", lr "
-        << *r.args.optimizer.lr << " (" << r.args.scheduler.lr_decay_style << "), weight decay "
-        << r.args.optimizer.weight_decay << ", clip-grad " << r.args.optimizer.clip_grad
-        << ", params " << dtype_name(r.args.model.params_dtype) << "\n"
+        << context_parallel_summary(r) << fp8_summary(r)
+        << "optimizer: " << r.args.optimizer.optimizer << ", lr " << *r.args.optimizer.lr << " ("
+        << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
+        << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
+        << dtype_name(r.args.model.params_dtype) << "\n"
         << "op table (" << plat.name() << "):";
   int col = 0;
   for (const auto& res : r.rt->resolutions()) {

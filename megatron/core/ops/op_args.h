@@ -61,6 +61,15 @@ struct GemmEpilogueArgs {
   float beta = 0.0f;
 };
 
+// fp8_gemm: c [M, N] = s * acc + beta * c with acc[m][n] = sum_k a[m][k] * b[n][k] over the FP8
+// values (exact products, f32 accumulation), s = a_scale_inv * b_scale_inv (f32, the dequantisation
+// factors, [1] tensors on the device), rounded to C's dtype (f32, bf16 or f16) once. Both operands
+// have K contiguous (cuBLASLt's "TN", the only FP8 layout of Hopper); fp8_cast_transpose gives the
+// transposed copies a layer needs. beta 0 or 1 (1: weight-gradient accumulation into main_grad).
+struct Fp8GemmArgs {
+  float beta = 0.0f;
+};
+
 // LayerNorm / RMSNorm. zero_centered_gamma: the weight is stored as (gamma - 1) and applied as
 // (1 + w) (Megatron's apply_layernorm_1p / Gemma-style RMSNorm).
 struct NormArgs {

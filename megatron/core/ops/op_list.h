@@ -20,6 +20,15 @@
   X(gemm_epilogue, op, "",                                                                        \
     void(Tensor & c, Tensor & aux, Tensor & dbias, const Tensor& a, const Tensor& b,              \
          const Tensor& bias, const GemmEpilogueArgs& args))                                       \
+  /* FP8 (docs/fp8.md): q [R,C] fp8 = saturate(round(x [R,C] * scale)), qt [C,R] its transpose    \
+     (cast-transpose; q, qt optional), amax [1] f32 = max(amax, max |x|); scale [1] f32 */        \
+  X(fp8_cast_transpose, op, "",                                                                   \
+    void(Tensor & q, Tensor & qt, Tensor & amax, const Tensor& x, const Tensor& scale))           \
+  /* c [M,N] = a_scale_inv * b_scale_inv * (a [M,K] @ b [N,K]^T) + beta c, a and b fp8: the TN    \
+     layout Hopper's FP8 tensor cores require; f32 accumulation */                                \
+  X(fp8_gemm, op, "",                                                                             \
+    void(Tensor & c, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv,                 \
+         const Tensor& b_scale_inv, const Fp8GemmArgs& args))                                     \
   /* y[N,F] += bias[F] */                                                                         \
   X(bias_add, op, "bias_grad", void(Tensor & y, const Tensor& bias))                              \
   /* dbias[F] += sum_n dy[N,F] */                                                                 \

@@ -134,6 +134,87 @@ GemmDims validate_gemm(const Placement& on, const Tensor& c, const Tensor& a, co
   return d;
 }
 
+namespace {
+
+bool is_fp8(DType t) {
+  return t == DType::fp8_e4m3 || t == DType::fp8_e5m2;
+}
+
+void check_scalar_f32(const Placement& on, const char* op, const char* name, const Tensor& t) {
+  on.check(op, name, t);
+  MG_CHECK(t.dtype() == DType::f32 && t.numel() == 1,
+           op << ": " << name << " is " << dtype_name(t.dtype()) << " " << shape_str(t.shape())
+              << ", expected f32 with one element");
+}
+
+void check_fp8(const Placement& on, const char* op, const char* name, const Tensor& t) {
+  on.check(op, name, t);
+  MG_CHECK(is_fp8(t.dtype()), op << ": " << name << " has dtype " << dtype_name(t.dtype())
+                                 << ", expected fp8_e4m3 or fp8_e5m2");
+}
+
+}  // namespace
+
+GemmDims validate_fp8_cast_transpose(const Placement& on, const Tensor& q, const Tensor& qt,
+                                     const Tensor& amax, const Tensor& x, const Tensor& scale) {
+  const char* op = "fp8_cast_transpose";
+  check_float(on, op, "x", x);
+  MG_CHECK(x.dtype() != DType::f64, op << ": x is f64, expected f32, bf16 or f16");
+  MG_CHECK(x.dim() >= 1, op << ": x is a scalar " << shape_str(x.shape()) << ", expected [.., C]");
+  check_scalar_f32(on, op, "amax", amax);
+  check_scalar_f32(on, op, "scale", scale);
+  GemmDims d;
+  d.n = x.size(-1);
+  d.m = d.n == 0 ? 0 : x.numel() / d.n;
+  if (q.defined()) {
+    check_fp8(on, op, "q", q);
+    check_same_shape(op, "q", q, "x", x);
+  }
+  if (qt.defined()) {
+    check_fp8(on, op, "qt", qt);
+    if (q.defined()) check_same_dtype(op, "qt", qt, "q", q);
+    MG_CHECK(qt.dim() == 2 && qt.size(0) == d.n && qt.size(1) == d.m,
+             op << ": qt " << shape_str(qt.shape()) << ", expected [" << d.n << ", " << d.m
+                << "] (x " << shape_str(x.shape()) << " transposed as [R, C])");
+  }
+  MG_CHECK(!(q.defined() && overlaps(q, x)) && !(qt.defined() && overlaps(qt, x)),
+           op << ": q / qt overlap x");
+  return d;
+}
+
+GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,
+                           const Tensor& a_scale_inv, const Tensor& b_scale_inv,
+                           const Fp8GemmArgs& args) {
+  const char* op = "fp8_gemm";
+  check_fp8(on, op, "A", a);
+  check_fp8(on, op, "B", b);
+  check_float(on, op, "C", c);
+  check_scalar_f32(on, op, "a_scale_inv", a_scale_inv);
+  check_scalar_f32(on, op, "b_scale_inv", b_scale_inv);
+  MG_CHECK(!(a.dtype() == DType::fp8_e5m2 && b.dtype() == DType::fp8_e5m2),
+           op << ": A and B are both fp8_e5m2 (cuBLASLt has no e5m2 x e5m2 GEMM; one of them must "
+                 "be fp8_e4m3)");
+  MG_CHECK(c.dtype() != DType::f64,
+           op << ": C has dtype f64, expected f32, bf16 or f16 (FP8 GEMMs accumulate in f32)");
+  MG_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
+           op << ": A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << " and C "
+              << shape_str(c.shape()) << " must be rank 2");
+  GemmDims d{.batch = 1, .m = a.size(0), .n = b.size(0), .k = a.size(1)};
+  MG_CHECK(b.size(1) == d.k, op << ": inner dims differ: A " << shape_str(a.shape()) << ", B "
+                                << shape_str(b.shape()) << " (c = A @ B^T: both [.., K])");
+  MG_CHECK(c.size(0) == d.m && c.size(1) == d.n, op << ": C " << shape_str(c.shape())
+                                                    << " does not match A @ B^T = [" << d.m << ", "
+                                                    << d.n << "]");
+  MG_CHECK(args.beta == 0.0f || args.beta == 1.0f,
+           op << ": beta " << args.beta << ", expected 0 or 1");
+  MG_CHECK(d.m % 16 == 0 && d.n % 16 == 0 && d.k % 16 == 0,
+           op << ": dims [M, N, K] = [" << d.m << ", " << d.n << ", " << d.k
+              << "] must be multiples of 16 (cuBLASLt's FP8 GEMM; Transformer Engine asserts the "
+                 "same): for FP8 training, hidden, FFN and per-rank projection sizes and "
+                 "sequence length x micro-batch size must be multiples of 16");
+  return d;
+}
+
 GemmDims validate_gemm_epilogue(const Placement& on, const Tensor& c, const Tensor& aux,
                                 const Tensor& dbias, const Tensor& a, const Tensor& b,
                                 const Tensor& bias, const GemmEpilogueArgs& args) {

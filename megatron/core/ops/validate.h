@@ -81,6 +81,15 @@ GemmDims validate_gemm(const Placement& on, const Tensor& c, const Tensor& a, co
 GemmDims validate_gemm_epilogue(const Placement& on, const Tensor& c, const Tensor& aux,
                                 const Tensor& dbias, const Tensor& a, const Tensor& b,
                                 const Tensor& bias, const GemmEpilogueArgs& args);
+// fp8_cast_transpose: x a float tensor viewed as [R, C] (C its last dim); q (optional) fp8 of x's
+// shape, qt (optional) fp8 [C, R] of q's dtype; amax and scale f32 [1]. Returns {R, C} as {m, n}.
+GemmDims validate_fp8_cast_transpose(const Placement& on, const Tensor& q, const Tensor& qt,
+                                     const Tensor& amax, const Tensor& x, const Tensor& scale);
+// fp8_gemm: a [M, K], b [N, K] fp8 (e4m3 or e5m2, not both e5m2), c [M, N] f32/bf16/f16, the
+// scale inverses f32 [1], beta 0 or 1, M, N, K multiples of 16. Returns the dims (batch 1).
+GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,
+                           const Tensor& a_scale_inv, const Tensor& b_scale_inv,
+                           const Fp8GemmArgs& args);
 // y [N, F] += bias [F]; returns F.
 int64_t validate_bias_add(const Placement& on, const Tensor& y, const Tensor& bias);
 // dbias [F] += sum_n dy [N, F]; returns F.

@@ -7,6 +7,8 @@
 // Gradient rule: parameter gradients +=, activation gradients =.
 #include "megatron/core/tensor_parallel/layers.h"
 
+#include <span>
+
 #include "megatron/core/common/error.h"
 #include "megatron/core/tensor_parallel/mappings.h"
 #include "megatron/core/tensor_parallel/sharding.h"
@@ -57,6 +59,66 @@ std::vector<int64_t> part_offsets(const OutputSplit& split) {
   return off;
 }
 
+// ---- FP8 GEMMs (layers.h Fp8Saved, docs/fp8.md) --------------------------------------------
+
+// The Fp8State id of the linear `prefix` ("decoder.layers.<l>.<...>.") when ctx.fp8 covers it.
+int fp8_linear_id(const ModuleContext& ctx, const std::string& prefix) {
+  if (!ctx.fp8 || !ctx.config) return -1;
+  static const std::string kDecoder = "decoder.layers.";
+  if (prefix.rfind(kDecoder, 0) != 0) return -1;
+  const int64_t layer = std::stoll(prefix.substr(kDecoder.size()));
+  if (!ctx.config->fp8.layer_in_fp8(layer, ctx.config->num_layers)) return -1;
+  std::string name = prefix;
+  if (!name.empty() && name.back() == '.') name.pop_back();
+  return ctx.fp8->add_linear(name);
+}
+
+// x2 [N, in] cast (with its transpose) as the input of linear `id`.
+void fp8_cast_input(const ModuleContext& ctx, int id, const Tensor& x2, Tensor& xq, Fp8Saved& sv) {
+  const fp8::Scaling sx = ctx.fp8->scaling(id, fp8::Role::input, std::span<const Tensor>(&x2, 1),
+                                           ctx.fp8_training, ctx.tp_group);
+  ctx.fp8->cast(sx, x2, &xq, &sv.input_t);
+  sv.input_scale_inv = sx.scale_inv;
+}
+
+// y [N, out] = x_q w_q^T in the model dtype; fills sv.
+Tensor fp8_forward(const ModuleContext& ctx, int id, const Tensor& x2, const Tensor& w,
+                   Fp8Saved& sv) {
+  Tensor xq, wq;
+  fp8_cast_input(ctx, id, x2, xq, sv);
+  const fp8::Scaling sw = ctx.fp8->scaling(id, fp8::Role::weight, std::span<const Tensor>(&w, 1),
+                                           ctx.fp8_training, ctx.tp_group);
+  ctx.fp8->cast(sw, w, &wq, &sv.weight_t);
+  sv.weight_scale_inv = sw.scale_inv;
+  Tensor y = ctx.empty({x2.size(0), w.size(0)});
+  ctx.op().fp8_gemm(y, xq, wq, sv.input_scale_inv, sv.weight_scale_inv, ops::Fp8GemmArgs{});
+  return y;
+}
+
+// The output gradient g2 [N, out] cast (with its transpose) at the scaling s.
+void fp8_cast_grad(const ModuleContext& ctx, const fp8::Scaling& s, const Tensor& g2, Tensor& gq,
+                   Tensor& gqt) {
+  ctx.fp8->cast(s, g2, &gq, &gqt);
+}
+
+// dx [N, in] = g_q (w_q^T)^T (beta: 0 writes, 1 adds) and dW += g_q^T x_q (FP8, or with
+// --no-fp8-wgrad the high-precision gemm of g2 and x2).
+void fp8_backward(const ModuleContext& ctx, const fp8::Scaling& sg, const Tensor& gq,
+                  const Tensor& gqt, const Tensor& weight_t, const Tensor& g2, const Tensor& x2,
+                  const Fp8Saved& sv, Tensor& dx, float dx_beta, Tensor& dw, float dw_beta) {
+  ctx.op().fp8_gemm(dx, gq, weight_t, sg.scale_inv, sv.weight_scale_inv,
+                    ops::Fp8GemmArgs{.beta = dx_beta});
+  if (ctx.config->fp8.wgrad)
+    ctx.op().fp8_gemm(dw, gqt, sv.input_t, sg.scale_inv, sv.input_scale_inv,
+                      ops::Fp8GemmArgs{.beta = dw_beta});
+  else
+    ctx.op().gemm(dw, g2, x2, ops::GemmArgs{.trans_a = true, .beta = dw_beta});
+}
+
+fp8::Scaling fp8_grad_scaling(const ModuleContext& ctx, int id, std::span<const Tensor> gs) {
+  return ctx.fp8->scaling(id, fp8::Role::grad_output, gs, ctx.fp8_training, ctx.tp_group);
+}
+
 }  // namespace
 
 // ---- ColumnParallelLinear ----------------------------------------------------------------------
@@ -73,6 +135,7 @@ ColumnParallelLinear::ColumnParallelLinear(const ModuleContext& ctx, ParamBuilde
   if (!cfg_.skip_weight_param_allocation)
     pb.add(w_, name_prefix + "weight", {cfg_.output_size, cfg_.input_size}, cfg_.init, part);
   if (cfg_.bias) pb.add(b_, name_prefix + "bias", {cfg_.output_size}, InitRule::zeros, part);
+  if (!cfg_.skip_weight_param_allocation) fp8_id_ = fp8_linear_id(ctx, name_prefix);
 }
 
 Tensor ColumnParallelLinear::enter(const Tensor& x, Saved& saved) const {
@@ -96,6 +159,9 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, Saved& saved, const Weight
   Tensor y;                               // [N, out/TP]
   if (out == 0) {
     y = ctx_.empty({n, 0});  // a shard with no output rows (the output layer's padding)
+  } else if (fp8_id_ >= 0 && !weight) {
+    y = fp8_forward(ctx_, fp8_id_, x2, w.value, saved.fp8);
+    if (b_.defined()) ctx_.op().bias_add(y, b_.value);
   } else if (b_.defined() && cfg_.gemm_bias_fusion) {  // x W^T + b in one GEMM (bias epilogue)
     y = ctx_.empty({n, out});
     Tensor none, none2;
@@ -118,8 +184,14 @@ Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, Saved& saved,
   const int64_t in = cfg_.input_size;
   const Tensor total = enter(x, saved);
   const int64_t n = total.numel() / in;
-  pre_activation = ctx_.empty({n, out_local_});  // x W^T + b, kept for the backward
   Tensor a = ctx_.empty({n, out_local_});
+  if (fp8_id_ >= 0) {  // FP8 GEMM, then bias and GELU (tanh) as ops
+    pre_activation = fp8_forward(ctx_, fp8_id_, total.view({n, in}), w_.value, saved.fp8);
+    if (b_.defined()) ctx_.op().bias_add(pre_activation, b_.value);
+    ctx_.op().gelu_fwd(a, pre_activation, ops::GeluApprox::tanh);
+    return a.view(with_last(total.shape(), out_local_));
+  }
+  pre_activation = ctx_.empty({n, out_local_});  // x W^T + b, kept for the backward
   Tensor none;
   ctx_.op().gemm_epilogue(
       a, pre_activation, none, total.view({n, in}), w_.value, b_.value,
@@ -154,6 +226,26 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
   const Tensor w = regroup(w_.value, split);
   const Tensor bias = b_.defined() ? regroup(b_.value, split) : Tensor();
   std::vector<Tensor> parts;
+  if (fp8_id_ >= 0) {  // one cast of x and of the (regrouped) weight, one FP8 GEMM per part
+    Tensor xq;
+    fp8_cast_input(ctx_, fp8_id_, x2, xq, saved.fp8);
+    const fp8::Scaling sw =
+        ctx_.fp8->scaling(fp8_id_, fp8::Role::weight, std::span<const Tensor>(&w, 1),
+                          ctx_.fp8_training, ctx_.tp_group);
+    saved.fp8.weight_scale_inv = sw.scale_inv;
+    saved.fp8.weight_parts_t.clear();
+    for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
+      const int64_t r = split.part_rows[p];
+      Tensor wq, wqt;
+      ctx_.fp8->cast(sw, w.slice(base[p], r), &wq, &wqt);
+      saved.fp8.weight_parts_t.push_back(wqt);
+      Tensor y = ctx_.empty({n, r});
+      ctx_.op().fp8_gemm(y, xq, wq, saved.fp8.input_scale_inv, sw.scale_inv, ops::Fp8GemmArgs{});
+      if (b_.defined()) ctx_.op().bias_add(y, bias.slice(base[p], r));
+      parts.push_back(y);
+    }
+    return parts;
+  }
   for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
     const int64_t r = split.part_rows[p];
     const Tensor wp = w.slice(base[p], r);
@@ -186,6 +278,12 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& 
   Tensor dx = ctx_.empty({n, in});     // partial sum over the output shards
   if (out == 0) {
     ctx_.op().fill(dx, 0.0);  // no output rows: no contribution
+  } else if (fp8_id_ >= 0 && !weight) {
+    if (b_.defined() && !bias_grad_done) ctx_.op().bias_grad(b_.grad, g2);
+    const fp8::Scaling sg = fp8_grad_scaling(ctx_, fp8_id_, std::span<const Tensor>(&g2, 1));
+    Tensor gq, gqt;
+    fp8_cast_grad(ctx_, sg, g2, gq, gqt);
+    fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, g2, x2, saved.fp8, dx, 0.0f, w.grad, 1.0f);
   } else if (b_.defined() && !bias_grad_done && cfg_.gemm_bias_fusion) {
     // dW += dy^T x with dbias += sum_n dy on the weight-gradient GEMM (bgrad epilogue); under SP
     // the input is the gathered [N, in] and dy this rank's [N, out/TP]: the sums are complete.
@@ -217,7 +315,24 @@ Tensor ColumnParallelLinear::backward_split(const std::vector<Tensor>& dparts, c
   Tensor dw = Tensor::empty(w_.grad.shape(), ctx_.grad_dtype, ctx_.device);
   Tensor db;
   if (b_.defined()) db = Tensor::zeros(b_.grad.shape(), ctx_.grad_dtype, ctx_.device);
-  for (std::size_t p = 0; p < np; ++p) {
+  Tensor dx8;  // FP8: dx = sum_p g_p W_p, accumulated part by part
+  if (fp8_id_ >= 0) {
+    const fp8::Scaling sg = fp8_grad_scaling(ctx_, fp8_id_, dparts);
+    dx8 = ctx_.empty({n, in});
+    for (std::size_t p = 0; p < np; ++p) {
+      const int64_t r = split.part_rows[p];
+      Tensor dwp = dw.slice(base[p], r);
+      if (b_.defined()) {
+        Tensor dbp = db.slice(base[p], r);
+        ctx_.op().bias_grad(dbp, dparts[p]);
+      }
+      Tensor gq, gqt;
+      fp8_cast_grad(ctx_, sg, dparts[p], gq, gqt);
+      fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_parts_t[p], dparts[p], x2, saved.fp8, dx8,
+                   p == 0 ? 0.0f : 1.0f, dwp, 0.0f);
+    }
+  }
+  for (std::size_t p = 0; p < np && fp8_id_ < 0; ++p) {
     const int64_t r = split.part_rows[p];
     Tensor dwp = dw.slice(base[p], r);
     if (b_.defined() && cfg_.gemm_bias_fusion) {  // dW = dy^T x with dbias = sum_n dy (bgrad)
@@ -247,11 +362,14 @@ Tensor ColumnParallelLinear::backward_split(const std::vector<Tensor>& dparts, c
     filled[p] += blk.rows;
   }
   // dx = sum_p d(part p) W_p with the regrouped weight.
-  const Tensor w = regroup(w_.value, split);
-  Tensor dx = ctx_.empty({n, in});
-  for (std::size_t p = 0; p < np; ++p)
-    ctx_.op().gemm(dx, dparts[p], w.slice(base[p], split.part_rows[p]),
-                   ops::GemmArgs{.beta = p == 0 ? 0.0f : 1.0f});
+  Tensor dx = dx8;
+  if (fp8_id_ < 0) {
+    const Tensor w = regroup(w_.value, split);
+    dx = ctx_.empty({n, in});
+    for (std::size_t p = 0; p < np; ++p)
+      ctx_.op().gemm(dx, dparts[p], w.slice(base[p], split.part_rows[p]),
+                     ops::GemmArgs{.beta = p == 0 ? 0.0f : 1.0f});
+  }
   saved = Saved{};
   return region_enter_bwd(ctx_, dx.view(with_last(total.shape(), in)));
 }
@@ -272,9 +390,31 @@ RowParallelLinear::RowParallelLinear(const ModuleContext& ctx, ParamBuilder& pb,
   if (cfg_.bias)
     pb.add(b_, name_prefix + "bias", {cfg_.output_size}, InitRule::zeros, Partition{},
            ctx.sequence_parallel && ctx.tp_size() > 1);
+  fp8_id_ = fp8_linear_id(ctx, name_prefix);
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
+  Saved saved;
+  return forward(x, saved);
+}
+
+Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) {
+  MG_CHECK(fp8_id_ < 0,
+           "RowParallelLinear::backward: an FP8 linear needs the Saved of its forward");
+  Saved saved;
+  return backward(dy, x, saved);
+}
+
+Tensor RowParallelLinear::backward_dgelu_bgrad(const Tensor& dy, const Tensor& x,
+                                               const Tensor& pre_activation, Tensor& dbias_prev) {
+  MG_CHECK(fp8_id_ < 0,
+           "RowParallelLinear::backward_dgelu_bgrad: an FP8 linear needs the Saved of "
+           "its forward");
+  Saved saved;
+  return backward_dgelu_bgrad(dy, x, pre_activation, dbias_prev, saved);
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x, Saved& saved) const {
   const Tensor xp = cfg_.input_is_parallel || ctx_.tp_size() == 1
                         ? x
                         : scatter_to_tensor_model_parallel_region(x, *ctx_.tp_group);
@@ -283,7 +423,8 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
                                        << (cfg_.input_is_parallel ? in_local_ : cfg_.input_size)
                                        << "]");
   const int64_t n = xp.numel() / in_local_, out = cfg_.output_size;
-  Tensor y = linear_fwd(ctx_, xp.view({n, in_local_}), w_.value);  // [N, out], partial over TP
+  Tensor y = fp8_id_ >= 0 ? fp8_forward(ctx_, fp8_id_, xp.view({n, in_local_}), w_.value, saved.fp8)
+                          : linear_fwd(ctx_, xp.view({n, in_local_}), w_.value);  // partial over TP
   y = region_exit(ctx_, y.view(with_last(xp.shape(), out)));
   if (b_.defined() && !cfg_.skip_bias_add) {
     Tensor y2 = y.view({y.numel() / out, out});
@@ -292,7 +433,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) {
+Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& saved) {
   const int64_t out = cfg_.output_size;
   if (b_.defined() && !cfg_.skip_bias_add)
     ctx_.op().bias_grad(b_.grad, dy.view({dy.numel() / out, out}));
@@ -302,7 +443,17 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) {
                         : scatter_to_tensor_model_parallel_region(x, *ctx_.tp_group);
   const int64_t n = g.numel() / out;
   Tensor dx = ctx_.empty({n, in_local_});
-  linear_bwd(ctx_, dx, w_.grad, g.view({n, out}), xp.view({n, in_local_}), w_.value);
+  if (fp8_id_ >= 0) {
+    const Tensor g2 = g.view({n, out});
+    const fp8::Scaling sg = fp8_grad_scaling(ctx_, fp8_id_, std::span<const Tensor>(&g2, 1));
+    Tensor gq, gqt;
+    fp8_cast_grad(ctx_, sg, g2, gq, gqt);
+    fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, g2, xp.view({n, in_local_}), saved.fp8, dx,
+                 0.0f, w_.grad, 1.0f);
+    saved = Saved{};
+  } else {
+    linear_bwd(ctx_, dx, w_.grad, g.view({n, out}), xp.view({n, in_local_}), w_.value);
+  }
   dx = dx.view(with_last(g.shape(), in_local_));
   return cfg_.input_is_parallel || ctx_.tp_size() == 1
              ? dx
@@ -310,7 +461,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x) {
 }
 
 Tensor RowParallelLinear::backward_dgelu_bgrad(const Tensor& dy, const Tensor& x,
-                                               const Tensor& pre_activation, Tensor& dbias_prev) {
+                                               const Tensor& pre_activation, Tensor& dbias_prev,
+                                               Saved& saved) {
   MG_CHECK(cfg_.input_is_parallel && (!b_.defined() || cfg_.skip_bias_add),
            "RowParallelLinear::backward_dgelu_bgrad: needs input_is_parallel and no bias of its "
            "own to add");
@@ -318,8 +470,20 @@ Tensor RowParallelLinear::backward_dgelu_bgrad(const Tensor& dy, const Tensor& x
   const Tensor g = region_exit_bwd(ctx_, dy);
   const int64_t n = g.numel() / out;
   const Tensor g2 = g.view({n, out});
-  // d(pre-act) = gelu'(pre) * (dy W) and dbias_prev += its column sums, in one GEMM.
   Tensor du = ctx_.empty(pre_activation.shape());
+  if (fp8_id_ >= 0) {  // FP8 data gradient, then GELU's gradient and the bias sums as ops
+    const fp8::Scaling sg = fp8_grad_scaling(ctx_, fp8_id_, std::span<const Tensor>(&g2, 1));
+    Tensor gq, gqt;
+    fp8_cast_grad(ctx_, sg, g2, gq, gqt);
+    Tensor da = ctx_.empty(pre_activation.shape());
+    fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, g2, x.view({n, in_local_}), saved.fp8, da,
+                 0.0f, w_.grad, 1.0f);
+    ctx_.op().gelu_bwd(du, da, pre_activation, ops::GeluApprox::tanh);
+    if (dbias_prev.defined()) ctx_.op().bias_grad(dbias_prev, du);
+    saved = Saved{};
+    return du;
+  }
+  // d(pre-act) = gelu'(pre) * (dy W) and dbias_prev += its column sums, in one GEMM.
   Tensor pre = pre_activation;  // the epilogue's aux input (a view, not written)
   ctx_.op().gemm_epilogue(du, pre, dbias_prev, g2, w_.value, Tensor(),
                           ops::GemmEpilogueArgs{.epilogue = ops::GemmEpilogue::dgelu_bgrad});

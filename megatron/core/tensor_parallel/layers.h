@@ -79,10 +79,24 @@ struct OutputSplit {
   std::vector<Block> blocks;
 };
 
+// FP8 linears (docs/fp8.md): a linear of a decoder layer that ctx.fp8 covers (TransformerConfig::
+// fp8, first/last layers kept out by --first-last-layers-bf16) registers with the model's
+// Fp8State and runs its three GEMMs as fp8_gemm: forward y = x_q w_q^T, data gradient dx = g_q
+// (w_q^T)^T, weight gradient dW += (g_q^T) (x_q^T)^T (in high precision with --no-fp8-wgrad),
+// the operands cast (with their transposes: fp8_cast_transpose) at the scales of the recipe, the
+// outputs in the model dtype, dW in main_grad's. Biases and the bias-GELU of the fused paths run
+// as separate ops there. What the backward needs of the forward's casts:
+struct Fp8Saved {
+  Tensor input_t, input_scale_inv;     // x_q^T [in, N]
+  Tensor weight_t, weight_scale_inv;   // w_q^T [in, out]
+  std::vector<Tensor> weight_parts_t;  // forward_split: each part's w_q^T [in, rows]
+};
+
 class ColumnParallelLinear {
  public:
   struct Saved {
     Tensor input;  // TP > 1: the input inside the TP region [S, B, in] (gathered along S under SP)
+    Fp8Saved fp8;
   };
   // name_prefix: "decoder.layers.0.mlp.linear_fc1." -> ".weight", ".bias".
   ColumnParallelLinear(const ModuleContext& ctx, ParamBuilder& pb, const std::string& name_prefix,
@@ -113,6 +127,7 @@ class ColumnParallelLinear {
   const Weight& bias() const { return b_; }
   Weight& bias() { return b_; }
   int64_t output_size_per_partition() const { return out_local_; }
+  bool fp8() const { return fp8_id_ >= 0; }  // runs its GEMMs in FP8
 
  private:
   // The input inside the TP region (saved when TP > 1).
@@ -124,6 +139,7 @@ class ColumnParallelLinear {
   ColumnParallelLinearConfig cfg_;
   int64_t out_local_;
   Weight w_, b_;
+  int fp8_id_ = -1;  // the Fp8State id, -1: not an FP8 linear
 };
 
 struct RowParallelLinearConfig {
@@ -137,31 +153,40 @@ struct RowParallelLinearConfig {
 
 class RowParallelLinear {
  public:
+  struct Saved {
+    Fp8Saved fp8;  // an FP8 linear's casts (empty otherwise)
+  };
   RowParallelLinear(const ModuleContext& ctx, ParamBuilder& pb, const std::string& name_prefix,
                     const RowParallelLinearConfig& config);
 
   // x [S, B, in/TP] (or [S, B, in]) -> [S (or S/TP under SP), B, out].
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x, Saved& saved) const;
+  Tensor forward(const Tensor& x) const;  // no backward to follow (inference)
   // dy like forward's output -> dx like x (written); accumulates weight (and bias) grads. x: the
-  // input forward was given.
-  Tensor backward(const Tensor& dy, const Tensor& x);
+  // input forward was given; saved: what that forward filled (consumed).
+  Tensor backward(const Tensor& dy, const Tensor& x, Saved& saved);
+  Tensor backward(const Tensor& dy, const Tensor& x);  // not for an FP8 linear
   // The bias-GELU fusion of an MLP (input_is_parallel, no own bias term in play): x =
   // gelu(pre_activation) of the previous ColumnParallelLinear::forward_bias_gelu. Returns
   // d(pre_activation) = gelu'(pre) * (dy W) [N, in/TP] from the data-gradient GEMM's dgelu_bgrad
   // epilogue, which also accumulates its column sums into dbias_prev (that layer's bias grad;
   // undefined: none); dW += dy^T x.
   Tensor backward_dgelu_bgrad(const Tensor& dy, const Tensor& x, const Tensor& pre_activation,
-                              Tensor& dbias_prev);
+                              Tensor& dbias_prev, Saved& saved);
+  Tensor backward_dgelu_bgrad(const Tensor& dy, const Tensor& x, const Tensor& pre_activation,
+                              Tensor& dbias_prev);  // not for an FP8 linear
 
   const Weight& weight() const { return w_; }
   const Weight& bias() const { return b_; }
   Weight& bias() { return b_; }
+  bool fp8() const { return fp8_id_ >= 0; }
 
  private:
   const ModuleContext& ctx_;
   RowParallelLinearConfig cfg_;
   int64_t in_local_;
   Weight w_, b_;
+  int fp8_id_ = -1;
 };
 
 class VocabParallelEmbedding {

@@ -147,7 +147,7 @@ Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInpu
   Tensor lse = new_lse(s, b);
   core_attention_fwd(out, lse, q, k, v, attention_args(in, attn_dropout));
   // linear_proj: partial sums over TP -> reduced (SP: reduce-scattered) [S(/TP), B, H].
-  Tensor y = linear_proj_->forward(out.view({s, b, nh_ * hd_}));
+  Tensor y = linear_proj_->forward(out.view({s, b, nh_ * hd_}), saved.proj);
   if (keep_core_out) {
     saved.out = out;
     saved.lse = lse;
@@ -165,7 +165,7 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
     core_attention_fwd(saved.out, saved.lse, saved.q, saved.k, saved.v, aa);
   }
   // linear_proj: d(out) [S, B, NH HD], dW_proj += dy^T out.
-  const Tensor dout = linear_proj_->backward(dy, saved.out.view({s, b, nh_ * hd_}));
+  const Tensor dout = linear_proj_->backward(dy, saved.out.view({s, b, nh_ * hd_}), saved.proj);
   Tensor dq = ctx_.empty({s, b, nh_, hd_});
   Tensor dk = ctx_.empty({s, b, ng_, hd_});
   Tensor dv = ctx_.empty({s, b, ng_, hd_});

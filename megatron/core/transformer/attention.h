@@ -44,6 +44,7 @@ class SelfAttention {
     Tensor out, lse;  // core attention [S, B, NH, HD], [B, NH, S] (CP: cp_lse_shape); empty
                       // when recomputed
     tensor_parallel::ColumnParallelLinear::Saved qkv;  // TP > 1: the input in the TP region
+    tensor_parallel::RowParallelLinear::Saved proj;    // FP8: the forward's casts
   };
 
   // prefix: "decoder.layers.N.self_attention."

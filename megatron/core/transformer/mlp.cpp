@@ -100,7 +100,7 @@ Tensor MLP::forward(const Tensor& x, Saved& saved) const {
   }
   saved.fc1_out = u;
   saved.act_out = a;
-  return linear_fc2_->forward(a.view(shape));  // leaves the TP region
+  return linear_fc2_->forward(a.view(shape), saved.fc2);  // leaves the TP region
 }
 
 Tensor MLP::backward(const Tensor& dy, const Tensor& x, Saved& saved) {
@@ -110,9 +110,9 @@ Tensor MLP::backward(const Tensor& dy, const Tensor& x, Saved& saved) {
     // d(pre-act) = gelu'(u) * (dy W2) and dbias1 += its column sums, in one GEMM; dW2 += dy^T a.
     Tensor none;
     Tensor& db1 = linear_fc1_->bias().defined() ? linear_fc1_->bias().grad : none;
-    du = linear_fc2_->backward_dgelu_bgrad(dy, a, saved.fc1_out, db1);
+    du = linear_fc2_->backward_dgelu_bgrad(dy, a, saved.fc1_out, db1, saved.fc2);
   } else {
-    const Tensor da = linear_fc2_->backward(dy, a);
+    const Tensor da = linear_fc2_->backward(dy, a, saved.fc2);
     du = ctx_.empty(saved.fc1_out.shape());
     activation_bwd(ctx_, act_, gelu_, du, da.view({a.size(0), f_}), saved.fc1_out);
   }

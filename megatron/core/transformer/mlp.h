@@ -26,6 +26,7 @@ class MLP {
     Tensor fc1_out;  // [N, F] or [N, 2F], after bias (activation input)
     Tensor act_out;  // [N, F]
     tensor_parallel::ColumnParallelLinear::Saved fc1;  // TP > 1: the input in the TP region
+    tensor_parallel::RowParallelLinear::Saved fc2;     // FP8: the forward's casts
   };
   // prefix: "decoder.layers.N.mlp." (MoE shared experts: "decoder.layers.N.mlp.shared_experts.");
   // ffn_hidden_size: F (0: config.ffn_hidden_size).

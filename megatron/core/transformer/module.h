@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/tensor_parallel/sharding.h"
@@ -50,6 +51,10 @@ struct ModuleContext {
   // The model's MoE state (aux-loss scale, metrics tracker; moe/moe_utils.h) its MoE layers use;
   // null: the model has no MoE layers.
   moe::MoEState* moe = nullptr;
+  // The model's FP8 scaling state (fp8/fp8_state.h) its FP8 linears register with; null: no FP8.
+  // fp8_training: the running pass trains (delayed casts record amaxes), set by the model.
+  fp8::Fp8State* fp8 = nullptr;
+  bool fp8_training = false;
   const ops::OpTable& op() const { return *ops; }
   int64_t tp_rank() const { return tp_group ? tp_group->rank() : 0; }
   int64_t tp_size() const { return tp_group ? tp_group->size() : 1; }

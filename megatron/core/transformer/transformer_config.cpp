@@ -112,6 +112,10 @@ void TransformerConfig::finalize() {
 
 void TransformerConfig::validate() const {
   MG_CHECK(num_layers >= 1, "num_layers must be >= 1, got " << num_layers);
+  fp8.validate(num_layers);
+  MG_CHECK(!fp8.enabled() || recompute_granularity != RecomputeGranularity::full,
+           "--fp8-format with --recompute-granularity full: not built yet (the recomputed "
+           "forward would record its amaxes twice); use selective recompute or none");
   MG_CHECK(hidden_size >= 1, "hidden_size must be >= 1, got " << hidden_size);
   MG_CHECK(num_attention_heads >= 1,
            "num_attention_heads must be >= 1, got " << num_attention_heads);

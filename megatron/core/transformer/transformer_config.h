@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/tensor/dtype.h"
 
 namespace mg::transformer {
@@ -107,6 +108,11 @@ struct TransformerConfig {
   int64_t moe_layer_freq = 1;
   std::vector<int> moe_layer_pattern;
   bool moe_grouped_gemm = false;  // --moe-grouped-gemm (same math and names here: moe_layer.h)
+
+  // FP8 training (--fp8-format and the other --fp8-* flags; docs/fp8.md): the decoder layers'
+  // linears (per first_last_layers_bf16) run FP8 GEMMs; embeddings, output layer, norms, softmax,
+  // attention and routed experts stay in the model dtype.
+  fp8::Fp8Config fp8;
 
   // Fills the 0-valued derived fields with Megatron's defaults, then validate()s.
   void finalize();

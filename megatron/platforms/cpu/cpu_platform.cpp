@@ -132,6 +132,7 @@ void register_cpu(plugin::Registry& r) {
   register_cross_entropy_kernels(r);
   register_optimizer_kernels(r);
   register_init_kernels(r);
+  register_fp8_kernels(r);
 }
 
 }  // namespace mg::platforms::cpu

@@ -422,6 +422,7 @@ void register_cuda(plugin::Registry& r) {
   register_cross_entropy_kernels(r);
   register_optimizer_kernels(r);
   register_init_kernels(r);
+  register_fp8_kernels(r);
   register_nccl_backend();  // init_communicator("nccl")
 }
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/parameter.h"
@@ -153,6 +154,9 @@ class LanguageModule {
   // tracker (the training log's load-balancing / z losses and tokens per expert). A model without
   // MoE layers has one that stays empty.
   virtual transformer::moe::MoEState& moe_state() = 0;
+  // The FP8 scaling state (fp8/fp8_state.h: amax histories and scales, carried by checkpoints);
+  // null when the model runs no FP8 GEMMs.
+  virtual fp8::Fp8State* fp8_state() { return nullptr; }
 };
 
 }  // namespace mg::models

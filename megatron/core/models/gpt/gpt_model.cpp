@@ -64,7 +64,8 @@ struct GPTModel::Impl {
   TransformerConfig config;
   transformer::TransformerBlockSpec spec;
   transformer::ModuleContext ctx;
-  transformer::moe::MoEState moe;  // the MoE layers' aux-loss scale and metrics (ctx.moe)
+  transformer::moe::MoEState moe;      // the MoE layers' aux-loss scale and metrics (ctx.moe)
+  std::unique_ptr<fp8::Fp8State> fp8;  // the FP8 linears' scaling state (ctx.fp8); null: no FP8
   int64_t vocab = 0, vocab_padded = 0;
   GPTModelParallel parallel;
   tensor_parallel::VocabRange vocab_shard;  // this rank's rows of the padded vocabulary
@@ -191,6 +192,10 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   m.ctx.tp_group = parallel.tp_group;
   m.ctx.ep_group = parallel.ep_group;
   m.ctx.cp = parallel.cp;
+  if (c.fp8.enabled()) {
+    m.fp8 = std::make_unique<fp8::Fp8State>(c.fp8, ops, device);
+    m.ctx.fp8 = m.fp8.get();
+  }
   m.ctx.sequence_parallel = parallel.sequence_parallel && m.ctx.tp_size() > 1;
   m.vocab = vocab_size;
   m.vocab_padded = c.padded_vocab_size(vocab_size, m.ctx.tp_size());
@@ -255,6 +260,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
                                                     .init = InitRule::normal,
                                                     .skip_weight_param_allocation = tied});
   pb.finish(m.params, m.buffer, m.decls);
+  if (m.fp8) m.fp8->finalize();
   std::vector<int64_t> local_of(static_cast<std::size_t>(c.num_layers), -1);
   for (std::size_t i = 0; i < m.layers.size(); ++i)
     local_of[static_cast<std::size_t>(m.layers[i]->layer_number())] = static_cast<int64_t>(i);
@@ -569,6 +575,7 @@ Tensor GPTModel::forward_chunk(int v, const GPTBatch& batch, const Tensor& input
   auto sv = std::make_unique<detail::GPTSaved>();
   detail::GPTSaved& st = *sv;
   m.prepare(batch, st, rng, training, ch.pre_process, ch.post_process);
+  m.ctx.fp8_training = training;
   Tensor x;
   if (ch.pre_process) {
     m.use(m.embedding_params);
@@ -593,6 +600,10 @@ Tensor GPTModel::forward_chunk(int v, const GPTBatch& batch, const Tensor& input
     out = x;
   }
   state.saved_ = std::move(sv);
+  // Transformer Engine's fp8_autocast exit: the forward amaxes are reduced and the scales updated
+  // after each training pass of a chunk (docs/fp8.md).
+  if (m.fp8 && training) m.fp8->update(true, m.parallel.amax_group);
+  m.ctx.fp8_training = false;
   return out;
 }
 
@@ -682,6 +693,7 @@ Tensor GPTModel::backward_chunk(GPTForwardState& state, const Tensor& output_gra
            "GPTModel::backward_chunk: the state holds no forward activations");
   detail::GPTSaved& st = *state.saved_;
   const PipelineChunk& ch = m.chunks[static_cast<std::size_t>(st.chunk)];
+  m.ctx.fp8_training = true;
   Tensor dx;
   if (ch.post_process) {
     dx = m.head_bwd(st, dloss);
@@ -698,8 +710,14 @@ Tensor GPTModel::backward_chunk(GPTForwardState& state, const Tensor& output_gra
     dx = Tensor();
   }
   state.saved_.reset();
+  if (m.fp8) m.fp8->update(false, m.parallel.amax_group);  // the backward amaxes, likewise
+  m.ctx.fp8_training = false;
   if (ch.pre_process) m.report_ready(m.embedding_params);
   return dx;
+}
+
+fp8::Fp8State* GPTModel::fp8_state() {
+  return impl_->fp8.get();
 }
 
 int GPTModel::num_chunks() const {

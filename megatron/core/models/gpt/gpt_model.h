@@ -87,6 +87,10 @@ struct GPTModelParallel {
   // ascending and disjoint. Empty: one chunk with every layer, pre_process and post_process (no
   // pipelining).
   std::vector<PipelineChunk> pipeline_chunks;
+  // FP8 delayed scaling (TransformerConfig::fp8): the group the amaxes are reduced over (max)
+  // after each pass -- Megatron's amax reduction group, tp-dp-cp (tp-cp with --tp-only-amax-red).
+  // Null: this rank's own amaxes.
+  comm::ProcessGroup* amax_group = nullptr;
 };
 
 namespace detail {
@@ -211,6 +215,8 @@ class GPTModel final : public LanguageModule {
   // losses' backward seed (Megatron's MoEAuxLossAutoScaler.set_loss_scale, set by the training
   // step) and the per-layer metrics tracker (the training log's moe_metrics_log).
   transformer::moe::MoEState& moe_state() override;
+  // The FP8 linears' scaling state (fp8/fp8_state.h); null without --fp8-format.
+  fp8::Fp8State* fp8_state() override;
 
   // Logits [S, B, V_pad] (computed in the model dtype as in training, returned in f32 under
   // bf16/f16, else the params dtype) without dropout, for tests and

@@ -1,0 +1,53 @@
+// FP8 training settings (Megatron's --fp8-* flags; TransformerConfig::fp8), the recipe's formats
+// and the per-tensor format rule. docs/fp8.md has the formulas.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "megatron/core/tensor/dtype.h"
+
+namespace mg::fp8 {
+
+enum class Fp8Format : uint8_t {
+  none,    // FP8 off
+  e4m3,    // every GEMM operand in E4M3
+  hybrid,  // activations and weights E4M3, gradients E5M2 (Transformer Engine's HYBRID)
+};
+enum class Fp8Recipe : uint8_t {
+  delayed,     // DelayedScaling: scales from a rolling amax history, updated after each pass
+  tensorwise,  // Float8CurrentScaling: the scale from this tensor's own amax, just before the cast
+};
+enum class AmaxComputeAlgo : uint8_t { max, most_recent };
+
+struct Fp8Config {
+  Fp8Format format = Fp8Format::none;     // --fp8-format (--fp8-e4m3 / --fp8-hybrid)
+  Fp8Recipe recipe = Fp8Recipe::delayed;  // --fp8-recipe
+  int64_t margin = 0;                     // --fp8-margin: scale /= 2^margin
+  int64_t amax_history_len = 1;           // --fp8-amax-history-len
+  AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::most_recent;  // --fp8-amax-compute-algo
+  bool wgrad = true;                    // --no-fp8-wgrad: weight-gradient GEMM in high precision
+  bool tp_only_amax_red = false;        // --tp-only-amax-red: amax over TP(-CP) only
+  bool first_last_layers_bf16 = false;  // --first-last-layers-bf16
+  int64_t num_layers_at_start_in_bf16 = 1;  // --num-layers-at-start-in-bf16
+  int64_t num_layers_at_end_in_bf16 = 1;    // --num-layers-at-end-in-bf16
+
+  bool enabled() const { return format != Fp8Format::none; }
+  // The FP8 dtype of a forward operand (input, weight) and of a gradient.
+  DType forward_dtype() const { return DType::fp8_e4m3; }
+  DType backward_dtype() const {
+    return format == Fp8Format::hybrid ? DType::fp8_e5m2 : DType::fp8_e4m3;
+  }
+  // Whether decoder layer `layer` (0-based) of `num_layers` runs its linears in FP8.
+  bool layer_in_fp8(int64_t layer, int64_t num_layers) const;
+  // Throws naming the values (history length >= 1, margin >= 0, layer counts in range).
+  void validate(int64_t num_layers) const;
+};
+
+const char* format_name(Fp8Format f);           // "none", "e4m3", "hybrid"
+const char* recipe_name(Fp8Recipe r);           // "delayed", "tensorwise"
+const char* amax_algo_name(AmaxComputeAlgo a);  // "max", "most_recent"
+// The largest finite value of an FP8 dtype: 448 (e4m3), 57344 (e5m2).
+float fp8_max(DType t);
+
+}  // namespace mg::fp8

@@ -1,0 +1,233 @@
+#include "megatron/core/fp8/fp8_state.h"
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "megatron/core/common/error.h"
+
+namespace mg::fp8 {
+
+namespace {
+
+Tensor host_f32(const std::vector<float>& v, const Shape& s) {
+  return Tensor::from_vector(v, s);
+}
+
+nlohmann::json bits(const std::vector<float>& v) {
+  nlohmann::json a = nlohmann::json::array();
+  for (float f : v) a.push_back(std::bit_cast<uint32_t>(f));
+  return a;
+}
+
+std::vector<float> from_bits(const nlohmann::json& a, std::size_t n, const std::string& what) {
+  MG_CHECK(a.is_array() && a.size() == n, "fp8 checkpoint state: " << what << " holds "
+                                                                   << (a.is_array() ? a.size() : 0)
+                                                                   << " values, expected " << n);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::bit_cast<float>(a[i].get<uint32_t>());
+  return v;
+}
+
+}  // namespace
+
+float current_scale(float amax, float fp8_max) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
+  const float s = fp8_max / amax;
+  return std::isinf(s) ? std::numeric_limits<float>::max() : s;
+}
+
+void delayed_update(std::vector<float>& history, std::vector<float>& scale,
+                    std::vector<float>& scale_inv, int64_t len, int64_t slots, float fp8_max,
+                    int64_t margin, AmaxComputeAlgo algo) {
+  const float pow2 = std::ldexp(1.0f, static_cast<int>(margin));
+  std::vector<float> rolled(history.size());
+  for (int64_t j = 0; j < slots; ++j) {
+    float amax = history[static_cast<std::size_t>(j)];
+    if (algo == AmaxComputeAlgo::max)
+      for (int64_t i = 1; i < len; ++i) {
+        const float h = history[static_cast<std::size_t>(i * slots + j)];
+        if (h > amax || h != h) amax = h;  // torch.max: NaN wins
+      }
+    // torch.roll(history, -1, 0): row i takes row i + 1, the last row takes row 0; then row 0 = 0.
+    for (int64_t i = 0; i < len; ++i)
+      rolled[static_cast<std::size_t>(i * slots + j)] =
+          i == 0 ? 0.0f : history[static_cast<std::size_t>(((i + 1) % len) * slots + j)];
+    const auto sj = static_cast<std::size_t>(j);
+    float sf = (fp8_max / amax) / pow2;
+    if (!(amax > 0.0f) || !std::isfinite(amax)) sf = scale[sj];
+    if (std::isinf(sf)) sf = std::numeric_limits<float>::max();
+    scale[sj] = sf;
+    scale_inv[sj] = 1.0f / sf;
+  }
+  history = rolled;
+}
+
+Fp8State::Fp8State(const Fp8Config& config, const ops::OpTable& ops, Device device)
+    : cfg_(config), ops_(&ops), device_(device) {
+  MG_CHECK(cfg_.enabled(), "Fp8State: FP8 is off (--fp8-format not given)");
+}
+
+int Fp8State::add_linear(const std::string& name) {
+  MG_CHECK(!finalized_, "Fp8State::add_linear(" << name << ") after finalize()");
+  for (const auto& n : names_) MG_CHECK(n != name, "Fp8State: linear " << name << " added twice");
+  names_.push_back(name);
+  return num_linears() - 1;
+}
+
+void Fp8State::finalize() {
+  MG_CHECK(!finalized_, "Fp8State::finalize() called twice");
+  finalized_ = true;
+  for (bool forward : {true, false}) {
+    const int64_t n = slots(forward), len = cfg_.amax_history_len;
+    Buffers& b = buffers(forward);
+    b.history = Tensor::zeros({len, n}, DType::f32, device_);
+    b.scale = host_f32(std::vector<float>(static_cast<std::size_t>(n), 1.0f), {n}).to(device_);
+    b.scale_inv = b.scale.clone();
+  }
+}
+
+Scaling Fp8State::scaling(int id, Role role, std::span<const Tensor> xs, bool training,
+                          comm::ProcessGroup* group) {
+  MG_CHECK(finalized_ && id >= 0 && id < num_linears(),
+           "Fp8State::scaling: linear id " << id << " of " << num_linears());
+  const bool forward = role != Role::grad_output;
+  Scaling s;
+  s.dtype = forward ? cfg_.forward_dtype() : cfg_.backward_dtype();
+  if (cfg_.recipe == Fp8Recipe::delayed) {
+    const int64_t slot = forward ? 2 * id + static_cast<int>(role) : id;
+    const Buffers& b = buffers(forward);
+    s.scale = b.scale.slice(slot, 1);
+    s.scale_inv = b.scale_inv.slice(slot, 1).clone();
+    s.amax =
+        training ? b.history.select(0).slice(slot, 1) : Tensor::zeros({1}, DType::f32, device_);
+    return s;
+  }
+  // Tensorwise: amax of the tensors, reduced over the group, then the scale.
+  Tensor amax = Tensor::zeros({1}, DType::f32, device_);
+  const Tensor one = host_f32({1.0f}, {1}).to(device_);
+  for (const Tensor& x : xs) {
+    Tensor none, none2;
+    ops_->fp8_cast_transpose(none, none2, amax, x, one);
+  }
+  Tensor h = amax.to(Device::cpu());
+  if (group && group->size() > 1) group->all_reduce(h, comm::ReduceOp::max)->wait();
+  const float sc = current_scale(h.data<float>()[0], fp8_max(s.dtype));
+  s.scale = host_f32({sc}, {1}).to(device_);
+  s.scale_inv = host_f32({1.0f / sc}, {1}).to(device_);
+  s.amax = Tensor::zeros({1}, DType::f32, device_);
+  return s;
+}
+
+void Fp8State::cast(const Scaling& s, const Tensor& x, Tensor* q, Tensor* qt) const {
+  const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+  Tensor qq, qqt;
+  if (q) qq = Tensor::empty(x.shape(), s.dtype, x.device());
+  if (qt) qqt = Tensor::empty({cols, rows}, s.dtype, x.device());
+  Tensor amax = s.amax;
+  ops_->fp8_cast_transpose(qq, qqt, amax, x, s.scale);
+  if (q) *q = qq;
+  if (qt) *qt = qqt;
+}
+
+void Fp8State::update(bool forward, comm::ProcessGroup* group) {
+  if (cfg_.recipe != Fp8Recipe::delayed || num_linears() == 0) return;
+  Buffers& b = buffers(forward);
+  const int64_t len = cfg_.amax_history_len, n = slots(forward);
+  Tensor h = b.history.to(Device::cpu()).clone();
+  if (group && group->size() > 1) {
+    Tensor row0 = h.select(0);
+    group->all_reduce(row0, comm::ReduceOp::max)->wait();
+  }
+  std::vector<float> hist = h.to_vector<float>();
+  std::vector<float> sc = b.scale.to_vector<float>(), si = b.scale_inv.to_vector<float>();
+  delayed_update(hist, sc, si, len, n,
+                 fp8_max(forward ? cfg_.forward_dtype() : cfg_.backward_dtype()), cfg_.margin,
+                 cfg_.amax_compute_algo);
+  b.history.copy_(host_f32(hist, {len, n}));
+  b.scale.copy_(host_f32(sc, {n}));
+  b.scale_inv.copy_(host_f32(si, {n}));
+}
+
+std::vector<float> Fp8State::history(bool forward) const {
+  return buffers(forward).history.to_vector<float>();
+}
+std::vector<float> Fp8State::scale(bool forward) const {
+  return buffers(forward).scale.to_vector<float>();
+}
+std::vector<float> Fp8State::scale_inv(bool forward) const {
+  return buffers(forward).scale_inv.to_vector<float>();
+}
+
+nlohmann::json Fp8State::state_json() const {
+  nlohmann::json lin = nlohmann::json::object();
+  const int64_t len = cfg_.amax_history_len;
+  for (bool forward : {true, false}) {
+    const std::vector<float> h = history(forward), s = scale(forward), si = scale_inv(forward);
+    const int per = forward ? 2 : 1;
+    const int64_t n = slots(forward);
+    for (int id = 0; id < num_linears(); ++id) {
+      std::vector<float> hh, ss, ssi;
+      for (int64_t i = 0; i < len; ++i)
+        for (int r = 0; r < per; ++r)
+          hh.push_back(h[static_cast<std::size_t>(i * n + id * per + r)]);
+      for (int r = 0; r < per; ++r) {
+        ss.push_back(s[static_cast<std::size_t>(id * per + r)]);
+        ssi.push_back(si[static_cast<std::size_t>(id * per + r)]);
+      }
+      const std::string k = forward ? "fwd" : "bwd";
+      auto& e = lin[names_[static_cast<std::size_t>(id)]];
+      e[k + "_amax_history"] = bits(hh);
+      e[k + "_scale"] = bits(ss);
+      e[k + "_scale_inv"] = bits(ssi);
+    }
+  }
+  return {{"recipe", recipe_name(cfg_.recipe)},
+          {"format", format_name(cfg_.format)},
+          {"amax_history_len", len},
+          {"linears", lin}};
+}
+
+void Fp8State::load_state_json(const nlohmann::json& j) {
+  const std::string recipe = j.value("recipe", "");
+  MG_CHECK(recipe == recipe_name(cfg_.recipe), "fp8 checkpoint state: recipe "
+                                                   << recipe << ", this run's --fp8-recipe is "
+                                                   << recipe_name(cfg_.recipe));
+  const int64_t len = cfg_.amax_history_len;
+  if (cfg_.recipe != Fp8Recipe::delayed) return;  // tensorwise keeps no state
+  MG_CHECK(j.value("amax_history_len", int64_t{0}) == len,
+           "fp8 checkpoint state: amax history length " << j.value("amax_history_len", int64_t{0})
+                                                        << ", this run's --fp8-amax-history-len is "
+                                                        << len);
+  const nlohmann::json& lin = j.at("linears");
+  for (bool forward : {true, false}) {
+    std::vector<float> h = history(forward), s = scale(forward), si = scale_inv(forward);
+    const int per = forward ? 2 : 1;
+    const int64_t n = slots(forward);
+    const std::string k = forward ? "fwd" : "bwd";
+    for (int id = 0; id < num_linears(); ++id) {
+      const std::string& name = names_[static_cast<std::size_t>(id)];
+      if (!lin.contains(name)) continue;
+      const auto& e = lin.at(name);
+      const std::size_t per_u = static_cast<std::size_t>(per);
+      const auto hh = from_bits(e.at(k + "_amax_history"), static_cast<std::size_t>(len) * per_u,
+                                name + " " + k + "_amax_history");
+      const auto ss = from_bits(e.at(k + "_scale"), per_u, name + " " + k + "_scale");
+      const auto ssi = from_bits(e.at(k + "_scale_inv"), per_u, name + " " + k + "_scale_inv");
+      for (int64_t i = 0; i < len; ++i)
+        for (int r = 0; r < per; ++r)
+          h[static_cast<std::size_t>(i * n + id * per + r)] =
+              hh[static_cast<std::size_t>(i * per + r)];
+      for (int r = 0; r < per; ++r) {
+        s[static_cast<std::size_t>(id * per + r)] = ss[static_cast<std::size_t>(r)];
+        si[static_cast<std::size_t>(id * per + r)] = ssi[static_cast<std::size_t>(r)];
+      }
+    }
+    Buffers& b = buffers(forward);
+    b.history.copy_(host_f32(h, {len, n}));
+    b.scale.copy_(host_f32(s, {n}));
+    b.scale_inv.copy_(host_f32(si, {n}));
+  }
+}
+
+}  // namespace mg::fp8

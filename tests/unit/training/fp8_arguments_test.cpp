@@ -1,0 +1,129 @@
+// The FP8 flags (docs/fp8.md): values into TransformerConfig::fp8, Megatron's defaults, the older
+// spellings, and every refusal naming the flag and value.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "megatron/training/arguments.h"
+#include "tests/unit/test_util.h"
+
+namespace mg::training {
+namespace {
+
+std::vector<std::string> with(std::vector<std::string> extra) {
+  std::vector<std::string> v = {"--num-layers",
+                                "4",
+                                "--hidden-size",
+                                "32",
+                                "--num-attention-heads",
+                                "4",
+                                "--seq-length",
+                                "16",
+                                "--micro-batch-size",
+                                "2",
+                                "--train-iters",
+                                "3",
+                                "--lr",
+                                "1e-3",
+                                "--mock-data",
+                                "--tokenizer-type",
+                                "NullTokenizer",
+                                "--vocab-size",
+                                "64",
+                                "--bf16"};
+  // A flag of the base given again in `extra` replaces the base's value (a flag may appear once).
+  for (std::size_t i = 0; i < extra.size(); ++i) {
+    auto it = std::find(v.begin(), v.end(), extra[i]);
+    if (it != v.end() && i + 1 < extra.size() && it + 1 != v.end() && (it + 1)->rfind("--", 0)) {
+      *(it + 1) = extra[++i];
+      continue;
+    }
+    v.push_back(extra[i]);
+  }
+  return v;
+}
+
+std::string error_of(const std::vector<std::string>& extra) {
+  return test::error_message([&] { parse_args(with(extra)); });
+}
+
+TEST(Fp8Arguments, OffByDefaultAndMegatronsDefaults) {
+  const Arguments a = parse_args(with({}));
+  EXPECT_FALSE(a.model.fp8.enabled());
+  const Arguments b = parse_args(with({"--fp8-format", "hybrid"}));
+  const fp8::Fp8Config& f = b.model.fp8;
+  EXPECT_EQ(f.format, fp8::Fp8Format::hybrid);
+  EXPECT_EQ(f.recipe, fp8::Fp8Recipe::delayed);
+  EXPECT_EQ(f.margin, 0);
+  EXPECT_EQ(f.amax_history_len, 1);
+  EXPECT_EQ(f.amax_compute_algo, fp8::AmaxComputeAlgo::most_recent);
+  EXPECT_TRUE(f.wgrad);
+  EXPECT_FALSE(f.tp_only_amax_red);
+  EXPECT_EQ(f.backward_dtype(), DType::fp8_e5m2);
+  EXPECT_EQ(f.forward_dtype(), DType::fp8_e4m3);
+}
+
+TEST(Fp8Arguments, ValuesLand) {
+  const Arguments a = parse_args(
+      with({"--fp8-e4m3", "--fp8-recipe", "tensorwise", "--fp8-margin", "2",
+            "--fp8-amax-history-len", "16", "--fp8-amax-compute-algo", "max", "--no-fp8-wgrad",
+            "--tp-only-amax-red", "--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "2",
+            "--num-layers-at-end-in-bf16", "1", "--fp8-interval", "1"}));
+  const fp8::Fp8Config& f = a.model.fp8;
+  EXPECT_EQ(f.format, fp8::Fp8Format::e4m3);
+  EXPECT_EQ(f.backward_dtype(), DType::fp8_e4m3);
+  EXPECT_EQ(f.recipe, fp8::Fp8Recipe::tensorwise);
+  EXPECT_EQ(f.margin, 2);
+  EXPECT_EQ(f.amax_history_len, 16);
+  EXPECT_EQ(f.amax_compute_algo, fp8::AmaxComputeAlgo::max);
+  EXPECT_FALSE(f.wgrad);
+  EXPECT_TRUE(f.tp_only_amax_red);
+  // 4 layers, 2 at the start and 1 at the end in high precision: only layer 2 in FP8.
+  EXPECT_FALSE(f.layer_in_fp8(0, 4));
+  EXPECT_FALSE(f.layer_in_fp8(1, 4));
+  EXPECT_TRUE(f.layer_in_fp8(2, 4));
+  EXPECT_FALSE(f.layer_in_fp8(3, 4));
+  EXPECT_EQ(parse_args(with({"--fp8-hybrid"})).model.fp8.format, fp8::Fp8Format::hybrid);
+}
+
+TEST(Fp8Arguments, Refusals) {
+  EXPECT_NE(error_of({"--fp8-format", "e5m2"}).find("--fp8-format"), std::string::npos);
+  EXPECT_NE(error_of({"--fp8-e4m3", "--fp8-hybrid"}).find("conflict"), std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "e4m3", "--fp8-hybrid"}).find("conflicts"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"}).find("not built yet"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-param-gather"}).find("not built yet"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-interval", "2"}).find("--fp8-interval 2"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-margin", "1"}).find("needs --fp8-format"), std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--num-layers-at-end-in-bf16", "1"})
+                .find("needs --first-last-layers-bf16"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--first-last-layers-bf16",
+                      "--num-layers-at-start-in-bf16", "3", "--num-layers-at-end-in-bf16", "2"})
+                .find("at most --num-layers 4"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-amax-history-len", "0"})
+                .find("--fp8-amax-history-len 0"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--seq-length", "20"})
+                .find("tokens per micro-batch (--seq-length / CP x --micro-batch-size) is 40"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--hidden-size", "40"}).find("--hidden-size is 40"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--num-attention-heads", "8",
+                      "--group-query-attention", "--num-query-groups", "2"})
+                .find("key / value projection per tensor-parallel rank is 8"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--recompute-granularity", "full",
+                      "--recompute-method", "uniform", "--recompute-num-layers", "1"})
+                .find("--recompute-granularity full"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mg::training

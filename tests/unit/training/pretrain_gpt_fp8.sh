@@ -1,0 +1,127 @@
+#!/bin/sh
+# FP8 training (docs/fp8.md) end to end with pretrain_gpt on the CPU platform's exact emulation.
+# usage: pretrain_gpt_fp8.sh <pretrain_gpt> <preprocess_data> <np> <mpiexec> [mpiexec args...]
+# np 1:
+#   track   the demo corpus (King James Bible, Debian bible-kjv; here Genesis as byte tokens
+#           through NullTokenizer, vocabulary 256), a 2-layer GPT trained 300 iterations in BF16
+#           and in FP8 (hybrid, delayed scaling). Tolerance: E4M3's unit roundoff u = 2^-4, the
+#           largest relative error an FP8 cast adds to a GEMM operand. The FP8 curve must stay
+#           within u of the BF16 curve on average over the 30 logged values and at the last one
+#           (the mean of its 10 iterations), start within u of it (same weights), differ from it
+#           (FP8 really ran) and learn (the last loss under 0.5 ln 256). A broken FP8 path (a
+#           wrong scale_inv, a lost gradient, a transposed operand) moves the loss by O(1).
+#           SKIPs (77) when Debian's `bible` is missing (scripts/install_deps.sh installs it).
+#   resume  FP8 run saved at iteration 3 and resumed equals the uninterrupted run bit for bit
+#           (the amax histories and scales travel in the checkpoint; a fresh state would restart
+#           at scale 1 and change the losses), for delayed and tensorwise scaling; the FP8
+#           checkpoint loads into a BF16 run (FP8 state ignored) and a BF16 one into an FP8 run.
+# np 2 (f32 model, so TP partial sums are not rounded to bf16): TP 2 (SP off and on) and DP 2
+#   FP8 runs against one rank. The amaxes are reduced over the TP / DP ranks, so the scales, and
+#   every FP8 cast of the first iterations, equal one rank's: the first loss within 2e-6 (f32
+#   summation order, as pretrain_gpt_dp.sh). Later, a layout's other f32 summation order can put a
+#   scaled value on the other side of an FP8 rounding boundary (one element of one operand moves by
+#   one FP8 ulp); the losses stay within 1e-3 relative, and the start-up lines must show the layout
+#   and "amax reduced over 2 rank(s)".
+set -eu
+bin=$1; pre=$2; np=$3; shift 3
+mpi=$1; shift; mpi_args="$*"
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1
+. "$(dirname "$0")/compare_logs.sh"  # compare_one, expect_line, expect_layout
+
+if [ "$np" -eq 1 ]; then
+  # ---- resume (mock data) ----
+  args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
+    --max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 4 --train-iters 6
+    --lr 1e-3 --mock-data --tokenizer-type NullTokenizer --vocab-size 301
+    --make-vocab-size-divisible-by 4 --log-interval 1 --eval-iters 0 --hidden-dropout 0
+    --attention-dropout 0 --seed 7 --bf16"
+  for recipe in delayed tensorwise; do
+    f8="--fp8-format hybrid --fp8-recipe $recipe --fp8-amax-history-len 4 --fp8-amax-compute-algo max"
+    "$bin" $args $f8 > "$work/full.log" 2>&1 || { cat "$work/full.log"; exit 1; }
+    expect_line "$work/full.log" "fp8 $recipe" "^fp8: format hybrid .*recipe $recipe"
+    rm -rf "$work/ck"
+    "$bin" $args $f8 --save "$work/ck" --save-interval 3 --exit-interval 3 > "$work/a.log" 2>&1 \
+      || { cat "$work/a.log"; exit 1; }
+    "$bin" $args $f8 --load "$work/ck" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
+    cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
+    compare_one "$work/full.log" "$work/resumed.log" "fp8 $recipe save at 3 + resume" "lm loss" 0 0
+    compare_one "$work/full.log" "$work/resumed.log" "fp8 $recipe save at 3 + resume" "grad norm" 0 0
+  done
+  # The FP8 checkpoint into a BF16 run, and a BF16 checkpoint into an FP8 run.
+  "$bin" $args --load "$work/ck" > "$work/bf16.log" 2>&1 || { cat "$work/bf16.log"; exit 1; }
+  expect_line "$work/bf16.log" "bf16 from fp8" "successfully loaded checkpoint .* at iteration +3"
+  expect_no_line "$work/bf16.log" "bf16 from fp8" "^fp8:"
+  rm -rf "$work/ck16"
+  "$bin" $args --save "$work/ck16" --save-interval 3 --exit-interval 3 > "$work/c.log" 2>&1 \
+    || { cat "$work/c.log"; exit 1; }
+  "$bin" $args --fp8-format hybrid --load "$work/ck16" > "$work/d.log" 2>&1 \
+    || { cat "$work/d.log"; exit 1; }
+  expect_line "$work/d.log" "fp8 from bf16" "successfully loaded checkpoint .* at iteration +3"
+
+  # ---- track (the demo corpus) ----
+  if ! command -v bible > /dev/null; then
+    echo "SKIP track: Debian's bible-kjv (the demo corpus) is not installed (scripts/install_deps.sh)"
+    exit 77
+  fi
+  # One JSONL document per 20 verses of Genesis, each byte a token id (NullTokenizer).
+  bible Gen1:1-Gen50:26 | LC_ALL=C awk 'BEGIN { for (i = 1; i < 256; i++) ord[sprintf("%c", i)] = i }
+    /^$/ { next }
+    { line = $0; sub(/^ +[0-9]+ /, "", line)
+      for (i = 1; i <= length(line); i++) t = t (t == "" ? "" : " ") ord[substr(line, i, 1)]
+      t = t " 10"; if (++n == 20) { printf "{\"text\": \"%s\"}\n", t; t = ""; n = 0 } }
+    END { if (t != "") printf "{\"text\": \"%s\"}\n", t }' > "$work/gen.jsonl"
+  "$pre" --input "$work/gen.jsonl" --output-prefix "$work/gen" --tokenizer-type NullTokenizer \
+    --vocab-size 256 --append-eod --workers 1 > "$work/pre.log" 2>&1 || { cat "$work/pre.log"; exit 1; }
+  targs="--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64
+    --max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 4 --train-iters 300
+    --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 20 --clip-grad 1.0
+    --hidden-dropout 0 --attention-dropout 0 --seed 1234 --data-path $work/gen_text_document
+    --split 100,0,0 --data-cache-path $work/cache --tokenizer-type NullTokenizer --vocab-size 256
+    --make-vocab-size-divisible-by 16 --log-interval 10 --eval-iters 0 --bf16"
+  "$bin" $targs > "$work/t16.log" 2>&1 || { cat "$work/t16.log"; exit 1; }
+  "$bin" $targs --fp8-format hybrid > "$work/t8.log" 2>&1 || { cat "$work/t8.log"; exit 1; }
+  expect_line "$work/t8.log" "fp8 track" "^fp8: format hybrid .*recipe delayed.*8 FP8 linears"
+  values "$work/t16.log" "lm loss" > "$work/a"; values "$work/t8.log" "lm loss" > "$work/b"
+  paste "$work/a" "$work/b" | awk -v u=0.0625 '
+    { a = $1 + 0; b = $2 + 0; d = (a - b) / a; if (d < 0) d = -d; sum += d; n++
+      if (n == 1) first = d; if (d > 0) differs = 1; last = d; lastb = b }
+    END {
+      printf "track: %d values, mean relative deviation %.5f, first %.6f, last %.5f, last fp8 loss %.4f\n", n, sum / n, first, last, lastb
+      if (n != 30) { print "FAIL track: expected 30 logged values"; exit 1 }
+      if (sum / n > u || last > u || first > u) { print "FAIL track: FP8 deviates from BF16 by more than 2^-4"; exit 1 }
+      if (!differs) { print "FAIL track: FP8 and BF16 losses are identical (FP8 did not run)"; exit 1 }
+      if (lastb > 0.5 * log(256)) { print "FAIL track: FP8 did not learn"; exit 1 }
+      print "ok track: FP8 tracks BF16 within 2^-4" }' || { paste "$work/a" "$work/b"; exit 1; }
+  exit 0
+fi
+
+# ---- np 2: layouts against one rank (f32 model) ----
+args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
+  --max-position-embeddings 16 --global-batch-size 4 --train-iters 8 --lr 1e-3 --mock-data
+  --tokenizer-type NullTokenizer --vocab-size 301 --make-vocab-size-divisible-by 4
+  --log-interval 1 --eval-iters 0 --hidden-dropout 0 --attention-dropout 0 --seed 7
+  --fp8-format hybrid --fp8-amax-history-len 2 --fp8-amax-compute-algo max"
+run() {  # run <log> <extra args...>: np ranks, the layout checked
+  log=$1; shift
+  "$mpi" $mpi_args -np "$np" "$bin" $args "$@" > "$log" 2>&1 || { cat "$log"; exit 1; }
+  expect_layout "$log" "$np" $args "$@"
+  expect_line "$log" "amax group" "^fp8: .*amax reduced over $np rank\(s\)"
+}
+check() {  # check <reference> <candidate> <what>
+  first_r=$(values "$1" "lm loss" | head -n 1); first_c=$(values "$2" "lm loss" | head -n 1)
+  awk -v a="$first_r" -v b="$first_c" -v w="$3" 'BEGIN { d = (a - b) / a; if (d < 0) d = -d;
+    if (d > 2e-6) { print "FAIL " w ": first loss " a " vs " b; exit 1 } print "ok " w ": first loss equal" }'
+  compare_one "$1" "$2" "$3" "lm loss" 1e-3 0
+}
+# DP 2 (micro-batch 2 per rank) against one rank with the same global batch in one micro-batch of
+# 4: one forward pass per iteration on both sides, the DP-reduced amax is the whole batch's.
+"$bin" $args --micro-batch-size 4 > "$work/single4.log" 2>&1 || { cat "$work/single4.log"; exit 1; }
+run "$work/dp2.log" --micro-batch-size 2
+check "$work/single4.log" "$work/dp2.log" "fp8 DP 2"
+# TP 2 against one rank with the same micro-batches.
+"$bin" $args --micro-batch-size 2 > "$work/single2.log" 2>&1 || { cat "$work/single2.log"; exit 1; }
+run "$work/tp2.log" --micro-batch-size 2 --tensor-model-parallel-size 2
+check "$work/single2.log" "$work/tp2.log" "fp8 TP 2"
+run "$work/tp2sp.log" --micro-batch-size 2 --tensor-model-parallel-size 2 --sequence-parallel
+check "$work/single2.log" "$work/tp2sp.log" "fp8 TP 2 SP"
