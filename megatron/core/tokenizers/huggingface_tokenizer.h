@@ -35,7 +35,7 @@
 namespace mg::tokenizers {
 
 namespace hf {
-class BpeModel;
+class Model;
 class Normalizer;
 class PreTokenizer;
 class Decoder;
@@ -84,7 +84,7 @@ class HuggingFaceTokenizer final : public Tokenizer {
   void split_added(const AddedSet& set, Segment seg, std::vector<Segment>& out) const;
 
   std::string file_;
-  std::unique_ptr<hf::BpeModel> model_;
+  std::unique_ptr<hf::Model> model_;
   std::unique_ptr<hf::Normalizer> normalizer_;
   std::unique_ptr<hf::PreTokenizer> pre_tokenizer_;
   std::unique_ptr<hf::Decoder> decoder_;

@@ -93,6 +93,20 @@ std::string replace_all(const std::string& text, const Pattern& pattern, const s
   return out;
 }
 
+// Rust's str::replace: non-overlapping occurrences of from, left to right.
+std::string replace_literal(const std::string& text, std::string_view from, std::string_view to) {
+  std::string out;
+  std::size_t prev = 0;
+  for (std::size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, prev)) {
+    out.append(text, prev, pos - prev);
+    out += to;
+    prev = pos + from.size();
+  }
+  if (prev == 0) return text;
+  out.append(text, prev, std::string::npos);
+  return out;
+}
+
 // ---------------------------------------------------------------- normalizers
 
 class UnicodeNormalizer final : public Normalizer {
@@ -160,6 +174,78 @@ class ReplaceNormalizer final : public Normalizer {
  private:
   Pattern pattern_;
   std::string content_;
+};
+
+// Keeps the code points for which keep(cp) is true.
+template <typename Keep>
+void filter_chars(std::string& text, Keep keep) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    std::size_t len;
+    if (keep(utf8_decode(text, i, len))) out.append(text, i, len);
+    i += len;
+  }
+  text.swap(out);
+}
+
+class StripAccentsNormalizer final : public Normalizer {
+ public:
+  void normalize(std::string& text) const override {
+    filter_chars(text, [](uint32_t cp) { return !is_mark(cp); });
+  }
+};
+
+// BERT's BasicTokenizer cleaning (normalizers/bert.rs), in this order: clean_text drops NUL, U+FFFD
+// and control characters (Cc/Cf/Co/Cs but tab, newline, CR) and maps whitespace to ' ';
+// handle_chinese_chars puts spaces around CJK ideographs; strip_accents (null: as lowercase) is NFD
+// then dropping marks; lowercase.
+class BertNormalizer final : public Normalizer {
+ public:
+  explicit BertNormalizer(const json& j)
+      : clean_text_(get_or(j, "clean_text", true)),
+        chinese_(get_or(j, "handle_chinese_chars", true)),
+        lowercase_(get_or(j, "lowercase", true)),
+        strip_accents_(get_or(j, "strip_accents", lowercase_)) {}
+  void normalize(std::string& text) const override {
+    if (clean_text_ || chinese_) {
+      std::string out;
+      out.reserve(text.size());
+      for (std::size_t i = 0; i < text.size();) {
+        std::size_t len;
+        const uint32_t cp = utf8_decode(text, i, len);
+        const bool tab_nl_cr = cp == '\t' || cp == '\n' || cp == '\r';
+        if (clean_text_ && (cp == 0 || cp == 0xFFFD || (!tab_nl_cr && is_other_char(cp)))) {
+          // dropped
+        } else if (clean_text_ && (tab_nl_cr || is_whitespace(cp))) {
+          out.push_back(' ');
+        } else if (chinese_ && is_chinese_char(cp)) {
+          out.push_back(' ');
+          out.append(text, i, len);
+          out.push_back(' ');
+        } else {
+          out.append(text, i, len);
+        }
+        i += len;
+      }
+      text.swap(out);
+    }
+    if (strip_accents_) {
+      unicode_normalize(text, NormalizationForm::nfd);
+      filter_chars(text, [](uint32_t cp) { return !is_mark(cp); });
+    }
+    if (lowercase_) unicode_lowercase(text);
+  }
+
+ private:
+  // BERT's CJK Unified Ideographs blocks (not all CJK: no kana, hangul or punctuation).
+  static bool is_chinese_char(uint32_t cp) {
+    return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) ||
+           (cp >= 0x20000 && cp <= 0x2A6DF) || (cp >= 0x2A700 && cp <= 0x2B73F) ||
+           (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B920 && cp <= 0x2CEAF) ||
+           (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
+  }
+  bool clean_text_, chinese_, lowercase_, strip_accents_;
 };
 
 class SequenceNormalizer final : public Normalizer {
@@ -316,6 +402,68 @@ class WhitespaceSplitPreTokenizer final : public PreTokenizer {
     for (const auto& p : pieces)
       split_piece(p, cover(p.text.size(), char_matches(p.text, is_whitespace), false),
                   SplitBehavior::removed, out);
+    pieces.swap(out);
+  }
+};
+
+// BERT's BasicTokenizer split: whitespace removed, then every punctuation character isolated.
+class BertPreTokenizer final : public PreTokenizer {
+ public:
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> words, out;
+    for (const auto& p : pieces)
+      split_piece(p, cover(p.text.size(), char_matches(p.text, is_whitespace), false),
+                  SplitBehavior::removed, words);
+    for (const auto& p : words)
+      split_piece(p, cover(p.text.size(), char_matches(p.text, is_punctuation), false),
+                  SplitBehavior::isolated, out);
+    pieces.swap(out);
+  }
+};
+
+class PunctuationPreTokenizer final : public PreTokenizer {
+ public:
+  explicit PunctuationPreTokenizer(const json& j)
+      : behavior_(parse_behavior(get_or<std::string>(j, "behavior", "Isolated"))) {}
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const auto& p : pieces)
+      split_piece(p, cover(p.text.size(), char_matches(p.text, is_punctuation), false), behavior_,
+                  out);
+    pieces.swap(out);
+  }
+
+ private:
+  SplitBehavior behavior_;
+};
+
+// The regex \w+|[^\w\s]+ (Oniguruma): maximal runs of word characters and maximal runs of
+// characters that are neither word nor whitespace; whitespace is dropped.
+class WhitespacePreTokenizer final : public PreTokenizer {
+ public:
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const auto& p : pieces) {
+      const std::string& t = p.text;
+      int run_kind = 0;  // 0: whitespace / none, 1: word run, 2: other run
+      std::size_t run_start = 0;
+      for (std::size_t i = 0; i <= t.size();) {
+        std::size_t len = 0;
+        int kind = 0;
+        if (i < t.size()) {
+          const uint32_t cp = utf8_decode(t, i, len);
+          kind = is_word_char(cp) ? 1 : is_whitespace(cp) ? 0 : 2;
+        }
+        if (kind != run_kind) {
+          if (run_kind != 0)
+            out.push_back({t.substr(run_start, i - run_start), p.offset + run_start});
+          run_kind = kind;
+          run_start = i;
+        }
+        if (i == t.size()) break;
+        i += len;
+      }
+    }
     pieces.swap(out);
   }
 };
@@ -559,6 +707,37 @@ class StripDecoder final : public Decoder {
   std::size_t start_, stop_;
 };
 
+// BERT's sub-word joining (decoders/wordpiece.rs): after the first token, a token starting with
+// prefix loses it, any other gets a leading space; cleanup then undoes BERT's spacing around
+// punctuation and English contractions in each token.
+class WordPieceDecoder final : public Decoder {
+ public:
+  explicit WordPieceDecoder(const json& j)
+      : prefix_(get_or<std::string>(j, "prefix", "##")), cleanup_(get_or(j, "cleanup", true)) {}
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    static const std::pair<const char*, const char*> kCleanup[] = {
+        {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+        {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+        {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      std::string& t = tokens[i];
+      if (i != 0) {
+        if (!prefix_.empty() && t.starts_with(prefix_))
+          t.erase(0, prefix_.size());
+        else
+          t.insert(0, 1, ' ');
+      }
+      if (cleanup_) {
+        for (const auto& [from, to] : kCleanup) t = replace_literal(t, from, to);
+      }
+    }
+  }
+
+ private:
+  std::string prefix_;
+  bool cleanup_;
+};
+
 class SequenceDecoder final : public Decoder {
  public:
   explicit SequenceDecoder(const json& j) {
@@ -621,6 +800,8 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j) {
   if (type == "NFKD") return std::make_unique<UnicodeNormalizer>(NormalizationForm::nfkd);
   if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
   if (type == "Strip") return std::make_unique<StripNormalizer>(j);
+  if (type == "StripAccents") return std::make_unique<StripAccentsNormalizer>();
+  if (type == "BertNormalizer") return std::make_unique<BertNormalizer>(j);
   if (type == "Prepend") return std::make_unique<PrependNormalizer>(j);
   if (type == "Replace") return std::make_unique<ReplaceNormalizer>(j);
   if (type == "Sequence") return std::make_unique<SequenceNormalizer>(j);
@@ -636,6 +817,9 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j) {
   if (type == "Split") return std::make_unique<SplitPreTokenizer>(j);
   if (type == "Digits") return std::make_unique<DigitsPreTokenizer>(j);
   if (type == "WhitespaceSplit") return std::make_unique<WhitespaceSplitPreTokenizer>();
+  if (type == "Whitespace") return std::make_unique<WhitespacePreTokenizer>();
+  if (type == "BertPreTokenizer") return std::make_unique<BertPreTokenizer>();
+  if (type == "Punctuation") return std::make_unique<PunctuationPreTokenizer>(j);
   if (type == "Sequence") return std::make_unique<SequencePreTokenizer>(j);
   MG_THROW("HuggingFaceTokenizer: pre_tokenizer type '"
            << type << "' is not supported (supported: " << kSupportedPreTokenizers << ")");
@@ -650,6 +834,7 @@ std::unique_ptr<Decoder> make_decoder(const json& j) {
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip") return std::make_unique<StripDecoder>(j);
+  if (type == "WordPiece") return std::make_unique<WordPieceDecoder>(j);
   if (type == "Sequence") return std::make_unique<SequenceDecoder>(j);
   MG_THROW("HuggingFaceTokenizer: decoder type '"
            << type << "' is not supported (supported: " << kSupportedDecoders << ")");

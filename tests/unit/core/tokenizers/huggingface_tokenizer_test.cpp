@@ -28,8 +28,16 @@ using Ids = std::vector<int32_t>;
 namespace fs = std::filesystem;
 
 const std::string kDir = std::string(MG_TEST_FIXTURES_DIR) + "/hf_tokenizers";
-const std::vector<std::string> kNames = {"gpt2_bytelevel", "llama2_sentencepiece_bpe", "metaspace",
-                                         "llama3_bytelevel", "qwen2_nfc"};
+const std::vector<std::string> kNames = {"gpt2_bytelevel",
+                                         "llama2_sentencepiece_bpe",
+                                         "metaspace",
+                                         "llama3_bytelevel",
+                                         "qwen2_nfc",
+                                         "mistral_bpe_metaspace",
+                                         "unigram_byte_fallback",
+                                         "unigram_whitespace",
+                                         "bert_wordpiece",
+                                         "wordpiece_cased"};
 
 json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -230,12 +238,12 @@ TEST(HuggingFaceTokenizer, UnsupportedComponentsNameThemselvesAndTheSupportedOne
     const char* want;
   };
   const std::vector<Case> cases = {
-      {"pre_tokenizer", json{{"type", "BertPreTokenizer"}},
-       "pre_tokenizer type 'BertPreTokenizer' is not supported (supported: ByteLevel, Metaspace"},
+      {"pre_tokenizer", json{{"type", "UnicodeScripts"}},
+       "pre_tokenizer type 'UnicodeScripts' is not supported (supported: ByteLevel, Metaspace"},
       {"normalizer", json{{"type", "Precompiled"}, {"precompiled_charsmap", ""}},
        "normalizer type 'Precompiled' is not supported (supported: NFC, NFD"},
-      {"decoder", json{{"type", "WordPiece"}},
-       "decoder type 'WordPiece' is not supported (supported: ByteLevel, Metaspace"},
+      {"decoder", json{{"type", "CTC"}},
+       "decoder type 'CTC' is not supported (supported: ByteLevel, Metaspace"},
       {"post_processor", json{{"type", "Foo"}},
        "post_processor type 'Foo' is not supported (supported: TemplateProcessing"},
   };
@@ -248,10 +256,11 @@ TEST(HuggingFaceTokenizer, UnsupportedComponentsNameThemselvesAndTheSupportedOne
     EXPECT_CONTAINS(msg, path);
   }
   json j = base;
-  j["model"] = json{{"type", "Unigram"}, {"vocab", json::array()}};
+  j["model"] = json{{"type", "Sentencepiece"}, {"vocab", json::array()}};
   const auto path = dir.write("tokenizer.json", j.dump());
   EXPECT_CONTAINS(mg::test::error_message([&] { HuggingFaceTokenizer t(path); }),
-                  "model type 'Unigram' is not supported (supported: BPE");
+                  "model type 'Sentencepiece' is not supported (supported: BPE, Unigram, "
+                  "WordPiece, WordLevel)");
   j = base;
   j["model"]["dropout"] = 0.1;
   const auto path2 = dir.write("tokenizer.json", j.dump());
