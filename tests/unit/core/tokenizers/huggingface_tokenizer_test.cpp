@@ -99,6 +99,39 @@ TEST_P(HfGolden, IdsAndDecodedTextEqualTokenizersLibrary) {
   }
 }
 
+// The lines of brown_heldout.jsonl, Brown documents none of the fixture tokenizers was trained on.
+const std::vector<std::string>& heldout_lines() {
+  static const std::vector<std::string> lines = [] {
+    std::vector<std::string> out;
+    std::ifstream in(kDir + "/brown_heldout.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto text = json::parse(line).at("text").get<std::string>();
+      std::size_t b = 0;
+      for (std::size_t e; (e = text.find('\n', b)) != std::string::npos; b = e + 1)
+        out.push_back(text.substr(b, e - b));
+      out.push_back(text.substr(b));
+    }
+    return out;
+  }();
+  return lines;
+}
+
+TEST_P(HfGolden, HeldOutBrownLinesEqualTokenizersLibrary) {
+  const std::string name = GetParam();
+  const HuggingFaceTokenizer tok(kDir + "/" + name);
+  const json& corpus = expected(name).at("corpus");
+  const auto& lines = heldout_lines();
+  ASSERT_EQ(corpus.size(), lines.size()) << "expected_" << name << ".json vs brown_heldout.jsonl";
+  ASSERT_GE(lines.size(), 200u);
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const auto ids = corpus[i].at("ids").get<Ids>();
+    EXPECT_EQ(tok.encode(lines[i], /*add_special_tokens=*/false), ids)
+        << name << " line " << i << ": '" << lines[i] << "'";
+    EXPECT_EQ(tok.detokenize(ids), corpus[i].value("decoded", lines[i]))
+        << name << " line " << i << ": '" << lines[i] << "'";
+  }
+}
+
 TEST_P(HfGolden, VocabSizeAndEod) {
   const std::string name = GetParam();
   const HuggingFaceTokenizer tok(kDir + "/" + name);  // a directory works as AutoTokenizer's
