@@ -18,6 +18,7 @@
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
+#include "megatron/core/tokenizers/hf/text.h"
 #include "tests/unit/test_util.h"
 
 namespace {
@@ -242,6 +243,83 @@ TEST(HuggingFaceTokenizer, AddedTokenOptions) {
   const Ids ids = tok.tokenize("the Fulton County jury");
   EXPECT_EQ(std::count(ids.begin(), ids.end(), fc), 1);
   EXPECT_EQ(tok.tokenize("<|endoftext|>"), Ids{tok.eod()});
+}
+
+TEST(HuggingFaceTokenizer, UnigramByteFallbackUnkAndScores) {
+  // unigram_byte_fallback: an emoji has no piece, so it becomes its UTF-8 bytes as <0xXX> pieces;
+  // without byte_fallback an unknown run is one fused <unk>; without unk_id it is an error; and
+  // the Viterbi path follows the scores.
+  TempDir dir;
+  const HuggingFaceTokenizer tok(kDir + "/unigram_byte_fallback");
+  const int32_t unk = tok.token_to_id("<unk>");
+  Ids bytes;
+  for (const char* b : {"<0xF0>", "<0x9F>", "<0x98>", "<0x80>", "<0x91>", "<0x8D>"})
+    bytes.push_back(tok.token_to_id(b));
+  ASSERT_GE(unk, 0);
+  const Ids ids = tok.encode("\xF0\x9F\x98\x80\xF0\x9F\x91\x8D", false);  // 😀👍
+  ASSERT_GE(ids.size(), 8u);
+  const Ids tail(ids.end() - 8, ids.end());
+  EXPECT_EQ(tail,
+            (Ids{bytes[0], bytes[1], bytes[2], bytes[3], bytes[0], bytes[1], bytes[4], bytes[5]}));
+  // The Metaspace decoder drops the ▁ it prepended.
+  EXPECT_EQ(tok.detokenize(ids), "\xF0\x9F\x98\x80\xF0\x9F\x91\x8D");
+
+  json j = read_json(kDir + "/unigram_byte_fallback/tokenizer.json");
+  j["model"]["byte_fallback"] = false;
+  const HuggingFaceTokenizer no_bytes(dir.write("tokenizer.json", j.dump()));
+  const Ids unk_ids = no_bytes.encode("\xF0\x9F\x98\x80\xF0\x9F\x91\x8D", false);
+  EXPECT_EQ(std::count(unk_ids.begin(), unk_ids.end(), unk), 1) << "one fused <unk>";
+  EXPECT_EQ(unk_ids.back(), unk);
+
+  j["model"]["unk_id"] = nullptr;
+  const HuggingFaceTokenizer no_unk(dir.write("tokenizer.json", j.dump()));
+  EXPECT_EQ(no_unk.encode("Hello", false), tok.encode("Hello", false));
+  const auto msg = mg::test::error_message([&] { no_unk.encode("a \xF0\x9F\x98\x80", false); });
+  EXPECT_CONTAINS(msg, "the Unigram model cannot encode '\xF0\x9F\x98\x80'");
+  EXPECT_CONTAINS(msg, "has no unk_id");
+
+  // Multi-character pieces made very unlikely: every word falls apart into characters.
+  j = read_json(kDir + "/unigram_byte_fallback/tokenizer.json");
+  for (auto& piece : j["model"]["vocab"]) {
+    const auto s = piece[0].get<std::string>();
+    if (mg::tokenizers::hf::utf8_error_offset(s) == std::string::npos && s.size() > 1 &&
+        s != "\u2581" && s[0] != '<')
+      piece[1] = -1000.0;
+  }
+  const HuggingFaceTokenizer chars(dir.write("tokenizer.json", j.dump()));
+  EXPECT_LT(tok.encode("investigation", false).size(), 6u);
+  EXPECT_EQ(chars.encode("investigation", false).size(), 14u);  // ▁ and 13 letters
+  EXPECT_EQ(chars.detokenize(chars.encode("investigation", false)), "investigation");
+
+  j["model"]["unk_id"] = 100000;
+  const auto bad = dir.write("tokenizer.json", j.dump());
+  EXPECT_CONTAINS(mg::test::error_message([&] { HuggingFaceTokenizer t(bad); }),
+                  "unk_id 100000 is not an id of its vocabulary of");
+}
+
+TEST(HuggingFaceTokenizer, WordPieceLongWordsPrefixAndUnk) {
+  // bert_wordpiece: max_input_chars_per_word 20 turns a 34-character word into one [UNK]; with
+  // the default 100 it is split into ##-prefixed sub-words that decode back to the word.
+  TempDir dir;
+  const HuggingFaceTokenizer tok(kDir + "/bert_wordpiece");
+  const int32_t unk = tok.token_to_id("[UNK]"), sep = tok.token_to_id("[SEP]");
+  const std::string word = "supercalifragilisticexpialidocious";
+  EXPECT_EQ(tok.encode(word, false), Ids{unk});
+  EXPECT_EQ(tok.eod(), sep);  // no eos_token in tokenizer_config.json: [SEP], as BERT ends texts
+  json j = read_json(kDir + "/bert_wordpiece/tokenizer.json");
+  j["model"]["max_input_chars_per_word"] = 100;
+  const HuggingFaceTokenizer longer(dir.write("tokenizer.json", j.dump()));
+  const Ids ids = longer.encode(word, false);
+  EXPECT_GT(ids.size(), 3u);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), unk), 0);
+  EXPECT_EQ(longer.detokenize(ids), word);
+  // A word with a character outside the vocabulary is one [UNK] as a whole.
+  EXPECT_EQ(tok.encode("jury\xE2\x98\x83", false), Ids{unk});  // jury☃
+  j["model"]["unk_token"] = "[NOPE]";
+  const HuggingFaceTokenizer no_unk(dir.write("tokenizer.json", j.dump()));
+  EXPECT_CONTAINS(mg::test::error_message([&] { no_unk.encode("jury\xE2\x98\x83", false); }),
+                  "cannot encode 'jury\xE2\x98\x83' and its unk_token '[NOPE]' is not in the "
+                  "vocabulary");
 }
 
 TEST(HuggingFaceTokenizer, ConcurrentTokenizeEqualsSequential) {
