@@ -16,6 +16,7 @@ packages=(
   libpcre2-dev                # tokenizer pre-tokenization regexes
   libsentencepiece-dev        # SentencePieceTokenizer
   libicu-dev                  # HuggingFaceTokenizer: NFC/NFKC normalizers, Unicode properties
+  libssl-dev                  # HuggingFaceTokenizer: base64 of the Precompiled normalizer (libcrypto)
   zlib1g-dev libzstd-dev      # preprocess_data: .gz / .zst inputs
   gzip zstd                   # tests write compressed inputs with them
   clang-format                # make format / the format check of make test (Debian 12: 14)

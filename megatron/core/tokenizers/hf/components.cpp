@@ -2,7 +2,12 @@
 // mirroring the `tokenizers` 0.21 Rust implementation of the same name.
 #include "megatron/core/tokenizers/hf/components.h"
 
+#include <openssl/evp.h>
+#include <unicode/ubrk.h>
+#include <unicode/utext.h>
+
 #include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -246,6 +251,150 @@ class BertNormalizer final : public Normalizer {
            (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
   }
   bool clean_text_, chinese_, lowercase_, strip_accents_;
+};
+
+// Marian / NMT cleaning (normalizers/unicode.rs Nmt): some ASCII control characters dropped, a few
+// separators and zero-width characters (and U+2581, U+FEFF, U+FFFD) mapped to ' '.
+class NmtNormalizer final : public Normalizer {
+ public:
+  void normalize(std::string& text) const override {
+    std::string out;
+    out.reserve(text.size());
+    for (std::size_t i = 0; i < text.size();) {
+      std::size_t len;
+      const uint32_t c = utf8_decode(text, i, len);
+      const bool drop = (c >= 0x01 && c <= 0x08) || c == 0x0B || (c >= 0x0E && c <= 0x1F) ||
+                        c == 0x7F || c == 0x8F || c == 0x9F;
+      const bool space = c == 0x09 || c == 0x0A || c == 0x0C || c == 0x0D || c == 0x1680 ||
+                         (c >= 0x200B && c <= 0x200F) || c == 0x2028 || c == 0x2029 ||
+                         c == 0x2581 || c == 0xFEFF || c == 0xFFFD;
+      if (space)
+        out.push_back(' ');
+      else if (!drop)
+        out.append(text, i, len);
+      i += len;
+    }
+    text.swap(out);
+  }
+};
+
+// A sentencepiece normalization rule set (the precompiled_charsmap of a .model, base64 in
+// tokenizer.json): [u32 little-endian trie size][Darts-clone double-array trie of u32 units]
+// [NUL-separated replacement strings]; a trie value is the offset of a replacement. As HF's
+// normalizers/precompiled.rs: the text is cut into extended grapheme clusters (ICU); a cluster
+// shorter than 6 bytes whose bytes start with a key is replaced as a whole by the replacement of
+// the SHORTEST such key; otherwise each character is replaced the same way, or kept.
+class PrecompiledNormalizer final : public Normalizer {
+ public:
+  explicit PrecompiledNormalizer(const json& j) {
+    const std::string b64 = get_string(j, "precompiled_charsmap", "normalizer Precompiled");
+    std::string bytes(b64.size() / 4 * 3 + 3, '\0');
+    const int n = b64.empty() ? -1
+                              : EVP_DecodeBlock(reinterpret_cast<unsigned char*>(bytes.data()),
+                                                reinterpret_cast<const unsigned char*>(b64.data()),
+                                                static_cast<int>(b64.size()));
+    MG_CHECK(n >= 0 && b64.size() % 4 == 0,
+             "HuggingFaceTokenizer: normalizer Precompiled: precompiled_charsmap is not base64 ("
+                 << b64.size() << " characters)");
+    std::size_t size = static_cast<std::size_t>(n);
+    for (std::size_t k = b64.size(); k > 0 && b64[k - 1] == '=' && size > 0; --k) --size;
+    bytes.resize(size);
+    uint32_t trie_bytes = 0;
+    if (bytes.size() >= 4) std::memcpy(&trie_bytes, bytes.data(), 4);  // little-endian hosts
+    MG_CHECK(bytes.size() >= 4 && trie_bytes >= 4 && trie_bytes % 4 == 0 &&
+                 trie_bytes <= bytes.size() - 4,
+             "HuggingFaceTokenizer: normalizer Precompiled: precompiled_charsmap of "
+                 << bytes.size() << " bytes does not hold a trie (declared size " << trie_bytes
+                 << ")");
+    units_.resize(trie_bytes / 4);
+    std::memcpy(units_.data(), bytes.data() + 4, trie_bytes);
+    replacements_ = bytes.substr(4 + trie_bytes);
+    MG_CHECK(utf8_error_offset(replacements_) == std::string::npos,
+             "HuggingFaceTokenizer: normalizer Precompiled: the replacement strings of "
+             "precompiled_charsmap are not UTF-8");
+  }
+
+  void normalize(std::string& text) const override {
+    if (text.empty()) return;
+    std::string out;
+    out.reserve(text.size());
+    for_each_grapheme(text, [&](std::size_t b, std::size_t e) {
+      const std::string_view g(text.data() + b, e - b);
+      if (g.size() < 6) {
+        if (auto r = transform(g)) {
+          out += *r;
+          return;
+        }
+      }
+      for (std::size_t i = 0; i < g.size();) {
+        const std::size_t len = utf8_len(static_cast<unsigned char>(g[i]));
+        const std::string_view c = g.substr(i, len);
+        if (auto r = transform(c))
+          out += *r;
+        else
+          out += c;
+        i += len;
+      }
+    });
+    text.swap(out);
+  }
+
+ private:
+  // The replacement of the shortest key that is a prefix of s (Darts-clone common prefix search).
+  std::optional<std::string_view> transform(std::string_view s) const {
+    auto unit = [&](std::size_t pos) -> std::optional<uint32_t> {
+      if (pos >= units_.size()) return std::nullopt;
+      return units_[pos];
+    };
+    auto offset = [](uint32_t u) -> std::size_t { return (u >> 10) << ((u & (1u << 9)) >> 6); };
+    std::size_t pos = 0;
+    pos ^= offset(units_[0]);
+    for (char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == 0) break;
+      pos ^= c;
+      const auto u = unit(pos);
+      if (!u || (*u & ((1u << 31) | 0xFFu)) != c) return std::nullopt;
+      pos ^= offset(*u);
+      if ((*u >> 8) & 1u) {
+        const auto leaf = unit(pos);
+        if (!leaf) return std::nullopt;
+        const std::size_t at = *leaf & ((1u << 31) - 1);
+        if (at > replacements_.size()) return std::nullopt;
+        const std::size_t end = replacements_.find('\0', at);
+        return std::string_view(replacements_)
+            .substr(at, end == std::string::npos ? end : end - at);
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Calls f(begin, end) for each extended grapheme cluster of valid UTF-8 text (byte offsets).
+  template <typename F>
+  static void for_each_grapheme(const std::string& text, F f) {
+    struct Close {
+      void operator()(UBreakIterator* b) const { ubrk_close(b); }
+      void operator()(UText* t) const { utext_close(t); }
+    };
+    thread_local std::unique_ptr<UBreakIterator, Close> breaker;
+    UErrorCode err = U_ZERO_ERROR;
+    if (!breaker) {
+      breaker.reset(ubrk_open(UBRK_CHARACTER, "", nullptr, 0, &err));
+      MG_CHECK(U_SUCCESS(err),
+               "HuggingFaceTokenizer: ICU grapheme iterator unavailable: " << u_errorName(err));
+    }
+    std::unique_ptr<UText, Close> ut(
+        utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &err));
+    ubrk_setUText(breaker.get(), ut.get(), &err);
+    MG_CHECK(U_SUCCESS(err),
+             "HuggingFaceTokenizer: ICU grapheme iteration failed: " << u_errorName(err));
+    int32_t b = ubrk_first(breaker.get());
+    for (int32_t e = ubrk_next(breaker.get()); e != UBRK_DONE; b = e, e = ubrk_next(breaker.get()))
+      f(static_cast<std::size_t>(b), static_cast<std::size_t>(e));
+  }
+
+  std::vector<uint32_t> units_;
+  std::string replacements_;
 };
 
 class SequenceNormalizer final : public Normalizer {
@@ -802,6 +951,8 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j) {
   if (type == "Strip") return std::make_unique<StripNormalizer>(j);
   if (type == "StripAccents") return std::make_unique<StripAccentsNormalizer>();
   if (type == "BertNormalizer") return std::make_unique<BertNormalizer>(j);
+  if (type == "Precompiled") return std::make_unique<PrecompiledNormalizer>(j);
+  if (type == "Nmt") return std::make_unique<NmtNormalizer>();
   if (type == "Prepend") return std::make_unique<PrependNormalizer>(j);
   if (type == "Replace") return std::make_unique<ReplaceNormalizer>(j);
   if (type == "Sequence") return std::make_unique<SequenceNormalizer>(j);

@@ -18,8 +18,8 @@
 namespace mg::tokenizers::hf {
 
 inline constexpr const char* kSupportedNormalizers =
-    "NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, BertNormalizer, Prepend, Replace, "
-    "Sequence";
+    "NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, BertNormalizer, Precompiled, Nmt, "
+    "Prepend, Replace, Sequence";
 inline constexpr const char* kSupportedPreTokenizers =
     "ByteLevel, Metaspace, Split, Digits, WhitespaceSplit, Whitespace, BertPreTokenizer, "
     "Punctuation, Sequence";
