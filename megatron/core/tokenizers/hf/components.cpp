@@ -555,6 +555,26 @@ class WhitespaceSplitPreTokenizer final : public PreTokenizer {
   }
 };
 
+// Splits at one delimiter character, which is removed.
+class CharDelimiterSplitPreTokenizer final : public PreTokenizer {
+ public:
+  explicit CharDelimiterSplitPreTokenizer(const json& j)
+      : delimiter_(single_char(get_string(j, "delimiter", "pre_tokenizer CharDelimiterSplit"),
+                               "pre_tokenizer CharDelimiterSplit delimiter")) {}
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    const uint32_t d = delimiter_;
+    for (const auto& p : pieces)
+      split_piece(
+          p, cover(p.text.size(), char_matches(p.text, [d](uint32_t c) { return c == d; }), false),
+          SplitBehavior::removed, out);
+    pieces.swap(out);
+  }
+
+ private:
+  uint32_t delimiter_;
+};
+
 // BERT's BasicTokenizer split: whitespace removed, then every punctuation character isolated.
 class BertPreTokenizer final : public PreTokenizer {
  public:
@@ -887,6 +907,21 @@ class WordPieceDecoder final : public Decoder {
   bool cleanup_;
 };
 
+// The end-of-word suffix of a BPE vocabulary (openai-gpt, CLIP: "</w>") becomes a space, except in
+// the last token, where it is dropped (decoders/bpe.rs).
+class BpeDecoder final : public Decoder {
+ public:
+  explicit BpeDecoder(const json& j) : suffix_(get_or<std::string>(j, "suffix", "</w>")) {}
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    if (suffix_.empty()) return;  // Rust's str::replace("") would insert between characters
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = replace_literal(tokens[i], suffix_, i + 1 == tokens.size() ? "" : " ");
+  }
+
+ private:
+  std::string suffix_;
+};
+
 class SequenceDecoder final : public Decoder {
  public:
   explicit SequenceDecoder(const json& j) {
@@ -969,6 +1004,7 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j) {
   if (type == "Digits") return std::make_unique<DigitsPreTokenizer>(j);
   if (type == "WhitespaceSplit") return std::make_unique<WhitespaceSplitPreTokenizer>();
   if (type == "Whitespace") return std::make_unique<WhitespacePreTokenizer>();
+  if (type == "CharDelimiterSplit") return std::make_unique<CharDelimiterSplitPreTokenizer>(j);
   if (type == "BertPreTokenizer") return std::make_unique<BertPreTokenizer>();
   if (type == "Punctuation") return std::make_unique<PunctuationPreTokenizer>(j);
   if (type == "Sequence") return std::make_unique<SequencePreTokenizer>(j);
@@ -986,6 +1022,7 @@ std::unique_ptr<Decoder> make_decoder(const json& j) {
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip") return std::make_unique<StripDecoder>(j);
   if (type == "WordPiece") return std::make_unique<WordPieceDecoder>(j);
+  if (type == "BPEDecoder") return std::make_unique<BpeDecoder>(j);
   if (type == "Sequence") return std::make_unique<SequenceDecoder>(j);
   MG_THROW("HuggingFaceTokenizer: decoder type '"
            << type << "' is not supported (supported: " << kSupportedDecoders << ")");

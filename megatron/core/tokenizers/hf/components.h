@@ -22,9 +22,9 @@ inline constexpr const char* kSupportedNormalizers =
     "Prepend, Replace, Sequence";
 inline constexpr const char* kSupportedPreTokenizers =
     "ByteLevel, Metaspace, Split, Digits, WhitespaceSplit, Whitespace, BertPreTokenizer, "
-    "Punctuation, Sequence";
+    "Punctuation, CharDelimiterSplit, Sequence";
 inline constexpr const char* kSupportedDecoders =
-    "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, WordPiece, Sequence";
+    "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, WordPiece, BPEDecoder, Sequence";
 
 // A piece of input text during pre-tokenization. offset: byte offset in the input where the piece
 // starts (0 only for the first piece of the input), used by Metaspace's prepend_scheme "first".

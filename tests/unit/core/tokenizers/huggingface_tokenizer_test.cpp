@@ -39,7 +39,9 @@ const std::vector<std::string> kNames = {"gpt2_bytelevel",
                                          "unigram_whitespace",
                                          "bert_wordpiece",
                                          "wordpiece_cased",
-                                         "t5_precompiled"};
+                                         "t5_precompiled",
+                                         "openai_gpt_suffix",
+                                         "wordlevel"};
 
 json read_json(const std::string& path) {
   std::ifstream in(path);
