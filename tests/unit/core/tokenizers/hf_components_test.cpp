@@ -2,7 +2,9 @@
 // against the PyPI `tokenizers` library: tests/fixtures/hf_tokenizers/expected_components.json
 // holds, for configurations the fixture tokenizers do not all use (every Split behaviour with and
 // without invert, Metaspace schemes, ByteLevel with a prefix space, Digits, WhitespaceSplit, the
-// four normalization forms, Lowercase, Strip, Prepend, regex Replace, decoders), what
+// four normalization forms, Lowercase, Strip, Prepend, regex Replace, BertNormalizer settings,
+// StripAccents, Nmt, Precompiled, BertPreTokenizer, Whitespace, Punctuation, CharDelimiterSplit,
+// WordPiece and BPE decoders), what
 // pre_tokenize_str / normalize_str / decode answer on the golden test strings. Also the
 // documented ByteFallback difference (invalid UTF-8 kept as bytes) and the text helpers.
 #include "megatron/core/tokenizers/hf/components.h"

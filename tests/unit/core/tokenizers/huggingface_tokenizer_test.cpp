@@ -1,10 +1,12 @@
 // Tests of HuggingFaceTokenizer (megatron/core/tokenizers/huggingface_tokenizer.h): exact ids and
-// decoded text against the PyPI `tokenizers` library on the five tokenizers that
-// tests/fixtures/hf_tokenizers/gen_hf_tokenizers.py trains (GPT-2 ByteLevel, Llama-2-style
-// Prepend/Replace + byte fallback, Metaspace, Llama-3-style Split + ByteLevel with ignore_merges,
-// Qwen2-style NFC + Split), with and without the post-processor's special tokens; eod and
-// vocabulary size; that edits to a tokenizer.json change the result where they should (so the
-// golden comparison can fail); thread safety; and the error messages for bad files and inputs.
+// decoded text against the PyPI `tokenizers` library on the tokenizers that
+// tests/fixtures/hf_tokenizers/gen_hf_tokenizers.py trains (byte-level BPE in the GPT-2, Llama-3
+// and Qwen2 layouts; byte-fallback BPE in the Llama-2 and Mistral layouts; Metaspace BPE; Unigram
+// with byte fallback, with fused unk, and behind a sentencepiece Precompiled normalizer; BERT
+// WordPiece cased and uncased; end-of-word-suffix BPE; WordLevel), on test strings and held-out
+// Brown lines, with and without the post-processor's special tokens; eod and vocabulary size; that
+// edits to a tokenizer.json change the result where they should (so the golden comparison can
+// fail); thread safety; and the error messages for bad files and inputs.
 #include "megatron/core/tokenizers/huggingface_tokenizer.h"
 
 #include <gtest/gtest.h>
