@@ -4,9 +4,9 @@
 // without invert, Metaspace schemes, ByteLevel with a prefix space, Digits, WhitespaceSplit, the
 // four normalization forms, Lowercase, Strip, Prepend, regex Replace, BertNormalizer settings,
 // StripAccents, Nmt, Precompiled, BertPreTokenizer, Whitespace, Punctuation, CharDelimiterSplit,
-// WordPiece and BPE decoders), what
-// pre_tokenize_str / normalize_str / decode answer on the golden test strings. Also the
-// documented ByteFallback difference (invalid UTF-8 kept as bytes) and the text helpers.
+// WordPiece and BPE decoders), what pre_tokenize_str / normalize_str / decode answer on the golden
+// test strings. Also the documented ByteFallback difference (invalid UTF-8 kept as bytes), the
+// Precompiled normalizer's grapheme rule and the text helpers.
 #include "megatron/core/tokenizers/hf/components.h"
 
 #include <gtest/gtest.h>
