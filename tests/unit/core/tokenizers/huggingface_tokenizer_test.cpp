@@ -328,21 +328,24 @@ TEST(HuggingFaceTokenizer, WordPieceLongWordsPrefixAndUnk) {
 }
 
 TEST(HuggingFaceTokenizer, ConcurrentTokenizeEqualsSequential) {
-  const HuggingFaceTokenizer tok(kDir + "/llama3_bytelevel");
-  std::vector<std::string> texts;
-  for (const auto& c : expected("llama3_bytelevel").at("cases")) texts.push_back(c.at("text"));
-  std::vector<Ids> want;
-  for (const auto& t : texts) want.push_back(tok.tokenize(t));
-  std::vector<std::thread> threads;
-  std::vector<int> bad(4, 0);
-  for (int w = 0; w < 4; ++w) {
-    threads.emplace_back([&, w] {
-      for (int rep = 0; rep < 20; ++rep)
-        for (size_t i = 0; i < texts.size(); ++i) bad[w] += tok.tokenize(texts[i]) != want[i];
-    });
+  // BPE (piece cache), Unigram behind Precompiled (per-thread ICU grapheme iterator), WordPiece.
+  for (const char* name : {"llama3_bytelevel", "t5_precompiled", "bert_wordpiece"}) {
+    const HuggingFaceTokenizer tok(kDir + "/" + name);
+    std::vector<std::string> texts;
+    for (const auto& c : expected(name).at("cases")) texts.push_back(c.at("text"));
+    std::vector<Ids> want;
+    for (const auto& t : texts) want.push_back(tok.tokenize(t));
+    std::vector<std::thread> threads;
+    std::vector<int> bad(4, 0);
+    for (int w = 0; w < 4; ++w) {
+      threads.emplace_back([&, w] {
+        for (int rep = 0; rep < 10; ++rep)
+          for (size_t i = 0; i < texts.size(); ++i) bad[w] += tok.tokenize(texts[i]) != want[i];
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(bad, std::vector<int>(4, 0)) << name;
   }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(bad, std::vector<int>(4, 0));
 }
 
 TEST(HuggingFaceTokenizer, UnsupportedComponentsNameThemselvesAndTheSupportedOnes) {
@@ -377,6 +380,17 @@ TEST(HuggingFaceTokenizer, UnsupportedComponentsNameThemselvesAndTheSupportedOne
   EXPECT_CONTAINS(mg::test::error_message([&] { HuggingFaceTokenizer t(path); }),
                   "model type 'Sentencepiece' is not supported (supported: BPE, Unigram, "
                   "WordPiece, WordLevel)");
+  j = base;
+  j["model"] = json{{"type", "Unigram"},
+                    {"unk_id", 0},
+                    {"vocab", json::array({json::array({"<unk>", 0.0}), json::array({"a", "x"})})}};
+  const auto path5 = dir.write("tokenizer.json", j.dump());
+  EXPECT_CONTAINS(mg::test::error_message([&] { HuggingFaceTokenizer t(path5); }),
+                  "model Unigram: vocab entry 1 [\"a\",\"x\"] is not [\"piece\", score]");
+  j["model"] = json{{"type", "WordPiece"}, {"vocab", json::array()}};
+  const auto path6 = dir.write("tokenizer.json", j.dump());
+  EXPECT_CONTAINS(mg::test::error_message([&] { HuggingFaceTokenizer t(path6); }),
+                  "model WordPiece has no \"vocab\" object {token: id}");
   j = base;
   j["model"]["dropout"] = 0.1;
   const auto path2 = dir.write("tokenizer.json", j.dump());
