@@ -8,7 +8,8 @@
 //   HuggingFace/<name>/warm: HuggingFaceTokenizer on the same text, with the tokenizer.json files
 //   of
 //                  tests/fixtures/hf_tokenizers (small trained vocabularies, so more tokens per
-//                  byte than GPT-2): Llama-3-style Split + ByteLevel, Llama-2-style byte fallback.
+//                  byte than GPT-2): Llama-3-style Split + ByteLevel, Llama-2-style byte fallback,
+//                  T5-style Unigram behind a Precompiled normalizer, BERT WordPiece.
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
@@ -130,6 +131,12 @@ BENCHMARK_CAPTURE(BM_HuggingFaceWarm, llama3, "llama3_bytelevel")
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_HuggingFaceWarm, llama2, "llama2_sentencepiece_bpe")
     ->Name("HuggingFace/llama2_sentencepiece_bpe/warm")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_HuggingFaceWarm, t5, "t5_precompiled")
+    ->Name("HuggingFace/t5_precompiled/warm")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_HuggingFaceWarm, bert, "bert_wordpiece")
+    ->Name("HuggingFace/bert_wordpiece/warm")
     ->Unit(benchmark::kMillisecond);
 
 void BM_Load(benchmark::State& state) {

@@ -16,6 +16,7 @@ packages=(
   libpcre2-dev                # tokenizer pre-tokenization regexes
   libsentencepiece-dev        # SentencePieceTokenizer
   libicu-dev                  # HuggingFaceTokenizer: NFC/NFKC normalizers, Unicode properties
+  libssl-dev                  # HuggingFaceTokenizer: base64 of the Precompiled normalizer (libcrypto)
   zlib1g-dev libzstd-dev      # preprocess_data: .gz / .zst inputs
   libxxhash-dev               # checkpoint checksums (XXH3-64 per tensor)
   gzip zstd                   # tests write compressed inputs with them

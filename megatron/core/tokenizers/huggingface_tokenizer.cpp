@@ -9,8 +9,8 @@
 #include <unordered_set>
 
 #include "megatron/core/common/error.h"
-#include "megatron/core/tokenizers/hf/bpe_model.h"
 #include "megatron/core/tokenizers/hf/components.h"
+#include "megatron/core/tokenizers/hf/model.h"
 #include "megatron/core/tokenizers/hf/text.h"
 
 namespace mg::tokenizers {
@@ -21,8 +21,8 @@ namespace {
 
 constexpr const char* kSupportedPostProcessors =
     "TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing, Sequence";
-constexpr const char* kEosFallback[] = {"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>",
-                                        "<|im_end|>"};
+constexpr const char* kEosFallback[] = {"</s>",  "<|endoftext|>", "<|end_of_text|>",
+                                        "<eos>", "<|im_end|>",    "[SEP]"};
 
 json read_json(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
@@ -42,6 +42,7 @@ json read_json(const std::string& path, const char* what) {
   constexpr std::string_view kPrefix = "HuggingFaceTokenizer: ";
   std::string_view m = message;
   if (m.starts_with(kPrefix)) m.remove_prefix(kPrefix.size());
+  if (m.starts_with("'" + file + "'")) MG_THROW(kPrefix << m);  // already names the file
   MG_THROW("HuggingFaceTokenizer: '" << file << "': " << m);
 }
 
@@ -145,12 +146,7 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path, bool add_spe
   MG_CHECK(root.is_object() && root.contains("model"),
            "HuggingFaceTokenizer: '" << file_ << "' is not a tokenizer.json (no \"model\")");
   try {
-    const json& model = root["model"];
-    const std::string type = model.is_object() ? model.value("type", std::string("BPE")) : "";
-    MG_CHECK(type == "BPE", "model type '" << type
-                                           << "' is not supported (supported: BPE; not WordPiece, "
-                                           << "Unigram, WordLevel)");
-    model_ = std::make_unique<hf::BpeModel>(model, file_);
+    model_ = hf::make_model(root["model"], file_);
     normalizer_ = hf::make_normalizer(root.value("normalizer", json()));
     pre_tokenizer_ = hf::make_pre_tokenizer(root.value("pre_tokenizer", json()));
     decoder_ = hf::make_decoder(root.value("decoder", json()));
@@ -209,7 +205,7 @@ HuggingFaceTokenizer::HuggingFaceTokenizer(const std::string& path, bool add_spe
     MG_CHECK(eod_ >= 0, "HuggingFaceTokenizer: no eos token for '"
                             << file_ << "': no tokenizer_config.json with an eos_token beside it, "
                             << "and none of </s>, <|endoftext|>, <|end_of_text|>, <eos>, "
-                            << "<|im_end|> is in the vocabulary");
+                            << "<|im_end|>, [SEP] is in the vocabulary");
   }
 }
 

@@ -2,24 +2,24 @@
 // (the file format of the HF `tokenizers` library; FORMATS.md section 2.4), encoding as
 // `tokenizer(text).input_ids` does: added tokens are split out first (non-normalized ones on the
 // raw text, normalized ones after the normalizer, leftmost-longest, honouring lstrip/rstrip/
-// single_word), each remaining piece is normalized and pre-tokenized, the BPE model encodes every
+// single_word), each remaining piece is normalized and pre-tokenized, the model encodes every
 // pre-token, and the post-processor adds its special tokens (e.g. Llama's BOS) unless
 // add_special_tokens is false (Megatron's --tokenizer-hf-no-include-special-tokens).
-// Supported components: model BPE (hf/bpe_model.h); normalizers, pre-tokenizers and decoders in
-// hf/components.h; post-processors TemplateProcessing, ByteLevel, RobertaProcessing,
-// BertProcessing and Sequence. Anything else is rejected when loading, naming it.
-// eod() is the eos token: "eos_token" of tokenizer_config.json beside tokenizer.json when there is
-// one (as AutoTokenizer reads it), else the first of </s>, <|endoftext|>, <|end_of_text|>, <eos>,
-// <|im_end|> in the vocabulary; neither is an error. vocab_size() counts the distinct tokens of
-// the model vocabulary and the added tokens (transformers' len(tokenizer)).
-// detokenize() is `tokenizers`' decode(ids, skip_special_tokens=False) (what transformers'
-// decode() does before clean_up_tokenization_spaces, which is not applied): special tokens are
-// kept; bytes that are not valid UTF-8 are returned as they are where HF would put U+FFFD.
-// Invariants: immutable after construction except the BPE piece cache (mutex), so tokenize() and
-// detokenize() may be called from several threads. Does not: read tokenizer_config.json beyond
-// eos_token (add_bos_token, chat templates), truncate or pad (transformers turns both off for a
-// plain call), models other than BPE (WordPiece, Unigram, WordLevel), or accept invalid UTF-8
-// input (throws naming the byte offset).
+// Supported components: models BPE, Unigram, WordPiece, WordLevel (hf/model.h); normalizers,
+// pre-tokenizers and decoders in hf/components.h; post-processors TemplateProcessing, ByteLevel,
+// RobertaProcessing, BertProcessing and Sequence. Anything else is rejected when loading, naming
+// it. eod() is the eos token: "eos_token" of tokenizer_config.json beside tokenizer.json when there
+// is one (as AutoTokenizer reads it), else the first of </s>, <|endoftext|>, <|end_of_text|>,
+// <eos>, <|im_end|>, [SEP] (BERT-style vocabularies) in the vocabulary; neither is an error.
+// vocab_size() counts the distinct tokens of the model vocabulary and the added tokens
+// (transformers' len(tokenizer)). detokenize() is `tokenizers`' decode(ids,
+// skip_special_tokens=False) (what transformers' decode() does before clean_up_tokenization_spaces,
+// which is not applied): special tokens are kept; bytes that are not valid UTF-8 are returned as
+// they are where HF would put U+FFFD. Invariants: immutable after construction except the BPE piece
+// cache (mutex), so tokenize() and detokenize() may be called from several threads. Does not: read
+// tokenizer_config.json beyond eos_token (add_bos_token, chat templates), truncate or pad
+// (transformers turns both off for a plain call), or accept invalid UTF-8 input (throws naming the
+// byte offset).
 #pragma once
 
 #include <cstdint>
@@ -35,7 +35,7 @@
 namespace mg::tokenizers {
 
 namespace hf {
-class BpeModel;
+class Model;
 class Normalizer;
 class PreTokenizer;
 class Decoder;
@@ -84,7 +84,7 @@ class HuggingFaceTokenizer final : public Tokenizer {
   void split_added(const AddedSet& set, Segment seg, std::vector<Segment>& out) const;
 
   std::string file_;
-  std::unique_ptr<hf::BpeModel> model_;
+  std::unique_ptr<hf::Model> model_;
   std::unique_ptr<hf::Normalizer> normalizer_;
   std::unique_ptr<hf::PreTokenizer> pre_tokenizer_;
   std::unique_ptr<hf::Decoder> decoder_;

@@ -247,12 +247,15 @@ TEST_F(PreprocessData, NullTokenizer) {
       << bad.output;
 }
 
-// HuggingFaceTokenizer (Llama-3-style tokenizer.json: BOS prepended by its post-processor) and
-// SentencePieceTokenizer: the datasets hold what the tokenizer classes give, plus eod.
+// HuggingFaceTokenizer (Llama-3-style tokenizer.json: BOS prepended by its post-processor; a
+// Unigram and a WordPiece tokenizer.json directory) and SentencePieceTokenizer: the datasets hold
+// what the tokenizer classes give, plus eod.
 TEST_F(PreprocessData, HuggingFaceAndSentencePieceTokenizers) {
   const std::string fx = std::string(MG_TEST_FIXTURES_DIR) + "/hf_tokenizers/";
   const mg::tokenizers::HuggingFaceTokenizer hf(fx + "llama3_bytelevel/tokenizer.json");
   const mg::tokenizers::SentencePieceTokenizer sp(fx + "spm_unigram.model", "Llama2Tokenizer");
+  const mg::tokenizers::HuggingFaceTokenizer unigram(fx + "unigram_byte_fallback");
+  const mg::tokenizers::HuggingFaceTokenizer wordpiece(fx + "bert_wordpiece");
   struct Case {
     std::string flags, prefix;
     const mg::tokenizers::Tokenizer* tok;
@@ -263,6 +266,11 @@ TEST_F(PreprocessData, HuggingFaceAndSentencePieceTokenizers) {
        "hf", &hf},
       {" --tokenizer-type Llama2Tokenizer --tokenizer-model " + fx + "spm_unigram.model", "sp",
        &sp},
+      // tokenizer.json directories (tokenizer_config.json beside it): Unigram, WordPiece.
+      {" --tokenizer-type HuggingFaceTokenizer --tokenizer-model " + fx + "unigram_byte_fallback",
+       "unigram", &unigram},
+      {" --tokenizer-type HuggingFaceTokenizer --tokenizer-model " + fx + "bert_wordpiece",
+       "wordpiece", &wordpiece},
   };
   for (const auto& c : cases) {
     auto r = preprocess("--input " + path("in.jsonl") + " --append-eod --workers 2" + c.flags +

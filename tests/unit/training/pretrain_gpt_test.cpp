@@ -2,6 +2,7 @@
 // conflicting flags before any work, and a short mock-data run with its Megatron log lines.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "tests/unit/test_util.h"
@@ -39,6 +40,45 @@ TEST(PretrainGpt, TrainsOnMockData) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("test loss at iteration 2 on test set"), std::string::npos);
+}
+
+// A Unigram and a WordPiece tokenizer.json (HF model directories) through the whole pipeline:
+// preprocess_data tokenizes the Brown slice with them, pretrain_gpt builds the same tokenizer
+// (its vocabulary, padded to a multiple of 128, sizes the model) and trains on the data.
+TEST(PretrainGpt, TrainsOnDataFromHuggingFaceUnigramAndWordPieceTokenizers) {
+  namespace fs = std::filesystem;
+  const std::string fx = std::string(MG_TEST_FIXTURES_DIR) + "/hf_tokenizers/";
+  const fs::path dir =
+      fs::temp_directory_path() / ("mg_pretrain_hf_tok_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  struct Case {
+    std::string name;
+    int vocab, padded;
+  };
+  for (const Case& c :
+       {Case{"unigram_byte_fallback", 958, 1024}, Case{"bert_wordpiece", 900, 1024}}) {
+    const std::string tok =
+        " --tokenizer-type HuggingFaceTokenizer --tokenizer-model " + fx + c.name;
+    const std::string prefix = (dir / c.name).string();
+    auto p = test::run_command(std::string(MG_BIN_DIR) + "/preprocess_data --input " + fx +
+                               "brown_slice.jsonl --output-prefix " + prefix +
+                               " --append-eod --workers 1" + tok);
+    ASSERT_EQ(p.status, 0) << p.output;
+    auto r = test::run_command(
+        kBin +
+        " --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 32"
+        " --micro-batch-size 2 --train-iters 3 --lr 1e-3 --eval-iters 1 --eval-interval 3"
+        " --log-interval 1 --split 90,10,0 --data-path " +
+        prefix + "_text_document --data-cache-path " + (dir / "cache").string() + tok);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("tokenizer: HuggingFaceTokenizer, vocab " + std::to_string(c.vocab) +
+                            " (padded " + std::to_string(c.padded)),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("] iteration        3/       3 |"), std::string::npos) << r.output;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -21,9 +21,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "megatron/core/tokenizers/hf/model.h"
+
 namespace mg::tokenizers::hf {
 
-class BpeModel {
+class BpeModel final : public Model {
  public:
   // The piece cache holds at most kMaxCacheEntries pieces (emptied when full), each shorter than
   // kMaxCachedPieceBytes, so it stays under ~20 MB.
@@ -34,18 +36,11 @@ class BpeModel {
   BpeModel(const nlohmann::json& model, const std::string& file);
 
   // Appends the ids of one piece (already normalized and pre-tokenized) to out.
-  void tokenize(std::string_view piece, std::vector<int32_t>& out) const;
+  void tokenize(std::string_view piece, std::vector<int32_t>& out) const override;
 
-  // Vocabulary id of token, or -1.
-  int32_t token_to_id(std::string_view token) const;
-  // The token of id, or nullptr when id is not in the vocabulary.
-  const std::string* id_to_token(int32_t id) const;
-  // Tokens in the vocabulary.
-  std::size_t vocab_size() const { return vocab_.size(); }
-  template <typename F>
-  void for_each_token(F f) const {
-    for (const auto& [token, id] : vocab_) f(token, id);
-  }
+  int32_t token_to_id(std::string_view token) const override;
+  const std::string* id_to_token(int32_t id) const override;
+  std::size_t vocab_size() const override { return vocab_.size(); }
 
  private:
   struct Hash {

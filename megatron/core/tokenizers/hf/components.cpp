@@ -2,7 +2,12 @@
 // mirroring the `tokenizers` 0.21 Rust implementation of the same name.
 #include "megatron/core/tokenizers/hf/components.h"
 
+#include <openssl/evp.h>
+#include <unicode/ubrk.h>
+#include <unicode/utext.h>
+
 #include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -93,6 +98,20 @@ std::string replace_all(const std::string& text, const Pattern& pattern, const s
   return out;
 }
 
+// Rust's str::replace: non-overlapping occurrences of from, left to right.
+std::string replace_literal(const std::string& text, std::string_view from, std::string_view to) {
+  std::string out;
+  std::size_t prev = 0;
+  for (std::size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, prev)) {
+    out.append(text, prev, pos - prev);
+    out += to;
+    prev = pos + from.size();
+  }
+  if (prev == 0) return text;
+  out.append(text, prev, std::string::npos);
+  return out;
+}
+
 // ---------------------------------------------------------------- normalizers
 
 class UnicodeNormalizer final : public Normalizer {
@@ -160,6 +179,222 @@ class ReplaceNormalizer final : public Normalizer {
  private:
   Pattern pattern_;
   std::string content_;
+};
+
+// Keeps the code points for which keep(cp) is true.
+template <typename Keep>
+void filter_chars(std::string& text, Keep keep) {
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    std::size_t len;
+    if (keep(utf8_decode(text, i, len))) out.append(text, i, len);
+    i += len;
+  }
+  text.swap(out);
+}
+
+class StripAccentsNormalizer final : public Normalizer {
+ public:
+  void normalize(std::string& text) const override {
+    filter_chars(text, [](uint32_t cp) { return !is_mark(cp); });
+  }
+};
+
+// BERT's BasicTokenizer cleaning (normalizers/bert.rs), in this order: clean_text drops NUL, U+FFFD
+// and control characters (Cc/Cf/Co/Cs but tab, newline, CR) and maps whitespace to ' ';
+// handle_chinese_chars puts spaces around CJK ideographs; strip_accents (null: as lowercase) is NFD
+// then dropping marks; lowercase.
+class BertNormalizer final : public Normalizer {
+ public:
+  explicit BertNormalizer(const json& j)
+      : clean_text_(get_or(j, "clean_text", true)),
+        chinese_(get_or(j, "handle_chinese_chars", true)),
+        lowercase_(get_or(j, "lowercase", true)),
+        strip_accents_(get_or(j, "strip_accents", lowercase_)) {}
+  void normalize(std::string& text) const override {
+    if (clean_text_ || chinese_) {
+      std::string out;
+      out.reserve(text.size());
+      for (std::size_t i = 0; i < text.size();) {
+        std::size_t len;
+        const uint32_t cp = utf8_decode(text, i, len);
+        const bool tab_nl_cr = cp == '\t' || cp == '\n' || cp == '\r';
+        if (clean_text_ && (cp == 0 || cp == 0xFFFD || (!tab_nl_cr && is_other_char(cp)))) {
+          // dropped
+        } else if (clean_text_ && (tab_nl_cr || is_whitespace(cp))) {
+          out.push_back(' ');
+        } else if (chinese_ && is_chinese_char(cp)) {
+          out.push_back(' ');
+          out.append(text, i, len);
+          out.push_back(' ');
+        } else {
+          out.append(text, i, len);
+        }
+        i += len;
+      }
+      text.swap(out);
+    }
+    if (strip_accents_) {
+      unicode_normalize(text, NormalizationForm::nfd);
+      filter_chars(text, [](uint32_t cp) { return !is_mark(cp); });
+    }
+    if (lowercase_) unicode_lowercase(text);
+  }
+
+ private:
+  // BERT's CJK Unified Ideographs blocks (not all CJK: no kana, hangul or punctuation).
+  static bool is_chinese_char(uint32_t cp) {
+    return (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0x3400 && cp <= 0x4DBF) ||
+           (cp >= 0x20000 && cp <= 0x2A6DF) || (cp >= 0x2A700 && cp <= 0x2B73F) ||
+           (cp >= 0x2B740 && cp <= 0x2B81F) || (cp >= 0x2B920 && cp <= 0x2CEAF) ||
+           (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0x2F800 && cp <= 0x2FA1F);
+  }
+  bool clean_text_, chinese_, lowercase_, strip_accents_;
+};
+
+// Marian / NMT cleaning (normalizers/unicode.rs Nmt): some ASCII control characters dropped, a few
+// separators and zero-width characters (and U+2581, U+FEFF, U+FFFD) mapped to ' '.
+class NmtNormalizer final : public Normalizer {
+ public:
+  void normalize(std::string& text) const override {
+    std::string out;
+    out.reserve(text.size());
+    for (std::size_t i = 0; i < text.size();) {
+      std::size_t len;
+      const uint32_t c = utf8_decode(text, i, len);
+      const bool drop = (c >= 0x01 && c <= 0x08) || c == 0x0B || (c >= 0x0E && c <= 0x1F) ||
+                        c == 0x7F || c == 0x8F || c == 0x9F;
+      const bool space = c == 0x09 || c == 0x0A || c == 0x0C || c == 0x0D || c == 0x1680 ||
+                         (c >= 0x200B && c <= 0x200F) || c == 0x2028 || c == 0x2029 ||
+                         c == 0x2581 || c == 0xFEFF || c == 0xFFFD;
+      if (space)
+        out.push_back(' ');
+      else if (!drop)
+        out.append(text, i, len);
+      i += len;
+    }
+    text.swap(out);
+  }
+};
+
+// A sentencepiece normalization rule set (the precompiled_charsmap of a .model, base64 in
+// tokenizer.json): [u32 little-endian trie size][Darts-clone double-array trie of u32 units]
+// [NUL-separated replacement strings]; a trie value is the offset of a replacement. As HF's
+// normalizers/precompiled.rs: the text is cut into extended grapheme clusters (ICU); a cluster
+// shorter than 6 bytes whose bytes start with a key is replaced as a whole by the replacement of
+// the SHORTEST such key; otherwise each character is replaced the same way, or kept.
+class PrecompiledNormalizer final : public Normalizer {
+ public:
+  explicit PrecompiledNormalizer(const json& j) {
+    const std::string b64 = get_string(j, "precompiled_charsmap", "normalizer Precompiled");
+    std::string bytes(b64.size() / 4 * 3 + 3, '\0');
+    const int n = b64.empty() ? -1
+                              : EVP_DecodeBlock(reinterpret_cast<unsigned char*>(bytes.data()),
+                                                reinterpret_cast<const unsigned char*>(b64.data()),
+                                                static_cast<int>(b64.size()));
+    MG_CHECK(n >= 0 && b64.size() % 4 == 0,
+             "HuggingFaceTokenizer: normalizer Precompiled: precompiled_charsmap is not base64 ("
+                 << b64.size() << " characters)");
+    std::size_t size = static_cast<std::size_t>(n);
+    for (std::size_t k = b64.size(); k > 0 && b64[k - 1] == '=' && size > 0; --k) --size;
+    bytes.resize(size);
+    uint32_t trie_bytes = 0;
+    if (bytes.size() >= 4) std::memcpy(&trie_bytes, bytes.data(), 4);  // little-endian hosts
+    MG_CHECK(bytes.size() >= 4 && trie_bytes >= 4 && trie_bytes % 4 == 0 &&
+                 trie_bytes <= bytes.size() - 4,
+             "HuggingFaceTokenizer: normalizer Precompiled: precompiled_charsmap of "
+                 << bytes.size() << " bytes does not hold a trie (declared size " << trie_bytes
+                 << ")");
+    units_.resize(trie_bytes / 4);
+    std::memcpy(units_.data(), bytes.data() + 4, trie_bytes);
+    replacements_ = bytes.substr(4 + trie_bytes);
+    MG_CHECK(utf8_error_offset(replacements_) == std::string::npos,
+             "HuggingFaceTokenizer: normalizer Precompiled: the replacement strings of "
+             "precompiled_charsmap are not UTF-8");
+  }
+
+  void normalize(std::string& text) const override {
+    if (text.empty()) return;
+    std::string out;
+    out.reserve(text.size());
+    for_each_grapheme(text, [&](std::size_t b, std::size_t e) {
+      const std::string_view g(text.data() + b, e - b);
+      if (g.size() < 6) {
+        if (auto r = transform(g)) {
+          out += *r;
+          return;
+        }
+      }
+      for (std::size_t i = 0; i < g.size();) {
+        const std::size_t len = utf8_len(static_cast<unsigned char>(g[i]));
+        const std::string_view c = g.substr(i, len);
+        if (auto r = transform(c))
+          out += *r;
+        else
+          out += c;
+        i += len;
+      }
+    });
+    text.swap(out);
+  }
+
+ private:
+  // The replacement of the shortest key that is a prefix of s (Darts-clone common prefix search).
+  std::optional<std::string_view> transform(std::string_view s) const {
+    auto unit = [&](std::size_t pos) -> std::optional<uint32_t> {
+      if (pos >= units_.size()) return std::nullopt;
+      return units_[pos];
+    };
+    auto offset = [](uint32_t u) -> std::size_t { return (u >> 10) << ((u & (1u << 9)) >> 6); };
+    std::size_t pos = 0;
+    pos ^= offset(units_[0]);
+    for (char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == 0) break;
+      pos ^= c;
+      const auto u = unit(pos);
+      if (!u || (*u & ((1u << 31) | 0xFFu)) != c) return std::nullopt;
+      pos ^= offset(*u);
+      if ((*u >> 8) & 1u) {
+        const auto leaf = unit(pos);
+        if (!leaf) return std::nullopt;
+        const std::size_t at = *leaf & ((1u << 31) - 1);
+        if (at > replacements_.size()) return std::nullopt;
+        const std::size_t end = replacements_.find('\0', at);
+        return std::string_view(replacements_)
+            .substr(at, end == std::string::npos ? end : end - at);
+      }
+    }
+    return std::nullopt;
+  }
+
+  // Calls f(begin, end) for each extended grapheme cluster of valid UTF-8 text (byte offsets).
+  template <typename F>
+  static void for_each_grapheme(const std::string& text, F f) {
+    struct Close {
+      void operator()(UBreakIterator* b) const { ubrk_close(b); }
+      void operator()(UText* t) const { utext_close(t); }
+    };
+    thread_local std::unique_ptr<UBreakIterator, Close> breaker;
+    UErrorCode err = U_ZERO_ERROR;
+    if (!breaker) {
+      breaker.reset(ubrk_open(UBRK_CHARACTER, "", nullptr, 0, &err));
+      MG_CHECK(U_SUCCESS(err),
+               "HuggingFaceTokenizer: ICU grapheme iterator unavailable: " << u_errorName(err));
+    }
+    std::unique_ptr<UText, Close> ut(
+        utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &err));
+    ubrk_setUText(breaker.get(), ut.get(), &err);
+    MG_CHECK(U_SUCCESS(err),
+             "HuggingFaceTokenizer: ICU grapheme iteration failed: " << u_errorName(err));
+    int32_t b = ubrk_first(breaker.get());
+    for (int32_t e = ubrk_next(breaker.get()); e != UBRK_DONE; b = e, e = ubrk_next(breaker.get()))
+      f(static_cast<std::size_t>(b), static_cast<std::size_t>(e));
+  }
+
+  std::vector<uint32_t> units_;
+  std::string replacements_;
 };
 
 class SequenceNormalizer final : public Normalizer {
@@ -316,6 +551,88 @@ class WhitespaceSplitPreTokenizer final : public PreTokenizer {
     for (const auto& p : pieces)
       split_piece(p, cover(p.text.size(), char_matches(p.text, is_whitespace), false),
                   SplitBehavior::removed, out);
+    pieces.swap(out);
+  }
+};
+
+// Splits at one delimiter character, which is removed.
+class CharDelimiterSplitPreTokenizer final : public PreTokenizer {
+ public:
+  explicit CharDelimiterSplitPreTokenizer(const json& j)
+      : delimiter_(single_char(get_string(j, "delimiter", "pre_tokenizer CharDelimiterSplit"),
+                               "pre_tokenizer CharDelimiterSplit delimiter")) {}
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    const uint32_t d = delimiter_;
+    for (const auto& p : pieces)
+      split_piece(
+          p, cover(p.text.size(), char_matches(p.text, [d](uint32_t c) { return c == d; }), false),
+          SplitBehavior::removed, out);
+    pieces.swap(out);
+  }
+
+ private:
+  uint32_t delimiter_;
+};
+
+// BERT's BasicTokenizer split: whitespace removed, then every punctuation character isolated.
+class BertPreTokenizer final : public PreTokenizer {
+ public:
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> words, out;
+    for (const auto& p : pieces)
+      split_piece(p, cover(p.text.size(), char_matches(p.text, is_whitespace), false),
+                  SplitBehavior::removed, words);
+    for (const auto& p : words)
+      split_piece(p, cover(p.text.size(), char_matches(p.text, is_punctuation), false),
+                  SplitBehavior::isolated, out);
+    pieces.swap(out);
+  }
+};
+
+class PunctuationPreTokenizer final : public PreTokenizer {
+ public:
+  explicit PunctuationPreTokenizer(const json& j)
+      : behavior_(parse_behavior(get_or<std::string>(j, "behavior", "Isolated"))) {}
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const auto& p : pieces)
+      split_piece(p, cover(p.text.size(), char_matches(p.text, is_punctuation), false), behavior_,
+                  out);
+    pieces.swap(out);
+  }
+
+ private:
+  SplitBehavior behavior_;
+};
+
+// The regex \w+|[^\w\s]+ (Oniguruma): maximal runs of word characters and maximal runs of
+// characters that are neither word nor whitespace; whitespace is dropped.
+class WhitespacePreTokenizer final : public PreTokenizer {
+ public:
+  void pre_tokenize(std::vector<Piece>& pieces) const override {
+    std::vector<Piece> out;
+    for (const auto& p : pieces) {
+      const std::string& t = p.text;
+      int run_kind = 0;  // 0: whitespace / none, 1: word run, 2: other run
+      std::size_t run_start = 0;
+      for (std::size_t i = 0; i <= t.size();) {
+        std::size_t len = 0;
+        int kind = 0;
+        if (i < t.size()) {
+          const uint32_t cp = utf8_decode(t, i, len);
+          kind = is_word_char(cp) ? 1 : is_whitespace(cp) ? 0 : 2;
+        }
+        if (kind != run_kind) {
+          if (run_kind != 0)
+            out.push_back({t.substr(run_start, i - run_start), p.offset + run_start});
+          run_kind = kind;
+          run_start = i;
+        }
+        if (i == t.size()) break;
+        i += len;
+      }
+    }
     pieces.swap(out);
   }
 };
@@ -559,6 +876,52 @@ class StripDecoder final : public Decoder {
   std::size_t start_, stop_;
 };
 
+// BERT's sub-word joining (decoders/wordpiece.rs): after the first token, a token starting with
+// prefix loses it, any other gets a leading space; cleanup then undoes BERT's spacing around
+// punctuation and English contractions in each token.
+class WordPieceDecoder final : public Decoder {
+ public:
+  explicit WordPieceDecoder(const json& j)
+      : prefix_(get_or<std::string>(j, "prefix", "##")), cleanup_(get_or(j, "cleanup", true)) {}
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    static const std::pair<const char*, const char*> kCleanup[] = {
+        {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+        {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+        {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      std::string& t = tokens[i];
+      if (i != 0) {
+        if (!prefix_.empty() && t.starts_with(prefix_))
+          t.erase(0, prefix_.size());
+        else
+          t.insert(0, 1, ' ');
+      }
+      if (cleanup_) {
+        for (const auto& [from, to] : kCleanup) t = replace_literal(t, from, to);
+      }
+    }
+  }
+
+ private:
+  std::string prefix_;
+  bool cleanup_;
+};
+
+// The end-of-word suffix of a BPE vocabulary (openai-gpt, CLIP: "</w>") becomes a space, except in
+// the last token, where it is dropped (decoders/bpe.rs).
+class BpeDecoder final : public Decoder {
+ public:
+  explicit BpeDecoder(const json& j) : suffix_(get_or<std::string>(j, "suffix", "</w>")) {}
+  void decode_chain(std::vector<std::string>& tokens) const override {
+    if (suffix_.empty()) return;  // Rust's str::replace("") would insert between characters
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = replace_literal(tokens[i], suffix_, i + 1 == tokens.size() ? "" : " ");
+  }
+
+ private:
+  std::string suffix_;
+};
+
 class SequenceDecoder final : public Decoder {
  public:
   explicit SequenceDecoder(const json& j) {
@@ -621,6 +984,10 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j) {
   if (type == "NFKD") return std::make_unique<UnicodeNormalizer>(NormalizationForm::nfkd);
   if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
   if (type == "Strip") return std::make_unique<StripNormalizer>(j);
+  if (type == "StripAccents") return std::make_unique<StripAccentsNormalizer>();
+  if (type == "BertNormalizer") return std::make_unique<BertNormalizer>(j);
+  if (type == "Precompiled") return std::make_unique<PrecompiledNormalizer>(j);
+  if (type == "Nmt") return std::make_unique<NmtNormalizer>();
   if (type == "Prepend") return std::make_unique<PrependNormalizer>(j);
   if (type == "Replace") return std::make_unique<ReplaceNormalizer>(j);
   if (type == "Sequence") return std::make_unique<SequenceNormalizer>(j);
@@ -636,6 +1003,10 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j) {
   if (type == "Split") return std::make_unique<SplitPreTokenizer>(j);
   if (type == "Digits") return std::make_unique<DigitsPreTokenizer>(j);
   if (type == "WhitespaceSplit") return std::make_unique<WhitespaceSplitPreTokenizer>();
+  if (type == "Whitespace") return std::make_unique<WhitespacePreTokenizer>();
+  if (type == "CharDelimiterSplit") return std::make_unique<CharDelimiterSplitPreTokenizer>(j);
+  if (type == "BertPreTokenizer") return std::make_unique<BertPreTokenizer>();
+  if (type == "Punctuation") return std::make_unique<PunctuationPreTokenizer>(j);
   if (type == "Sequence") return std::make_unique<SequencePreTokenizer>(j);
   MG_THROW("HuggingFaceTokenizer: pre_tokenizer type '"
            << type << "' is not supported (supported: " << kSupportedPreTokenizers << ")");
@@ -650,6 +1021,8 @@ std::unique_ptr<Decoder> make_decoder(const json& j) {
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip") return std::make_unique<StripDecoder>(j);
+  if (type == "WordPiece") return std::make_unique<WordPieceDecoder>(j);
+  if (type == "BPEDecoder") return std::make_unique<BpeDecoder>(j);
   if (type == "Sequence") return std::make_unique<SequenceDecoder>(j);
   MG_THROW("HuggingFaceTokenizer: decoder type '"
            << type << "' is not supported (supported: " << kSupportedDecoders << ")");

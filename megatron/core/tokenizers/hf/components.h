@@ -18,11 +18,13 @@
 namespace mg::tokenizers::hf {
 
 inline constexpr const char* kSupportedNormalizers =
-    "NFC, NFD, NFKC, NFKD, Lowercase, Strip, Prepend, Replace, Sequence";
+    "NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, BertNormalizer, Precompiled, Nmt, "
+    "Prepend, Replace, Sequence";
 inline constexpr const char* kSupportedPreTokenizers =
-    "ByteLevel, Metaspace, Split, Digits, WhitespaceSplit, Sequence";
+    "ByteLevel, Metaspace, Split, Digits, WhitespaceSplit, Whitespace, BertPreTokenizer, "
+    "Punctuation, CharDelimiterSplit, Sequence";
 inline constexpr const char* kSupportedDecoders =
-    "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence";
+    "ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip, WordPiece, BPEDecoder, Sequence";
 
 // A piece of input text during pre-tokenization. offset: byte offset in the input where the piece
 // starts (0 only for the first piece of the input), used by Metaspace's prepend_scheme "first".

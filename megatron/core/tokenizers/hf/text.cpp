@@ -88,6 +88,22 @@ bool is_word_char(uint32_t cp) {
          (mask & (U_GC_M_MASK | U_GC_ND_MASK | U_GC_PC_MASK)) != 0;
 }
 
+bool is_punctuation(uint32_t cp) {
+  if (cp < 0x80)
+    return (cp >= 0x21 && cp <= 0x2F) || (cp >= 0x3A && cp <= 0x40) || (cp >= 0x5B && cp <= 0x60) ||
+           (cp >= 0x7B && cp <= 0x7E);
+  return (U_GET_GC_MASK(static_cast<UChar32>(cp)) & U_GC_P_MASK) != 0;
+}
+
+bool is_mark(uint32_t cp) {
+  return cp >= 0x300 && (U_GET_GC_MASK(static_cast<UChar32>(cp)) & U_GC_M_MASK) != 0;
+}
+
+bool is_other_char(uint32_t cp) {
+  return (U_GET_GC_MASK(static_cast<UChar32>(cp)) &
+          (U_GC_CC_MASK | U_GC_CF_MASK | U_GC_CO_MASK | U_GC_CS_MASK)) != 0;
+}
+
 namespace {
 
 bool is_ascii(std::string_view s) {

@@ -2,6 +2,9 @@
 // find-all semantics (Oniguruma in the `tokenizers` library; the patterns in use — \p{L}, \p{N},
 // \s, look-ahead, (?i:...) — mean the same in PCRE2 with UTF + UCP), Unicode normalization forms
 // and case mapping through ICU, and Rust's char::is_whitespace (Unicode White_Space).
+// Character classes come from the ICU of the system (Unicode 15 on Debian 12); the Rust crates
+// and Oniguruma behind `tokenizers` may hold an older or newer Unicode, so code points assigned or
+// re-categorised since can differ (no common character does).
 // Invariants: every function takes valid UTF-8 (HuggingFaceTokenizer validates its input once);
 // Regex is immutable after construction and may be used from several threads.
 // Does not: validate UTF-8 (except utf8_error_offset), or handle patterns with anchors that differ
@@ -31,8 +34,18 @@ void append_utf8(uint32_t cp, std::string& out);
 bool is_whitespace(uint32_t cp);
 // General category N (Rust's char::is_numeric).
 bool is_numeric(uint32_t cp);
-// Letters, digits, marks or '_' (the \w of Rust's regex, used by AddedToken single_word).
+// Letters, digits, marks or '_' (the \w of Rust's regex, used by AddedToken single_word; also
+// Oniguruma's \w, used by the Whitespace pre-tokenizer): Alphabetic, M, Nd, Pc, Join_Control.
 bool is_word_char(uint32_t cp);
+// ASCII punctuation (Rust's is_ascii_punctuation, symbols like $+<=>^`|~ included) or general
+// category P: the punctuation of BertPreTokenizer and the Punctuation pre-tokenizer.
+bool is_punctuation(uint32_t cp);
+// General category M (what the `unicode_categories` crate behind HF's StripAccents and
+// BertNormalizer calls is_mark_nonspacing: its table holds Mc and Me too).
+bool is_mark(uint32_t cp);
+// Cc, Cf, Co or Cs (the crate's is_other, which holds no unassigned code point): what
+// BertNormalizer's clean_text removes, except tab, newline and carriage return.
+bool is_other_char(uint32_t cp);
 
 enum class NormalizationForm { nfc, nfd, nfkc, nfkd };
 // Normalizes valid UTF-8 text (ICU; ASCII-only text is returned unchanged without a copy).

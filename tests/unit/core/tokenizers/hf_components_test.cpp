@@ -2,9 +2,11 @@
 // against the PyPI `tokenizers` library: tests/fixtures/hf_tokenizers/expected_components.json
 // holds, for configurations the fixture tokenizers do not all use (every Split behaviour with and
 // without invert, Metaspace schemes, ByteLevel with a prefix space, Digits, WhitespaceSplit, the
-// four normalization forms, Lowercase, Strip, Prepend, regex Replace, decoders), what
-// pre_tokenize_str / normalize_str / decode answer on the golden test strings. Also the
-// documented ByteFallback difference (invalid UTF-8 kept as bytes) and the text helpers.
+// four normalization forms, Lowercase, Strip, Prepend, regex Replace, BertNormalizer settings,
+// StripAccents, Nmt, Precompiled, BertPreTokenizer, Whitespace, Punctuation, CharDelimiterSplit,
+// WordPiece and BPE decoders), what pre_tokenize_str / normalize_str / decode answer on the golden
+// test strings. Also the documented ByteFallback difference (invalid UTF-8 kept as bytes), the
+// Precompiled normalizer's grapheme rule and the text helpers.
 #include "megatron/core/tokenizers/hf/components.h"
 
 #include <gtest/gtest.h>
@@ -117,6 +119,39 @@ TEST(HfComponents, BadConfigsAreClearErrors) {
             {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "sometimes"}});
       }).find("prepend_scheme 'sometimes' is not one of always, first, never"),
       std::string::npos);
+  EXPECT_NE(mg::test::error_message([] {
+              hf::make_pre_tokenizer(json{{"type", "Punctuation"}, {"behavior", "Sometimes"}});
+            }).find("behavior 'Sometimes' is not one of Removed, Isolated"),
+            std::string::npos);
+  EXPECT_NE(mg::test::error_message([] {
+              hf::make_normalizer(json{{"type", "Precompiled"}, {"precompiled_charsmap", "*%$"}});
+            }).find("precompiled_charsmap is not base64 (3 characters)"),
+            std::string::npos);
+  // Valid base64 ("AQAAAA==": 1 as u32) but no room for the trie it declares.
+  EXPECT_NE(
+      mg::test::error_message([] {
+        hf::make_normalizer(json{{"type", "Precompiled"}, {"precompiled_charsmap", "AQAAAA=="}});
+      }).find("precompiled_charsmap of 4 bytes does not hold a trie (declared size 1)"),
+      std::string::npos);
+}
+
+TEST(HfComponents, PrecompiledReplacesWholeGraphemesByTheirShortestKey) {
+  // The t5_precompiled charsmap (sentencepiece nmt_nfkc): "ﬁ" -> "fi", fullwidth -> ASCII,
+  // U+00A0 -> ' '; "e" + U+0301 is one grapheme composed to "é"; text without a rule is kept.
+  std::ifstream in(std::string(MG_TEST_FIXTURES_DIR) +
+                   "/hf_tokenizers/t5_precompiled/tokenizer.json");
+  const json t5 = json::parse(in);
+  const auto norm = hf::make_normalizer(t5.at("normalizer").at("normalizers").at(0));
+  ASSERT_EQ(t5["normalizer"]["normalizers"][0]["type"], "Precompiled");
+  auto run = [&](std::string s) {
+    norm->normalize(s);
+    return s;
+  };
+  EXPECT_EQ(run("\uFB01x \uFF21\uFF22"), "fix AB");
+  EXPECT_EQ(run("a\u00A0b"), "a b");
+  EXPECT_EQ(run("cafe\u0301"), "caf\u00E9");
+  EXPECT_EQ(run("plain text"), "plain text");
+  EXPECT_EQ(run(""), "");
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
 // Tests of HuggingFaceTokenizer (megatron/core/tokenizers/huggingface_tokenizer.h): exact ids and
-// decoded text against the PyPI `tokenizers` library on the five tokenizers that
-// tests/fixtures/hf_tokenizers/gen_hf_tokenizers.py trains (GPT-2 ByteLevel, Llama-2-style
-// Prepend/Replace + byte fallback, Metaspace, Llama-3-style Split + ByteLevel with ignore_merges,
-// Qwen2-style NFC + Split), with and without the post-processor's special tokens; eod and
-// vocabulary size; that edits to a tokenizer.json change the result where they should (so the
-// golden comparison can fail); thread safety; and the error messages for bad files and inputs.
+// decoded text against the PyPI `tokenizers` library on the tokenizers that
+// tests/fixtures/hf_tokenizers/gen_hf_tokenizers.py trains (byte-level BPE in the GPT-2, Llama-3
+// and Qwen2 layouts; byte-fallback BPE in the Llama-2 and Mistral layouts; Metaspace BPE; Unigram
+// with byte fallback, with fused unk, and behind a sentencepiece Precompiled normalizer; BERT
+// WordPiece cased and uncased; end-of-word-suffix BPE; WordLevel), on test strings and held-out
+// Brown lines, with and without the post-processor's special tokens; eod and vocabulary size; that
+// edits to a tokenizer.json change the result where they should (so the golden comparison can
+// fail); thread safety; and the error messages for bad files and inputs.
 #include "megatron/core/tokenizers/huggingface_tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +20,7 @@
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
+#include "megatron/core/tokenizers/hf/text.h"
 #include "tests/unit/test_util.h"
 
 namespace {
@@ -28,8 +31,19 @@ using Ids = std::vector<int32_t>;
 namespace fs = std::filesystem;
 
 const std::string kDir = std::string(MG_TEST_FIXTURES_DIR) + "/hf_tokenizers";
-const std::vector<std::string> kNames = {"gpt2_bytelevel", "llama2_sentencepiece_bpe", "metaspace",
-                                         "llama3_bytelevel", "qwen2_nfc"};
+const std::vector<std::string> kNames = {"gpt2_bytelevel",
+                                         "llama2_sentencepiece_bpe",
+                                         "metaspace",
+                                         "llama3_bytelevel",
+                                         "qwen2_nfc",
+                                         "mistral_bpe_metaspace",
+                                         "unigram_byte_fallback",
+                                         "unigram_whitespace",
+                                         "bert_wordpiece",
+                                         "wordpiece_cased",
+                                         "t5_precompiled",
+                                         "openai_gpt_suffix",
+                                         "wordlevel"};
 
 json read_json(const std::string& path) {
   std::ifstream in(path);
@@ -88,6 +102,39 @@ TEST_P(HfGolden, IdsAndDecodedTextEqualTokenizersLibrary) {
         << name << ": '" << text << "'";
     EXPECT_EQ(tok.detokenize(ids_ns), c.at("decoded_no_special").get<std::string>())
         << name << ": '" << text << "'";
+  }
+}
+
+// The lines of brown_heldout.jsonl, Brown documents none of the fixture tokenizers was trained on.
+const std::vector<std::string>& heldout_lines() {
+  static const std::vector<std::string> lines = [] {
+    std::vector<std::string> out;
+    std::ifstream in(kDir + "/brown_heldout.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto text = json::parse(line).at("text").get<std::string>();
+      std::size_t b = 0;
+      for (std::size_t e; (e = text.find('\n', b)) != std::string::npos; b = e + 1)
+        out.push_back(text.substr(b, e - b));
+      out.push_back(text.substr(b));
+    }
+    return out;
+  }();
+  return lines;
+}
+
+TEST_P(HfGolden, HeldOutBrownLinesEqualTokenizersLibrary) {
+  const std::string name = GetParam();
+  const HuggingFaceTokenizer tok(kDir + "/" + name);
+  const json& corpus = expected(name).at("corpus");
+  const auto& lines = heldout_lines();
+  ASSERT_EQ(corpus.size(), lines.size()) << "expected_" << name << ".json vs brown_heldout.jsonl";
+  ASSERT_GE(lines.size(), 200u);
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const auto ids = corpus[i].at("ids").get<Ids>();
+    EXPECT_EQ(tok.encode(lines[i], /*add_special_tokens=*/false), ids)
+        << name << " line " << i << ": '" << lines[i] << "'";
+    EXPECT_EQ(tok.detokenize(ids), corpus[i].value("decoded", lines[i]))
+        << name << " line " << i << ": '" << lines[i] << "'";
   }
 }
 
@@ -203,22 +250,102 @@ TEST(HuggingFaceTokenizer, AddedTokenOptions) {
   EXPECT_EQ(tok.tokenize("<|endoftext|>"), Ids{tok.eod()});
 }
 
-TEST(HuggingFaceTokenizer, ConcurrentTokenizeEqualsSequential) {
-  const HuggingFaceTokenizer tok(kDir + "/llama3_bytelevel");
-  std::vector<std::string> texts;
-  for (const auto& c : expected("llama3_bytelevel").at("cases")) texts.push_back(c.at("text"));
-  std::vector<Ids> want;
-  for (const auto& t : texts) want.push_back(tok.tokenize(t));
-  std::vector<std::thread> threads;
-  std::vector<int> bad(4, 0);
-  for (int w = 0; w < 4; ++w) {
-    threads.emplace_back([&, w] {
-      for (int rep = 0; rep < 20; ++rep)
-        for (size_t i = 0; i < texts.size(); ++i) bad[w] += tok.tokenize(texts[i]) != want[i];
-    });
+TEST(HuggingFaceTokenizer, UnigramByteFallbackUnkAndScores) {
+  // unigram_byte_fallback: an emoji has no piece, so it becomes its UTF-8 bytes as <0xXX> pieces;
+  // without byte_fallback an unknown run is one fused <unk>; without unk_id it is an error; and
+  // the Viterbi path follows the scores.
+  TempDir dir;
+  const HuggingFaceTokenizer tok(kDir + "/unigram_byte_fallback");
+  const int32_t unk = tok.token_to_id("<unk>");
+  Ids bytes;
+  for (const char* b : {"<0xF0>", "<0x9F>", "<0x98>", "<0x80>", "<0x91>", "<0x8D>"})
+    bytes.push_back(tok.token_to_id(b));
+  ASSERT_GE(unk, 0);
+  const Ids ids = tok.encode("\xF0\x9F\x98\x80\xF0\x9F\x91\x8D", false);  // 😀👍
+  ASSERT_GE(ids.size(), 8u);
+  const Ids tail(ids.end() - 8, ids.end());
+  EXPECT_EQ(tail,
+            (Ids{bytes[0], bytes[1], bytes[2], bytes[3], bytes[0], bytes[1], bytes[4], bytes[5]}));
+  // The Metaspace decoder drops the ▁ it prepended.
+  EXPECT_EQ(tok.detokenize(ids), "\xF0\x9F\x98\x80\xF0\x9F\x91\x8D");
+
+  json j = read_json(kDir + "/unigram_byte_fallback/tokenizer.json");
+  j["model"]["byte_fallback"] = false;
+  const HuggingFaceTokenizer no_bytes(dir.write("tokenizer.json", j.dump()));
+  const Ids unk_ids = no_bytes.encode("\xF0\x9F\x98\x80\xF0\x9F\x91\x8D", false);
+  EXPECT_EQ(std::count(unk_ids.begin(), unk_ids.end(), unk), 1) << "one fused <unk>";
+  EXPECT_EQ(unk_ids.back(), unk);
+
+  j["model"]["unk_id"] = nullptr;
+  const HuggingFaceTokenizer no_unk(dir.write("tokenizer.json", j.dump()));
+  EXPECT_EQ(no_unk.encode("Hello", false), tok.encode("Hello", false));
+  const auto msg = mg::test::error_message([&] { no_unk.encode("a \xF0\x9F\x98\x80", false); });
+  EXPECT_CONTAINS(msg, "the Unigram model cannot encode '\xF0\x9F\x98\x80'");
+  EXPECT_CONTAINS(msg, "has no unk_id");
+
+  // Multi-character pieces made very unlikely: every word falls apart into characters.
+  j = read_json(kDir + "/unigram_byte_fallback/tokenizer.json");
+  for (auto& piece : j["model"]["vocab"]) {
+    const auto s = piece[0].get<std::string>();
+    if (mg::tokenizers::hf::utf8_error_offset(s) == std::string::npos && s.size() > 1 &&
+        s != "\u2581" && s[0] != '<')
+      piece[1] = -1000.0;
   }
-  for (auto& t : threads) t.join();
-  EXPECT_EQ(bad, std::vector<int>(4, 0));
+  const HuggingFaceTokenizer chars(dir.write("tokenizer.json", j.dump()));
+  EXPECT_LT(tok.encode("investigation", false).size(), 6u);
+  EXPECT_EQ(chars.encode("investigation", false).size(), 14u);  // ▁ and 13 letters
+  EXPECT_EQ(chars.detokenize(chars.encode("investigation", false)), "investigation");
+
+  j["model"]["unk_id"] = 100000;
+  const auto bad = dir.write("tokenizer.json", j.dump());
+  EXPECT_CONTAINS(mg::test::error_message([&] { HuggingFaceTokenizer t(bad); }),
+                  "unk_id 100000 is not an id of its vocabulary of");
+}
+
+TEST(HuggingFaceTokenizer, WordPieceLongWordsPrefixAndUnk) {
+  // bert_wordpiece: max_input_chars_per_word 20 turns a 34-character word into one [UNK]; with
+  // the default 100 it is split into ##-prefixed sub-words that decode back to the word.
+  TempDir dir;
+  const HuggingFaceTokenizer tok(kDir + "/bert_wordpiece");
+  const int32_t unk = tok.token_to_id("[UNK]"), sep = tok.token_to_id("[SEP]");
+  const std::string word = "supercalifragilisticexpialidocious";
+  EXPECT_EQ(tok.encode(word, false), Ids{unk});
+  EXPECT_EQ(tok.eod(), sep);  // no eos_token in tokenizer_config.json: [SEP], as BERT ends texts
+  json j = read_json(kDir + "/bert_wordpiece/tokenizer.json");
+  j["model"]["max_input_chars_per_word"] = 100;
+  const HuggingFaceTokenizer longer(dir.write("tokenizer.json", j.dump()));
+  const Ids ids = longer.encode(word, false);
+  EXPECT_GT(ids.size(), 3u);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), unk), 0);
+  EXPECT_EQ(longer.detokenize(ids), word);
+  // A word with a character outside the vocabulary is one [UNK] as a whole.
+  EXPECT_EQ(tok.encode("jury\xE2\x98\x83", false), Ids{unk});  // jury☃
+  j["model"]["unk_token"] = "[NOPE]";
+  const HuggingFaceTokenizer no_unk(dir.write("tokenizer.json", j.dump()));
+  EXPECT_CONTAINS(mg::test::error_message([&] { no_unk.encode("jury\xE2\x98\x83", false); }),
+                  "cannot encode 'jury\xE2\x98\x83' and its unk_token '[NOPE]' is not in the "
+                  "vocabulary");
+}
+
+TEST(HuggingFaceTokenizer, ConcurrentTokenizeEqualsSequential) {
+  // BPE (piece cache), Unigram behind Precompiled (per-thread ICU grapheme iterator), WordPiece.
+  for (const char* name : {"llama3_bytelevel", "t5_precompiled", "bert_wordpiece"}) {
+    const HuggingFaceTokenizer tok(kDir + "/" + name);
+    std::vector<std::string> texts;
+    for (const auto& c : expected(name).at("cases")) texts.push_back(c.at("text"));
+    std::vector<Ids> want;
+    for (const auto& t : texts) want.push_back(tok.tokenize(t));
+    std::vector<std::thread> threads;
+    std::vector<int> bad(4, 0);
+    for (int w = 0; w < 4; ++w) {
+      threads.emplace_back([&, w] {
+        for (int rep = 0; rep < 10; ++rep)
+          for (size_t i = 0; i < texts.size(); ++i) bad[w] += tok.tokenize(texts[i]) != want[i];
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(bad, std::vector<int>(4, 0)) << name;
+  }
 }
 
 TEST(HuggingFaceTokenizer, UnsupportedComponentsNameThemselvesAndTheSupportedOnes) {
@@ -230,12 +357,12 @@ TEST(HuggingFaceTokenizer, UnsupportedComponentsNameThemselvesAndTheSupportedOne
     const char* want;
   };
   const std::vector<Case> cases = {
-      {"pre_tokenizer", json{{"type", "BertPreTokenizer"}},
-       "pre_tokenizer type 'BertPreTokenizer' is not supported (supported: ByteLevel, Metaspace"},
-      {"normalizer", json{{"type", "Precompiled"}, {"precompiled_charsmap", ""}},
-       "normalizer type 'Precompiled' is not supported (supported: NFC, NFD"},
-      {"decoder", json{{"type", "WordPiece"}},
-       "decoder type 'WordPiece' is not supported (supported: ByteLevel, Metaspace"},
+      {"pre_tokenizer", json{{"type", "UnicodeScripts"}},
+       "pre_tokenizer type 'UnicodeScripts' is not supported (supported: ByteLevel, Metaspace"},
+      {"normalizer", json{{"type", "ByteLevel"}},
+       "normalizer type 'ByteLevel' is not supported (supported: NFC, NFD"},
+      {"decoder", json{{"type", "CTC"}},
+       "decoder type 'CTC' is not supported (supported: ByteLevel, Metaspace"},
       {"post_processor", json{{"type", "Foo"}},
        "post_processor type 'Foo' is not supported (supported: TemplateProcessing"},
   };
@@ -248,10 +375,22 @@ TEST(HuggingFaceTokenizer, UnsupportedComponentsNameThemselvesAndTheSupportedOne
     EXPECT_CONTAINS(msg, path);
   }
   json j = base;
-  j["model"] = json{{"type", "Unigram"}, {"vocab", json::array()}};
+  j["model"] = json{{"type", "Sentencepiece"}, {"vocab", json::array()}};
   const auto path = dir.write("tokenizer.json", j.dump());
   EXPECT_CONTAINS(mg::test::error_message([&] { HuggingFaceTokenizer t(path); }),
-                  "model type 'Unigram' is not supported (supported: BPE");
+                  "model type 'Sentencepiece' is not supported (supported: BPE, Unigram, "
+                  "WordPiece, WordLevel)");
+  j = base;
+  j["model"] = json{{"type", "Unigram"},
+                    {"unk_id", 0},
+                    {"vocab", json::array({json::array({"<unk>", 0.0}), json::array({"a", "x"})})}};
+  const auto path5 = dir.write("tokenizer.json", j.dump());
+  EXPECT_CONTAINS(mg::test::error_message([&] { HuggingFaceTokenizer t(path5); }),
+                  "model Unigram: vocab entry 1 [\"a\",\"x\"] is not [\"piece\", score]");
+  j["model"] = json{{"type", "WordPiece"}, {"vocab", json::array()}};
+  const auto path6 = dir.write("tokenizer.json", j.dump());
+  EXPECT_CONTAINS(mg::test::error_message([&] { HuggingFaceTokenizer t(path6); }),
+                  "model WordPiece has no \"vocab\" object {token: id}");
   j = base;
   j["model"]["dropout"] = 0.1;
   const auto path2 = dir.write("tokenizer.json", j.dump());
