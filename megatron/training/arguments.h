@@ -59,6 +59,9 @@ struct Arguments {
 
   bool help = false;      // --help / -h: print help_text and exit 0
   std::string help_text;  // every flag, one per line
+  // Start-up lines for rank 0 (pretrain prints them before any work): each flag given more than
+  // once with both values (the last applies), and each accepted flag that has no effect here.
+  std::vector<std::string> notices;
   // The flags as given (YAML first, then the command line), for the checkpoint's record.
   std::vector<std::pair<std::string, std::vector<std::string>>> given;
 };

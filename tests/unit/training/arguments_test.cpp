@@ -176,8 +176,6 @@ TEST(Arguments, BadValuesNameTheFlag) {
   EXPECT_NE(e.find("--seed expects a value"), std::string::npos) << e;
   e = parse_error(with({"--bf16=1"}));
   EXPECT_NE(e.find("--bf16 is a switch"), std::string::npos) << e;
-  e = parse_error(with({"--seed", "1", "--seed", "2"}));
-  EXPECT_NE(e.find("--seed is given twice"), std::string::npos) << e;
   e = parse_error(with({"stray"}));
   EXPECT_NE(e.find("unexpected argument 'stray'"), std::string::npos) << e;
   e = parse_error({"--num-layers", "2"});
@@ -236,6 +234,102 @@ TEST(Arguments, YamlFileAndCommandLineOverride) {
   e = parse_error({"--yaml-cfg", "/nonexistent.yaml"});
   EXPECT_NE(e.find("--yaml-cfg '/nonexistent.yaml'"), std::string::npos) << e;
   std::filesystem::remove(path);
+}
+
+bool has_notice(const Arguments& a, const std::string& text) {
+  for (const auto& n : a.notices)
+    if (n.find(text) != std::string::npos) return true;
+  return false;
+}
+
+// argparse: a repeated flag takes its last value; one start-up line names it with both values.
+TEST(Arguments, RepeatedFlagTakesTheLastValueAndSaysSo) {
+  Arguments a = parse_args(with({"--lr", "1e-4", "--seed", "7", "--seed", "9", "--bf16", "--bf16"}));
+  EXPECT_DOUBLE_EQ(*a.optimizer.lr, 1e-4);
+  EXPECT_EQ(a.training.seed, 9u);
+  EXPECT_TRUE(has_notice(a, "--lr given more than once: 1e-3 then 1e-4; the last value applies"))
+      << ::testing::PrintToString(a.notices);
+  EXPECT_TRUE(has_notice(a, "--seed given more than once: 7 then 9"));
+  EXPECT_TRUE(has_notice(a, "--bf16 given more than once: (switch) then (switch)"));
+  // The checkpoint's record holds each flag once, with the value that applied.
+  int lrs = 0;
+  for (const auto& [k, v] : a.given)
+    if (k == "--lr") ++lrs, EXPECT_EQ(v, std::vector<std::string>{"1e-4"});
+  EXPECT_EQ(lrs, 1);
+  EXPECT_FALSE(has_notice(parse_args(base()), "more than once"));
+}
+
+// Performance knobs of Megatron's PyTorch/TE implementation: accepted, one line each saying why
+// nothing changes; the model config is untouched.
+TEST(Arguments, NoEffectFlagsAreAcceptedWithOneLine) {
+  const Arguments plain = parse_args(base());
+  Arguments a = parse_args(with({"--use-mcore-models", "--transformer-impl", "transformer_engine",
+                                 "--no-gradient-accumulation-fusion", "--tp-comm-overlap",
+                                 "--attention-softmax-in-fp32", "--use-flash-attn",
+                                 "--moe-grouped-gemm", "--accumulate-allreduce-grads-in-fp32",
+                                 "--cross-entropy-fusion-impl", "te", "--no-mmap-bin-files"}));
+  for (const char* f :
+       {"--use-mcore-models: no effect here", "--transformer-impl transformer_engine: no effect",
+        "--no-gradient-accumulation-fusion: no effect here", "--tp-comm-overlap: no effect here",
+        "--attention-softmax-in-fp32: no effect here", "--use-flash-attn: attention runs the flash",
+        "--moe-grouped-gemm: no effect here yet", "--accumulate-allreduce-grads-in-fp32: already",
+        "--cross-entropy-fusion-impl te: no effect here", "--no-mmap-bin-files: no effect here"})
+    EXPECT_TRUE(has_notice(a, f)) << f << "\n" << ::testing::PrintToString(a.notices);
+  EXPECT_EQ(a.model.hidden_size, plain.model.hidden_size);
+  EXPECT_EQ(a.model.position_embedding_type, plain.model.position_embedding_type);
+  EXPECT_TRUE(plain.notices.empty()) << ::testing::PrintToString(plain.notices);
+  a = parse_args(with({"--attention-backend", "unfused"}));
+  EXPECT_TRUE(has_notice(a, "differing only in rounding"));
+  EXPECT_NE(parse_error(with({"--transformer-impl", "te"})).find("'te' is not one of"),
+            std::string::npos);
+}
+
+// Features that would change the results and are not built: an error naming the feature.
+TEST(Arguments, RefusedFlagsNameTheMissingFeature) {
+  auto e = parse_error(with({"--multi-latent-attention"}));
+  EXPECT_NE(e.find("--multi-latent-attention: multi-latent attention (MLA) is not implemented"),
+            std::string::npos)
+      << e;
+  e = parse_error(with({"--rampup-batch-size", "16", "8", "300000"}));
+  EXPECT_NE(e.find("--rampup-batch-size: batch-size ramp-up is not implemented"),
+            std::string::npos)
+      << e;
+  e = parse_error(with({"--use-legacy-models"}));
+  EXPECT_NE(e.find("Megatron-Core GPTModel only"), std::string::npos) << e;
+  for (const char* f : {"torch", "torch_dist", "torch_dcp"}) {
+    e = parse_error(with({"--ckpt-format", f}));
+    EXPECT_NE(e.find(std::string("--ckpt-format ") + f +
+                     ": Megatron-LM's PyTorch checkpoint formats are not read or written here"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("convert_checkpoint import"), std::string::npos) << e;
+  }
+  EXPECT_EQ(parse_args(with({"--ckpt-format", "legacy"})).checkpoint.ckpt_format, "legacy");
+  e = parse_error(with({"--ckpt-format", "zip"}));
+  EXPECT_NE(e.find("--ckpt-format 'zip' is not one of: sharded, legacy"), std::string::npos) << e;
+  e = parse_error(with({"--dataloader-type", "external"}));
+  EXPECT_NE(e.find("--dataloader-type external"), std::string::npos) << e;
+}
+
+// Deprecated spellings Megatron still accepts, the data loader and tokenizer-system flags.
+TEST(Arguments, MegatronAliasesAndLoaderFlags) {
+  Arguments a = parse_args(with({"--use-rotary-position-embeddings", "--rotary-base", "500000"}));
+  EXPECT_EQ(a.model.position_embedding_type, transformer::PositionEmbeddingType::rope);
+  EXPECT_DOUBLE_EQ(a.model.rotary_base, 500000);
+  a = parse_args(with({"--position-embedding-type", "rope", "--no-position-embedding"}));
+  EXPECT_EQ(a.model.position_embedding_type, transformer::PositionEmbeddingType::rope);
+  auto e = parse_error(with({"--no-position-embedding"}));
+  EXPECT_NE(e.find("--no-position-embedding is deprecated"), std::string::npos) << e;
+  a = parse_args(base());
+  EXPECT_EQ(a.training.dataloader_type, "single");
+  EXPECT_EQ(a.training.num_workers, 2);
+  EXPECT_FALSE(a.tokenizer.legacy_tokenizer);
+  a = parse_args(with({"--dataloader-type", "cyclic", "--num-workers", "0", "--legacy-tokenizer"}));
+  EXPECT_EQ(a.training.dataloader_type, "cyclic");
+  EXPECT_EQ(a.training.num_workers, 0);
+  EXPECT_TRUE(a.tokenizer.legacy_tokenizer);
+  e = parse_error(with({"--num-workers", "-1"}));
+  EXPECT_NE(e.find("--num-workers must be in [0, 64], got -1"), std::string::npos) << e;
 }
 
 TEST(Arguments, HelpListsFlags) {

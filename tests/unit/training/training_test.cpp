@@ -234,6 +234,26 @@ TEST(Training, ExitDurationSavesAndStops) {
   EXPECT_EQ(read_latest_iteration(dir), 1);
 }
 
+// Megatron-LM leaves from train() (sys.exit) on --exit-interval / --exit-duration-in-mins: no
+// final validation, no test. A run that reaches --train-iters runs both.
+TEST(Training, ExitIntervalSkipsFinalValidationAndTest) {
+  test::ensure_runtime();
+  std::string log;
+  PretrainResult full = run(tiny_mock(4), {}, &log);
+  ASSERT_TRUE(full.test_loss.has_value()) << log;
+  EXPECT_NE(log.find("on validation set"), std::string::npos) << log;
+  PretrainResult stopped = run(tiny_mock(8), {"--exit-interval", "4"}, &log);
+  EXPECT_EQ(stopped.exit_reason, "exit-interval");
+  EXPECT_EQ(stopped.iteration, 4);
+  EXPECT_FALSE(stopped.test_loss.has_value());
+  EXPECT_EQ(log.find("on validation set"), std::string::npos) << log;
+  EXPECT_EQ(log.find("test loss"), std::string::npos) << log;
+  EXPECT_NE(log.find("skipping the final validation and test"), std::string::npos) << log;
+  PretrainResult timed = run(tiny_mock(8), {"--exit-duration-in-mins", "1e-9"}, &log);
+  EXPECT_EQ(timed.exit_reason, "exit-duration");
+  EXPECT_FALSE(timed.test_loss.has_value());
+}
+
 TEST(Training, LogLineHasMegatronsFields) {
   test::ensure_runtime();
   std::string log;
