@@ -545,6 +545,9 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   datasets::DataConfig data = args.data;
   data.eod_id = tokenizer->eod();
   data.vocab_size = tokenizer->vocab_size();
+  // The identity Megatron-LM records for these tokenizer flags, so --data-cache-path folders are
+  // shared with it both ways.
+  data.tokenizer_identifiers = datasets::megatron_tokenizer_identifiers(args.tokenizer);
   data.validate();
 
   // 2. The model: this rank's share of it, initialised from --seed.

@@ -253,8 +253,11 @@ TEST(Arguments, RepeatedFlagTakesTheLastValueAndSaysSo) {
   EXPECT_TRUE(has_notice(a, "--bf16 given more than once: (switch) then (switch)"));
   // The checkpoint's record holds each flag once, with the value that applied.
   int lrs = 0;
-  for (const auto& [k, v] : a.given)
-    if (k == "--lr") ++lrs, EXPECT_EQ(v, std::vector<std::string>{"1e-4"});
+  for (const auto& [k, v] : a.given) {
+    if (k != "--lr") continue;
+    ++lrs;
+    EXPECT_EQ(v, std::vector<std::string>{"1e-4"});
+  }
   EXPECT_EQ(lrs, 1);
   EXPECT_FALSE(has_notice(parse_args(base()), "more than once"));
 }

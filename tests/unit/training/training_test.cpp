@@ -234,6 +234,47 @@ TEST(Training, ExitDurationSavesAndStops) {
   EXPECT_EQ(read_latest_iteration(dir), 1);
 }
 
+// A --data-cache-path folder written by Megatron-Core 0.16.1 (tests/fixtures/megatron_core/
+// cache_gpt2, the real GPT-2 tokenizer identity of Megatron-LM's default tokenizer system) for
+// this blend is used by pretrain_gpt as it is: no index file is added or rewritten.
+TEST(Training, ReusesTheDataCacheMegatronCoreWrote) {
+  test::ensure_runtime();
+  const fs::path dir = temp_dir("megatron_cache");
+  const fs::path fx = fs::path(MG_TEST_FIXTURES_DIR);
+  for (const char* name : {"corpus_a", "corpus_b"})
+    for (const char* ext : {".bin", ".idx"})
+      fs::copy_file(fx / "megatron_core" / (std::string(name) + ext),
+                    dir / (std::string(name) + ext));
+  for (const char* f : {"gpt2-vocab.json", "gpt2-merges.txt"})
+    fs::copy_file(fx / "gpt2" / f, dir / f);
+  fs::copy(fx / "megatron_core" / "cache_gpt2", dir / "cache");
+  auto listing = [&] {
+    std::map<std::string, fs::file_time_type> m;
+    for (const auto& e : fs::directory_iterator(dir / "cache"))
+      if (!e.path().string().ends_with(".lock"))
+        m[e.path().filename().string()] = e.last_write_time();
+    return m;
+  };
+  const auto before = listing();
+  const fs::path old = fs::current_path();
+  fs::current_path(dir);
+  const std::vector<std::string> flags = {
+      "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length",
+      "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "4",
+      "--eval-interval", "2", "--eval-iters", "1", "--lr", "1e-3", "--seed", "1234",
+      "--data-path", "0.3", "corpus_a", "0.7", "corpus_b", "--split", "90,8,2",
+      "--data-cache-path", "cache", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
+      "gpt2-vocab.json", "--merge-file", "gpt2-merges.txt", "--log-interval", "2"};
+  std::string log;
+  PretrainResult r = run(flags, {}, &log);
+  EXPECT_EQ(r.iteration, 4);
+  EXPECT_EQ(listing(), before) << "pretrain_gpt rebuilt Megatron-Core's cache\n" << log;
+  // --legacy-tokenizer records another identity: other file names, so new files appear.
+  run(flags, {"--legacy-tokenizer"});
+  EXPECT_GT(listing().size(), before.size());
+  fs::current_path(old);
+}
+
 // Megatron-LM leaves from train() (sys.exit) on --exit-interval / --exit-duration-in-mins: no
 // final validation, no test. A run that reaches --train-iters runs both.
 TEST(Training, ExitIntervalSkipsFinalValidationAndTest) {
