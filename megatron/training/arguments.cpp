@@ -379,8 +379,8 @@ constexpr const char* kFusion = "a kernel-fusion switch of Megatron's PyTorch/TE
 constexpr const char* kTpOverlap = "Transformer Engine's userbuffer TP-communication overlap; "
                                    "collectives here are not overlapped with GEMMs";
 constexpr const char* kNccl = "an NCCL/communicator tuning knob; it does not change results";
-constexpr const char* kMemory = "a PyTorch memory-management knob; memory here is the platform "
-                                "allocator's (caching on CUDA)";
+constexpr const char* kMemory =
+    "a PyTorch memory-management knob; memory here is the platform allocator's";
 const NoEffectFlag kNoEffectFlags[] = {
     {"--use-mcore-models", ArgParser::Nargs::zero,
      "deprecated in Megatron-LM too: Megatron-Core models are the only ones here"},
@@ -454,7 +454,7 @@ const NoEffectFlag kNoEffectFlags[] = {
     {"--use-persistent-ckpt-worker", ArgParser::Nargs::zero,
      "a torch_dist async-save worker process; --async-save here uses a thread"},
     {"--log-throughput", ArgParser::Nargs::zero,
-     "the log line here always reports throughput (TFLOP/s and tokens/s per GPU)"},
+     "the log line here always reports throughput: TFLOP/s and tokens/s per GPU"},
     {"--no-one-logger", ArgParser::Nargs::zero, "NVIDIA's internal one_logger is not part of this"},
     {"--enable-experimental", ArgParser::Nargs::zero,
      "the experimental features it gates are not part of this build"},

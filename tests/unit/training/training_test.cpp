@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "megatron/core/datasets/indexed_dataset.h"
+#include "megatron/core/dist_checkpointing/safetensors.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/training_log.h"
 #include "tests/unit/test_util.h"
@@ -232,6 +233,30 @@ TEST(Training, ExitDurationSavesAndStops) {
   EXPECT_EQ(r.iteration, 1);
   EXPECT_EQ(r.saved_iteration, 1);
   EXPECT_EQ(read_latest_iteration(dir), 1);
+}
+
+// --log-params-norm: Megatron's calc_params_l2_norm in the log line, " params norm: %.3f |" after
+// the grad norm; equal to the L2 norm of every weight of the checkpoint saved at that iteration.
+TEST(Training, LogParamsNormIsTheWeightsL2Norm) {
+  test::ensure_runtime();
+  const auto dir = temp_dir("params_norm");
+  std::string log;
+  run(tiny_mock(3), {"--log-params-norm", "--save", dir}, &log);
+  std::vector<double> logged;
+  for (std::size_t p = log.find("params norm: "); p != std::string::npos;
+       p = log.find("params norm: ", p + 1))
+    logged.push_back(std::stod(log.substr(p + 13)));
+  ASSERT_EQ(logged.size(), 3u) << log;
+  EXPECT_LT(log.find("grad norm: "), log.find("params norm: "));
+  dist_checkpointing::SafetensorsFile f(dir + "/iter_0000003/model.safetensors");
+  double sq = 0.0;
+  for (const auto& name : f.names())
+    for (float v : f.tensor(name).to(DType::f32).to_vector<float>())
+      sq += static_cast<double>(v) * v;
+  EXPECT_NEAR(logged.back(), std::sqrt(sq), 0.0005) << log;
+  EXPECT_NE(logged.front(), logged.back());  // the weights moved
+  run(tiny_mock(1), {}, &log);
+  EXPECT_EQ(log.find("params norm"), std::string::npos);
 }
 
 // A --data-cache-path folder written by Megatron-Core 0.16.1 (tests/fixtures/megatron_core/
