@@ -287,6 +287,13 @@ void add_megatron_alias_flags(ArgParser& p, Arguments& a, Pending& x) {
       "single (one pass in order) or cyclic (Megatron's random sampler, reshuffled per epoch)");
   p.add("--num-workers", a.training.num_workers,
         "data-loader threads collating micro-batches ahead (2; 0: in the training thread)");
+  // argparse aliases Megatron declares next to the names above.
+  p.add_switch("--override-opt-param-scheduler", a.scheduler.override_opt_param_scheduler, true,
+               "spelling of --override-opt_param-scheduler");
+  p.add_switch("--use-checkpoint-opt-param-scheduler",
+               a.scheduler.use_checkpoint_opt_param_scheduler, true,
+               "spelling of --use-checkpoint-opt_param-scheduler");
+  p.add("--persistent-save-interval", a.checkpoint.save_interval, "spelling of --save-interval");
   p.add_switch("--legacy-tokenizer", a.tokenizer.legacy_tokenizer, true,
                "Megatron-LM's legacy tokenizer system: its identity in --data-cache-path files");
 }

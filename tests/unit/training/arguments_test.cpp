@@ -4,8 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
 
 #include "megatron/training/arg_parser.h"
 #include "tests/unit/test_util.h"
@@ -333,6 +337,52 @@ TEST(Arguments, MegatronAliasesAndLoaderFlags) {
   EXPECT_TRUE(a.tokenizer.legacy_tokenizer);
   e = parse_error(with({"--num-workers", "-1"}));
   EXPECT_NE(e.find("--num-workers must be in [0, 64], got -1"), std::string::npos) << e;
+}
+
+// docs/flags.md lists every flag the parser knows in the class its help line gives (implemented,
+// "accepted, no effect here", "refused"), and names no flag of those classes the parser lacks.
+TEST(Arguments, DocsListEveryFlagInItsClass) {
+  std::ifstream in(std::filesystem::path(MG_TEST_FIXTURES_DIR) / ".." / ".." / "docs" /
+                   "flags.md");
+  ASSERT_TRUE(in.good());
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto section = [&](const std::string& from, const std::string& to) {
+    const auto b = doc.find(from);
+    EXPECT_NE(b, std::string::npos) << from;
+    const auto e = doc.find(to, b);
+    EXPECT_NE(e, std::string::npos) << to;
+    std::set<std::string> flags;
+    const std::string text = doc.substr(b, e - b);
+    for (std::size_t p = text.find("`--"); p != std::string::npos; p = text.find("`--", p + 1)) {
+      std::size_t q = p + 1;
+      while (q < text.size() && (std::isalnum(static_cast<unsigned char>(text[q])) ||
+                                 text[q] == '-' || text[q] == '_'))
+        ++q;
+      flags.insert(text.substr(p + 1, q - p - 1));
+    }
+    return flags;
+  };
+  const auto implemented = section("## Implemented", "Being added by other work");
+  const auto no_effect = section("## No effect here", "## Refused");
+  const auto refused = section("## Refused", "Refused through a value");
+  std::map<std::string, std::string> parser;  // flag -> class by its help line
+  std::istringstream help(parse_args({"--help"}).help_text);
+  for (std::string line; std::getline(help, line);) {
+    std::istringstream ls(line);
+    std::string name;
+    ls >> name;
+    parser[name] = line.find("accepted, no effect here") != std::string::npos ? "no effect"
+                   : line.find("refused: ") != std::string::npos              ? "refused"
+                                                                              : "implemented";
+  }
+  ASSERT_GT(parser.size(), 250u);
+  for (const auto& [name, cls] : parser) {
+    const auto& listed = cls == "no effect" ? no_effect : cls == "refused" ? refused : implemented;
+    EXPECT_TRUE(listed.count(name)) << name << " is not listed under " << cls << " in docs/flags.md";
+  }
+  for (const auto* set : {&implemented, &no_effect, &refused})
+    for (const auto& name : *set)
+      EXPECT_TRUE(parser.count(name)) << name << " is listed in docs/flags.md but not parsed";
 }
 
 TEST(Arguments, HelpListsFlags) {
