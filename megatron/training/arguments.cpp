@@ -381,10 +381,12 @@ struct NoEffectFlag {
   ArgParser::Nargs nargs;
   const char* why;
 };
-constexpr const char* kFusion = "a kernel-fusion switch of Megatron's PyTorch/TE code; the kernels "
-                                "here compute the same function either way";
-constexpr const char* kTpOverlap = "Transformer Engine's userbuffer TP-communication overlap; "
-                                   "collectives here are not overlapped with GEMMs";
+constexpr const char* kFusion =
+    "a kernel-fusion switch of Megatron's PyTorch/TE code; the kernels "
+    "here compute the same function either way";
+constexpr const char* kTpOverlap =
+    "Transformer Engine's userbuffer TP-communication overlap; "
+    "collectives here are not overlapped with GEMMs";
 constexpr const char* kNccl = "an NCCL/communicator tuning knob; it does not change results";
 constexpr const char* kMemory =
     "a PyTorch memory-management knob; memory here is the platform allocator's";
@@ -580,25 +582,24 @@ void add_megatron_compat_flags(ArgParser& p, std::vector<std::string>& notices) 
 
 // Deprecated spellings and the flags that only select what is already the behaviour here; each
 // leaves one start-up line in a.notices.
-void resolve_megatron_aliases(Arguments& a, const Pending& x, bool grouped_gemm,
-                              bool fp32_grads) {
+void resolve_megatron_aliases(Arguments& a, const Pending& x, bool grouped_gemm, bool fp32_grads) {
   // validate_args: --use-rotary-position-embeddings sets rope; --no-position-embedding is
   // refused unless rope.
   if (x.use_rotary_position_embeddings)
     a.model.position_embedding_type = PositionEmbeddingType::rope;
-  MG_CHECK(!x.no_position_embedding ||
-               a.model.position_embedding_type == PositionEmbeddingType::rope,
-           "--no-position-embedding is deprecated (Megatron-LM refuses it too unless RoPE is "
-           "used); use --position-embedding-type none");
+  MG_CHECK(
+      !x.no_position_embedding || a.model.position_embedding_type == PositionEmbeddingType::rope,
+      "--no-position-embedding is deprecated (Megatron-LM refuses it too unless RoPE is "
+      "used); use --position-embedding-type none");
   const std::string backend = x.attention_backend.value_or(x.use_flash_attn ? "flash" : "auto");
   if (x.use_flash_attn || x.attention_backend) {
-    std::string line = (x.use_flash_attn ? std::string("--use-flash-attn") : std::string()) +
-                       (x.use_flash_attn && x.attention_backend ? ", " : "") +
-                       (x.attention_backend ? "--attention-backend " + *x.attention_backend
-                                            : std::string()) +
-                       ": attention runs the flash-style attention op (online softmax in fp32, "
-                       "saving the output and logsumexp, never the probabilities), the only "
-                       "attention backend here";
+    std::string line =
+        (x.use_flash_attn ? std::string("--use-flash-attn") : std::string()) +
+        (x.use_flash_attn && x.attention_backend ? ", " : "") +
+        (x.attention_backend ? "--attention-backend " + *x.attention_backend : std::string()) +
+        ": attention runs the flash-style attention op (online softmax in fp32, "
+        "saving the output and logsumexp, never the probabilities), the only "
+        "attention backend here";
     if (backend == "fused" || backend == "unfused" || backend == "local")
       line += "; Megatron's " + backend +
               " backend computes the same function, differing only in rounding";

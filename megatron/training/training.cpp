@@ -617,11 +617,11 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   // After training: validation and test (Megatron's evaluate_and_print_results), final save.
   // Megatron-LM leaves the process from train() (sys.exit) when --exit-interval or
   // --exit-duration-in-mins stopped the loop, so neither evaluation runs then.
-  const bool exited = r.result.exit_reason == "exit-interval" ||
-                      r.result.exit_reason == "exit-duration";
+  const bool exited =
+      r.result.exit_reason == "exit-interval" || r.result.exit_reason == "exit-duration";
   if (exited)
-    log << " skipping the final validation and test: training stopped on "
-        << r.result.exit_reason << " (as Megatron-LM does)" << std::endl;
+    log << " skipping the final validation and test: training stopped on " << r.result.exit_reason
+        << " (as Megatron-LM does)" << std::endl;
   if (!exited && r.valid_iter && r.iteration % args.training.eval_interval != 0) {
     if (auto v = evaluate(r, r.valid_iter.get(), &r.consumed_valid)) {
       r.result.valid_loss = v;

@@ -21,8 +21,8 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -93,7 +93,7 @@ struct DataIteratorOptions {
   int64_t data_parallel_size = 1;
   int64_t consumed_samples = 0;  // where to start (a checkpoint's value)
   bool drop_last = true;
-  bool cyclic = false;     // wrap around forever instead of ending after one pass
+  bool cyclic = false;  // wrap around forever instead of ending after one pass
   // Megatron's MegatronPretrainingRandomSampler (--dataloader-type cyclic): endless, reshuffled
   // per epoch; consumed_samples keeps counting across epochs. Implies cyclic.
   bool random = false;

@@ -224,9 +224,8 @@ PyJson megatron_tokenizer_identifiers(const tokenizers::TokenizerArgs& t) {
     MG_THROW("megatron_tokenizer_identifiers: no Megatron-LM identity for --tokenizer-type '"
              << type << "'");
   }
-  PyJson::Object o{
-      {"class", PyJson("megatron.core.tokenizers.text.models.default_tokenizer."
-                       "DefaultTokenizerText")}};
+  PyJson::Object o{{"class", PyJson("megatron.core.tokenizers.text.models.default_tokenizer."
+                                    "DefaultTokenizerText")}};
   const PyJson py_true("True"), py_false("False");
   const PyJson include_special(t.tokenizer_hf_include_special_tokens ? "True" : "False");
   if (type == "GPT2BPETokenizer") {

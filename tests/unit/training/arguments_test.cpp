@@ -248,7 +248,8 @@ bool has_notice(const Arguments& a, const std::string& text) {
 
 // argparse: a repeated flag takes its last value; one start-up line names it with both values.
 TEST(Arguments, RepeatedFlagTakesTheLastValueAndSaysSo) {
-  Arguments a = parse_args(with({"--lr", "1e-4", "--seed", "7", "--seed", "9", "--bf16", "--bf16"}));
+  Arguments a =
+      parse_args(with({"--lr", "1e-4", "--seed", "7", "--seed", "9", "--bf16", "--bf16"}));
   EXPECT_DOUBLE_EQ(*a.optimizer.lr, 1e-4);
   EXPECT_EQ(a.training.seed, 9u);
   EXPECT_TRUE(has_notice(a, "--lr given more than once: 1e-3 then 1e-4; the last value applies"))
@@ -270,11 +271,11 @@ TEST(Arguments, RepeatedFlagTakesTheLastValueAndSaysSo) {
 // nothing changes; the model config is untouched.
 TEST(Arguments, NoEffectFlagsAreAcceptedWithOneLine) {
   const Arguments plain = parse_args(base());
-  Arguments a = parse_args(with({"--use-mcore-models", "--transformer-impl", "transformer_engine",
-                                 "--no-gradient-accumulation-fusion", "--tp-comm-overlap",
-                                 "--attention-softmax-in-fp32", "--use-flash-attn",
-                                 "--moe-grouped-gemm", "--accumulate-allreduce-grads-in-fp32",
-                                 "--cross-entropy-fusion-impl", "te", "--no-mmap-bin-files"}));
+  Arguments a = parse_args(
+      with({"--use-mcore-models", "--transformer-impl", "transformer_engine",
+            "--no-gradient-accumulation-fusion", "--tp-comm-overlap", "--attention-softmax-in-fp32",
+            "--use-flash-attn", "--moe-grouped-gemm", "--accumulate-allreduce-grads-in-fp32",
+            "--cross-entropy-fusion-impl", "te", "--no-mmap-bin-files"}));
   for (const char* f :
        {"--use-mcore-models: no effect here", "--transformer-impl transformer_engine: no effect",
         "--no-gradient-accumulation-fusion: no effect here", "--tp-comm-overlap: no effect here",
@@ -298,8 +299,7 @@ TEST(Arguments, RefusedFlagsNameTheMissingFeature) {
             std::string::npos)
       << e;
   e = parse_error(with({"--rampup-batch-size", "16", "8", "300000"}));
-  EXPECT_NE(e.find("--rampup-batch-size: batch-size ramp-up is not implemented"),
-            std::string::npos)
+  EXPECT_NE(e.find("--rampup-batch-size: batch-size ramp-up is not implemented"), std::string::npos)
       << e;
   e = parse_error(with({"--use-legacy-models"}));
   EXPECT_NE(e.find("Megatron-Core GPTModel only"), std::string::npos) << e;
@@ -342,8 +342,7 @@ TEST(Arguments, MegatronAliasesAndLoaderFlags) {
 // docs/flags.md lists every flag the parser knows in the class its help line gives (implemented,
 // "accepted, no effect here", "refused"), and names no flag of those classes the parser lacks.
 TEST(Arguments, DocsListEveryFlagInItsClass) {
-  std::ifstream in(std::filesystem::path(MG_TEST_FIXTURES_DIR) / ".." / ".." / "docs" /
-                   "flags.md");
+  std::ifstream in(std::filesystem::path(MG_TEST_FIXTURES_DIR) / ".." / ".." / "docs" / "flags.md");
   ASSERT_TRUE(in.good());
   const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto section = [&](const std::string& from, const std::string& to) {
@@ -378,7 +377,8 @@ TEST(Arguments, DocsListEveryFlagInItsClass) {
   ASSERT_GT(parser.size(), 250u);
   for (const auto& [name, cls] : parser) {
     const auto& listed = cls == "no effect" ? no_effect : cls == "refused" ? refused : implemented;
-    EXPECT_TRUE(listed.count(name)) << name << " is not listed under " << cls << " in docs/flags.md";
+    EXPECT_TRUE(listed.count(name))
+        << name << " is not listed under " << cls << " in docs/flags.md";
   }
   for (const auto* set : {&implemented, &no_effect, &refused})
     for (const auto& name : *set)

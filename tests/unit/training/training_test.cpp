@@ -283,13 +283,45 @@ TEST(Training, ReusesTheDataCacheMegatronCoreWrote) {
   const auto before = listing();
   const fs::path old = fs::current_path();
   fs::current_path(dir);
-  const std::vector<std::string> flags = {
-      "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length",
-      "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--train-iters", "4",
-      "--eval-interval", "2", "--eval-iters", "1", "--lr", "1e-3", "--seed", "1234",
-      "--data-path", "0.3", "corpus_a", "0.7", "corpus_b", "--split", "90,8,2",
-      "--data-cache-path", "cache", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file",
-      "gpt2-vocab.json", "--merge-file", "gpt2-merges.txt", "--log-interval", "2"};
+  const std::vector<std::string> flags = {"--num-layers",
+                                          "1",
+                                          "--hidden-size",
+                                          "32",
+                                          "--num-attention-heads",
+                                          "2",
+                                          "--seq-length",
+                                          "32",
+                                          "--micro-batch-size",
+                                          "2",
+                                          "--global-batch-size",
+                                          "4",
+                                          "--train-iters",
+                                          "4",
+                                          "--eval-interval",
+                                          "2",
+                                          "--eval-iters",
+                                          "1",
+                                          "--lr",
+                                          "1e-3",
+                                          "--seed",
+                                          "1234",
+                                          "--data-path",
+                                          "0.3",
+                                          "corpus_a",
+                                          "0.7",
+                                          "corpus_b",
+                                          "--split",
+                                          "90,8,2",
+                                          "--data-cache-path",
+                                          "cache",
+                                          "--tokenizer-type",
+                                          "GPT2BPETokenizer",
+                                          "--vocab-file",
+                                          "gpt2-vocab.json",
+                                          "--merge-file",
+                                          "gpt2-merges.txt",
+                                          "--log-interval",
+                                          "2"};
   std::string log;
   PretrainResult r = run(flags, {}, &log);
   EXPECT_EQ(r.iteration, 4);

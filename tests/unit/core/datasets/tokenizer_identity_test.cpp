@@ -84,7 +84,8 @@ DataConfig blend_config(const std::string& cache, bool legacy) {
 std::map<std::string, fs::file_time_type> listing(const fs::path& dir) {
   std::map<std::string, fs::file_time_type> m;
   for (const auto& e : fs::directory_iterator(dir))
-    if (!e.path().string().ends_with(".lock")) m[e.path().filename().string()] = e.last_write_time();
+    if (!e.path().string().ends_with(".lock"))
+      m[e.path().filename().string()] = e.last_write_time();
   return m;
 }
 
@@ -106,7 +107,8 @@ TEST_P(MegatronCache, BlendCacheWrittenByMegatronCoreIsReused) {
   const fs::path old = fs::current_path();
   fs::current_path(dir);
   const std::array<std::optional<int64_t>, 3> sizes{16, 12, 4};
-  const DatasetSplits splits = BlendedMegatronDatasetBuilder(blend_config("cache", legacy), sizes).build();
+  const DatasetSplits splits =
+      BlendedMegatronDatasetBuilder(blend_config("cache", legacy), sizes).build();
   EXPECT_EQ(listing(cache), before) << "a Megatron-Core cache file was added or rewritten";
   EXPECT_GE(splits[0]->size(), 16);
   // The other system's identity names other files: the same folder then gains new ones.
