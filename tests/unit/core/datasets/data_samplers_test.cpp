@@ -257,7 +257,9 @@ TEST(DataIterator, WorkersKeepTheOrder) {
         EXPECT_EQ(got.size(), random ? 30u : 12u);
       }
       EXPECT_EQ(got, reference) << "workers " << workers << " random " << random;
-      if (random) EXPECT_EQ(it.consumed_samples(), 30 * 4);
+      if (random) {
+        EXPECT_EQ(it.consumed_samples(), 30 * 4);
+      }
     }
   }
 }
