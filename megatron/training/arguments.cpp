@@ -287,6 +287,16 @@ void add_megatron_alias_flags(ArgParser& p, Arguments& a, Pending& x) {
       "single (one pass in order) or cyclic (Megatron's random sampler, reshuffled per epoch)");
   p.add("--num-workers", a.training.num_workers,
         "data-loader threads collating micro-batches ahead (2; 0: in the training thread)");
+  p.add(
+      "--recompute-modules", ArgParser::Nargs::many,
+      [](const auto& v) {
+        for (const auto& m : v)
+          MG_CHECK(m == "core_attn", "--recompute-modules "
+                                         << m << ": selective recompute of '" << m
+                                         << "' is not implemented (selective recomputes core_attn "
+                                            "only, Megatron's default)");
+      },
+      "submodules selective recompute covers: core_attn (the default and the only one here)");
   // argparse aliases Megatron declares next to the names above.
   p.add_switch("--override-opt-param-scheduler", a.scheduler.override_opt_param_scheduler, true,
                "spelling of --override-opt_param-scheduler");
@@ -471,6 +481,9 @@ const NoEffectFlag kNoEffectFlags[] = {
      "activation offloading saves memory, not arithmetic; not done here"},
     {"--distribute-saved-activations", ArgParser::Nargs::zero,
      "spreading recomputed activations over TP saves memory, not arithmetic; not done here"},
+    {"--use-cpu-initialization", ArgParser::Nargs::zero,
+     "initial weights here are already the same for every TP layout (each element draws from its "
+     "index in the full tensor)"},
     {"--delay-wgrad-compute", ArgParser::Nargs::zero,
      "when the weight gradient is computed does not change it"},
     {"--overlap-moe-expert-parallel-comm", ArgParser::Nargs::zero,

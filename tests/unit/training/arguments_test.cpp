@@ -335,6 +335,11 @@ TEST(Arguments, MegatronAliasesAndLoaderFlags) {
   EXPECT_EQ(a.training.dataloader_type, "cyclic");
   EXPECT_EQ(a.training.num_workers, 0);
   EXPECT_TRUE(a.tokenizer.legacy_tokenizer);
+  EXPECT_NO_THROW(parse_args(with({"--recompute-modules", "core_attn"})));
+  e = parse_error(with({"--recompute-modules", "core_attn", "mlp"}));
+  EXPECT_NE(e.find("--recompute-modules mlp: selective recompute of 'mlp' is not implemented"),
+            std::string::npos)
+      << e;
   e = parse_error(with({"--num-workers", "-1"}));
   EXPECT_NE(e.find("--num-workers must be in [0, 64], got -1"), std::string::npos) << e;
 }
