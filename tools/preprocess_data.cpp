@@ -15,6 +15,9 @@
 // whatever the input size (plus the longest single line). Outputs appear only when complete:
 // the builders stream to temporaries and finalize renames them into place.
 //
+// GPT2BPETokenizer: a literal "<|endoftext|>" in the text becomes the EOD token, as Megatron-LM's
+// default tokenizer system does; --legacy-tokenizer encodes it as plain text (its legacy system).
+//
 // Per-document encoding as FORMATS.md 2.2: a key's value is one string (one sentence) or a list of
 // strings (pre-split sentences); sentences with no tokens are dropped; --append-eod adds eod to
 // the last sentence of a non-empty document; an empty document is a boundary with no sequence.
@@ -260,10 +263,33 @@ struct LineOutput {
   std::size_t tokens = 0;
 };
 
+// Megatron-LM's default GPT-2 tokenizer (megatron.core.tokenizers, over HF's GPT2Tokenizer)
+// splits a literal "<|endoftext|>" in the text out as the EOD token; its legacy one
+// (--legacy-tokenizer) encodes those characters as plain text. `literal_eod` selects the first.
+std::vector<int32_t> tokenize_text(const Tokenizer& tok, const std::string& s, bool literal_eod) {
+  if (!literal_eod) return tok.tokenize(s);
+  static const std::string kEod = "<|endoftext|>";
+  std::vector<int32_t> out;
+  std::size_t pos = 0;
+  for (;;) {
+    const std::size_t f = s.find(kEod, pos);
+    const std::string piece = s.substr(pos, f == std::string::npos ? std::string::npos : f - pos);
+    if (!piece.empty()) {
+      const std::vector<int32_t> ids = tok.tokenize(piece);
+      out.insert(out.end(), ids.begin(), ids.end());
+    }
+    if (f == std::string::npos) break;
+    out.push_back(static_cast<int32_t>(tok.eod()));
+    pos = f + kEod.size();
+  }
+  return out;
+}
+
 // Parses and tokenizes line `l` of the chunk; throws mg::Error naming file and line when the line
 // is malformed (not JSON, not an object, a missing key, a non-string value, a tokenizer error).
 LineOutput encode_line(const Chunk& chunk, std::size_t l, const std::vector<std::string>& keys,
-                       const Tokenizer& tok, bool append_eod, const std::string& input) {
+                       const Tokenizer& tok, bool append_eod, bool literal_eod,
+                       const std::string& input) {
   LineOutput out;
   out.keys.resize(keys.size());
   {
@@ -299,7 +325,7 @@ LineOutput encode_line(const Chunk& chunk, std::size_t l, const std::vector<std:
       for (const std::string* s : sentences) {
         std::vector<int32_t> ids;
         try {
-          ids = tok.tokenize(*s);
+          ids = tokenize_text(tok, *s, literal_eod);
         } catch (const mg::Error& e) {
           MG_THROW(input << ":" << line_no << ": key '" << keys[k] << "': " << e.message());
         }
@@ -321,15 +347,15 @@ LineOutput encode_line(const Chunk& chunk, std::size_t l, const std::vector<std:
 }
 
 EncodedChunk encode_chunk(const Chunk& chunk, const std::vector<std::string>& keys,
-                          const Tokenizer& tok, bool append_eod, bool skip_bad_lines,
-                          const std::string& input) {
+                          const Tokenizer& tok, bool append_eod, bool literal_eod,
+                          bool skip_bad_lines, const std::string& input) {
   EncodedChunk out;
   out.keys.resize(keys.size());
   out.bytes = chunk.bytes;
   for (std::size_t l = 0; l < chunk.lines.size(); ++l) {
     LineOutput line;
     try {
-      line = encode_line(chunk, l, keys, tok, append_eod, input);
+      line = encode_line(chunk, l, keys, tok, append_eod, literal_eod, input);
     } catch (const mg::Error& e) {
       if (!skip_bad_lines) throw;
       if (out.skipped++ == 0) out.first_skip = e.message();
@@ -519,7 +545,10 @@ class Pipeline {
       }
       EncodedChunk enc;
       try {
-        enc = encode_chunk(c, args_.json_keys, tok, args_.append_eod, args_.skip_bad_lines, input_);
+        enc = encode_chunk(c, args_.json_keys, tok, args_.append_eod,
+                           args_.tokenizer.tokenizer_type == "GPT2BPETokenizer" &&
+                               !args_.tokenizer.legacy_tokenizer,
+                           args_.skip_bad_lines, input_);
       } catch (...) {
         enc = EncodedChunk{};
         enc.error = std::current_exception();
@@ -739,6 +768,9 @@ int main(int argc, char** argv) {
   app.add_option("--vocab-file", args.tokenizer.vocab_file, "Vocabulary (GPT-2: vocab.json)");
   app.add_option("--merge-file", args.tokenizer.merge_file, "BPE merges (GPT-2: merges.txt)");
   app.add_option("--vocab-size", vocab_size, "NullTokenizer vocabulary size (eod = this)");
+  app.add_flag("--legacy-tokenizer", args.tokenizer.legacy_tokenizer,
+               "Megatron-LM's legacy tokenizer system: GPT2BPETokenizer encodes a literal "
+               "<|endoftext|> as text (default: as the EOD token, like Megatron-LM's default)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -164,7 +164,15 @@ void ArgParser::apply_flag(const std::string& name, const std::vector<std::strin
     given_.erase(name);
     std::erase_if(given_order_, [&](const auto& g) { return g.first == name; });
   }
-  MG_CHECK(given_.insert(name).second, name << " is given twice" << origin);
+  if (!given_.insert(name).second) {
+    // argparse: the last value wins (scripts rely on `$COMMON_ARGS --lr 1e-4`). Noted once per
+    // repetition with both values.
+    auto prev = std::find_if(given_order_.begin(), given_order_.end(),
+                             [&](const auto& g) { return g.first == name; });
+    MG_CHECK(prev != given_order_.end(), "internal: " << name << " given but not recorded");
+    overrides_.push_back({name, prev->second, values});
+    given_order_.erase(prev);
+  }
   if (from_yaml) from_yaml_.insert(name);
   const Flag& f = it->second;
   if (f.nargs == Nargs::zero)

@@ -6,7 +6,8 @@
 // configs. A YAML file (--yaml-cfg) holds the same flags as keys ("num-layers" or "num_layers")
 // with scalar or list values; switches take true/false.
 // Errors (mg::Error): an unknown flag names the closest known one by edit distance; a missing or
-// malformed value names the flag, the value and what is expected; a flag given twice is refused.
+// malformed value names the flag, the value and what is expected. A flag given twice takes the
+// last value, as argparse does; overrides() lists each repetition with both values.
 // Not done: argparse's prefix matching (Megatron disables it), positional arguments.
 #pragma once
 
@@ -62,6 +63,12 @@ class ArgParser {
   const std::vector<std::pair<std::string, std::vector<std::string>>>& given_values() const {
     return given_order_;
   }
+  // A flag given more than once: the earlier and the later value (the later one applies).
+  struct Override {
+    std::string name;
+    std::vector<std::string> before, after;
+  };
+  const std::vector<Override>& overrides() const { return overrides_; }
   // "--flag-a, --flag-b ..." help text, one flag per line.
   std::string help() const;
   // The known flag closest to `name` by edit distance.
@@ -79,6 +86,7 @@ class ArgParser {
   std::set<std::string> given_;
   std::set<std::string> from_yaml_;  // given by the YAML file; the command line may override
   std::vector<std::pair<std::string, std::vector<std::string>>> given_order_;
+  std::vector<Override> overrides_;
 };
 
 // Strict number parsing for flag values: the whole string must be the number.

@@ -1,6 +1,7 @@
 // Megatron's flags bound to the component configs, and validate_args' defaults and checks.
 #include "megatron/training/arguments.h"
 
+#include <algorithm>
 #include <sstream>
 #include <utility>
 
@@ -28,6 +29,9 @@ struct Pending {
   std::optional<std::string> moe_layer_freq;                    // int or "[1,0,...]"
   bool fp8_e4m3 = false, fp8_hybrid = false, fp8_param_gather = false;
   int64_t fp8_interval = 1;
+  bool use_rotary_position_embeddings = false, no_position_embedding = false;
+  bool use_flash_attn = false, attention_softmax_in_fp32 = false;
+  std::optional<std::string> attention_backend, transformer_impl;
 };
 
 // ---- FP8 (Megatron's --fp8-* flags; docs/fp8.md) ----
@@ -149,7 +153,7 @@ void add_moe_flags(ArgParser& p, transformer::TransformerConfig& m, Arguments& a
   p.add("--moe-layer-freq", x.moe_layer_freq,
         "every N-th layer is MoE, or a pattern [1,0,...] (1)");
   p.add_switch("--moe-grouped-gemm", m.moe_grouped_gemm, true,
-               "grouped expert GEMMs (same math here: a loop of GEMMs)");
+               "grouped expert GEMMs (no effect here yet: a loop of GEMMs, the same numbers)");
   p.add("--expert-model-parallel-size", a.parallel.expert_model_parallel_size,
         "expert-parallel ranks (1); --num-experts must divide by it");
   p.add("--expert-tensor-parallel-size", a.parallel.expert_tensor_parallel_size,
@@ -329,6 +333,59 @@ void add_data_flags(ArgParser& p, datasets::DataConfig& d, tokenizers::Tokenizer
   p.add("--vocab-size", t.vocab_size, "NullTokenizer vocabulary size");
 }
 
+// ---- Megatron flags given a meaning here this session: deprecated spellings, the attention
+// backend, the data loader, the tokenizer system (docs/flags.md "implemented"). ----
+void add_megatron_alias_flags(ArgParser& p, Arguments& a, Pending& x) {
+  p.add_switch("--use-rotary-position-embeddings", x.use_rotary_position_embeddings, true,
+               "deprecated spelling of --position-embedding-type rope");
+  p.add_switch("--no-position-embedding", x.no_position_embedding, true,
+               "deprecated spelling of --position-embedding-type none");
+  p.add_switch("--use-flash-attn", x.use_flash_attn, true,
+               "flash attention: the attention op here (online softmax, saves out + lse)");
+  p.add_choice(
+      "--attention-backend", {"auto", "flash", "fused", "unfused", "local"},
+      [&x](const std::string& v) { x.attention_backend = v; },
+      "attention backend; one here: the flash-style attention op (auto)");
+  p.add_switch("--attention-softmax-in-fp32", x.attention_softmax_in_fp32, true,
+               "softmax in fp32 (always so here)");
+  p.add_choice(
+      "--transformer-impl", {"local", "transformer_engine"},
+      [&x](const std::string& v) { x.transformer_impl = v; },
+      "Megatron's layer implementation; one here (the platform's kernels)");
+  p.add(
+      "--dataloader-type", ArgParser::Nargs::one,
+      [&a](const auto& v) {
+        MG_CHECK(v[0] != "external",
+                 "--dataloader-type external: a user-supplied Python data loader cannot be "
+                 "plugged in here; use single or cyclic");
+        MG_CHECK(v[0] == "single" || v[0] == "cyclic",
+                 "--dataloader-type '" << v[0] << "' is not one of: single, cyclic");
+        a.training.dataloader_type = v[0];
+      },
+      "single (one pass in order) or cyclic (Megatron's random sampler, reshuffled per epoch)");
+  p.add("--num-workers", a.training.num_workers,
+        "data-loader threads collating micro-batches ahead (2; 0: in the training thread)");
+  p.add(
+      "--recompute-modules", ArgParser::Nargs::many,
+      [](const auto& v) {
+        for (const auto& m : v)
+          MG_CHECK(m == "core_attn", "--recompute-modules "
+                                         << m << ": selective recompute of '" << m
+                                         << "' is not implemented (selective recomputes core_attn "
+                                            "only, Megatron's default)");
+      },
+      "submodules selective recompute covers: core_attn (the default and the only one here)");
+  // argparse aliases Megatron declares next to the names above.
+  p.add_switch("--override-opt-param-scheduler", a.scheduler.override_opt_param_scheduler, true,
+               "spelling of --override-opt_param-scheduler");
+  p.add_switch("--use-checkpoint-opt-param-scheduler",
+               a.scheduler.use_checkpoint_opt_param_scheduler, true,
+               "spelling of --use-checkpoint-opt_param-scheduler");
+  p.add("--persistent-save-interval", a.checkpoint.save_interval, "spelling of --save-interval");
+  p.add_switch("--legacy-tokenizer", a.tokenizer.legacy_tokenizer, true,
+               "Megatron-LM's legacy tokenizer system: its identity in --data-cache-path files");
+}
+
 void add_ddp_flags(ArgParser& p, distributed::DistributedDataParallelConfig& d, Arguments& a) {
   p.add_switch("--use-megatron-fsdp", d.use_megatron_fsdp, true,
                "Megatron FSDP over the data-parallel group (--data-parallel-sharding-strategy)");
@@ -339,8 +396,6 @@ void add_ddp_flags(ArgParser& p, distributed::DistributedDataParallelConfig& d, 
       "FSDP: no_shard (DDP), optim (ZeRO-1), optim_grads (ZeRO-2), optim_grads_params (ZeRO-3)");
   p.add_switch("--use-torch-fsdp2", a.use_torch_fsdp2, true,
                "FSDP2 spelling: the --use-megatron-fsdp optim_grads_params engine");
-  p.add_switch("--no-gradient-accumulation-fusion", a.gradient_accumulation_fusion, false,
-               "accepted: wgrad accumulates into main_grad either way");
   p.add_switch("--use-distributed-optimizer", d.use_distributed_optimizer, true,
                "shard optimizer state over data-parallel ranks (ZeRO-1)");
   p.add_switch("--overlap-grad-reduce", d.overlap_grad_reduce, true,
@@ -349,7 +404,7 @@ void add_ddp_flags(ArgParser& p, distributed::DistributedDataParallelConfig& d, 
                "all-gather updated parameters during the next forward (distributed optimizer)");
   p.add("--ddp-bucket-size", d.bucket_size, "elements per gradient bucket");
   p.add_switch("--accumulate-allreduce-grads-in-fp32", d.grad_reduce_in_fp32, true,
-               "accumulate and reduce grads in fp32 (always so in this build)");
+               "accumulate and reduce grads in fp32 (bf16/fp16: already so in this build)");
   p.add_switch("--ddp-average-in-collective", d.average_in_collective, true,
                "average in the collective instead of pre-scaling grads by 1/dp");
 }
@@ -381,10 +436,26 @@ void add_training_flags(ArgParser& p, TrainingConfig& tr, CheckpointConfig& c, L
   p.add_switch("--exit-on-missing-checkpoint", c.exit_on_missing_checkpoint, true,
                "fail when --load has no checkpoint");
   // ---- checkpoint format (checkpoint helper) ----
-  p.add_choice(
-      "--ckpt-format", {"sharded", "legacy"}, [&c](const std::string& v) { c.ckpt_format = v; },
+  p.add(
+      "--ckpt-format", ArgParser::Nargs::one,
+      [&c](const auto& v) {
+        const std::string& f = v[0];
+        if (f == "torch" || f == "torch_dist" || f == "zarr" || f == "torch_dcp" ||
+            f == "fsdp_dtensor")
+          MG_THROW("--ckpt-format "
+                   << f
+                   << ": Megatron-LM's PyTorch checkpoint formats are not read or written here. "
+                      "This build writes its own format: --ckpt-format sharded (the default; like "
+                      "torch_dist it loads into any TP/PP/DP layout) or legacy. To bring a "
+                      "Megatron-LM checkpoint across, export it to HuggingFace (Megatron Bridge: "
+                      "convert_checkpoints.py export) and import that with `convert_checkpoint "
+                      "import --hf-dir DIR --save DIR`; `convert_checkpoint export` goes back");
+        MG_CHECK(f == "sharded" || f == "legacy",
+                 "--ckpt-format '" << f << "' is not one of: sharded, legacy");
+        c.ckpt_format = f;
+      },
       "checkpoint format: sharded (loads into any TP/PP/DP layout; default) or legacy (the "
-      "previous same-layout files)");
+      "previous same-layout files); Megatron's torch/torch_dist are refused (see docs/flags.md)");
   p.add_switch("--auto-detect-ckpt-format", c.auto_detect_ckpt_format, true,
                "load a checkpoint of either format whatever --ckpt-format says");
   p.add_switch("--async-save", c.async_save, true,
@@ -403,6 +474,259 @@ void add_training_flags(ArgParser& p, TrainingConfig& tr, CheckpointConfig& c, L
       "--platform", {"cuda", "musa", "txda", "cpu"},
       [&platform](const std::string& v) { platform = v; }, "platform (default MG_PLATFORM, auto)");
   p.add("--yaml-cfg", x.yaml_cfg, "YAML file of these flags (the command line overrides it)");
+}
+
+// ---- Megatron flags that are performance knobs of its PyTorch / Transformer Engine / NCCL
+// implementation: accepted, and one start-up line says why they change nothing here. Each entry
+// is a flag of megatron/training/arguments.py whose effect never reaches the numbers (docs/flags.md
+// "no effect here"). ----
+struct NoEffectFlag {
+  const char* name;
+  ArgParser::Nargs nargs;
+  const char* why;
+};
+constexpr const char* kFusion =
+    "a kernel-fusion switch of Megatron's PyTorch/TE code; the kernels "
+    "here compute the same function either way";
+constexpr const char* kTpOverlap =
+    "Transformer Engine's userbuffer TP-communication overlap; "
+    "collectives here are not overlapped with GEMMs";
+constexpr const char* kNccl = "an NCCL/communicator tuning knob; it does not change results";
+constexpr const char* kMemory =
+    "a PyTorch memory-management knob; memory here is the platform allocator's";
+const NoEffectFlag kNoEffectFlags[] = {
+    {"--use-mcore-models", ArgParser::Nargs::zero,
+     "deprecated in Megatron-LM too: Megatron-Core models are the only ones here"},
+    {"--no-gradient-accumulation-fusion", ArgParser::Nargs::zero,
+     "weight gradients are accumulated into the fp32 main_grad by the GEMM either way"},
+    {"--no-masked-softmax-fusion", ArgParser::Nargs::zero, kFusion},
+    {"--no-bias-dropout-fusion", ArgParser::Nargs::zero, kFusion},
+    {"--no-bias-swiglu-fusion", ArgParser::Nargs::zero, kFusion},
+    {"--no-rope-fusion", ArgParser::Nargs::zero, kFusion},
+    {"--no-persist-layer-norm", ArgParser::Nargs::zero, kFusion},
+    {"--cross-entropy-loss-fusion", ArgParser::Nargs::zero, kFusion},
+    {"--cross-entropy-fusion-impl", ArgParser::Nargs::one, kFusion},
+    {"--moe-permute-fusion", ArgParser::Nargs::zero, kFusion},
+    {"--moe-router-fusion", ArgParser::Nargs::zero, kFusion},
+    {"--use-te-activation-func", ArgParser::Nargs::zero, kFusion},
+    {"--use-fused-weighted-squared-relu", ArgParser::Nargs::zero, kFusion},
+    {"--no-async-tensor-model-parallel-allreduce", ArgParser::Nargs::zero,
+     "deprecated and ignored by Megatron-LM too"},
+    {"--tp-comm-overlap", ArgParser::Nargs::zero, kTpOverlap},
+    {"--tp-comm-overlap-cfg", ArgParser::Nargs::one, kTpOverlap},
+    {"--disable-tp-comm-overlap-ag", ArgParser::Nargs::zero, kTpOverlap},
+    {"--disable-tp-comm-overlap-rs", ArgParser::Nargs::zero, kTpOverlap},
+    {"--tp-comm-overlap-rs-dgrad", ArgParser::Nargs::zero, kTpOverlap},
+    {"--disable-tp-comm-bulk-dgrad", ArgParser::Nargs::zero, kTpOverlap},
+    {"--disable-tp-comm-bulk-wgrad", ArgParser::Nargs::zero, kTpOverlap},
+    {"--disable-tp-comm-split-ag", ArgParser::Nargs::zero, kTpOverlap},
+    {"--disable-tp-comm-split-rs", ArgParser::Nargs::zero, kTpOverlap},
+    {"--tp-comm-bootstrap-backend", ArgParser::Nargs::one, kTpOverlap},
+    {"--no-overlap-p2p-communication", ArgParser::Nargs::zero,
+     "pipeline send/recv are posted as in Megatron's batched mode; overlap does not change "
+     "results"},
+    {"--overlap-p2p-communication-warmup-flush", ArgParser::Nargs::zero,
+     "pipeline send/recv overlap does not change results"},
+    {"--no-align-grad-reduce", ArgParser::Nargs::zero,
+     "when each pipeline stage launches its gradient reduce does not change results"},
+    {"--no-align-param-gather", ArgParser::Nargs::zero,
+     "when each pipeline stage launches its parameter all-gather does not change results"},
+    {"--overlap-param-gather-with-optimizer-step", ArgParser::Nargs::zero,
+     "overlapping the first bucket's all-gather with the step does not change results"},
+    {"--ddp-pad-buckets-for-high-nccl-busbw", ArgParser::Nargs::zero, kNccl},
+    {"--use-nccl-ub", ArgParser::Nargs::zero, kNccl},
+    {"--disable-symmetric-registration", ArgParser::Nargs::zero, kNccl},
+    {"--use-sharp", ArgParser::Nargs::zero, kNccl},
+    {"--sharp-enabled-group", ArgParser::Nargs::one, kNccl},
+    {"--nccl-communicator-config-path", ArgParser::Nargs::one, kNccl},
+    {"--high-priority-stream-groups", ArgParser::Nargs::many, kNccl},
+    {"--disable-gloo-process-groups", ArgParser::Nargs::zero,
+     "there are no Gloo process groups here (MPI or NCCL only)"},
+    {"--local-rank", ArgParser::Nargs::one,
+     "torchrun's per-node rank; ranks come from MPI here (mpirun/srun)"},
+    {"--empty-unused-memory-level", ArgParser::Nargs::one, kMemory},
+    {"--manual-gc", ArgParser::Nargs::zero, "Python garbage collection; there is none here"},
+    {"--manual-gc-interval", ArgParser::Nargs::one,
+     "Python garbage collection; there is none here"},
+    {"--no-manual-gc-eval", ArgParser::Nargs::zero,
+     "Python garbage collection; there is none here"},
+    {"--train-sync-interval", ArgParser::Nargs::one,
+     "a CPU-GPU synchronisation knob of PyTorch's asynchronous launches"},
+    {"--num-dataset-builder-threads", ArgParser::Nargs::one,
+     "the dataset indices are built by one thread per rank here; the files are the same"},
+    {"--use-dist-ckpt", ArgParser::Nargs::zero,
+     "deprecated in Megatron-LM too (see --ckpt-format)"},
+    {"--ckpt-fully-parallel-save", ArgParser::Nargs::zero,
+     "deprecated in Megatron-LM; sharded checkpoints here are written by every rank already"},
+    {"--no-ckpt-fully-parallel-save", ArgParser::Nargs::zero,
+     "how torch_dist spreads the writes; the sharded format here is always reshardable"},
+    {"--ckpt-fully-parallel-load", ArgParser::Nargs::zero,
+     "how torch_dist spreads the reads; the loaded values are the same"},
+    {"--ckpt-assume-constant-structure", ArgParser::Nargs::zero,
+     "a torch_dist save-planning cache; the files here are the same"},
+    {"--use-persistent-ckpt-worker", ArgParser::Nargs::zero,
+     "a torch_dist async-save worker process; --async-save here uses a thread"},
+    {"--log-throughput", ArgParser::Nargs::zero,
+     "the log line here always reports throughput: TFLOP/s and tokens/s per GPU"},
+    {"--no-one-logger", ArgParser::Nargs::zero, "NVIDIA's internal one_logger is not part of this"},
+    {"--enable-experimental", ArgParser::Nargs::zero,
+     "the experimental features it gates are not part of this build"},
+    {"--cpu-offloading-num-layers", ArgParser::Nargs::one,
+     "activation offloading saves memory, not arithmetic; not done here"},
+    {"--distribute-saved-activations", ArgParser::Nargs::zero,
+     "spreading recomputed activations over TP saves memory, not arithmetic; not done here"},
+    {"--use-cpu-initialization", ArgParser::Nargs::zero,
+     "initial weights here are already the same for every TP layout (each element draws from its "
+     "index in the full tensor)"},
+    {"--delay-wgrad-compute", ArgParser::Nargs::zero,
+     "when the weight gradient is computed does not change it"},
+    {"--overlap-moe-expert-parallel-comm", ArgParser::Nargs::zero,
+     "overlapping the expert all-to-all does not change results"},
+    {"--no-mmap-bin-files", ArgParser::Nargs::zero,
+     "the .bin files are memory-mapped; reading them otherwise gives the same tokens"},
+    {"--no-create-attention-mask-in-dataloader", ArgParser::Nargs::zero,
+     "masks here are causal plus document ids and are never materialised in the loader"},
+};
+
+// ---- Megatron flags whose feature changes the results and is not built here: a clear error
+// naming the feature (docs/flags.md "refused"). ----
+struct RefusedFlag {
+  const char* name;
+  ArgParser::Nargs nargs;
+  const char* feature;
+};
+const RefusedFlag kRefusedFlags[] = {
+    {"--use-legacy-models", ArgParser::Nargs::zero,
+     "Megatron-LM's legacy (non-Core) models; this build has the Megatron-Core GPTModel only"},
+    {"--rampup-batch-size", ArgParser::Nargs::many, "batch-size ramp-up"},
+    {"--decoupled-lr", ArgParser::Nargs::one,
+     "a separate learning rate for the input and output layers"},
+    {"--decoupled-min-lr", ArgParser::Nargs::one,
+     "a separate learning rate for the input and output layers"},
+    {"--multi-latent-attention", ArgParser::Nargs::zero, "multi-latent attention (MLA)"},
+    {"--q-lora-rank", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
+    {"--kv-lora-rank", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
+    {"--qk-head-dim", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
+    {"--qk-pos-emb-head-dim", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
+    {"--v-head-dim", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
+    {"--mtp-num-layers", ArgParser::Nargs::one, "multi-token prediction (MTP)"},
+    {"--mtp-loss-scaling-factor", ArgParser::Nargs::one, "multi-token prediction (MTP)"},
+    {"--moe-router-enable-expert-bias", ArgParser::Nargs::zero,
+     "aux-loss-free load balancing (expert bias)"},
+    {"--moe-router-bias-update-rate", ArgParser::Nargs::one,
+     "aux-loss-free load balancing (expert bias)"},
+    {"--moe-router-num-groups", ArgParser::Nargs::one, "group-limited MoE routing"},
+    {"--moe-router-group-topk", ArgParser::Nargs::one, "group-limited MoE routing"},
+    {"--moe-router-topk-scaling-factor", ArgParser::Nargs::one, "MoE top-k score scaling"},
+    {"--moe-router-dtype", ArgParser::Nargs::one,
+     "a separate MoE routing dtype (routing here runs in the model's compute precision)"},
+    {"--moe-input-jitter-eps", ArgParser::Nargs::one, "MoE input jitter"},
+    {"--moe-pad-expert-input-to-capacity", ArgParser::Nargs::zero,
+     "padding expert inputs to capacity"},
+    {"--moe-shared-expert-overlap", ArgParser::Nargs::zero,
+     "running shared experts after the router (it reorders gradient sums)"},
+    {"--moe-enable-deepep", ArgParser::Nargs::zero, "the DeepEP (flex) token dispatcher"},
+    {"--moe-use-upcycling", ArgParser::Nargs::zero, "dense-to-MoE upcycling"},
+    {"--grad-reduce-in-bf16", ArgParser::Nargs::zero,
+     "bf16 gradient reduction (gradients are accumulated and reduced in fp32 here)"},
+    {"--fp32-residual-connection", ArgParser::Nargs::zero, "fp32 residual connections"},
+    {"--apply-query-key-layer-scaling", ArgParser::Nargs::zero, "query-key layer scaling"},
+    {"--apply-residual-connection-post-layernorm", ArgParser::Nargs::zero,
+     "post-layernorm residual connections"},
+    {"--openai-gelu", ArgParser::Nargs::zero, "OpenAI's GELU"},
+    {"--quick-geglu", ArgParser::Nargs::zero, "the quick-GEGLU activation"},
+    {"--init-method-xavier-uniform", ArgParser::Nargs::zero, "Xavier-uniform initialisation"},
+    {"--embedding-init-method-std", ArgParser::Nargs::one,
+     "a separate embedding initialisation std"},
+    {"--window-size", ArgParser::Nargs::one, "sliding-window attention"},
+    {"--pipeline-model-parallel-layout", ArgParser::Nargs::one,
+     "custom pipeline layouts (use --decoder-first/last-pipeline-num-layers)"},
+    {"--account-for-embedding-in-pipeline-split", ArgParser::Nargs::zero,
+     "counting the embedding as a layer in the pipeline split"},
+    {"--account-for-loss-in-pipeline-split", ArgParser::Nargs::zero,
+     "counting the loss as a layer in the pipeline split"},
+    {"--num-distributed-optimizer-instances", ArgParser::Nargs::one,
+     "several distributed-optimizer instances"},
+    {"--data-parallel-random-init", ArgParser::Nargs::zero,
+     "different initial weights per data-parallel rank"},
+    {"--use-checkpoint-args", ArgParser::Nargs::zero,
+     "taking model flags from the checkpoint (give them, or --yaml-cfg the model_args.yaml "
+     "convert_checkpoint writes)"},
+    {"--iterations-to-skip", ArgParser::Nargs::many, "skipping iterations"},
+    {"--adlr-autoresume", ArgParser::Nargs::zero, "ADLR autoresume"},
+    {"--sft", ArgParser::Nargs::zero, "supervised fine-tuning datasets"},
+    {"--data-args-path", ArgParser::Nargs::one,
+     "reading --data-path from a file (pass the list itself, or use --yaml-cfg)"},
+    {"--per-split-data-args-path", ArgParser::Nargs::one,
+     "reading per-split data paths from a file (use --yaml-cfg)"},
+};
+
+void add_megatron_compat_flags(ArgParser& p, std::vector<std::string>& notices) {
+  for (const auto& f : kNoEffectFlags) {
+    const std::string name = f.name, why = f.why;
+    p.add(
+        name, f.nargs,
+        [&notices, name, why](const auto& v) {
+          std::string shown = name;
+          for (const auto& x : v) shown += " " + x;
+          notices.push_back(shown + ": no effect here (" + why + ")");
+        },
+        std::string("accepted, no effect here: ") + why);
+  }
+  for (const auto& f : kRefusedFlags) {
+    const std::string name = f.name, feature = f.feature;
+    p.add(
+        name, f.nargs,
+        [name, feature](const auto&) {
+          MG_THROW(name << ": " << feature
+                        << " is not implemented in this build (Megatron-LM's flag; it would "
+                           "change the results, so it is refused rather than ignored; see "
+                           "docs/flags.md)");
+        },
+        "refused: " + feature + " is not implemented");
+  }
+}
+
+// Deprecated spellings and the flags that only select what is already the behaviour here; each
+// leaves one start-up line in a.notices.
+void resolve_megatron_aliases(Arguments& a, const Pending& x, bool grouped_gemm, bool fp32_grads) {
+  // validate_args: --use-rotary-position-embeddings sets rope; --no-position-embedding is
+  // refused unless rope.
+  if (x.use_rotary_position_embeddings)
+    a.model.position_embedding_type = PositionEmbeddingType::rope;
+  MG_CHECK(
+      !x.no_position_embedding || a.model.position_embedding_type == PositionEmbeddingType::rope,
+      "--no-position-embedding is deprecated (Megatron-LM refuses it too unless RoPE is "
+      "used); use --position-embedding-type none");
+  const std::string backend = x.attention_backend.value_or(x.use_flash_attn ? "flash" : "auto");
+  if (x.use_flash_attn || x.attention_backend) {
+    std::string line =
+        (x.use_flash_attn ? std::string("--use-flash-attn") : std::string()) +
+        (x.use_flash_attn && x.attention_backend ? ", " : "") +
+        (x.attention_backend ? "--attention-backend " + *x.attention_backend : std::string()) +
+        ": attention runs the flash-style attention op (online softmax in fp32, "
+        "saving the output and logsumexp, never the probabilities), the only "
+        "attention backend here";
+    if (backend == "fused" || backend == "unfused" || backend == "local")
+      line += "; Megatron's " + backend +
+              " backend computes the same function, differing only in rounding";
+    a.notices.push_back(line);
+  }
+  if (x.attention_softmax_in_fp32)
+    a.notices.push_back(
+        "--attention-softmax-in-fp32: no effect here (the attention softmax is always fp32)");
+  if (x.transformer_impl)
+    a.notices.push_back("--transformer-impl " + *x.transformer_impl +
+                        ": no effect here (one implementation of each layer: the platform's "
+                        "kernels with Megatron-Core's layer math and parameter names)");
+  if (grouped_gemm)
+    a.notices.push_back(
+        "--moe-grouped-gemm: no effect here yet (the local experts run as a loop of GEMMs, "
+        "which computes what a grouped GEMM computes)");
+  if (fp32_grads)
+    a.notices.push_back(
+        "--accumulate-allreduce-grads-in-fp32: already the behaviour here (gradients are "
+        "accumulated in an fp32 main_grad buffer and reduced in fp32, bf16/fp16 runs included)");
 }
 
 void check(bool ok, ArgParser& p, const char* a, const char* b) {
@@ -479,6 +803,8 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   add_ddp_flags(p, a.ddp, a);
   add_moe_flags(p, a.model, a, x);
   add_fp8_flags(p, a.model.fp8, x);
+  add_megatron_alias_flags(p, a, x);
+  add_megatron_compat_flags(p, a.notices);
   a.help_text = p.help();
 
   std::vector<std::string> args;
@@ -496,6 +822,23 @@ Arguments parse_args(const std::vector<std::string>& raw) {
     a.help = true;
     return a;
   }
+  {
+    // Start-up lines: repeated flags first, then the no-effect flags (already in a.notices).
+    std::vector<std::string> lines;
+    auto join = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (const auto& s : v) out += (out.empty() ? "" : " ") + s;
+      return out.empty() ? std::string("(switch)") : out;
+    };
+    for (const auto& o : p.overrides())
+      lines.push_back(o.name + " given more than once: " + join(o.before) + " then " +
+                      join(o.after) + "; the last value applies (as in Megatron-LM's argparse)");
+    for (auto& n : a.notices)
+      if (std::find(lines.begin(), lines.end(), n) == lines.end()) lines.push_back(n);
+    a.notices = std::move(lines);
+  }
+  resolve_megatron_aliases(a, x, p.given("--moe-grouped-gemm"),
+                           p.given("--accumulate-allreduce-grads-in-fp32"));
 
   // ---- conflicts (validate_args), before any defaults are derived ----
   check(!(x.fp16 && x.bf16), p, "--fp16", "--bf16");

@@ -42,10 +42,8 @@ struct Arguments {
   // --accumulate-allreduce-grads-in-fp32, --ddp-average-in-collective
   distributed::DistributedDataParallelConfig ddp;
   // --use-torch-fsdp2: the FSDP engine of --use-megatron-fsdp with optim_grads_params (noted at
-  // start-up); --no-gradient-accumulation-fusion: weight gradients accumulate into main_grad in
-  // every GEMM of this build, fused or not the same numbers (noted at start-up when given).
+  // start-up).
   bool use_torch_fsdp2 = false;
-  bool gradient_accumulation_fusion = true;
   std::string platform;  // --platform: cuda | musa | txda | cpu; "" -> MG_PLATFORM, else auto
   // --deterministic-mode (Megatron's): deterministic kernels only and bit-identical reruns; with
   // NCCL it needs NCCL_ALGO (Tree, Ring, CollnetDirect, CollnetChain or ^NVLS). It picks the
@@ -64,6 +62,9 @@ struct Arguments {
 
   bool help = false;      // --help / -h: print help_text and exit 0
   std::string help_text;  // every flag, one per line
+  // Start-up lines for rank 0 (pretrain prints them before any work): each flag given more than
+  // once with both values (the last applies), and each accepted flag that has no effect here.
+  std::vector<std::string> notices;
   // The flags as given (YAML first, then the command line), for the checkpoint's record.
   std::vector<std::pair<std::string, std::vector<std::string>>> given;
 };

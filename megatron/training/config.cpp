@@ -30,6 +30,10 @@ void TrainingConfig::validate() const {
   if (exit_duration_in_mins)
     MG_CHECK(*exit_duration_in_mins > 0 && std::isfinite(*exit_duration_in_mins),
              "--exit-duration-in-mins must be > 0, got " << *exit_duration_in_mins);
+  MG_CHECK(dataloader_type == "single" || dataloader_type == "cyclic",
+           "--dataloader-type '" << dataloader_type << "' is not one of: single, cyclic");
+  MG_CHECK(num_workers >= 0 && num_workers <= 64,
+           "--num-workers must be in [0, 64], got " << num_workers);
 }
 
 int64_t TrainingConfig::total_iters() const {

@@ -28,6 +28,12 @@ struct TrainingConfig {
   // --no-check-for-nan-in-loss-and-grad clears it: a NaN loss (bf16/fp32) then skips the step
   // and counts a nan iteration instead of stopping the run.
   bool check_for_nan_in_loss_and_grad = true;
+  // --dataloader-type: "single" (Megatron's MegatronPretrainingSampler: one pass in order) or
+  // "cyclic" (MegatronPretrainingRandomSampler: a per-epoch permutation, endless); train split.
+  std::string dataloader_type = "single";
+  // --num-workers: data-loader threads collating micro-batches ahead of the training thread
+  // (Megatron's DataLoader workers); 0 collates on the training thread. Megatron's default 2.
+  int64_t num_workers = 2;
 
   void validate() const;
   // gbs / (mbs * dp); validate() guarantees it divides.

@@ -101,9 +101,15 @@ std::unique_ptr<DataIterator> make_iterator(const Run& r, datasets::Split split,
   o.micro_batch_size = r.args.training.micro_batch_size;
   o.data_parallel_size = r.args.training.data_parallel_size;
   o.data_parallel_rank = r.ps.data_iterator_group()->rank();
-  o.consumed_samples = cyclic ? consumed % ds->size() : consumed;
-  o.cyclic = cyclic;
-  if (!cyclic && consumed >= ds->size()) return nullptr;
+  // --dataloader-type cyclic: Megatron's random sampler for every split (it counts consumed
+  // samples across epochs itself).
+  o.random = r.args.training.dataloader_type == "cyclic";
+  o.consumed_samples = o.random ? consumed : cyclic ? consumed % ds->size() : consumed;
+  o.cyclic = cyclic || o.random;
+  // --num-workers: collating threads, each two micro-batches ahead (PyTorch's prefetch_factor).
+  o.num_workers = static_cast<int>(r.args.training.num_workers);
+  o.prefetch_depth = 2 * o.num_workers;
+  if (!o.cyclic && consumed >= ds->size()) return nullptr;
   return std::make_unique<DataIterator>(ds, o);
 }
 
@@ -307,9 +313,6 @@ std::string data_parallel_summary(const Run& r) {
       << (d.overlap_param_gather ? ", overlap-param-gather" : "") << "\n";
   if (r.args.use_torch_fsdp2)
     s << "note: --use-torch-fsdp2 runs the Megatron FSDP engine with optim_grads_params\n";
-  if (!r.args.gradient_accumulation_fusion)
-    s << "note: --no-gradient-accumulation-fusion: weight gradients accumulate into main_grad "
-         "in the GEMM either way in this build (same numbers)\n";
   if (r.args.optimizer.optimizer_cpu_offload)
     s << "optimizer CPU offload (fraction " << r.args.optimizer.optimizer_offload_fraction
       << "): the identity on " << r.rt->platform->name()
@@ -608,6 +611,8 @@ void train(Run& r) {
       s.loss_scale = r.opt->loss_scale();
       s.grad_norm = last_grad_norm;
       s.num_zeros_in_grad = last_num_zeros;
+      // Megatron's calc_params_l2_norm after this iteration's step (a collective).
+      if (a.logging.log_params_norm) s.params_norm = r.opt->params_norm();
       s.skipped_iters = interval_skipped;
       s.nan_iters = interval_nan;
       s.mem_allocated_mb = mem_mb(r, false);
@@ -674,6 +679,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   const bool first = ps.world->rank() == 0, last = ps.world->rank() == ps.world->size() - 1;
   std::ostream& log = first ? out_log : null_log;
   Run r(args, log, last ? out_log : null_log, hooks, std::move(ps));
+  for (const auto& n : args.notices) log << "NOTE: " << n << std::endl;
   if (args.parallel.sequence_parallel_disabled)
     log << "WARNING: Disabling sequence parallelism because tensor model parallelism is disabled "
            "(--sequence-parallel needs --tensor-model-parallel-size > 1)"
@@ -703,6 +709,9 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   datasets::DataConfig data = args.data;
   data.eod_id = tokenizer->eod();
   data.vocab_size = tokenizer->vocab_size();
+  // The identity Megatron-LM records for these tokenizer flags, so --data-cache-path folders are
+  // shared with it both ways.
+  data.tokenizer_identifiers = datasets::megatron_tokenizer_identifiers(args.tokenizer);
   data.validate();
 
   // Up front, before allocating: this rank's memory estimate against what it may use.
@@ -814,7 +823,14 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.train_iter.reset();
 
   // After training: validation and test (Megatron's evaluate_and_print_results), final save.
-  if (r.valid_iter && r.iteration % args.training.eval_interval != 0) {
+  // Megatron-LM leaves the process from train() (sys.exit) when --exit-interval or
+  // --exit-duration-in-mins stopped the loop, so neither evaluation runs then.
+  const bool exited =
+      r.result.exit_reason == "exit-interval" || r.result.exit_reason == "exit-duration";
+  if (exited)
+    log << " skipping the final validation and test: training stopped on " << r.result.exit_reason
+        << " (as Megatron-LM does)" << std::endl;
+  if (!exited && r.valid_iter && r.iteration % args.training.eval_interval != 0) {
     if (auto v = evaluate(r, r.valid_iter.get(), &r.consumed_valid)) {
       r.result.valid_loss = v;
       r.log_last << format_evaluation("validation loss at iteration " +
@@ -823,7 +839,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
                  << std::endl;
     }
   }
-  if (auto test_iter = make_iterator(r, datasets::Split::test, 0, true)) {
+  if (auto test_iter = exited ? nullptr : make_iterator(r, datasets::Split::test, 0, true)) {
     if (auto v = evaluate(r, test_iter.get(), nullptr)) {
       r.result.test_loss = v;
       r.log_last << format_evaluation(

@@ -55,6 +55,7 @@ std::string format_training_log(const IntervalStats& s) {
   if (s.grad_norm) l += fmt(" grad norm: %.3f |", *s.grad_norm);
   if (s.num_zeros_in_grad)
     l += fmt(" num zeros: %.1f |", static_cast<double>(*s.num_zeros_in_grad));
+  if (s.params_norm) l += fmt(" params norm: %.3f |", *s.params_norm);
   l += fmt(" number of skipped iterations: %3lld |", static_cast<long long>(s.skipped_iters));
   l += fmt(" number of nan iterations: %3lld |", static_cast<long long>(s.nan_iters));
   if (s.mem_allocated_mb) l += fmt(" mem allocated (MB): %.1f |", *s.mem_allocated_mb);

@@ -37,6 +37,7 @@ struct IntervalStats {
   double loss_scale = 1.0;
   std::optional<double> grad_norm;           // of the last successful step
   std::optional<int64_t> num_zeros_in_grad;  // --log-num-zeros-in-grad, same step
+  std::optional<double> params_norm;         // --log-params-norm, after the last step
   int64_t skipped_iters = 0;                 // in this interval
   int64_t nan_iters = 0;                     // in this interval
   std::optional<double> mem_allocated_mb, mem_max_allocated_mb;

@@ -2,6 +2,8 @@
 #include "megatron/core/datasets/data_samplers.h"
 
 #include <algorithm>
+#include <limits>
+#include <random>
 #include <utility>
 
 #include "megatron/core/common/error.h"
@@ -44,6 +46,78 @@ std::optional<std::vector<int64_t>> MegatronPretrainingSampler::next() {
   return out;
 }
 
+std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed) {
+  MG_CHECK(n >= 0, "torch_randperm: n must be >= 0, got " << n);
+  // torch's randperm_cpu keeps 32-bit draws (r % (n - i)) only below this bound.
+  constexpr int64_t kLimit = static_cast<int64_t>(std::numeric_limits<uint32_t>::max() / 20);
+  MG_CHECK(n < kLimit, "torch_randperm: n " << n << " needs torch's 64-bit-draw permutation "
+                                            << "(n >= " << kLimit << "), not implemented");
+  // torch.Generator.manual_seed(seed): mt19937 initialised with the low 32 bits of the seed.
+  std::mt19937 gen(static_cast<uint32_t>(seed));
+  std::vector<int64_t> r(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) r[static_cast<std::size_t>(i)] = i;
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    const int64_t z = static_cast<int64_t>(gen() % static_cast<uint64_t>(n - i));
+    std::swap(r[static_cast<std::size_t>(i)], r[static_cast<std::size_t>(z + i)]);
+  }
+  return r;
+}
+
+MegatronPretrainingRandomSampler::MegatronPretrainingRandomSampler(int64_t total_samples,
+                                                                   int64_t consumed_samples,
+                                                                   int64_t micro_batch_size,
+                                                                   int64_t data_parallel_rank,
+                                                                   int64_t data_parallel_size)
+    : total_(total_samples),
+      consumed_(consumed_samples),
+      mbs_(micro_batch_size),
+      rank_(data_parallel_rank),
+      dp_(data_parallel_size) {
+  MG_CHECK(total_ > 0, "MegatronPretrainingRandomSampler: no sample to consume (total_samples "
+                           << total_ << ")");
+  MG_CHECK(mbs_ > 0,
+           "MegatronPretrainingRandomSampler: micro_batch_size must be > 0, got " << mbs_);
+  MG_CHECK(dp_ > 0,
+           "MegatronPretrainingRandomSampler: data_parallel_size must be > 0, got " << dp_);
+  MG_CHECK(rank_ >= 0 && rank_ < dp_, "MegatronPretrainingRandomSampler: data_parallel_rank "
+                                          << rank_ << " must be in [0, " << dp_ << ")");
+  MG_CHECK(consumed_ >= 0,
+           "MegatronPretrainingRandomSampler: consumed_samples must be >= 0, got " << consumed_);
+  MG_CHECK(total_ >= mbs_ * dp_, "MegatronPretrainingRandomSampler: "
+                                     << total_ << " samples are fewer than one micro-batch on "
+                                     << "every rank (micro_batch_size " << mbs_
+                                     << " x data_parallel_size " << dp_ << ")");
+  start_epoch();
+}
+
+void MegatronPretrainingRandomSampler::start_epoch() {
+  const int64_t group = mbs_ * dp_;
+  const int64_t active_total = total_ - total_ % group;
+  const int64_t epoch = consumed_ / active_total;
+  const int64_t epoch_consumed = consumed_ % active_total;
+  MG_CHECK(epoch_consumed % group == 0,
+           "MegatronPretrainingRandomSampler: consumed_samples "
+               << consumed_ << " is not at a micro-batch boundary (multiples of " << group << ")");
+  const int64_t bucket_size = total_ / group * mbs_;
+  const int64_t bucket_offset = epoch_consumed / dp_;
+  const int64_t start = rank_ * bucket_size;
+  const std::vector<int64_t> perm = torch_randperm(bucket_size, static_cast<uint64_t>(epoch));
+  order_.clear();
+  for (int64_t k = bucket_offset; k < bucket_size; ++k)
+    order_.push_back(start + perm[static_cast<std::size_t>(k)]);
+  pos_ = 0;
+}
+
+std::vector<int64_t> MegatronPretrainingRandomSampler::next() {
+  // Megatron drops an incomplete last batch; an epoch's bucket holds whole micro-batches.
+  if (pos_ + static_cast<std::size_t>(mbs_) > order_.size()) start_epoch();
+  std::vector<int64_t> out(order_.begin() + static_cast<std::ptrdiff_t>(pos_),
+                           order_.begin() + static_cast<std::ptrdiff_t>(pos_) + mbs_);
+  pos_ += static_cast<std::size_t>(mbs_);
+  consumed_ += mbs_ * dp_;
+  return out;
+}
+
 void DataIteratorOptions::validate() const {
   MG_CHECK(micro_batch_size > 0,
            "DataIterator: micro_batch_size must be > 0, got " << micro_batch_size);
@@ -56,6 +130,7 @@ void DataIteratorOptions::validate() const {
            "DataIterator: consumed_samples must be >= 0, got " << consumed_samples);
   MG_CHECK(prefetch_depth >= 0,
            "DataIterator: prefetch_depth must be >= 0, got " << prefetch_depth);
+  MG_CHECK(num_workers >= 0, "DataIterator: num_workers must be >= 0, got " << num_workers);
 }
 
 MicroBatch collate(const std::vector<GPTSample>& samples, std::vector<int64_t> sample_indices) {
@@ -101,7 +176,11 @@ DataIterator::DataIterator(std::shared_ptr<const MegatronDataset> dataset,
   const int64_t group = options_.micro_batch_size * options_.data_parallel_size;
   epoch_samples_ = options_.drop_last ? total / group * group : total;
   int64_t start = consumed_;
-  if (options_.cyclic) {
+  if (options_.random) {
+    random_sampler_ = std::make_unique<MegatronPretrainingRandomSampler>(
+        total, consumed_, options_.micro_batch_size, options_.data_parallel_rank,
+        options_.data_parallel_size);
+  } else if (options_.cyclic) {
     MG_CHECK(epoch_samples_ > 0, "DataIterator: a cyclic pass over "
                                      << total << " samples yields no micro-batch "
                                      << "(micro_batch_size " << options_.micro_batch_size
@@ -114,12 +193,15 @@ DataIterator::DataIterator(std::shared_ptr<const MegatronDataset> dataset,
                                      << consumed_ << " is beyond the dataset's " << total
                                      << " samples");
   }
-  if (start < total)
+  if (!random_sampler_ && start < total)
     sampler_ = std::make_unique<MegatronPretrainingSampler>(
         total, start, options_.micro_batch_size, options_.data_parallel_rank,
         options_.data_parallel_size, options_.drop_last);
   // sampler_ stays null when a single pass has nothing left: next() returns nullopt.
-  if (options_.prefetch_depth > 0) worker_ = std::thread([this] { run(); });
+  if (options_.prefetch_depth > 0) {
+    const int n = std::max(1, options_.num_workers);
+    for (int w = 0; w < n; ++w) workers_.emplace_back([this] { run(); });
+  }
 }
 
 DataIterator::~DataIterator() {
@@ -128,65 +210,89 @@ DataIterator::~DataIterator() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  for (auto& w : workers_) w.join();
 }
 
-DataIterator::Item DataIterator::produce() {
-  Item item;
+bool DataIterator::sample(Item& item, std::vector<int64_t>& idx) {
   try {
-    std::optional<std::vector<int64_t>> idx;
-    if (sampler_) idx = sampler_->next();
-    if (!idx && options_.cyclic) {  // wrap around: a new pass from sample 0
+    if (random_sampler_) {
+      idx = random_sampler_->next();
+      item.consumed_after = random_sampler_->consumed_samples();
+      return true;
+    }
+    std::optional<std::vector<int64_t>> next;
+    if (sampler_) next = sampler_->next();
+    if (!next && options_.cyclic) {  // wrap around: a new pass from sample 0
       ++epoch_index_;
       sampler_ = std::make_unique<MegatronPretrainingSampler>(
           dataset_->size(), 0, options_.micro_batch_size, options_.data_parallel_rank,
           options_.data_parallel_size, options_.drop_last);
-      idx = sampler_->next();
-      MG_CHECK(idx.has_value(), "DataIterator: the cyclic pass yields no micro-batch for rank "
-                                    << options_.data_parallel_rank);
+      next = sampler_->next();
+      MG_CHECK(next.has_value(), "DataIterator: the cyclic pass yields no micro-batch for rank "
+                                     << options_.data_parallel_rank);
     }
-    if (!idx) return item;  // end of a single pass
-    std::vector<GPTSample> samples;
-    samples.reserve(idx->size());
-    for (int64_t k : *idx) samples.push_back(dataset_->get(k));
-    item.batch = collate(samples, std::move(*idx));
+    if (!next) return false;  // end of a single pass
+    idx = std::move(*next);
     item.consumed_after = epoch_index_ * epoch_samples_ + sampler_->consumed_samples();
+    return true;
+  } catch (...) {
+    item.error = std::current_exception();
+    return false;
+  }
+}
+
+void DataIterator::fill(Item& item, std::vector<int64_t> idx) {
+  try {
+    std::vector<GPTSample> samples;
+    samples.reserve(idx.size());
+    for (int64_t k : idx) samples.push_back(dataset_->get(k));
+    item.batch = collate(samples, std::move(idx));
   } catch (...) {
     item.error = std::current_exception();
   }
-  return item;
 }
 
+// A worker: takes the next sequence number and its indices under the lock (the samplers are
+// sequential), reads and collates outside it, and files the item by number, so next() returns
+// micro-batches in sampler order whichever worker finished first.
 void DataIterator::run() {
   for (;;) {
+    Item item;
+    std::vector<int64_t> idx;
+    int64_t seq = 0;
+    bool have = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] {
-        return stop_ || static_cast<int>(queue_.size()) < options_.prefetch_depth;
+        return stop_ || sampling_done_ || next_seq_ < next_out_ + options_.prefetch_depth;
       });
-      if (stop_) return;
+      if (stop_ || sampling_done_) return;
+      seq = next_seq_++;
+      have = sample(item, idx);
+      if (!have) sampling_done_ = true;
     }
-    Item item = produce();
-    const bool last = !item.batch.has_value();  // the end, or an error
+    if (have) fill(item, std::move(idx));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(item));
+      ready_.emplace(seq, std::move(item));
     }
     cv_.notify_all();
-    if (last) return;
   }
 }
 
 std::optional<MicroBatch> DataIterator::next() {
   if (finished_) return std::nullopt;
   Item item;
-  if (options_.prefetch_depth == 0) {
-    item = produce();
+  if (workers_.empty()) {
+    std::vector<int64_t> idx;
+    if (sample(item, idx)) fill(item, std::move(idx));
   } else {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return !queue_.empty(); });
-    item = std::move(queue_.front());
-    queue_.pop_front();
+    cv_.wait(lock, [this] { return ready_.count(next_out_) != 0; });
+    auto it = ready_.find(next_out_);
+    item = std::move(it->second);
+    ready_.erase(it);
+    ++next_out_;
     lock.unlock();
     cv_.notify_all();
   }

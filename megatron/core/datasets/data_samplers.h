@@ -9,14 +9,20 @@
 // DataIterator constructed with that value continues with exactly the next micro-batch.
 // Cyclic mode wraps to sample 0 after the last (full, with drop_last) group; consumed_samples()
 // then keeps counting (a restored value is reduced modulo the epoch length).
-// Not done: MegatronPretrainingRandomSampler (--dataloader-type cyclic's per-epoch reshuffle),
-// context-parallel slicing (the model's job), the external dataloader type.
+// MegatronPretrainingRandomSampler (--dataloader-type cyclic, Megatron's data_sharding=True form):
+// epoch e = consumed / (total - total % (mbs*dp)); rank r's bucket is the samples
+// [r*B, (r+1)*B), B = total / (mbs*dp) * mbs, visited in the order of torch.randperm(B) with a
+// torch.Generator seeded with e (numpy-free: torch's mt19937 and its Fisher-Yates, see
+// torch_randperm()); a restored position resumes mid-epoch. Endless (Megatron's cyclic_iter).
+// --num-workers threads collate micro-batches ahead, in order, like a DataLoader's workers.
+// Not done: context-parallel slicing (the model's job), the external dataloader type,
+// --no-data-sharding's unsharded random order.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,6 +33,28 @@
 #include "megatron/core/tensor/tensor.h"
 
 namespace mg::datasets {
+
+// torch.randperm(n, generator=g) after g.manual_seed(seed) on the CPU: a permutation of [0, n)
+// from torch's mt19937 (32-bit draws, `r % (n - i)` Fisher-Yates from the front). torch switches to
+// 64-bit draws for n >= 2^32 / 20; such n is refused naming the limit.
+std::vector<int64_t> torch_randperm(int64_t n, uint64_t seed);
+
+// Megatron's MegatronPretrainingRandomSampler with data_sharding (see the file comment); next()
+// never ends.
+class MegatronPretrainingRandomSampler {
+ public:
+  MegatronPretrainingRandomSampler(int64_t total_samples, int64_t consumed_samples,
+                                   int64_t micro_batch_size, int64_t data_parallel_rank,
+                                   int64_t data_parallel_size);
+  std::vector<int64_t> next();
+  int64_t consumed_samples() const { return consumed_; }
+
+ private:
+  void start_epoch();  // the permutation of the epoch consumed_ falls in, from its offset
+  int64_t total_, consumed_, mbs_, rank_, dp_;
+  std::vector<int64_t> order_;  // this epoch's remaining global sample indices for this rank
+  std::size_t pos_ = 0;
+};
 
 class MegatronPretrainingSampler {
  public:
@@ -65,8 +93,12 @@ struct DataIteratorOptions {
   int64_t data_parallel_size = 1;
   int64_t consumed_samples = 0;  // where to start (a checkpoint's value)
   bool drop_last = true;
-  bool cyclic = false;     // wrap around forever instead of ending after one pass
-  int prefetch_depth = 2;  // micro-batches collated ahead on the background thread; 0 = none
+  bool cyclic = false;  // wrap around forever instead of ending after one pass
+  // Megatron's MegatronPretrainingRandomSampler (--dataloader-type cyclic): endless, reshuffled
+  // per epoch; consumed_samples keeps counting across epochs. Implies cyclic.
+  bool random = false;
+  int prefetch_depth = 2;  // micro-batches collated ahead of next(); 0 = none (no thread)
+  int num_workers = 1;     // threads collating ahead (with prefetch_depth > 0), results in order
   void validate() const;
 };
 
@@ -91,8 +123,11 @@ class DataIterator {
     int64_t consumed_after = 0;
     std::exception_ptr error;
   };
-  Item produce();  // the next item from the sampler (on whichever thread)
-  void run();      // the background loop
+  // The next micro-batch's indices from the sampler (under mu_ when there are workers); false at
+  // the end of a single pass or on an error (then item.error is set).
+  bool sample(Item& item, std::vector<int64_t>& idx);
+  void fill(Item& item, std::vector<int64_t> idx);  // reads and collates the samples
+  void run();                                       // a worker's loop
 
   std::shared_ptr<const MegatronDataset> dataset_;
   DataIteratorOptions options_;
@@ -101,13 +136,16 @@ class DataIterator {
   int64_t epoch_index_ = 0;  // completed passes (cyclic)
   bool finished_ = false;    // next() has returned the end or an error
   std::unique_ptr<MegatronPretrainingSampler> sampler_;
+  std::unique_ptr<MegatronPretrainingRandomSampler> random_sampler_;
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> queue_;
+  std::map<int64_t, Item> ready_;  // collated items by sequence number
+  int64_t next_seq_ = 0;           // the next sequence number a worker samples
+  int64_t next_out_ = 0;           // the sequence number next() returns next
+  bool sampling_done_ = false;     // the end (or an error) has its sequence number
   bool stop_ = false;
-  bool producer_done_ = false;
-  std::thread worker_;
+  std::vector<std::thread> workers_;
 };
 
 // Collates samples (same S) into a MicroBatch; doc_ids only when every sample has them.

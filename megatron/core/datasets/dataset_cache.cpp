@@ -204,6 +204,61 @@ PyJson legacy_tokenizer_identifiers(
   return PyJson::object(std::move(o));
 }
 
+PyJson megatron_tokenizer_identifiers(const tokenizers::TokenizerArgs& t) {
+  const std::string& type = t.tokenizer_type;
+  auto str_or_none = [](const std::string& s) { return PyJson(s.empty() ? "None" : s); };
+  const bool sp = type == "SentencePieceTokenizer" || type == "GPTSentencePieceTokenizer" ||
+                  type == "Llama2Tokenizer";
+  if (t.legacy_tokenizer) {
+    if (type == "GPT2BPETokenizer")
+      return legacy_tokenizer_identifiers("_GPT2BPETokenizer", {t.vocab_file, t.merge_file});
+    if (sp)
+      return legacy_tokenizer_identifiers("_" + type, {t.tokenizer_model},
+                                          {{"vocab_extra_ids", "0"}});
+    if (type == "HuggingFaceTokenizer")
+      return legacy_tokenizer_identifiers("_HuggingFaceTokenizer", {t.tokenizer_model});
+    if (type == "NullTokenizer")
+      return legacy_tokenizer_identifiers(
+          "_NullTokenizer", {std::nullopt},
+          {{"vocab_size", std::to_string(t.vocab_size.value_or(0))}});
+    MG_THROW("megatron_tokenizer_identifiers: no Megatron-LM identity for --tokenizer-type '"
+             << type << "'");
+  }
+  PyJson::Object o{{"class", PyJson("megatron.core.tokenizers.text.models.default_tokenizer."
+                                    "DefaultTokenizerText")}};
+  const PyJson py_true("True"), py_false("False");
+  const PyJson include_special(t.tokenizer_hf_include_special_tokens ? "True" : "False");
+  if (type == "GPT2BPETokenizer") {
+    o.emplace_back("tokenizer_path", PyJson("GPT2BPETokenizer"));
+    o.emplace_back("additional_special_tokens", PyJson("[]"));
+    o.emplace_back("vocab_file", str_or_none(t.vocab_file));
+    o.emplace_back("merges_file", str_or_none(t.merge_file));
+    o.emplace_back("use_fast", py_true);
+    o.emplace_back("trust_remote_code", py_false);
+    o.emplace_back("include_special_tokens", include_special);
+  } else if (sp) {
+    o.emplace_back("tokenizer_path", PyJson(t.tokenizer_model));
+    o.emplace_back("legacy", py_false);
+    o.emplace_back("special_tokens", PyJson("None"));
+  } else if (type == "HuggingFaceTokenizer") {
+    o.emplace_back("tokenizer_path", PyJson(t.tokenizer_model));
+    o.emplace_back("vocab_file", str_or_none(t.vocab_file));
+    o.emplace_back("merges_file", str_or_none(t.merge_file));
+    o.emplace_back("additional_special_tokens", PyJson("[]"));
+    o.emplace_back("use_fast", py_true);
+    o.emplace_back("trust_remote_code", py_false);
+    o.emplace_back("include_special_tokens", include_special);
+  } else if (type == "NullTokenizer") {
+    o.emplace_back("tokenizer_path", PyJson());
+    if (t.vocab_size && *t.vocab_size != 0)
+      o.emplace_back("vocab_size", PyJson(std::to_string(*t.vocab_size)));
+  } else {
+    MG_THROW("megatron_tokenizer_identifiers: no Megatron-LM identity for --tokenizer-type '"
+             << type << "'");
+  }
+  return PyJson::object(std::move(o));
+}
+
 // ---- MD5 (RFC 1321) ----------------------------------------------------------------------------
 
 std::string md5_hex(std::string_view bytes) {

@@ -22,6 +22,8 @@
 #include <variant>
 #include <vector>
 
+#include "megatron/core/tokenizers/build_tokenizer.h"
+
 namespace mg::datasets {
 
 // A JSON value with Python's json module's output rules. Objects keep insertion order.
@@ -57,6 +59,18 @@ std::string python_float_repr(double d);
 PyJson legacy_tokenizer_identifiers(
     const std::string& class_name, const std::vector<std::optional<std::string>>& paths,
     const std::vector<std::pair<std::string, std::string>>& options = {});
+
+// The tokenizer identity Megatron-LM records in every dataset description for these tokenizer
+// flags (so caches are shared both ways):
+//   default system (megatron.core.tokenizers, build_tokenizer): {"class":
+//     "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText",
+//     "tokenizer_path": <GPT2BPETokenizer | --tokenizer-model | null for NullTokenizer>, then the
+//     keyword arguments it passes, each as str(value), in its order};
+//   --legacy-tokenizer (megatron/training/tokenizer): {"class": "_GPT2BPETokenizer" | ...,
+//     "tokenizer_path": [the files], then the options} (legacy_tokenizer_identifiers).
+// Flags Megatron-LM has and this build does not (--tokenizer-special-tokens,
+// --tokenizer-hf-no-use-fast, --trust-remote-code, --vocab-extra-ids, ...) take their defaults.
+PyJson megatron_tokenizer_identifiers(const tokenizers::TokenizerArgs& args);
 
 // MD5 (RFC 1321) of bytes, as 32 lowercase hex digits.
 std::string md5_hex(std::string_view bytes);

@@ -56,6 +56,22 @@ double MegatronOptimizer::clip_grad_norm(double max_norm) {
   return ops_.clip_grad_norm(s.grads, s.grads_for_norm, max_norm, grad_norm_args());
 }
 
+double MegatronOptimizer::params_norm() const {
+  const State& s = *state_;
+  std::vector<Tensor> dense, expert;
+  for (const Piece& pc : s.pieces) {
+    const transformer::Parameter& p = params_[pc.param];
+    if (pc.master.numel() == 0 || p.shared) continue;
+    if (expert_ && p.is_expert)
+      expert.push_back(pc.master);
+    else if (counted_on_this_tp_rank(p, tp_.get()))
+      dense.push_back(pc.master);
+  }
+  ops::GradNormArgs args = grad_norm_args();
+  args.expert_grads = expert;
+  return ops_.grad_norm(dense, args);
+}
+
 // Megatron's count_zeros_fp32: every parameter once (TP-replicated ones on TP rank 0, replicas of
 // the tied embedding nowhere), summed over the shards, TP and PP. Counted after clipping (a scale
 // keeps zeros zero). Experts count like dense parameters here, as they always have.

@@ -140,6 +140,12 @@ class MegatronOptimizer {
   // Master weights of parameter i (the param itself for f32/f64 models); not with ShardOptions.
   Tensor master_param(std::size_t i) const;
   bool sharded() const { return shard_.has_value(); }
+  // Megatron's calc_params_l2_norm (--log-params-norm): the L2 norm of the master weights (the
+  // fp32 main params of a bf16/fp16 model), each parameter counted once over all ranks by the
+  // grad norm's rule (distributed-optimizer shards summed, TP-replicated weights on TP rank 0, the
+  // tied embedding's pipeline replica nowhere, routed experts over the expert group), through the
+  // grad_norm op. A collective over the grad-stats groups: every rank calls it.
+  double params_norm() const;
   // Bytes of optimizer state this rank holds (separate master weights and moments / momentum).
   int64_t state_bytes() const;
   // Tensors "optimizer.state.{exp_avg,exp_avg_sq,fp32_param,momentum_buffer}.<param name>"

@@ -30,6 +30,10 @@ struct TokenizerArgs {
   std::string merge_file;                           // --merge-file
   std::optional<int64_t> vocab_size;                // --vocab-size
   bool tokenizer_hf_include_special_tokens = true;  // not --tokenizer-hf-no-include-special-tokens
+  // --legacy-tokenizer: Megatron-LM's legacy tokenizer classes (megatron/training/tokenizer) rather
+  // than megatron.core.tokenizers. The tokens are the same; the identity recorded in
+  // --data-cache-path descriptions differs (tokenizer_identifiers()).
+  bool legacy_tokenizer = false;
 
   // Throws mg::Error naming the missing or unsupported flag.
   void validate() const;

@@ -8,6 +8,7 @@
 // input or flags fail with one `preprocess_data: error:` line and exit status 1.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -133,6 +134,35 @@ class PreprocessData : public ::testing::Test {
   fs::path dir_;
   std::vector<std::string> texts_, titles_;
 };
+
+// Megatron-LM's default GPT-2 tokenizer turns a literal <|endoftext|> into the EOD token (id
+// 50256); --legacy-tokenizer encodes the characters as text, as Megatron's legacy system does.
+TEST_F(PreprocessData, LiteralEndOfTextIsEodUnlessLegacy) {
+  {
+    std::ofstream f(dir_ / "eot.jsonl", std::ios::binary);
+    f << "{\"text\": \"first doc<|endoftext|>second doc <|endoftext|><|endoftext|>\"}\n";
+  }
+  static const mg::tokenizers::GPT2BPETokenizer tok(kGpt2 + "gpt2-vocab.json",
+                                                    kGpt2 + "gpt2-merges.txt");
+  ASSERT_EQ(tok.eod(), 50256);
+  auto r = preprocess("--input " + path("eot.jsonl") + " --output-prefix " + path("eot") +
+                      kGpt2Flags + " --workers 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<int64_t> want;
+  for (const char* piece : {"first doc", "second doc "}) {
+    for (int32_t id : tok.tokenize(piece)) want.push_back(id);
+    want.push_back(50256);
+  }
+  want.push_back(50256);
+  EXPECT_EQ(decode(path("eot_text_document")), std::vector<std::vector<int64_t>>{want});
+  r = preprocess("--input " + path("eot.jsonl") + " --output-prefix " + path("legacy") +
+                 kGpt2Flags + " --workers 1 --legacy-tokenizer");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto legacy = tok.tokenize("first doc<|endoftext|>second doc <|endoftext|><|endoftext|>");
+  EXPECT_EQ(decode(path("legacy_text_document")),
+            (std::vector<std::vector<int64_t>>{{legacy.begin(), legacy.end()}}));
+  EXPECT_EQ(std::count(legacy.begin(), legacy.end(), 50256), 0);  // plain text, not EOD
+}
 
 TEST_F(PreprocessData, Gpt2TwoKeysInInputOrderAndWorkerCountDoesNotMatter) {
   const std::string in = " --input " + path("in.jsonl") + " --json-keys text title" + kGpt2Flags;

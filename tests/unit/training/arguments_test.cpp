@@ -4,9 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
+#include <map>
+#include <set>
+#include <sstream>
 
 #include "megatron/training/arg_parser.h"
 #include "tests/unit/test_util.h"
@@ -177,8 +181,6 @@ TEST(Arguments, BadValuesNameTheFlag) {
   EXPECT_NE(e.find("--seed expects a value"), std::string::npos) << e;
   e = parse_error(with({"--bf16=1"}));
   EXPECT_NE(e.find("--bf16 is a switch"), std::string::npos) << e;
-  e = parse_error(with({"--seed", "1", "--seed", "2"}));
-  EXPECT_NE(e.find("--seed is given twice"), std::string::npos) << e;
   e = parse_error(with({"stray"}));
   EXPECT_NE(e.find("unexpected argument 'stray'"), std::string::npos) << e;
   e = parse_error({"--num-layers", "2"});
@@ -239,6 +241,156 @@ TEST(Arguments, YamlFileAndCommandLineOverride) {
   std::filesystem::remove(path);
 }
 
+bool has_notice(const Arguments& a, const std::string& text) {
+  for (const auto& n : a.notices)
+    if (n.find(text) != std::string::npos) return true;
+  return false;
+}
+
+// argparse: a repeated flag takes its last value; one start-up line names it with both values.
+TEST(Arguments, RepeatedFlagTakesTheLastValueAndSaysSo) {
+  Arguments a =
+      parse_args(with({"--lr", "1e-4", "--seed", "7", "--seed", "9", "--bf16", "--bf16"}));
+  EXPECT_DOUBLE_EQ(*a.optimizer.lr, 1e-4);
+  EXPECT_EQ(a.training.seed, 9u);
+  EXPECT_TRUE(has_notice(a, "--lr given more than once: 1e-3 then 1e-4; the last value applies"))
+      << ::testing::PrintToString(a.notices);
+  EXPECT_TRUE(has_notice(a, "--seed given more than once: 7 then 9"));
+  EXPECT_TRUE(has_notice(a, "--bf16 given more than once: (switch) then (switch)"));
+  // The checkpoint's record holds each flag once, with the value that applied.
+  int lrs = 0;
+  for (const auto& [k, v] : a.given) {
+    if (k != "--lr") continue;
+    ++lrs;
+    EXPECT_EQ(v, std::vector<std::string>{"1e-4"});
+  }
+  EXPECT_EQ(lrs, 1);
+  EXPECT_FALSE(has_notice(parse_args(base()), "more than once"));
+}
+
+// Performance knobs of Megatron's PyTorch/TE implementation: accepted, one line each saying why
+// nothing changes; the model config is untouched.
+TEST(Arguments, NoEffectFlagsAreAcceptedWithOneLine) {
+  const Arguments plain = parse_args(base());
+  Arguments a = parse_args(
+      with({"--use-mcore-models", "--transformer-impl", "transformer_engine",
+            "--no-gradient-accumulation-fusion", "--tp-comm-overlap", "--attention-softmax-in-fp32",
+            "--use-flash-attn", "--moe-grouped-gemm", "--accumulate-allreduce-grads-in-fp32",
+            "--cross-entropy-fusion-impl", "te", "--no-mmap-bin-files"}));
+  for (const char* f :
+       {"--use-mcore-models: no effect here", "--transformer-impl transformer_engine: no effect",
+        "--no-gradient-accumulation-fusion: no effect here", "--tp-comm-overlap: no effect here",
+        "--attention-softmax-in-fp32: no effect here", "--use-flash-attn: attention runs the flash",
+        "--moe-grouped-gemm: no effect here yet", "--accumulate-allreduce-grads-in-fp32: already",
+        "--cross-entropy-fusion-impl te: no effect here", "--no-mmap-bin-files: no effect here"})
+    EXPECT_TRUE(has_notice(a, f)) << f << "\n" << ::testing::PrintToString(a.notices);
+  EXPECT_EQ(a.model.hidden_size, plain.model.hidden_size);
+  EXPECT_EQ(a.model.position_embedding_type, plain.model.position_embedding_type);
+  EXPECT_TRUE(plain.notices.empty()) << ::testing::PrintToString(plain.notices);
+  a = parse_args(with({"--attention-backend", "unfused"}));
+  EXPECT_TRUE(has_notice(a, "differing only in rounding"));
+  EXPECT_NE(parse_error(with({"--transformer-impl", "te"})).find("'te' is not one of"),
+            std::string::npos);
+}
+
+// Features that would change the results and are not built: an error naming the feature.
+TEST(Arguments, RefusedFlagsNameTheMissingFeature) {
+  auto e = parse_error(with({"--multi-latent-attention"}));
+  EXPECT_NE(e.find("--multi-latent-attention: multi-latent attention (MLA) is not implemented"),
+            std::string::npos)
+      << e;
+  e = parse_error(with({"--rampup-batch-size", "16", "8", "300000"}));
+  EXPECT_NE(e.find("--rampup-batch-size: batch-size ramp-up is not implemented"), std::string::npos)
+      << e;
+  e = parse_error(with({"--use-legacy-models"}));
+  EXPECT_NE(e.find("Megatron-Core GPTModel only"), std::string::npos) << e;
+  for (const char* f : {"torch", "torch_dist", "torch_dcp"}) {
+    e = parse_error(with({"--ckpt-format", f}));
+    EXPECT_NE(e.find(std::string("--ckpt-format ") + f +
+                     ": Megatron-LM's PyTorch checkpoint formats are not read or written here"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("convert_checkpoint import"), std::string::npos) << e;
+  }
+  EXPECT_EQ(parse_args(with({"--ckpt-format", "legacy"})).checkpoint.ckpt_format, "legacy");
+  e = parse_error(with({"--ckpt-format", "zip"}));
+  EXPECT_NE(e.find("--ckpt-format 'zip' is not one of: sharded, legacy"), std::string::npos) << e;
+  e = parse_error(with({"--dataloader-type", "external"}));
+  EXPECT_NE(e.find("--dataloader-type external"), std::string::npos) << e;
+}
+
+// Deprecated spellings Megatron still accepts, the data loader and tokenizer-system flags.
+TEST(Arguments, MegatronAliasesAndLoaderFlags) {
+  Arguments a = parse_args(with({"--use-rotary-position-embeddings", "--rotary-base", "500000"}));
+  EXPECT_EQ(a.model.position_embedding_type, transformer::PositionEmbeddingType::rope);
+  EXPECT_DOUBLE_EQ(a.model.rotary_base, 500000);
+  a = parse_args(with({"--position-embedding-type", "rope", "--no-position-embedding"}));
+  EXPECT_EQ(a.model.position_embedding_type, transformer::PositionEmbeddingType::rope);
+  auto e = parse_error(with({"--no-position-embedding"}));
+  EXPECT_NE(e.find("--no-position-embedding is deprecated"), std::string::npos) << e;
+  a = parse_args(base());
+  EXPECT_EQ(a.training.dataloader_type, "single");
+  EXPECT_EQ(a.training.num_workers, 2);
+  EXPECT_FALSE(a.tokenizer.legacy_tokenizer);
+  a = parse_args(with({"--dataloader-type", "cyclic", "--num-workers", "0", "--legacy-tokenizer"}));
+  EXPECT_EQ(a.training.dataloader_type, "cyclic");
+  EXPECT_EQ(a.training.num_workers, 0);
+  EXPECT_TRUE(a.tokenizer.legacy_tokenizer);
+  EXPECT_NO_THROW(parse_args(with({"--recompute-modules", "core_attn"})));
+  e = parse_error(with({"--recompute-modules", "core_attn", "mlp"}));
+  EXPECT_NE(e.find("--recompute-modules mlp: selective recompute of 'mlp' is not implemented"),
+            std::string::npos)
+      << e;
+  e = parse_error(with({"--num-workers", "-1"}));
+  EXPECT_NE(e.find("--num-workers must be in [0, 64], got -1"), std::string::npos) << e;
+}
+
+// docs/flags.md lists every flag the parser knows in the class its help line gives (implemented,
+// "accepted, no effect here", "refused"), and names no flag of those classes the parser lacks.
+TEST(Arguments, DocsListEveryFlagInItsClass) {
+  std::ifstream in(std::filesystem::path(MG_TEST_FIXTURES_DIR) / ".." / ".." / "docs" / "flags.md");
+  ASSERT_TRUE(in.good());
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto section = [&](const std::string& from, const std::string& to) {
+    const auto b = doc.find(from);
+    EXPECT_NE(b, std::string::npos) << from;
+    const auto e = doc.find(to, b);
+    EXPECT_NE(e, std::string::npos) << to;
+    std::set<std::string> flags;
+    const std::string text = doc.substr(b, e - b);
+    for (std::size_t p = text.find("`--"); p != std::string::npos; p = text.find("`--", p + 1)) {
+      std::size_t q = p + 1;
+      while (q < text.size() && (std::isalnum(static_cast<unsigned char>(text[q])) ||
+                                 text[q] == '-' || text[q] == '_'))
+        ++q;
+      flags.insert(text.substr(p + 1, q - p - 1));
+    }
+    return flags;
+  };
+  const auto implemented = section("## Implemented", "Being added by other work");
+  const auto no_effect = section("## No effect here", "## Refused");
+  const auto refused = section("## Refused", "Refused through a value");
+  std::map<std::string, std::string> parser;  // flag -> class by its help line
+  std::istringstream help(parse_args({"--help"}).help_text);
+  for (std::string line; std::getline(help, line);) {
+    std::istringstream ls(line);
+    std::string name;
+    ls >> name;
+    parser[name] = line.find("accepted, no effect here") != std::string::npos ? "no effect"
+                   : line.find("refused: ") != std::string::npos              ? "refused"
+                                                                              : "implemented";
+  }
+  ASSERT_GT(parser.size(), 250u);
+  for (const auto& [name, cls] : parser) {
+    const auto& listed = cls == "no effect" ? no_effect : cls == "refused" ? refused : implemented;
+    EXPECT_TRUE(listed.count(name))
+        << name << " is not listed under " << cls << " in docs/flags.md";
+  }
+  for (const auto* set : {&implemented, &no_effect, &refused})
+    for (const auto& name : *set)
+      EXPECT_TRUE(parser.count(name)) << name << " is listed in docs/flags.md but not parsed";
+}
+
 TEST(Arguments, HelpListsFlags) {
   Arguments a = parse_args({"--help"});
   EXPECT_TRUE(a.help);
@@ -252,7 +404,6 @@ TEST(Arguments, MegatronFsdpFlags) {
   EXPECT_FALSE(a.ddp.use_megatron_fsdp);
   EXPECT_EQ(a.ddp.sharding_strategy, ShardingStrategy::no_shard);  // Megatron's default
   EXPECT_FALSE(a.ddp.use_distributed_optimizer);
-  EXPECT_TRUE(a.gradient_accumulation_fusion);
   EXPECT_FALSE(a.optimizer.optimizer_cpu_offload);
   EXPECT_EQ(a.optimizer.optimizer_offload_fraction, 1.0);
 
@@ -271,11 +422,10 @@ TEST(Arguments, MegatronFsdpFlags) {
     EXPECT_EQ(a.ddp.shards_params(), params) << name;
   }
   // --use-torch-fsdp2: the ZeRO-3 engine.
-  a = parse_args(with({"--use-torch-fsdp2", "--no-gradient-accumulation-fusion"}));
+  a = parse_args(with({"--use-torch-fsdp2"}));
   EXPECT_TRUE(a.use_torch_fsdp2);
   EXPECT_TRUE(a.ddp.use_megatron_fsdp);
   EXPECT_EQ(a.ddp.sharding_strategy, ShardingStrategy::optim_grads_params);
-  EXPECT_FALSE(a.gradient_accumulation_fusion);
   a = parse_args(with({"--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"}));
   EXPECT_TRUE(a.optimizer.optimizer_cpu_offload);
   EXPECT_EQ(a.optimizer.optimizer_offload_fraction, 0.5);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "megatron/core/datasets/indexed_dataset.h"
+#include "megatron/core/dist_checkpointing/safetensors.h"
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/training_log.h"
 #include "tests/unit/test_util.h"
@@ -232,6 +233,131 @@ TEST(Training, ExitDurationSavesAndStops) {
   EXPECT_EQ(r.iteration, 1);
   EXPECT_EQ(r.saved_iteration, 1);
   EXPECT_EQ(read_latest_iteration(dir), 1);
+}
+
+// --log-params-norm: Megatron's calc_params_l2_norm in the log line, " params norm: %.3f |" after
+// the grad norm; equal to the L2 norm of every weight of the checkpoint saved at that iteration.
+TEST(Training, LogParamsNormIsTheWeightsL2Norm) {
+  test::ensure_runtime();
+  const auto dir = temp_dir("params_norm");
+  std::string log;
+  run(tiny_mock(3), {"--log-params-norm", "--save", dir}, &log);
+  std::vector<double> logged;
+  for (std::size_t p = log.find("params norm: "); p != std::string::npos;
+       p = log.find("params norm: ", p + 1))
+    logged.push_back(std::stod(log.substr(p + 13)));
+  ASSERT_EQ(logged.size(), 3u) << log;
+  EXPECT_LT(log.find("grad norm: "), log.find("params norm: "));
+  // The sharded checkpoint of one rank: the model's weights, then the optimizer state.
+  dist_checkpointing::SafetensorsFile f(dir + "/iter_0000003/rank_00000.safetensors");
+  double sq = 0.0;
+  int weights = 0;
+  for (const auto& name : f.names()) {
+    if (!name.starts_with("decoder.") && !name.starts_with("embedding.") &&
+        !name.starts_with("output_layer."))
+      continue;
+    ++weights;
+    for (float v : f.tensor(name).to(DType::f32).to_vector<float>())
+      sq += static_cast<double>(v) * v;
+  }
+  EXPECT_GE(weights, 20);
+  EXPECT_NEAR(logged.back(), std::sqrt(sq), 0.0005) << log;
+  EXPECT_NE(logged.front(), logged.back());  // the weights moved
+  run(tiny_mock(3), {}, &log);
+  EXPECT_EQ(log.find("params norm"), std::string::npos);
+}
+
+// A --data-cache-path folder written by Megatron-Core 0.16.1 (tests/fixtures/megatron_core/
+// cache_gpt2, the real GPT-2 tokenizer identity of Megatron-LM's default tokenizer system) for
+// this blend is used by pretrain_gpt as it is: no index file is added or rewritten.
+TEST(Training, ReusesTheDataCacheMegatronCoreWrote) {
+  test::ensure_runtime();
+  const fs::path dir = temp_dir("megatron_cache");
+  const fs::path fx = fs::path(MG_TEST_FIXTURES_DIR);
+  for (const char* name : {"corpus_a", "corpus_b"})
+    for (const char* ext : {".bin", ".idx"})
+      fs::copy_file(fx / "megatron_core" / (std::string(name) + ext),
+                    dir / (std::string(name) + ext));
+  for (const char* f : {"gpt2-vocab.json", "gpt2-merges.txt"})
+    fs::copy_file(fx / "gpt2" / f, dir / f);
+  fs::copy(fx / "megatron_core" / "cache_gpt2", dir / "cache");
+  auto listing = [&] {
+    std::map<std::string, fs::file_time_type> m;
+    for (const auto& e : fs::directory_iterator(dir / "cache"))
+      if (!e.path().string().ends_with(".lock"))
+        m[e.path().filename().string()] = e.last_write_time();
+    return m;
+  };
+  const auto before = listing();
+  const fs::path old = fs::current_path();
+  fs::current_path(dir);
+  const std::vector<std::string> flags = {"--num-layers",
+                                          "1",
+                                          "--hidden-size",
+                                          "32",
+                                          "--num-attention-heads",
+                                          "2",
+                                          "--seq-length",
+                                          "32",
+                                          "--micro-batch-size",
+                                          "2",
+                                          "--global-batch-size",
+                                          "4",
+                                          "--train-iters",
+                                          "4",
+                                          "--eval-interval",
+                                          "2",
+                                          "--eval-iters",
+                                          "1",
+                                          "--lr",
+                                          "1e-3",
+                                          "--seed",
+                                          "1234",
+                                          "--data-path",
+                                          "0.3",
+                                          "corpus_a",
+                                          "0.7",
+                                          "corpus_b",
+                                          "--split",
+                                          "90,8,2",
+                                          "--data-cache-path",
+                                          "cache",
+                                          "--tokenizer-type",
+                                          "GPT2BPETokenizer",
+                                          "--vocab-file",
+                                          "gpt2-vocab.json",
+                                          "--merge-file",
+                                          "gpt2-merges.txt",
+                                          "--log-interval",
+                                          "2"};
+  std::string log;
+  PretrainResult r = run(flags, {}, &log);
+  EXPECT_EQ(r.iteration, 4);
+  EXPECT_EQ(listing(), before) << "pretrain_gpt rebuilt Megatron-Core's cache\n" << log;
+  // --legacy-tokenizer records another identity: other file names, so new files appear.
+  run(flags, {"--legacy-tokenizer"});
+  EXPECT_GT(listing().size(), before.size());
+  fs::current_path(old);
+}
+
+// Megatron-LM leaves from train() (sys.exit) on --exit-interval / --exit-duration-in-mins: no
+// final validation, no test. A run that reaches --train-iters runs both.
+TEST(Training, ExitIntervalSkipsFinalValidationAndTest) {
+  test::ensure_runtime();
+  std::string log;
+  PretrainResult full = run(tiny_mock(4), {}, &log);
+  ASSERT_TRUE(full.test_loss.has_value()) << log;
+  EXPECT_NE(log.find("on validation set"), std::string::npos) << log;
+  PretrainResult stopped = run(tiny_mock(8), {"--exit-interval", "4"}, &log);
+  EXPECT_EQ(stopped.exit_reason, "exit-interval");
+  EXPECT_EQ(stopped.iteration, 4);
+  EXPECT_FALSE(stopped.test_loss.has_value());
+  EXPECT_EQ(log.find("on validation set"), std::string::npos) << log;
+  EXPECT_EQ(log.find("test loss"), std::string::npos) << log;
+  EXPECT_NE(log.find("skipping the final validation and test"), std::string::npos) << log;
+  PretrainResult timed = run(tiny_mock(8), {"--exit-duration-in-mins", "1e-9"}, &log);
+  EXPECT_EQ(timed.exit_reason, "exit-duration");
+  EXPECT_FALSE(timed.test_loss.has_value());
 }
 
 TEST(Training, LogLineHasMegatronsFields) {

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -185,6 +188,80 @@ TEST(DataIterator, PrefetchesAheadOnItsThread) {
   for (int i = 0; i < 200 && ds->gets.load() < 4; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(ds->gets.load(), 4);  // the one returned + 3 queued, and no more
+}
+
+// torch.randperm(n, generator=torch.Generator().manual_seed(seed)) as torch 2.x computes it
+// (tests/fixtures/megatron_core/torch_randperm.json, written by gen_torch_randperm.py).
+TEST(TorchRandperm, MatchesTorch) {
+  std::ifstream in(std::filesystem::path(MG_TEST_FIXTURES_DIR) / "megatron_core" /
+                   "torch_randperm.json");
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_GE(j["cases"].size(), 5u);
+  for (const auto& c : j["cases"]) {
+    const auto want = c["perm"].get<std::vector<int64_t>>();
+    EXPECT_EQ(torch_randperm(c["n"].get<int64_t>(), c["seed"].get<uint64_t>()), want)
+        << "n " << c["n"] << " seed " << c["seed"];
+  }
+}
+
+// Megatron's MegatronPretrainingRandomSampler (data_sharding): 23 samples, mbs 2, dp 3: groups of
+// 6, 18 samples per epoch, each rank a bucket of 6 samples visited in torch_randperm(6, epoch)
+// order; the position survives a restore and the count runs on across epochs.
+TEST(MegatronPretrainingRandomSampler, EpochPermutationsOfEachRanksBucket) {
+  std::vector<std::vector<int64_t>> per_rank(3);
+  for (int64_t r = 0; r < 3; ++r) {
+    MegatronPretrainingRandomSampler s(23, 0, 2, r, 3);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<int64_t> got;
+      for (int b = 0; b < 3; ++b) {
+        const auto batch = s.next();
+        ASSERT_EQ(batch.size(), 2u);
+        got.insert(got.end(), batch.begin(), batch.end());
+      }
+      std::vector<int64_t> want;
+      for (int64_t k : torch_randperm(6, static_cast<uint64_t>(epoch))) want.push_back(r * 6 + k);
+      EXPECT_EQ(got, want) << "rank " << r << " epoch " << epoch;
+      if (epoch == 0) per_rank[static_cast<std::size_t>(r)] = got;
+    }
+    EXPECT_EQ(s.consumed_samples(), 36);  // 2 epochs x 18, all ranks
+  }
+  EXPECT_NE(torch_randperm(6, 0), torch_randperm(6, 1));  // epochs are reshuffled
+  // Restored after 2 micro-batches of epoch 1 (consumed 18 + 12): the same continuation.
+  MegatronPretrainingRandomSampler full(23, 0, 2, 1, 3);
+  for (int b = 0; b < 5; ++b) full.next();
+  MegatronPretrainingRandomSampler resumed(23, 30, 2, 1, 3);
+  for (int b = 0; b < 4; ++b) EXPECT_EQ(resumed.next(), full.next()) << "batch " << b;
+  EXPECT_THROW(MegatronPretrainingRandomSampler(23, 7, 2, 1, 3), Error);  // not a batch boundary
+  EXPECT_THROW(MegatronPretrainingRandomSampler(5, 0, 2, 0, 3), Error);   // < one group
+}
+
+// --num-workers: any number of collating threads hands out the same micro-batches in the same
+// order as collating on the caller's thread (random sampler and single pass).
+TEST(DataIterator, WorkersKeepTheOrder) {
+  auto ds = std::make_shared<FakeDataset>(50, 2);
+  for (bool random : {false, true}) {
+    std::vector<std::vector<int64_t>> reference;
+    for (int workers : {0, 1, 3, 8}) {
+      DataIteratorOptions o;
+      o.micro_batch_size = 2;
+      o.data_parallel_rank = 1;
+      o.data_parallel_size = 2;
+      o.random = random;
+      o.cyclic = random;
+      o.num_workers = workers;
+      o.prefetch_depth = 2 * workers;
+      DataIterator it(ds, o);
+      const auto got = all_indices(it, 30);
+      if (workers == 0) {
+        reference = got;
+        EXPECT_EQ(got.size(), random ? 30u : 12u);
+      }
+      EXPECT_EQ(got, reference) << "workers " << workers << " random " << random;
+      if (random) {
+        EXPECT_EQ(it.consumed_samples(), 30 * 4);
+      }
+    }
+  }
 }
 
 TEST(DataIterator, RethrowsDatasetErrors) {
