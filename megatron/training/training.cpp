@@ -76,6 +76,9 @@ struct Run {
   int64_t consumed_train = 0, consumed_valid = 0;
   double flops_so_far = 0.0;
   uint64_t rng_seed = 0;
+  // The loaded checkpoint's "extra" (e.g. convert_checkpoint's HF identity: model type, config,
+  // tokenizer files), written again into every checkpoint this run saves.
+  nlohmann::json checkpoint_extra = nlohmann::json::object();
   int64_t train_iters = 0;
   double flops_per_iter = 0.0;
   Timers timers;
@@ -131,6 +134,7 @@ void save(Run& r) {
   }
   if (!c.no_save_rng) st.rng = nlohmann::json{{"seed", r.rng_seed}};
   st.args = given_args_json(r.args);
+  st.extra = r.checkpoint_extra;
   r.timers.start("save-checkpoint");
   SaveOptions so;
   so.format = c.ckpt_format;
@@ -174,6 +178,7 @@ void load(Run& r) {
     r.opt->reload_model_params();
   if (st.scheduler) r.scheduler->load_state_dict(*st.scheduler);
   if (st.rng) r.rng_seed = (*st.rng).at("seed").get<uint64_t>();
+  r.checkpoint_extra = st.extra;
   if (!c.finetune) {
     r.iteration = st.iteration;
     r.consumed_train = st.consumed_train_samples;

@@ -182,6 +182,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
            "sequence parallelism needs a tensor-parallel group");
   m.ctx.tp_group = parallel.tp_group;
   m.ctx.ep_group = parallel.ep_group;
+  m.ctx.inference_only = parallel.inference_only;
   m.ctx.cp = parallel.cp;
   m.ctx.sequence_parallel = parallel.sequence_parallel && m.ctx.tp_size() > 1;
   m.vocab = vocab_size;
