@@ -274,8 +274,8 @@ HfModel parse_hf_config(const json& c, const std::string& where) {
   HfModel m;
   m.model_type = c.value("model_type", "");
   const FamilyInfo* info = family_info(m.model_type);
-  MG_CHECK(info, where << ": model_type '" << m.model_type << "' is not supported (supported: "
-                       << supported_types() << ")");
+  MG_CHECK(info, where << ": model_type '" << m.model_type
+                       << "' is not supported (supported: " << supported_types() << ")");
   m.family = info->family;
   const std::string dt = c.value("torch_dtype", c.value("dtype", "float32"));
   if (dt == "bfloat16")
@@ -470,7 +470,8 @@ std::string norm2_name(const mg::models::GPTModel& model, int64_t l) {
   return q + "mlp.linear_fc1.layer_norm_weight";
 }
 
-// HF names of an MoE layer's router and experts (which: 0 gate, 1 up, 2 down), under layer prefix p.
+// HF names of an MoE layer's router and experts (which: 0 gate, 1 up, 2 down), under layer prefix
+// p.
 struct HfMoeNames {
   std::string router, experts;
   bool mixtral = false;
@@ -491,10 +492,16 @@ HfMoeNames hf_moe_names(const HfModel& m, const std::string& p) {
 }
 
 // HF files kept with an import and written back by export.
-constexpr const char* kHfSideFiles[] = {
-    "tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json",          "merges.txt",            "added_tokens.json",       "vocab.txt",
-    "chat_template.jinja", "generation_config.json"};
+constexpr const char* kHfSideFiles[] = {"tokenizer.json",
+                                        "tokenizer_config.json",
+                                        "special_tokens_map.json",
+                                        "tokenizer.model",
+                                        "vocab.json",
+                                        "merges.txt",
+                                        "added_tokens.json",
+                                        "vocab.txt",
+                                        "chat_template.jinja",
+                                        "generation_config.json"};
 
 // ---- import ------------------------------------------------------------------------------------
 
@@ -625,8 +632,8 @@ void run_import(const ImportOptions& o) {
         put(q + "mlp.router.weight", hf.get(n.router, {m.experts, h}));
         for (int64_t e = 0; e < m.experts; ++e) {
           const std::string x = q + "mlp.experts.local_experts." + std::to_string(e) + ".";
-          put(x + "linear_fc1.weight", cat0({hf.get(n.expert(e, 0), {fe, h}),
-                                             hf.get(n.expert(e, 1), {fe, h})}));
+          put(x + "linear_fc1.weight",
+              cat0({hf.get(n.expert(e, 0), {fe, h}), hf.get(n.expert(e, 1), {fe, h})}));
           put(x + "linear_fc2.weight", hf.get(n.expert(e, 2), {h, fe}));
         }
         if (m.shared_ffn > 0) {
@@ -638,7 +645,8 @@ void run_import(const ImportOptions& o) {
               hf.get(p + "mlp.shared_expert.down_proj.weight", {h, fs}));
         }
         if (m.shared_gate)
-          put(q + "mlp.shared_experts.gate_weight", hf.get(p + "mlp.shared_expert_gate.weight", {1, h}));
+          put(q + "mlp.shared_experts.gate_weight",
+              hf.get(p + "mlp.shared_expert_gate.weight", {1, h}));
       }
       if (hf.has(p + "self_attn.rotary_emb.inv_freq"))
         hf.used.insert(p + "self_attn.rotary_emb.inv_freq");
@@ -885,26 +893,26 @@ void run_export(const ExportOptions& o) {
            "export: --apply-layernorm-1p models have no HuggingFace equivalent");
   const FamilyInfo* info = family_info(model_type);
   MG_CHECK(info, "export: the checkpoint's hf_model_type '" << model_type << "' is not one of "
-                                                           << supported_types());
+                                                            << supported_types());
   if (model_type == "gpt2") {
     MG_CHECK(gpt2_like && !c.qk_layernorm && !moe,
              "export: the checkpoint's model is not GPT-2-shaped (LayerNorm, GELU, "
              "learned positions, biases)");
   } else {
-    const bool shared_ok = model_type == "qwen2_moe"
-                               ? c.moe_shared_expert_intermediate_size > 0 &&
-                                     c.moe_shared_expert_gate
-                               : c.moe_shared_expert_intermediate_size == 0;
-    MG_CHECK(llama_like && info->qkv_bias == c.add_qkv_bias && info->qk_norm == c.qk_layernorm &&
-                 info->moe == moe && (!moe || shared_ok) &&
-                 (!moe || model_type != "mixtral" || !c.moe_router_pre_softmax) &&
-                 (!moe || c.moe_router_score_function == mg::transformer::MoeScoreFunction::softmax),
-             "export: the checkpoint's model is not "
-                 << model_type << "-shaped (RMSNorm, SwiGLU, rotate-half RoPE, no linear biases"
-                 << (info->qkv_bias ? ", qkv bias" : ", no qkv bias")
-                 << (info->qk_norm ? ", q/k norm" : ", no q/k norm")
-                 << (info->moe ? ", softmax-routed experts" : ", no experts")
-                 << (model_type == "qwen2_moe" ? " with a gated shared expert" : "") << ")");
+    const bool shared_ok = model_type == "qwen2_moe" ? c.moe_shared_expert_intermediate_size > 0 &&
+                                                           c.moe_shared_expert_gate
+                                                     : c.moe_shared_expert_intermediate_size == 0;
+    MG_CHECK(
+        llama_like && info->qkv_bias == c.add_qkv_bias && info->qk_norm == c.qk_layernorm &&
+            info->moe == moe && (!moe || shared_ok) &&
+            (!moe || model_type != "mixtral" || !c.moe_router_pre_softmax) &&
+            (!moe || c.moe_router_score_function == mg::transformer::MoeScoreFunction::softmax),
+        "export: the checkpoint's model is not "
+            << model_type << "-shaped (RMSNorm, SwiGLU, rotate-half RoPE, no linear biases"
+            << (info->qkv_bias ? ", qkv bias" : ", no qkv bias")
+            << (info->qk_norm ? ", q/k norm" : ", no q/k norm")
+            << (info->moe ? ", softmax-routed experts" : ", no experts")
+            << (model_type == "qwen2_moe" ? " with a gated shared expert" : "") << ")");
   }
   const int64_t vocab = cm.model->vocab_size();
   const int64_t hd = c.kv_channels, nh = c.num_attention_heads, ng = c.num_query_groups;

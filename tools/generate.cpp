@@ -75,8 +75,7 @@ int main(int argc, char** argv) {
     auto comm = mg::comm::init_communicator("");
     const int world = comm->world_size();
     MG_CHECK(ep >= 1 && world % ep == 0, "generate: --expert-model-parallel-size "
-                                              << ep << " must divide the number of ranks "
-                                              << world);
+                                             << ep << " must divide the number of ranks " << world);
     if (tp == 0) tp = world / ep;
     MG_CHECK(tp * ep == world, "generate: --tensor-model-parallel-size "
                                    << tp << " x --expert-model-parallel-size " << ep

@@ -167,8 +167,8 @@ void add_model_flags(ArgParser& p, transformer::TransformerConfig& m, Pending& x
         x.llama3.original_max_position_embeddings,
         "--use-rope-scaling original context (8192; fixed in Megatron)");
   p.add("--yarn-rotary-scaling-factor", x.yarn_scaling.factor, "YaRN scaling factor (1.0)");
-  p.add("--yarn-original-max-position-embeddings",
-        x.yarn_scaling.original_max_position_embeddings, "YaRN original context (8192)");
+  p.add("--yarn-original-max-position-embeddings", x.yarn_scaling.original_max_position_embeddings,
+        "YaRN original context (8192)");
   p.add("--yarn-beta-fast", x.yarn_scaling.beta_fast, "YaRN beta_fast (32)");
   p.add("--yarn-beta-slow", x.yarn_scaling.beta_slow, "YaRN beta_slow (1)");
   p.add("--yarn-mscale", x.yarn_scaling.mscale, "YaRN mscale (1.0)");
@@ -450,12 +450,13 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   {  // RoPE scaling: one kind, and no flag of a kind that is not chosen.
     const int kinds = (x.yarn ? 1 : 0) + (x.use_rope_scaling ? 1 : 0) +
                       (x.rotary_seq_len_interpolation_factor ? 1 : 0);
-    MG_CHECK(kinds <= 1, "--position-embedding-type yarn, --use-rope-scaling and "
-                         "--rotary-seq-len-interpolation-factor are different RoPE scalings; give "
-                         "one");
-    for (const char* f : {"--rope-scaling-factor", "--rope-scaling-low-freq-factor",
-                          "--rope-scaling-high-freq-factor",
-                          "--rope-scaling-original-max-position-embeddings"})
+    MG_CHECK(kinds <= 1,
+             "--position-embedding-type yarn, --use-rope-scaling and "
+             "--rotary-seq-len-interpolation-factor are different RoPE scalings; give "
+             "one");
+    for (const char* f :
+         {"--rope-scaling-factor", "--rope-scaling-low-freq-factor",
+          "--rope-scaling-high-freq-factor", "--rope-scaling-original-max-position-embeddings"})
       MG_CHECK(x.use_rope_scaling || !p.given(f), f << " needs --use-rope-scaling");
     for (const char* f : {"--yarn-rotary-scaling-factor", "--yarn-original-max-position-embeddings",
                           "--yarn-beta-fast", "--yarn-beta-slow", "--yarn-mscale",

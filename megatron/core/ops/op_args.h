@@ -120,7 +120,8 @@ struct AttentionArgs {
 // Frequency scaling of the rotary embedding (transformers' rope_type; rope_scaling.h computes the
 // frequencies, kernels rotate by pos * inv_freq[i] and multiply cos/sin by the attention factor):
 //   linear: inv_freq / factor (Megatron's --rotary-seq-len-interpolation-factor);
-//   llama3: Llama 3.1's band-wise scaling (--use-rope-scaling, --rope-scaling-factor; Megatron fixes
+//   llama3: Llama 3.1's band-wise scaling (--use-rope-scaling, --rope-scaling-factor; Megatron
+//   fixes
 //           low 1, high 4, original context 8192);
 //   yarn:   YaRN's ramp between interpolation and extrapolation and its attention factor
 //           (Megatron-Core's yarn_* settings).

@@ -26,19 +26,23 @@ double yarn_get_mscale(double scale, double mscale) {
 
 std::string to_string(RopeScalingType t) {
   switch (t) {
-    case RopeScalingType::none: return "none";
-    case RopeScalingType::linear: return "linear";
-    case RopeScalingType::llama3: return "llama3";
-    case RopeScalingType::yarn: return "yarn";
+    case RopeScalingType::none:
+      return "none";
+    case RopeScalingType::linear:
+      return "linear";
+    case RopeScalingType::llama3:
+      return "llama3";
+    case RopeScalingType::yarn:
+      return "yarn";
   }
   return "?";
 }
 
 void validate_rope_scaling(const RopeScaling& s, const std::string& where) {
   if (s.type == RopeScalingType::none) return;
-  MG_CHECK(std::isfinite(s.factor) && s.factor > 0.0,
-           where << ": " << to_string(s.type) << " RoPE scaling factor " << s.factor
-                 << " must be > 0");
+  MG_CHECK(std::isfinite(s.factor) && s.factor > 0.0, where << ": " << to_string(s.type)
+                                                            << " RoPE scaling factor " << s.factor
+                                                            << " must be > 0");
   if (s.type == RopeScalingType::llama3) {
     MG_CHECK(s.low_freq_factor > 0.0 && s.high_freq_factor > s.low_freq_factor,
              where << ": llama3 RoPE scaling needs 0 < low_freq_factor (" << s.low_freq_factor
@@ -51,9 +55,9 @@ void validate_rope_scaling(const RopeScaling& s, const std::string& where) {
     MG_CHECK(s.original_max_position_embeddings > 0,
              where << ": YaRN original_max_position_embeddings "
                    << s.original_max_position_embeddings << " must be > 0");
-    MG_CHECK(s.beta_fast > 0.0 && s.beta_slow > 0.0,
-             where << ": YaRN beta_fast " << s.beta_fast << " and beta_slow " << s.beta_slow
-                   << " must be > 0");
+    MG_CHECK(s.beta_fast > 0.0 && s.beta_slow > 0.0, where << ": YaRN beta_fast " << s.beta_fast
+                                                           << " and beta_slow " << s.beta_slow
+                                                           << " must be > 0");
   }
 }
 
@@ -63,7 +67,8 @@ std::vector<double> rope_inv_freq(double base, int64_t rot, const RopeScaling& s
   for (int64_t i = 0; i < half; ++i)
     inv[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rot));
   switch (s.type) {
-    case RopeScalingType::none: break;
+    case RopeScalingType::none:
+      break;
     case RopeScalingType::linear:
       for (double& f : inv) f /= s.factor;
       break;
@@ -79,7 +84,7 @@ std::vector<double> rope_inv_freq(double base, int64_t rot, const RopeScaling& s
           const double smooth =
               (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
           f = (1.0 - smooth) * f / s.factor + smooth * f;  // the band between: blended
-        }  // high frequencies: kept
+        }                                                  // high frequencies: kept
       }
       break;
     }
@@ -120,8 +125,9 @@ RopeScaling rope_scaling_from_hf(const nlohmann::json& rope, int64_t max_positio
   if (type == "default") return s;
   // yarn without a factor: max positions / the original context (transformers' rule).
   if (type == "yarn" && !(rope.contains("factor") && rope["factor"].is_number()))
-    s.factor = static_cast<double>(max_position_embeddings) /
-               number("original_max_position_embeddings", static_cast<double>(max_position_embeddings));
+    s.factor =
+        static_cast<double>(max_position_embeddings) /
+        number("original_max_position_embeddings", static_cast<double>(max_position_embeddings));
   else
     s.factor = need("factor", type);
   if (type == "linear") {

@@ -5,6 +5,7 @@
 // equal them (transformers computes in f32: a few f32 ulps), and rope_fwd / rope_bwd with the
 // scaling on every platform and dtype equal a naive f64 rotation by the fixture's frequencies
 // times its attention factor. Plus the flags' and the HF parser's errors.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -39,8 +40,7 @@ TEST(RopeScalingFrequencies, EqualTransformers) {
     EXPECT_EQ(ops::to_string(s.type), rp.at("rope_type").get<std::string>());
     const auto want = c.at("inv_freq").get<std::vector<double>>();
     const int64_t hd = c.at("head_dim").get<int64_t>();
-    const std::vector<double> got =
-        ops::rope_inv_freq(rp.at("rope_theta").get<double>(), hd, s);
+    const std::vector<double> got = ops::rope_inv_freq(rp.at("rope_theta").get<double>(), hd, s);
     ASSERT_EQ(got.size(), want.size());
     for (std::size_t i = 0; i < got.size(); ++i)
       EXPECT_NEAR(got[i], want[i], kRel * std::abs(want[i]) + 1e-30)
@@ -78,11 +78,28 @@ TEST(RopeScalingFrequencies, ClearErrors) {
 
 // The trainer's flags: each kind alone, its settings reach the model config, errors name flags.
 TEST(RopeScalingFlags, ParseAndRefuse) {
-  const std::vector<std::string> base = {
-      "--num-layers", "1",  "--hidden-size",       "32",     "--num-attention-heads",
-      "4",            "--seq-length", "16", "--max-position-embeddings", "64",
-      "--micro-batch-size", "1", "--train-iters", "1", "--lr", "1e-3", "--mock-data",
-      "--tokenizer-type", "NullTokenizer", "--vocab-size", "99", "--position-embedding-type"};
+  const std::vector<std::string> base = {"--num-layers",
+                                         "1",
+                                         "--hidden-size",
+                                         "32",
+                                         "--num-attention-heads",
+                                         "4",
+                                         "--seq-length",
+                                         "16",
+                                         "--max-position-embeddings",
+                                         "64",
+                                         "--micro-batch-size",
+                                         "1",
+                                         "--train-iters",
+                                         "1",
+                                         "--lr",
+                                         "1e-3",
+                                         "--mock-data",
+                                         "--tokenizer-type",
+                                         "NullTokenizer",
+                                         "--vocab-size",
+                                         "99",
+                                         "--position-embedding-type"};
   auto parse = [&base](std::vector<std::string> extra) {
     std::vector<std::string> cmd = base;
     cmd.insert(cmd.end(), extra.begin(), extra.end());
@@ -170,8 +187,14 @@ TEST_P(RopeScalingOp, KernelsRotateByTheScaledFrequencies) {
           want[r * hd + i + half] = x2 * cs + x1 * sn;
         }
       }
-      // f32 frequencies of transformers: angles up to 43 rad agree to ~2e-5 absolute.
-      const double tol = std::max(test::tolerance(dtype()), 1e-4);
+      // transformers' frequencies are f32 (relative kRel): the angle differs from ours by up to
+      // pos * inv * kRel, which moves each output by at most 2 |x| att times that.
+      double max_inv = 0.0, max_x = 0.0;
+      for (double v : inv) max_inv = std::max(max_inv, v);
+      for (double v : x.rounded) max_x = std::max(max_x, std::abs(v));
+      const double max_pos = static_cast<double>(s - 1 + a.position_offset);
+      test::Tol tol = test::tolerance(dtype());
+      tol.atol += 2.0 * max_x * att * max_pos * max_inv * kRel;
       EXPECT_TRUE(test::all_close(to_doubles(y), want, tol))
           << rp.dump() << (sign > 0 ? " fwd" : " bwd");
     }

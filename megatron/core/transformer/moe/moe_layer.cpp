@@ -305,7 +305,8 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   if (shared_ && c.moe_shared_expert_gate) {
     // y += sigmoid(x . gate_weight) * shared(x), per token, on the host in f64.
     s.shared_out = shared_->forward(x, s.shared).to_vector<double>();
-    const std::vector<double> xh = s.x.to_vector<double>(), w = shared_gate_w_.value.to_vector<double>();
+    const std::vector<double> xh = s.x.to_vector<double>(),
+                              w = shared_gate_w_.value.to_vector<double>();
     s.shared_gate.assign(static_cast<std::size_t>(T), 0.0);
     for (int64_t t = 0; t < T; ++t) {
       double g = 0.0;
@@ -440,11 +441,11 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
         dxg[t * h_ + j] = dg * w[j];
       }
     }
-    ctx_.op().axpy(shared_gate_w_.grad, device_tensor(ctx_, dw, {1, h_}, shared_gate_w_.grad.dtype()),
-                   1.0f);
+    ctx_.op().axpy(shared_gate_w_.grad,
+                   device_tensor(ctx_, dw, {1, h_}, shared_gate_w_.grad.dtype()), 1.0f);
     ctx_.op().axpy(out, device_tensor(ctx_, dxg, s.shape, ctx_.dtype), 1.0f);
-    Tensor dxs =
-        shared_->backward(device_tensor(ctx_, dz, s.shape, ctx_.dtype), s.x.view(s.shape), s.shared);
+    Tensor dxs = shared_->backward(device_tensor(ctx_, dz, s.shape, ctx_.dtype), s.x.view(s.shape),
+                                   s.shared);
     ctx_.op().axpy(out, dxs, 1.0f);
   } else if (shared_) {
     Tensor dxs = shared_->backward(dy, s.x.view(s.shape), s.shared);
