@@ -121,8 +121,7 @@ struct AttentionArgs {
 // frequencies, kernels rotate by pos * inv_freq[i] and multiply cos/sin by the attention factor):
 //   linear: inv_freq / factor (Megatron's --rotary-seq-len-interpolation-factor);
 //   llama3: Llama 3.1's band-wise scaling (--use-rope-scaling, --rope-scaling-factor; Megatron
-//   fixes
-//           low 1, high 4, original context 8192);
+//           fixes low 1, high 4, original context 8192);
 //   yarn:   YaRN's ramp between interpolation and extrapolation and its attention factor
 //           (Megatron-Core's yarn_* settings).
 enum class RopeScalingType : int { none, linear, llama3, yarn };
