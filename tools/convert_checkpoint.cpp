@@ -470,8 +470,8 @@ std::string norm2_name(const mg::models::GPTModel& model, int64_t l) {
   return q + "mlp.linear_fc1.layer_norm_weight";
 }
 
-// HF names of an MoE layer's router and experts (which: 0 gate, 1 up, 2 down), under layer prefix
-// p.
+// HF names of an MoE layer's router and experts (which: 0 gate, 1 up, 2 down) under the layer's
+// prefix p.
 struct HfMoeNames {
   std::string router, experts;
   bool mixtral = false;

@@ -78,13 +78,14 @@ std::vector<double> rope_inv_freq(double base, int64_t rot, const RopeScaling& s
       const double high_wavelen = old_ctx / s.high_freq_factor;
       for (double& f : inv) {
         const double wavelen = 2.0 * std::numbers::pi / f;
+        // Low frequencies interpolated, high ones kept, the band between blended.
         if (wavelen > low_wavelen) {
-          f /= s.factor;  // low frequencies: interpolated
+          f /= s.factor;
         } else if (!(wavelen < high_wavelen)) {
           const double smooth =
               (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-          f = (1.0 - smooth) * f / s.factor + smooth * f;  // the band between: blended
-        }                                                  // high frequencies: kept
+          f = (1.0 - smooth) * f / s.factor + smooth * f;
+        }
       }
       break;
     }
