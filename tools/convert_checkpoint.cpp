@@ -341,7 +341,12 @@ HfModel parse_hf_config(const json& c, const std::string& where) {
   m.attention_dropout = c.value("attention_dropout", 0.0);
   if (info->moe) {
     const bool mixtral = m.family == Family::mixtral;
-    m.experts = need<int64_t>(c, mixtral ? "num_local_experts" : "num_experts", where);
+    // Mixtral and transformers 5 say num_local_experts, Qwen's hub configs num_experts.
+    m.experts = need<int64_t>(c,
+                              c.contains("num_local_experts") && !c["num_local_experts"].is_null()
+                                  ? "num_local_experts"
+                                  : "num_experts",
+                              where);
     m.topk = need<int64_t>(c, "num_experts_per_tok", where);
     m.moe_ffn = mixtral ? m.ffn : need<int64_t>(c, "moe_intermediate_size", where);
     // Mixtral renormalises the top-k probabilities (= softmax over the top k logits, Megatron's
