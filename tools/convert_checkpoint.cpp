@@ -836,6 +836,8 @@ json make_hf_config(const mg::transformer::TransformerConfig& c, int64_t vocab,
   if (info->moe) {
     const bool mixtral = model_type == "mixtral";
     j[mixtral ? "num_local_experts" : "num_experts"] = c.num_moe_experts;
+    if (mixtral) j["intermediate_size"] = c.expert_ffn_hidden_size();  // Mixtral's is the experts'
+
     j["num_experts_per_tok"] = c.moe_router_topk;
     if (!mixtral) {
       j["moe_intermediate_size"] = c.expert_ffn_hidden_size();
@@ -863,6 +865,12 @@ std::string side_file_bytes(const json& v) {
   std::string out;
   for (const auto& b : v["bytes"]) out.push_back(static_cast<char>(b.get<int>()));
   return out;
+}
+
+bool every_layer_moe(const mg::transformer::TransformerConfig& c) {
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (!c.is_moe_layer(l)) return false;
+  return true;
 }
 
 void run_export(const ExportOptions& o) {
@@ -911,12 +919,14 @@ void run_export(const ExportOptions& o) {
         llama_like && info->qkv_bias == c.add_qkv_bias && info->qk_norm == c.qk_layernorm &&
             info->moe == moe && (!moe || shared_ok) &&
             (!moe || model_type != "mixtral" || !c.moe_router_pre_softmax) &&
+            (model_type != "mixtral" || every_layer_moe(c)) &&
             (!moe || c.moe_router_score_function == mg::transformer::MoeScoreFunction::softmax),
         "export: the checkpoint's model is not "
             << model_type << "-shaped (RMSNorm, SwiGLU, rotate-half RoPE, no linear biases"
             << (info->qkv_bias ? ", qkv bias" : ", no qkv bias")
             << (info->qk_norm ? ", q/k norm" : ", no q/k norm")
             << (info->moe ? ", softmax-routed experts" : ", no experts")
+            << (model_type == "mixtral" ? " in every layer, top-k renormalised" : "")
             << (model_type == "qwen2_moe" ? " with a gated shared expert" : "") << ")");
   }
   const int64_t vocab = cm.model->vocab_size();
