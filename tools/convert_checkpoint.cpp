@@ -1,29 +1,39 @@
 // convert_checkpoint: HuggingFace <-> Megatron-CPP checkpoints (Megatron's tools/checkpoint/
 // convert.py with the llama_mistral / mixtral_hf loaders and the HF saver, in one binary).
 //
-//   convert_checkpoint import --hf-dir D --save S [--tp N --pp M] [--make-vocab-size-divisible-by
-//   K] convert_checkpoint export --load S --hf-dir D [--max-shard-size 5GB] [--tokenizer-... flags]
+//   convert_checkpoint import --hf-dir D --save S [--tp N --pp M --ep E]
+//                             [--make-vocab-size-divisible-by K]
+//   convert_checkpoint export --load S --hf-dir D [--max-shard-size 5GB] [--tokenizer-... flags]
+//   Megatron Bridge's spelling too: import --hf-model-path D --output-path S --tp N --pp M;
+//   export --checkpoint-path S --output-path D.
 //
 // import: a HuggingFace directory (config.json + model.safetensors, or the shards named by
-// model.safetensors.index.json) of a LLaMA, Mistral, Qwen2 or GPT-2 model becomes a checkpoint
-// under S (iteration 0, tracker "0") holding every parameter by its Megatron-Core name with its
-// global shape (FORMATS.md §6):
+// model.safetensors.index.json) of a LLaMA (Llama 3.x RoPE scaling included), Mistral, Qwen2,
+// Qwen3, GPT-2, Mixtral, Qwen2-MoE or Qwen3-MoE model becomes a checkpoint under S (iteration 0,
+// tracker "0") holding every parameter by its Megatron-Core name with its global shape
+// (FORMATS.md §6):
 //   q/k/v_proj -> linear_qkv in Megatron's grouped GQA layout (§6.2; biases too, Qwen2),
-//   gate_proj ⊕ up_proj -> linear_fc1 [gate; up] (§6.3), GPT-2's Conv1D [in, out] transposed and
-//   its fused c_attn regrouped per head, the vocabulary rows padded with zeros to a multiple of
-//   --make-vocab-size-divisible-by x TP (Megatron's rule), tied heads left tied (no
-//   output_layer.weight), untied lm_head -> output_layer.weight.
-// Checkpoints are layout-independent (global tensors), so one import serves every --tp/--pp:
-// those flags are validated against the model (heads, query groups, layers) and written, with the
-// other flags that train this model, to S/model_args.yaml (for --yaml-cfg) and to the checkpoint's
-// recorded args. The original config.json is kept in the checkpoint ("extra.hf_config").
+//   q_norm / k_norm -> self_attention.q_layernorm / k_layernorm (Qwen3),
+//   gate_proj ⊕ up_proj -> linear_fc1 [gate; up] (§6.3), for the experts too (Mixtral's w1 ⊕ w3,
+//   w2), the router (gate) -> mlp.router.weight, Qwen2-MoE's shared expert and its gate ->
+//   mlp.shared_experts.*, GPT-2's Conv1D [in, out] transposed and its fused c_attn regrouped per
+//   head, the vocabulary rows padded with zeros to a multiple of --make-vocab-size-divisible-by x
+//   TP (Megatron's rule), tied heads left tied (no output_layer.weight), untied lm_head ->
+//   output_layer.weight.
+// Checkpoints are layout-independent (global tensors, experts by global index), so one import
+// serves every --tp/--pp/--ep: those flags are validated against the model (heads, query groups,
+// layers, experts) and written, with the other flags that train this model (RoPE scaling, MoE
+// routing), to S/model_args.yaml (for --yaml-cfg) and to the checkpoint's recorded args. The
+// original config.json and the tokenizer / generation files are kept in the checkpoint
+// ("extra": hf_model_type, hf_config, hf_files), which training carries into its checkpoints.
 // export: the checkpoint's model (rebuilt from its recorded flags, any layout its loader accepts)
 // back to a HuggingFace directory that transformers loads: the same tensor names, dtypes and
-// values (bit for bit after an import), the padding rows dropped, config.json from the import's
-// original (or made from the model's flags for a model trained here).
-// Refused with a message naming the field: rope scaling, sliding-window attention shorter than the
-// positions, Llama attention/MLP biases, activations other than SiLU (LLaMA family) or GELU
-// (GPT-2), GPT-2's scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn.
+// values (bit for bit after an import), the padding rows dropped, config.json and the kept files
+// from the import (or config.json made from the model's flags for a model trained here).
+// Refused with a message naming the field: RoPE scaling other than linear / llama3 / yarn,
+// sliding-window attention shorter than the positions, Llama attention/MLP biases, activations
+// other than SiLU (LLaMA family) or GELU (GPT-2), router jitter, GPT-2's
+// scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn.
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdint>
@@ -43,6 +53,7 @@
 #include "megatron/core/common/error.h"
 #include "megatron/core/dist_checkpointing/safetensors.h"
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/ops/rope_scaling.h"
 #include "megatron/runtime.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/checkpoint_model.h"
@@ -197,7 +208,37 @@ Tensor pad_rows(const Tensor& t, int64_t rows) {
 
 // ---- the model families ------------------------------------------------------------------------
 
-enum class Family { llama, qwen2, mistral, gpt2 };
+enum class Family { llama, qwen2, mistral, gpt2, qwen3, mixtral, qwen2_moe, qwen3_moe };
+
+// What each model_type is: its HF architecture and the features it has.
+struct FamilyInfo {
+  const char* model_type;
+  Family family;
+  const char* architecture;
+  bool qkv_bias, qk_norm, moe;
+};
+constexpr FamilyInfo kFamilies[] = {
+    {"llama", Family::llama, "LlamaForCausalLM", false, false, false},
+    {"mistral", Family::mistral, "MistralForCausalLM", false, false, false},
+    {"qwen2", Family::qwen2, "Qwen2ForCausalLM", true, false, false},
+    {"gpt2", Family::gpt2, "GPT2LMHeadModel", false, false, false},
+    {"qwen3", Family::qwen3, "Qwen3ForCausalLM", false, true, false},
+    {"mixtral", Family::mixtral, "MixtralForCausalLM", false, false, true},
+    {"qwen2_moe", Family::qwen2_moe, "Qwen2MoeForCausalLM", true, false, true},
+    {"qwen3_moe", Family::qwen3_moe, "Qwen3MoeForCausalLM", false, true, true},
+};
+
+const FamilyInfo* family_info(const std::string& model_type) {
+  for (const auto& f : kFamilies)
+    if (model_type == f.model_type) return &f;
+  return nullptr;
+}
+
+std::string supported_types() {
+  std::string s;
+  for (const auto& f : kFamilies) s += (s.empty() ? "" : ", ") + std::string(f.model_type);
+  return s;
+}
 
 struct HfModel {
   Family family = Family::llama;
@@ -205,9 +246,17 @@ struct HfModel {
   int64_t layers = 0, hidden = 0, ffn = 0, heads = 0, groups = 0, head_dim = 0, vocab = 0;
   int64_t max_positions = 0;
   double eps = 1e-5, rope_theta = 10000.0;
-  bool tied = false, qkv_bias = false, exact_gelu = false;
+  bool tied = false, qkv_bias = false, qk_norm = false, exact_gelu = false;
   double hidden_dropout = 0.0, attention_dropout = 0.0;
   mg::DType dtype = mg::DType::f32;
+  mg::ops::RopeScaling rope_scaling;
+  // Mixture of experts (mixtral, qwen2_moe, qwen3_moe).
+  int64_t experts = 0, topk = 0, moe_ffn = 0, shared_ffn = 0;
+  bool shared_gate = false, pre_softmax = false;
+  std::vector<int> moe_layers;  // per layer: 1 = MoE
+  double aux_loss_coeff = 0.0;
+  bool moe() const { return experts > 0; }
+  bool is_moe_layer(int64_t l) const { return moe() && moe_layers[static_cast<std::size_t>(l)]; }
 };
 
 template <typename T>
@@ -278,23 +327,31 @@ void check_config_types(const json& c, const std::string& where) {
              where << ": \"rope_parameters.rope_type\" is " << r["rope_type"].dump()
                    << ", expected a string");
   }
+double number_or(const json& c, const char* key, double dflt) {
+  return c.contains(key) && !c[key].is_null() ? c[key].get<double>() : dflt;
+}
+
+// rope_theta and the scaling: transformers 5's "rope_parameters" or 4's "rope_theta" +
+// "rope_scaling" ({"rope_type" or "type": ...}); each scaling as transformers computes it
+// (modeling_rope_utils), in Megatron's terms.
+void parse_rope(const json& c, HfModel& m, const std::string& where) {
+  json rope = json::object();
+  if (c.contains("rope_parameters") && c["rope_parameters"].is_object())
+    rope = c["rope_parameters"];
+  else if (c.contains("rope_scaling") && c["rope_scaling"].is_object())
+    rope = c["rope_scaling"];
+  m.rope_theta = number_or(rope, "rope_theta", number_or(c, "rope_theta", 10000.0));
+  m.rope_scaling = mg::ops::rope_scaling_from_hf(rope, m.max_positions, where);
 }
 
 HfModel parse_hf_config(const json& c, const std::string& where) {
   check_config_types(c, where);
   HfModel m;
   m.model_type = c.value("model_type", "");
-  if (m.model_type == "llama")
-    m.family = Family::llama;
-  else if (m.model_type == "qwen2")
-    m.family = Family::qwen2;
-  else if (m.model_type == "mistral")
-    m.family = Family::mistral;
-  else if (m.model_type == "gpt2")
-    m.family = Family::gpt2;
-  else
-    MG_THROW(where << ": model_type '" << m.model_type
-                   << "' is not supported (supported: llama, mistral, qwen2, gpt2)");
+  const FamilyInfo* info = family_info(m.model_type);
+  MG_CHECK(info, where << ": model_type '" << m.model_type
+                       << "' is not supported (supported: " << supported_types() << ")");
+  m.family = info->family;
   const std::string dt = c.value("torch_dtype", c.value("dtype", "float32"));
   if (dt == "bfloat16")
     m.dtype = mg::DType::bf16;
@@ -341,29 +398,54 @@ HfModel parse_hf_config(const json& c, const std::string& where) {
   m.max_positions = need<int64_t>(c, "max_position_embeddings", where);
   m.eps = c.value("rms_norm_eps", 1e-6);
   m.tied = c.value("tie_word_embeddings", false);
-  m.qkv_bias = m.family == Family::qwen2;
+  m.qkv_bias = info->qkv_bias;
+  m.qk_norm = info->qk_norm;
   const std::string act = c.value("hidden_act", "silu");
   MG_CHECK(act == "silu", where << ": hidden_act '" << act << "' is not supported (silu: SwiGLU)");
-  // rope: rope_theta (transformers 4) or rope_parameters.rope_theta (5); only the default type.
-  json rope = c.contains("rope_parameters") && c["rope_parameters"].is_object()
-                  ? c["rope_parameters"]
-                  : json::object();
-  m.rope_theta = rope.value("rope_theta", c.value("rope_theta", 10000.0));
-  const std::string rope_type = rope.value("rope_type", std::string("default"));
-  MG_CHECK(rope_type == "default",
-           where << ": rope_type '" << rope_type << "' (RoPE scaling) is not supported");
-  MG_CHECK(!c.contains("rope_scaling") || c["rope_scaling"].is_null(),
-           where << ": rope_scaling " << c["rope_scaling"].dump() << " is not supported");
+  parse_rope(c, m, where);
   MG_CHECK(!c.value("attention_bias", false),
            where << ": attention_bias true (biases on q/k/v/o) is not supported");
   MG_CHECK(!c.value("mlp_bias", false), where << ": mlp_bias true is not supported");
-  const bool sliding = m.family == Family::mistral || c.value("use_sliding_window", false);
+  const bool sliding = m.family == Family::mistral || m.family == Family::mixtral ||
+                       c.value("use_sliding_window", false);
   if (sliding && c.contains("sliding_window") && !c["sliding_window"].is_null())
     MG_CHECK(c["sliding_window"].get<int64_t>() >= m.max_positions,
              where << ": sliding_window " << c["sliding_window"].get<int64_t>()
                    << " < max_position_embeddings " << m.max_positions
                    << ": sliding-window attention is not supported");
   m.attention_dropout = c.value("attention_dropout", 0.0);
+  if (info->moe) {
+    const bool mixtral = m.family == Family::mixtral;
+    // Mixtral and transformers 5 say num_local_experts, Qwen's hub configs num_experts.
+    m.experts = need<int64_t>(c,
+                              c.contains("num_local_experts") && !c["num_local_experts"].is_null()
+                                  ? "num_local_experts"
+                                  : "num_experts",
+                              where);
+    m.topk = need<int64_t>(c, "num_experts_per_tok", where);
+    m.moe_ffn = mixtral ? m.ffn : need<int64_t>(c, "moe_intermediate_size", where);
+    // Mixtral renormalises the top-k probabilities (= softmax over the top k logits, Megatron's
+    // default); Qwen's norm_topk_prob false keeps the full softmax's (--moe-router-pre-softmax).
+    m.pre_softmax = !mixtral && !c.value("norm_topk_prob", m.family == Family::qwen3_moe);
+    if (m.family == Family::qwen2_moe) {
+      m.shared_ffn = need<int64_t>(c, "shared_expert_intermediate_size", where);
+      m.shared_gate = m.shared_ffn > 0;
+    }
+    // Which layers are MoE: transformers' decoder_sparse_step and mlp_only_layers.
+    const int64_t step = mixtral ? 1 : c.value("decoder_sparse_step", int64_t{1});
+    MG_CHECK(step >= 1, where << ": decoder_sparse_step " << step << " must be >= 1");
+    std::set<int64_t> dense;
+    if (c.contains("mlp_only_layers") && c["mlp_only_layers"].is_array())
+      for (const auto& v : c["mlp_only_layers"]) dense.insert(v.get<int64_t>());
+    for (int64_t l = 0; l < m.layers; ++l)
+      m.moe_layers.push_back(!dense.count(l) && (l + 1) % step == 0 ? 1 : 0);
+    // The aux loss is part of HF's training loss only with output_router_logits.
+    if (c.value("output_router_logits", false))
+      m.aux_loss_coeff = c.value("router_aux_loss_coef", 0.001);
+    MG_CHECK(c.value("router_jitter_noise", 0.0) == 0.0,
+             where << ": router_jitter_noise " << c.value("router_jitter_noise", 0.0)
+                   << " is not supported (0)");
+  }
   return m;
 }
 
@@ -403,8 +485,48 @@ std::vector<std::pair<std::string, std::vector<std::string>>> model_flags(const 
     add("--swiglu");
     add("--disable-bias-linear");
     if (m.qkv_bias) add("--add-qkv-bias");
-    add("--position-embedding-type", {"rope"});
+    if (m.qk_norm) add("--qk-layernorm");
+    const auto& r = m.rope_scaling;
+    using mg::ops::RopeScalingType;
+    add("--position-embedding-type", {r.type == RopeScalingType::yarn ? "yarn" : "rope"});
     add("--rotary-base", {num(m.rope_theta)});
+    if (r.type == RopeScalingType::linear)
+      add("--rotary-seq-len-interpolation-factor", {num(r.factor)});
+    if (r.type == RopeScalingType::llama3) {
+      add("--use-rope-scaling");
+      add("--rope-scaling-factor", {num(r.factor)});
+      add("--rope-scaling-low-freq-factor", {num(r.low_freq_factor)});
+      add("--rope-scaling-high-freq-factor", {num(r.high_freq_factor)});
+      add("--rope-scaling-original-max-position-embeddings",
+          {std::to_string(r.original_max_position_embeddings)});
+    }
+    if (r.type == RopeScalingType::yarn) {
+      add("--yarn-rotary-scaling-factor", {num(r.factor)});
+      add("--yarn-original-max-position-embeddings",
+          {std::to_string(r.original_max_position_embeddings)});
+      add("--yarn-beta-fast", {num(r.beta_fast)});
+      add("--yarn-beta-slow", {num(r.beta_slow)});
+      add("--yarn-mscale", {num(r.mscale)});
+      add("--yarn-mscale-all-dim", {num(r.mscale_all_dim)});
+      if (!r.correction_range_round_to_int) add("--no-yarn-correction-range-round-to-int");
+    }
+    if (m.moe()) {
+      add("--num-experts", {std::to_string(m.experts)});
+      add("--moe-router-topk", {std::to_string(m.topk)});
+      add("--moe-ffn-hidden-size", {std::to_string(m.moe_ffn)});
+      if (m.pre_softmax) add("--moe-router-pre-softmax");
+      if (m.shared_ffn > 0)
+        add("--moe-shared-expert-intermediate-size", {std::to_string(m.shared_ffn)});
+      if (m.shared_gate) add("--moe-shared-expert-gate");
+      bool all = true;
+      std::string pattern = "[";
+      for (std::size_t l = 0; l < m.moe_layers.size(); ++l) {
+        all = all && m.moe_layers[l] == 1;
+        pattern += (l ? "," : "") + std::to_string(m.moe_layers[l]);
+      }
+      if (!all) add("--moe-layer-freq", {pattern + "]"});
+      add("--moe-aux-loss-coeff", {num(m.aux_loss_coeff)});
+    }
   }
   if (!m.tied) add("--untie-embeddings-and-output-weights");
   add("--hidden-dropout", {num(m.hidden_dropout)});
@@ -420,11 +542,52 @@ std::vector<std::pair<std::string, std::vector<std::string>>> model_flags(const 
   return f;
 }
 
+// The pre-MLP norm of layer l: fused into linear_fc1 (dense, TE naming) or separate (MoE).
+std::string norm2_name(const mg::models::GPTModel& model, int64_t l) {
+  const std::string q = "decoder.layers." + std::to_string(l) + ".";
+  for (const auto& p : model.parameters())
+    if (p.name == q + "pre_mlp_layernorm.weight") return p.name;
+  return q + "mlp.linear_fc1.layer_norm_weight";
+}
+
+// HF names of an MoE layer's router and experts (which: 0 gate, 1 up, 2 down) under the layer's
+// prefix p.
+struct HfMoeNames {
+  std::string router, experts;
+  bool mixtral = false;
+  std::string expert(int64_t e, int which) const {
+    static const char* kMixtral[] = {"w1", "w3", "w2"};
+    static const char* kQwen[] = {"gate_proj", "up_proj", "down_proj"};
+    return experts + std::to_string(e) + "." + (mixtral ? kMixtral[which] : kQwen[which]) +
+           ".weight";
+  }
+};
+HfMoeNames hf_moe_names(const HfModel& m, const std::string& p) {
+  HfMoeNames n;
+  n.mixtral = m.family == Family::mixtral;
+  const std::string block = p + (n.mixtral ? "block_sparse_moe." : "mlp.");
+  n.router = block + "gate.weight";
+  n.experts = block + "experts.";
+  return n;
+}
+
+// HF files kept with an import and written back by export.
+constexpr const char* kHfSideFiles[] = {"tokenizer.json",
+                                        "tokenizer_config.json",
+                                        "special_tokens_map.json",
+                                        "tokenizer.model",
+                                        "vocab.json",
+                                        "merges.txt",
+                                        "added_tokens.json",
+                                        "vocab.txt",
+                                        "chat_template.jinja",
+                                        "generation_config.json"};
+
 // ---- import ------------------------------------------------------------------------------------
 
 struct ImportOptions {
   std::string hf_dir, save;
-  int tp = 1, pp = 1;
+  int tp = 1, pp = 1, ep = 1;
   int64_t divisible_by = 128;
 };
 
@@ -446,6 +609,11 @@ void run_import(const ImportOptions& o) {
                    << ") and the KV heads (" << m.groups << ")");
   MG_CHECK(m.layers % o.pp == 0,
            "--pp " << o.pp << " must divide the number of layers (" << m.layers << ")");
+  MG_CHECK(o.ep >= 1 && (o.ep == 1 || m.moe()),
+           "--ep " << o.ep << ": expert parallelism needs an MoE model (model_type '"
+                   << m.model_type << "' has no experts)");
+  MG_CHECK(!m.moe() || m.experts % o.ep == 0,
+           "--ep " << o.ep << " must divide the number of experts (" << m.experts << ")");
   MG_CHECK(o.divisible_by >= 1,
            "--make-vocab-size-divisible-by must be >= 1, got " << o.divisible_by);
 
@@ -529,11 +697,37 @@ void run_import(const ImportOptions& o) {
                       hf.get(p + "self_attn.v_proj.bias", {ng * hd}), nh, ng, hd));
       put(q + "self_attention.linear_proj.weight",
           hf.get(p + "self_attn.o_proj.weight", {h, nh * hd}));
-      put(q + "mlp.linear_fc1.layer_norm_weight",
-          hf.get(p + "post_attention_layernorm.weight", {h}));
-      put(q + "mlp.linear_fc1.weight", cat0({hf.get(p + "mlp.gate_proj.weight", {f, h}),
-                                             hf.get(p + "mlp.up_proj.weight", {f, h})}));
-      put(q + "mlp.linear_fc2.weight", hf.get(p + "mlp.down_proj.weight", {h, f}));
+      if (m.qk_norm) {
+        put(q + "self_attention.q_layernorm.weight", hf.get(p + "self_attn.q_norm.weight", {hd}));
+        put(q + "self_attention.k_layernorm.weight", hf.get(p + "self_attn.k_norm.weight", {hd}));
+      }
+      put(norm2_name(model, l), hf.get(p + "post_attention_layernorm.weight", {h}));
+      if (!m.is_moe_layer(l)) {
+        put(q + "mlp.linear_fc1.weight", cat0({hf.get(p + "mlp.gate_proj.weight", {f, h}),
+                                               hf.get(p + "mlp.up_proj.weight", {f, h})}));
+        put(q + "mlp.linear_fc2.weight", hf.get(p + "mlp.down_proj.weight", {h, f}));
+      } else {
+        const HfMoeNames n = hf_moe_names(m, p);
+        const int64_t fe = m.moe_ffn;
+        put(q + "mlp.router.weight", hf.get(n.router, {m.experts, h}));
+        for (int64_t e = 0; e < m.experts; ++e) {
+          const std::string x = q + "mlp.experts.local_experts." + std::to_string(e) + ".";
+          put(x + "linear_fc1.weight",
+              cat0({hf.get(n.expert(e, 0), {fe, h}), hf.get(n.expert(e, 1), {fe, h})}));
+          put(x + "linear_fc2.weight", hf.get(n.expert(e, 2), {h, fe}));
+        }
+        if (m.shared_ffn > 0) {
+          const int64_t fs = m.shared_ffn;
+          put(q + "mlp.shared_experts.linear_fc1.weight",
+              cat0({hf.get(p + "mlp.shared_expert.gate_proj.weight", {fs, h}),
+                    hf.get(p + "mlp.shared_expert.up_proj.weight", {fs, h})}));
+          put(q + "mlp.shared_experts.linear_fc2.weight",
+              hf.get(p + "mlp.shared_expert.down_proj.weight", {h, fs}));
+        }
+        if (m.shared_gate)
+          put(q + "mlp.shared_experts.gate_weight",
+              hf.get(p + "mlp.shared_expert_gate.weight", {1, h}));
+      }
       if (hf.has(p + "self_attn.rotary_emb.inv_freq"))
         hf.used.insert(p + "self_attn.rotary_emb.inv_freq");
     }
@@ -572,6 +766,23 @@ void run_import(const ImportOptions& o) {
   state.vocab_size = m.vocab;  // lets a layout with another vocabulary padding load it
   state.args = args_json;
   state.extra = json{{"hf_model_type", m.model_type}, {"hf_config", cfg}};
+  // The files besides the weights (tokenizer, generation config) travel in the checkpoint's
+  // record, through training and resharding, to the export: text as a string, other bytes as
+  // a JSON binary value.
+  json files = json::object();
+  for (const char* name : kHfSideFiles) {
+    const std::string path = st::join_path(dir, name);
+    if (!hf_storage->exists(path)) continue;
+    const std::string bytes = hf_storage->read_object(path);
+    try {
+      json probe = bytes;
+      (void)probe.dump();  // throws on invalid UTF-8
+      files[name] = bytes;
+    } catch (const json::exception&) {
+      files[name] = json::binary(std::vector<std::uint8_t>(bytes.begin(), bytes.end()));
+    }
+  }
+  if (!files.empty()) state.extra["hf_files"] = files;
   mg::training::save_checkpoint(o.save, params, state);
 
   // The flags that train this model, for --yaml-cfg.
@@ -583,6 +794,8 @@ void run_import(const ImportOptions& o) {
   auto layout = flags;  // the layout to train with (not part of the model's record)
   if (o.tp > 1) layout.push_back({"--tensor-model-parallel-size", {std::to_string(o.tp)}});
   if (o.pp > 1) layout.push_back({"--pipeline-model-parallel-size", {std::to_string(o.pp)}});
+  if (o.ep > 1) layout.push_back({"--expert-model-parallel-size", {std::to_string(o.ep)}});
+  if (o.tp > 1 && m.moe()) layout.push_back({"--sequence-parallel", {}});  // Megatron's MoE rule
   for (const auto& [k, v] : layout) {
     y << k.substr(2) << ":";
     if (v.empty())
@@ -622,6 +835,34 @@ int64_t parse_size(const std::string& s) {
   return static_cast<int64_t>(v * it->second);
 }
 
+// The rope fields of a made config.json (transformers 5's "rope_parameters").
+json hf_rope_parameters(const mg::transformer::TransformerConfig& c) {
+  using mg::ops::RopeScalingType;
+  const auto& r = c.rope_scaling;
+  json j = {{"rope_theta", c.rotary_base}, {"rope_type", "default"}};
+  if (r.type == RopeScalingType::none) return j;
+  j["rope_type"] = mg::ops::to_string(r.type);
+  j["factor"] = r.factor;
+  if (r.type == RopeScalingType::llama3) {
+    j["low_freq_factor"] = r.low_freq_factor;
+    j["high_freq_factor"] = r.high_freq_factor;
+    j["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  }
+  if (r.type == RopeScalingType::yarn) {
+    j["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    j["beta_fast"] = r.beta_fast;
+    j["beta_slow"] = r.beta_slow;
+    j["truncate"] = r.correction_range_round_to_int;
+    if (r.mscale_all_dim != 0.0) {
+      j["mscale"] = r.mscale;
+      j["mscale_all_dim"] = r.mscale_all_dim;
+    }
+  }
+  return j;
+}
+
+// config.json for a model trained here (no imported original): the family's fields from the
+// model's config.
 json make_hf_config(const mg::transformer::TransformerConfig& c, int64_t vocab,
                     const std::string& model_type) {
   const std::string dt = c.params_dtype == mg::DType::bf16  ? "bfloat16"
@@ -645,23 +886,66 @@ json make_hf_config(const mg::transformer::TransformerConfig& c, int64_t vocab,
                 {"bos_token_id", vocab - 1},
                 {"eos_token_id", vocab - 1},
                 {"torch_dtype", dt}};
-  const bool qwen = model_type == "qwen2";
-  return json{{"architectures", {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-              {"model_type", model_type},
-              {"hidden_act", "silu"},
-              {"hidden_size", c.hidden_size},
-              {"intermediate_size", c.ffn_hidden_size},
-              {"num_hidden_layers", c.num_layers},
-              {"num_attention_heads", c.num_attention_heads},
-              {"num_key_value_heads", c.num_query_groups},
-              {"head_dim", c.kv_channels},
-              {"max_position_embeddings", c.max_position_embeddings},
-              {"rms_norm_eps", c.norm_epsilon},
-              {"rope_theta", c.rotary_base},
-              {"vocab_size", vocab},
-              {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
-              {"attention_dropout", c.attention_dropout},
-              {"torch_dtype", dt}};
+  const FamilyInfo* info = family_info(model_type);
+  MG_CHECK(info, "export: model_type '" << model_type << "' is not one of " << supported_types());
+  json j = {{"architectures", {info->architecture}},
+            {"model_type", model_type},
+            {"hidden_act", "silu"},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.ffn_hidden_size},
+            {"num_hidden_layers", c.num_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_query_groups},
+            {"head_dim", c.kv_channels},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"rms_norm_eps", c.norm_epsilon},
+            {"rope_parameters", hf_rope_parameters(c)},
+            {"vocab_size", vocab},
+            {"tie_word_embeddings", !c.untie_embeddings_and_output_weights},
+            {"attention_dropout", c.attention_dropout},
+            {"torch_dtype", dt}};
+  if (model_type == "qwen2" || model_type == "qwen3" || model_type == "qwen2_moe" ||
+      model_type == "qwen3_moe")
+    j["use_sliding_window"] = false;
+  if (model_type == "mistral" || model_type == "mixtral") j["sliding_window"] = nullptr;
+  if (info->moe) {
+    const bool mixtral = model_type == "mixtral";
+    j[mixtral ? "num_local_experts" : "num_experts"] = c.num_moe_experts;
+    if (mixtral) j["intermediate_size"] = c.expert_ffn_hidden_size();  // Mixtral's is the experts'
+
+    j["num_experts_per_tok"] = c.moe_router_topk;
+    if (!mixtral) {
+      j["moe_intermediate_size"] = c.expert_ffn_hidden_size();
+      j["norm_topk_prob"] = !c.moe_router_pre_softmax;
+      j["decoder_sparse_step"] = 1;
+      json dense = json::array();
+      for (int64_t l = 0; l < c.num_layers; ++l)
+        if (!c.is_moe_layer(l)) dense.push_back(l);
+      j["mlp_only_layers"] = dense;
+    }
+    if (model_type == "qwen2_moe")
+      j["shared_expert_intermediate_size"] = c.moe_shared_expert_intermediate_size;
+    j["router_aux_loss_coef"] = c.moe_aux_loss_coeff;
+    j["output_router_logits"] = c.moe_aux_loss_coeff > 0.0;
+  }
+  return j;
+}
+
+// A file kept by import (string or JSON binary, possibly re-read as {"bytes": [...]}) as bytes.
+std::string side_file_bytes(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_binary()) return std::string(v.get_binary().begin(), v.get_binary().end());
+  MG_CHECK(v.is_object() && v.contains("bytes") && v["bytes"].is_array(),
+           "export: a kept HF file is neither text nor bytes: " << v.dump().substr(0, 80));
+  std::string out;
+  for (const auto& b : v["bytes"]) out.push_back(static_cast<char>(b.get<int>()));
+  return out;
+}
+
+bool every_layer_moe(const mg::transformer::TransformerConfig& c) {
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (!c.is_moe_layer(l)) return false;
+  return true;
 }
 
 void run_export(const ExportOptions& o) {
@@ -682,22 +966,44 @@ void run_export(const ExportOptions& o) {
                           c.activation == Activation::swiglu &&
                           c.position_embedding_type == PositionEmbeddingType::rope &&
                           !c.add_bias_linear && c.rotary_percent == 1.0 && !c.rotary_interleaved;
-  if (model_type.empty()) model_type = gpt2_like ? "gpt2" : c.add_qkv_bias ? "qwen2" : "llama";
-  MG_CHECK(!c.qk_layernorm && !c.apply_layernorm_1p,
-           "export: --qk-layernorm / --apply-layernorm-1p models have no HuggingFace "
-           "LLaMA/Qwen2/GPT-2 equivalent");
-  if (model_type == "gpt2")
-    MG_CHECK(gpt2_like,
+  const bool moe = c.num_moe_experts > 0;
+  if (model_type.empty()) {  // trained here: the family its features name
+    if (gpt2_like)
+      model_type = "gpt2";
+    else if (moe)
+      model_type = c.moe_shared_expert_intermediate_size > 0 ? "qwen2_moe"
+                   : c.qk_layernorm                          ? "qwen3_moe"
+                                                             : "mixtral";
+    else
+      model_type = c.qk_layernorm ? "qwen3" : c.add_qkv_bias ? "qwen2" : "llama";
+  }
+  MG_CHECK(!c.apply_layernorm_1p,
+           "export: --apply-layernorm-1p models have no HuggingFace equivalent");
+  const FamilyInfo* info = family_info(model_type);
+  MG_CHECK(info, "export: the checkpoint's hf_model_type '" << model_type << "' is not one of "
+                                                            << supported_types());
+  if (model_type == "gpt2") {
+    MG_CHECK(gpt2_like && !c.qk_layernorm && !moe,
              "export: the checkpoint's model is not GPT-2-shaped (LayerNorm, GELU, "
              "learned positions, biases)");
-  else
-    MG_CHECK(llama_like && (model_type != "qwen2" || c.add_qkv_bias) &&
-                 (model_type == "qwen2" || !c.add_qkv_bias),
-             "export: the checkpoint's model is not " << model_type
-                                                      << "-shaped (RMSNorm, SwiGLU, rotate-half "
-                                                         "RoPE, no linear biases"
-                                                      << (model_type == "qwen2" ? ", qkv bias" : "")
-                                                      << ")");
+  } else {
+    const bool shared_ok = model_type == "qwen2_moe" ? c.moe_shared_expert_intermediate_size > 0 &&
+                                                           c.moe_shared_expert_gate
+                                                     : c.moe_shared_expert_intermediate_size == 0;
+    MG_CHECK(
+        llama_like && info->qkv_bias == c.add_qkv_bias && info->qk_norm == c.qk_layernorm &&
+            info->moe == moe && (!moe || shared_ok) &&
+            (!moe || model_type != "mixtral" || !c.moe_router_pre_softmax) &&
+            (model_type != "mixtral" || every_layer_moe(c)) &&
+            (!moe || c.moe_router_score_function == mg::transformer::MoeScoreFunction::softmax),
+        "export: the checkpoint's model is not "
+            << model_type << "-shaped (RMSNorm, SwiGLU, rotate-half RoPE, no linear biases"
+            << (info->qkv_bias ? ", qkv bias" : ", no qkv bias")
+            << (info->qk_norm ? ", q/k norm" : ", no q/k norm")
+            << (info->moe ? ", softmax-routed experts" : ", no experts")
+            << (model_type == "mixtral" ? " in every layer, top-k renormalised" : "")
+            << (model_type == "qwen2_moe" ? " with a gated shared expert" : "") << ")");
+  }
   const int64_t vocab = cm.model->vocab_size();
   const int64_t hd = c.kv_channels, nh = c.num_attention_heads, ng = c.num_query_groups;
   auto param = [&cm](const std::string& name) {
@@ -751,12 +1057,40 @@ void run_export(const ExportOptions& o) {
         put(p + "self_attn.v_proj.bias", bv);
       }
       put(p + "self_attn.o_proj.weight", param(q + "self_attention.linear_proj.weight"));
-      put(p + "post_attention_layernorm.weight", param(q + "mlp.linear_fc1.layer_norm_weight"));
-      const Tensor fc1 = param(q + "mlp.linear_fc1.weight");
-      const int64_t f = c.ffn_hidden_size;
-      put(p + "mlp.gate_proj.weight", fc1.slice(0, f).clone());
-      put(p + "mlp.up_proj.weight", fc1.slice(f, f).clone());
-      put(p + "mlp.down_proj.weight", param(q + "mlp.linear_fc2.weight"));
+      if (c.qk_layernorm) {
+        put(p + "self_attn.q_norm.weight", param(q + "self_attention.q_layernorm.weight"));
+        put(p + "self_attn.k_norm.weight", param(q + "self_attention.k_layernorm.weight"));
+      }
+      put(p + "post_attention_layernorm.weight", param(norm2_name(*cm.model, l)));
+      if (!c.is_moe_layer(l)) {
+        const Tensor fc1 = param(q + "mlp.linear_fc1.weight");
+        const int64_t f = c.ffn_hidden_size;
+        put(p + "mlp.gate_proj.weight", fc1.slice(0, f).clone());
+        put(p + "mlp.up_proj.weight", fc1.slice(f, f).clone());
+        put(p + "mlp.down_proj.weight", param(q + "mlp.linear_fc2.weight"));
+        continue;
+      }
+      HfModel hm;
+      hm.family = info->family;
+      const HfMoeNames n = hf_moe_names(hm, p);
+      const int64_t fe = c.expert_ffn_hidden_size();
+      put(n.router, param(q + "mlp.router.weight"));
+      for (int64_t e = 0; e < c.num_moe_experts; ++e) {
+        const std::string x = q + "mlp.experts.local_experts." + std::to_string(e) + ".";
+        const Tensor fc1 = param(x + "linear_fc1.weight");
+        put(n.expert(e, 0), fc1.slice(0, fe).clone());
+        put(n.expert(e, 1), fc1.slice(fe, fe).clone());
+        put(n.expert(e, 2), param(x + "linear_fc2.weight"));
+      }
+      if (c.moe_shared_expert_intermediate_size > 0) {
+        const int64_t fs = c.moe_shared_expert_intermediate_size;
+        const Tensor fc1 = param(q + "mlp.shared_experts.linear_fc1.weight");
+        put(p + "mlp.shared_expert.gate_proj.weight", fc1.slice(0, fs).clone());
+        put(p + "mlp.shared_expert.up_proj.weight", fc1.slice(fs, fs).clone());
+        put(p + "mlp.shared_expert.down_proj.weight",
+            param(q + "mlp.shared_experts.linear_fc2.weight"));
+        put(p + "mlp.shared_expert_gate.weight", param(q + "mlp.shared_experts.gate_weight"));
+      }
     }
     put("model.norm.weight", param("decoder.final_layernorm.weight"));
   }
@@ -769,6 +1103,9 @@ void run_export(const ExportOptions& o) {
   cfg["vocab_size"] = vocab;
   const auto out_storage = st::storage_for(o.hf_dir);  // writes create the directory
   out_storage->write_object(st::join_path(o.hf_dir, "config.json"), cfg.dump(2) + "\n");
+  if (cm.state.extra.contains("hf_files"))
+    for (auto it = cm.state.extra["hf_files"].begin(); it != cm.state.extra["hf_files"].end(); ++it)
+      out_storage->write_object(st::join_path(o.hf_dir, it.key()), side_file_bytes(it.value()));
   // Shards per huggingface_hub's rule (FORMATS.md §7.6): in order, a new shard when the next
   // tensor would pass the limit.
   const int64_t limit = parse_size(o.max_shard_size);
@@ -814,20 +1151,24 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ImportOptions io;
   CLI::App* imp = app.add_subcommand(
-      "import", "HuggingFace directory (LLaMA, Mistral, Qwen2, GPT-2) -> Megatron checkpoint");
-  imp->add_option("--hf-dir", io.hf_dir, "HuggingFace model directory (config.json, safetensors)")
+      "import", "HuggingFace directory (" + supported_types() + ") -> Megatron checkpoint");
+  imp->add_option("--hf-dir,--hf-model-path", io.hf_dir,
+                  "HuggingFace model directory (config.json, safetensors)")
       ->required();
-  imp->add_option("--save", io.save, "checkpoint directory to write")->required();
+  imp->add_option("--save,--output-path", io.save, "checkpoint directory to write")->required();
   imp->add_option("--tp,--tensor-model-parallel-size", io.tp,
                   "tensor-parallel size to train with (validated, recorded, pads the vocab)");
   imp->add_option("--pp,--pipeline-model-parallel-size", io.pp,
                   "pipeline-parallel size to train with (validated, recorded)");
+  imp->add_option("--ep,--expert-model-parallel-size", io.ep,
+                  "expert-parallel size to train with (validated, recorded; MoE models)");
   imp->add_option("--make-vocab-size-divisible-by", io.divisible_by,
                   "pad the vocabulary to a multiple of this x TP (128)");
   ExportOptions eo;
   CLI::App* exp = app.add_subcommand("export", "Megatron checkpoint -> HuggingFace directory");
-  exp->add_option("--load", eo.load, "checkpoint directory to read")->required();
-  exp->add_option("--hf-dir", eo.hf_dir, "HuggingFace directory to write")->required();
+  exp->add_option("--load,--checkpoint-path", eo.load, "checkpoint directory to read")->required();
+  exp->add_option("--hf-dir,--output-path", eo.hf_dir, "HuggingFace directory to write")
+      ->required();
   exp->add_option("--max-shard-size", eo.max_shard_size,
                   "largest safetensors file before sharding with an index (5GB)");
   exp->add_option(

@@ -5,8 +5,9 @@
 //   generate --load CKPT --prompt "..." --temperature 0.8 --top-k 40 --top-p 0.95 --seed 7
 //
 // The model is rebuilt from the flags the checkpoint records (training/checkpoint_model.h) and
-// its weights loaded; under mpirun it is tensor-parallel over all the ranks (any layout the
-// checkpoint loader can reshard from), rank 0 printing; tokenizer flags given here
+// its weights loaded; under mpirun it is tensor-parallel over all the ranks, or TP x EP with
+// --expert-model-parallel-size for MoE models (any layout the checkpoint loader can reshard
+// from), rank 0 printing; tokenizer flags given here
 // (--tokenizer-type, --tokenizer-model,
 // --vocab-file, --merge-file, --vocab-size) replace the recorded ones. The prompt is tokenized
 // (with NullTokenizer: whitespace-separated ids), generation runs with the KV cache
@@ -49,9 +50,11 @@ int main(int argc, char** argv) {
   app.add_flag("--print-tokens", print_tokens, "also print the prompt and generated token ids");
   app.add_flag("--no-kv-cache", no_cache, "recompute the whole prefix for every token (slow)");
   app.add_option("--platform", platform, "cpu | cuda | ... (default: MG_PLATFORM, then auto)");
-  int tp = 0;
+  int tp = 0, ep = 1;
   app.add_option("--tensor-model-parallel-size", tp,
-                 "tensor-parallel ranks under mpirun (default: every rank of the job)");
+                 "tensor-parallel ranks under mpirun (default: every rank of the job / EP)");
+  app.add_option("--expert-model-parallel-size", ep,
+                 "expert-parallel ranks under mpirun (MoE models; TP x EP = the ranks)");
   for (const char* f :
        {"--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--vocab-size"}) {
     app.add_option_function<std::string>(
@@ -71,16 +74,21 @@ int main(int argc, char** argv) {
     // copy of the model, no data or pipeline parallelism); rank 0 prints.
     auto comm = mg::comm::init_communicator("");
     const int world = comm->world_size();
-    if (tp == 0) tp = world;
-    MG_CHECK(tp == world, "generate: --tensor-model-parallel-size "
-                              << tp << " must equal the number of ranks " << world
-                              << " (generation runs one tensor-parallel copy of the model)");
+    MG_CHECK(ep >= 1 && world % ep == 0, "generate: --expert-model-parallel-size "
+                                             << ep << " must divide the number of ranks " << world);
+    if (tp == 0) tp = world / ep;
+    MG_CHECK(tp * ep == world, "generate: --tensor-model-parallel-size "
+                                   << tp << " x --expert-model-parallel-size " << ep
+                                   << " must equal the number of ranks " << world
+                                   << " (generation runs one copy of the model)");
     mg::training::CheckpointRanks ranks;
     if (world > 1) {
       mg::parallel_state::ParallelDims dims;
       dims.tp = tp;
+      dims.ep = ep;  // carved out of the data-parallel ranks, which all run the same prompt
       const auto groups = mg::parallel_state::make_process_groups(*comm, dims.resolved(world));
       ranks.tp_group = groups.tp;
+      ranks.ep_group = groups.ep;
       ranks.group = groups.dp_cp;
       ranks.world = groups.world;
     }
@@ -106,6 +114,7 @@ int main(int argc, char** argv) {
       if (text.size() > printed) std::cout << text.substr(printed) << std::flush;
       printed = std::max(printed, text.size());
     };
+    std::cerr << "generate: tensor parallel " << tp << ", expert parallel " << ep << "\n";
     std::cerr << "generate: " << cm.model->num_parameters() << " parameters from " << load
               << " (iteration " << cm.state.iteration << "), " << tok.name() << " vocab "
               << tok.vocab_size() << ", prompt " << ids.size() << " tokens, "

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/ops/rope_scaling.h"
 #include "megatron/core/pipeline_parallel/layer_layout.h"
 #include "megatron/training/arg_parser.h"
 
@@ -32,6 +33,10 @@ struct Pending {
   bool use_rotary_position_embeddings = false, no_position_embedding = false;
   bool use_flash_attn = false, attention_softmax_in_fp32 = false;
   std::optional<std::string> attention_backend, transformer_impl;
+  bool yarn = false;                                            // --position-embedding-type yarn
+  bool use_rope_scaling = false;
+  std::optional<double> rotary_seq_len_interpolation_factor;
+  ops::RopeScaling llama3{.factor = 8.0}, yarn_scaling;  // each kind's flags, chosen after parsing
 };
 
 // ---- FP8 (Megatron's --fp8-* flags; docs/fp8.md) ----
@@ -148,6 +153,8 @@ void add_moe_flags(ArgParser& p, transformer::TransformerConfig& m, Arguments& a
       "token dispatcher over the expert-parallel group (allgather)");
   p.add("--moe-ffn-hidden-size", m.moe_ffn_hidden_size,
         "routed experts' FFN size (--ffn-hidden-size)");
+  p.add_switch("--moe-shared-expert-gate", m.moe_shared_expert_gate, true,
+               "sigmoid gate on the shared experts' output (Qwen2-MoE)");
   p.add("--moe-shared-expert-intermediate-size", m.moe_shared_expert_intermediate_size,
         "shared experts' FFN size (0: none)");
   p.add("--moe-layer-freq", x.moe_layer_freq,
@@ -213,16 +220,40 @@ void add_model_flags(ArgParser& p, transformer::TransformerConfig& m, Pending& x
   p.add_switch("--add-qkv-bias", m.add_qkv_bias, true, "bias on linear_qkv only (Qwen2)");
   p.add_switch("--qk-layernorm", m.qk_layernorm, true, "normalize queries and keys per head");
   p.add_choice(
-      "--position-embedding-type", {"learned_absolute", "rope", "none"},
-      [&m](const std::string& v) {
-        m.position_embedding_type = v == "rope"   ? PositionEmbeddingType::rope
-                                    : v == "none" ? PositionEmbeddingType::none
+      "--position-embedding-type", {"learned_absolute", "rope", "yarn", "none"},
+      [&m, &x](const std::string& v) {
+        m.position_embedding_type = v == "rope" || v == "yarn" ? PositionEmbeddingType::rope
+                                    : v == "none"              ? PositionEmbeddingType::none
                                                   : PositionEmbeddingType::learned_absolute;
+        x.yarn = v == "yarn";
       },
-      "position embeddings");
+      "position embeddings (yarn: RoPE with YaRN scaling, the --yarn-* flags)");
   p.add("--rotary-base", m.rotary_base, "RoPE base (10000)");
   p.add("--rotary-percent", m.rotary_percent, "fraction of the head dim rotated (1.0)");
   p.add_switch("--rotary-interleaved", m.rotary_interleaved, true, "interleaved RoPE pairs");
+  // RoPE scaling (ops/rope_scaling.h), each equal to transformers' rope_type of the same name.
+  p.add("--rotary-seq-len-interpolation-factor", x.rotary_seq_len_interpolation_factor,
+        "linear RoPE scaling: positions divided by this factor");
+  p.add_switch("--use-rope-scaling", x.use_rope_scaling, true,
+               "Llama 3.1 (rope_type llama3) frequency scaling");
+  p.add("--rope-scaling-factor", x.llama3.factor, "--use-rope-scaling factor (8.0)");
+  p.add("--rope-scaling-low-freq-factor", x.llama3.low_freq_factor,
+        "--use-rope-scaling low_freq_factor (1.0; fixed in Megatron)");
+  p.add("--rope-scaling-high-freq-factor", x.llama3.high_freq_factor,
+        "--use-rope-scaling high_freq_factor (4.0; fixed in Megatron)");
+  p.add("--rope-scaling-original-max-position-embeddings",
+        x.llama3.original_max_position_embeddings,
+        "--use-rope-scaling original context (8192; fixed in Megatron)");
+  p.add("--yarn-rotary-scaling-factor", x.yarn_scaling.factor, "YaRN scaling factor (1.0)");
+  p.add("--yarn-original-max-position-embeddings", x.yarn_scaling.original_max_position_embeddings,
+        "YaRN original context (8192)");
+  p.add("--yarn-beta-fast", x.yarn_scaling.beta_fast, "YaRN beta_fast (32)");
+  p.add("--yarn-beta-slow", x.yarn_scaling.beta_slow, "YaRN beta_slow (1)");
+  p.add("--yarn-mscale", x.yarn_scaling.mscale, "YaRN mscale (1.0)");
+  p.add("--yarn-mscale-all-dim", x.yarn_scaling.mscale_all_dim, "YaRN mscale_all_dim (0.0)");
+  p.add_switch("--no-yarn-correction-range-round-to-int",
+               x.yarn_scaling.correction_range_round_to_int, false,
+               "YaRN ramp ends not rounded (transformers' truncate false)");
   p.add_switch("--untie-embeddings-and-output-weights", m.untie_embeddings_and_output_weights, true,
                "separate output layer weight");
   p.add("--hidden-dropout", m.hidden_dropout, "dropout on hidden states (0.1)");
@@ -870,12 +901,40 @@ Arguments parse_args(const std::vector<std::string>& raw) {
            "--num-query-groups " << *x.num_query_groups << " needs --group-query-attention");
   if (a.model.position_embedding_type != PositionEmbeddingType::rope)
     MG_CHECK(!p.given("--rotary-base") && !p.given("--rotary-percent") &&
-                 !p.given("--rotary-interleaved"),
+                 !p.given("--rotary-interleaved") && !p.given("--use-rope-scaling") &&
+                 !p.given("--rotary-seq-len-interpolation-factor"),
              "--rotary-* flags need --position-embedding-type rope (got "
                  << transformer::to_string(a.model.position_embedding_type) << ")");
   check_fp8_flags(p, a.model.fp8, x);
   MG_CHECK(!a.checkpoint.finetune || a.checkpoint.load,
            "--finetune needs --load DIR (the model to start from)");
+  {  // RoPE scaling: one kind, and no flag of a kind that is not chosen.
+    const int kinds = (x.yarn ? 1 : 0) + (x.use_rope_scaling ? 1 : 0) +
+                      (x.rotary_seq_len_interpolation_factor ? 1 : 0);
+    MG_CHECK(kinds <= 1,
+             "--position-embedding-type yarn, --use-rope-scaling and "
+             "--rotary-seq-len-interpolation-factor are different RoPE scalings; give "
+             "one");
+    for (const char* f :
+         {"--rope-scaling-factor", "--rope-scaling-low-freq-factor",
+          "--rope-scaling-high-freq-factor", "--rope-scaling-original-max-position-embeddings"})
+      MG_CHECK(x.use_rope_scaling || !p.given(f), f << " needs --use-rope-scaling");
+    for (const char* f : {"--yarn-rotary-scaling-factor", "--yarn-original-max-position-embeddings",
+                          "--yarn-beta-fast", "--yarn-beta-slow", "--yarn-mscale",
+                          "--yarn-mscale-all-dim", "--no-yarn-correction-range-round-to-int"})
+      MG_CHECK(x.yarn || !p.given(f), f << " needs --position-embedding-type yarn");
+    if (x.use_rope_scaling) {
+      a.model.rope_scaling = x.llama3;
+      a.model.rope_scaling.type = ops::RopeScalingType::llama3;
+    } else if (x.yarn) {
+      a.model.rope_scaling = x.yarn_scaling;
+      a.model.rope_scaling.type = ops::RopeScalingType::yarn;
+    } else if (x.rotary_seq_len_interpolation_factor) {
+      a.model.rope_scaling.type = ops::RopeScalingType::linear;
+      a.model.rope_scaling.factor = *x.rotary_seq_len_interpolation_factor;
+    }
+    ops::validate_rope_scaling(a.model.rope_scaling, "RoPE scaling flags");
+  }
 
   // ---- Megatron's flag-level defaults ----
   if (x.swiglu) a.model.activation = Activation::swiglu;

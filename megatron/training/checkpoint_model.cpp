@@ -79,6 +79,8 @@ CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::O
   vocab = std::max(vocab, meta.value("vocab_size", int64_t{0}));
   models::GPTModelParallel par;
   if (ranks.tp_group && ranks.tp_group->size() > 1) par.tp_group = ranks.tp_group.get();
+  if (ranks.ep_group && ranks.ep_group->size() > 1) par.ep_group = ranks.ep_group.get();
+  par.inference_only = true;  // forward only: MoE under TP needs no sequence parallelism
   cm.model = model_provider(cm.args.model, vocab, ops, device, par);
   LoadOptions o;
   o.load_optimizer = false;

@@ -11,7 +11,9 @@
 // real vocabulary when that is larger than the tokenizer's) and loads the parameters (no
 // optimizer, no RNG).
 // With CheckpointRanks::tp_group the model is built tensor-parallel over that group (generate under
-// mpirun). Not done: pipeline stages (one rank holds every layer).
+// mpirun); with CheckpointRanks::ep_group the routed experts are spread over that group (expert
+// parallelism; `group` is then the data-parallel group the EP ranks come from). Built forward-only
+// (GPTModelParallel::inference_only). Not done: pipeline stages (one rank holds every layer).
 #pragma once
 
 #include <cstdint>

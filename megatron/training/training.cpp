@@ -84,6 +84,9 @@ struct Run {
   int64_t consumed_train = 0, consumed_valid = 0;
   double flops_so_far = 0.0;
   uint64_t rng_seed = 0;
+  // The loaded checkpoint's "extra" (e.g. convert_checkpoint's HF identity: model type, config,
+  // tokenizer files), written again into every checkpoint this run saves.
+  nlohmann::json checkpoint_extra = nlohmann::json::object();
   int64_t train_iters = 0;
   double flops_per_iter = 0.0;
   Timers timers;
@@ -199,6 +202,7 @@ void save(Run& r) {
   }
   if (!c.no_save_rng) st.rng = nlohmann::json{{"seed", r.rng_seed}};
   st.args = given_args_json(r.args);
+  st.extra = r.checkpoint_extra;  // the HF identity of an imported model travels on
   check_finite_before_save(r, st);
   if (r.model->fp8_state()) st.extra["fp8"] = gather_fp8_state(r);  // amax histories and scales
   r.timers.start("save-checkpoint");
@@ -268,6 +272,7 @@ void load(Run& r) {
   if (r.model->fp8_state() && st.extra.contains("fp8"))
     r.model->fp8_state()->load_state_json(st.extra.at("fp8"));
   if (st.rng) r.rng_seed = (*st.rng).at("seed").get<uint64_t>();
+  r.checkpoint_extra = st.extra;
   if (!c.finetune) {
     r.iteration = st.iteration;
     r.consumed_train = st.consumed_train_samples;

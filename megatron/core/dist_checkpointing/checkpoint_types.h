@@ -59,6 +59,7 @@ struct CheckpointRanks {
   comm::ProcessGroupPtr tp_group;  // null or size 1: no tensor parallelism
   comm::ProcessGroupPtr world;     // all ranks (barriers, temp dir); null: `group`
   comm::ProcessGroupPtr pp_group;  // null or size 1: no pipeline parallelism (recorded only)
+  comm::ProcessGroupPtr ep_group;  // load_model_from_checkpoint: the experts' EP group (or null)
   bool optimizer_sharded = false;  // --use-distributed-optimizer: one optimizer file per rank
 };
 

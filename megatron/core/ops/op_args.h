@@ -126,10 +126,30 @@ struct AttentionArgs {
 // rot = HD * rotary_percent features (even) rotate, the rest pass through. inv_freq[i] =
 // base^(-2i/rot); angle = pos * inv_freq[i] for feature pairs (i, i + rot/2) (interleaved: (2i,
 // 2i+1)). Positions: position_ids ([S] or [B, S], i32/i64) or else s + position_offset.
+// Frequency scaling of the rotary embedding (transformers' rope_type; rope_scaling.h computes the
+// frequencies, kernels rotate by pos * inv_freq[i] and multiply cos/sin by the attention factor):
+//   linear: inv_freq / factor (Megatron's --rotary-seq-len-interpolation-factor);
+//   llama3: Llama 3.1's band-wise scaling (--use-rope-scaling, --rope-scaling-factor; Megatron
+//           fixes low 1, high 4, original context 8192);
+//   yarn:   YaRN's ramp between interpolation and extrapolation and its attention factor
+//           (Megatron-Core's yarn_* settings).
+enum class RopeScalingType : int { none, linear, llama3, yarn };
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
+  int64_t original_max_position_embeddings = 8192;       // llama3, yarn
+  double beta_fast = 32.0, beta_slow = 1.0;              // yarn
+  double mscale = 1.0, mscale_all_dim = 0.0;             // yarn: the attention factor
+  bool correction_range_round_to_int = true;             // yarn: floor / ceil of the ramp ends
+};
+
 struct RopeArgs {
   float base = 10000.0f;
   float rotary_percent = 1.0f;
   bool interleaved = false;
+  RopeScaling scaling;
   Tensor position_ids;  // optional
   int64_t position_offset = 0;
 };

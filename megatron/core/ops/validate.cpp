@@ -6,6 +6,7 @@
 #include <string>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/ops/rope_scaling.h"
 
 namespace mg::ops {
 
@@ -928,6 +929,7 @@ RopeDims validate_rope(const Placement& on, const char* op, const char* out_name
   MG_CHECK(a.rotary_percent > 0.0f && a.rotary_percent <= 1.0f,
            op << ": rotary_percent " << a.rotary_percent << " is outside (0, 1]");
   MG_CHECK(a.base > 0.0f && std::isfinite(a.base), op << ": base " << a.base << " must be > 0");
+  validate_rope_scaling(a.scaling, op);
   // Megatron: int(kv_channels * rotary_percent).
   p.rot = static_cast<int64_t>(static_cast<double>(p.hd) * static_cast<double>(a.rotary_percent));
   MG_CHECK(p.rot > 0 && p.rot % 2 == 0, op << ": rotary dim HD * rotary_percent = " << p.hd << " * "

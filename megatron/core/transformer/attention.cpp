@@ -116,6 +116,7 @@ ops::RopeArgs SelfAttention::rope_args(const AttentionInputs& in) const {
   a.base = static_cast<float>(c.rotary_base);
   a.rotary_percent = static_cast<float>(c.rotary_percent);
   a.interleaved = c.rotary_interleaved;
+  a.scaling = c.rope_scaling;
   a.position_ids = in.position_ids;
   return a;
 }

@@ -34,6 +34,7 @@ Tensor SelfAttention::infer(const Tensor& x, inference::StaticInferenceContext& 
     ra.base = static_cast<float>(c.rotary_base);
     ra.rotary_percent = static_cast<float>(c.rotary_percent);
     ra.interleaved = c.rotary_interleaved;
+    ra.scaling = c.rope_scaling;
     ra.position_offset = off;  // positions off + s
     ctx_.op().rope_fwd(q, q, ra);
     ctx_.op().rope_fwd(k, k, ra);

@@ -48,6 +48,7 @@ struct ModuleContext {
   // Expert parallelism (moe/): the expert-model-parallel group the routed experts are spread
   // over (null: one rank holds every expert).
   comm::ProcessGroup* ep_group = nullptr;
+  bool inference_only = false;  // forward only (GPTModelParallel::inference_only)
   // The model's MoE state (aux-loss scale, metrics tracker; moe/moe_utils.h) its MoE layers use;
   // null: the model has no MoE layers.
   moe::MoEState* moe = nullptr;

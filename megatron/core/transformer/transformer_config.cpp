@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/ops/rope_scaling.h"
 
 namespace mg::transformer {
 
@@ -157,10 +158,16 @@ void TransformerConfig::validate() const {
     MG_CHECK(rot > 0 && rot % 2 == 0, "rope: kv_channels * rotary_percent = "
                                           << kv_channels << " * " << rotary_percent << " = " << rot
                                           << " rotary dims; must be even and > 0");
+    ops::validate_rope_scaling(rope_scaling, "TransformerConfig");
+  } else {
+    MG_CHECK(rope_scaling.type == ops::RopeScalingType::none,
+             ops::to_string(rope_scaling.type) << " RoPE scaling needs rotary position embeddings");
   }
   // Mixture of Experts, as Megatron's __post_init__ / validate_args check it.
   MG_CHECK(num_moe_experts >= 0,
            "num_moe_experts (--num-experts) must be >= 0, got " << num_moe_experts);
+  MG_CHECK(num_moe_experts > 0 || !moe_shared_expert_gate,
+           "--moe-shared-expert-gate needs --num-experts");
   if (num_moe_experts > 0) {
     MG_CHECK(moe_router_topk >= 1 && moe_router_topk <= num_moe_experts,
              "--moe-router-topk " << moe_router_topk << " must be in [1, --num-experts "
@@ -171,6 +178,8 @@ void TransformerConfig::validate() const {
     MG_CHECK(moe_shared_expert_intermediate_size >= 0,
              "--moe-shared-expert-intermediate-size must be >= 0, got "
                  << moe_shared_expert_intermediate_size);
+    MG_CHECK(!moe_shared_expert_gate || moe_shared_expert_intermediate_size > 0,
+             "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size");
     MG_CHECK(moe_aux_loss_coeff >= 0.0 && std::isfinite(moe_aux_loss_coeff),
              "--moe-aux-loss-coeff must be finite and >= 0, got " << moe_aux_loss_coeff);
     MG_CHECK(moe_z_loss_coeff >= 0.0 && std::isfinite(moe_z_loss_coeff),
@@ -271,6 +280,20 @@ std::string TransformerConfig::str() const {
      << to_string(recompute_granularity) << "\nrecompute_method " << to_string(recompute_method)
      << "\nrecompute_num_layers " << recompute_num_layers << "\ncalculate_per_token_loss "
      << calculate_per_token_loss;
+  if (rope_scaling.type != ops::RopeScalingType::none) {
+    const ops::RopeScaling& r = rope_scaling;
+    os << "\nrope_scaling " << ops::to_string(r.type) << "\nrope_scaling_factor " << r.factor;
+    if (r.type == ops::RopeScalingType::llama3)
+      os << "\nrope_scaling_low_freq_factor " << r.low_freq_factor
+         << "\nrope_scaling_high_freq_factor " << r.high_freq_factor;
+    if (r.type != ops::RopeScalingType::linear)
+      os << "\nrope_scaling_original_max_position_embeddings "
+         << r.original_max_position_embeddings;
+    if (r.type == ops::RopeScalingType::yarn)
+      os << "\nyarn_beta_fast " << r.beta_fast << "\nyarn_beta_slow " << r.beta_slow
+         << "\nyarn_mscale " << r.mscale << "\nyarn_mscale_all_dim " << r.mscale_all_dim
+         << "\nyarn_correction_range_round_to_int " << r.correction_range_round_to_int;
+  }
   if (num_moe_experts > 0) {
     os << "\nnum_moe_experts " << num_moe_experts << "\nmoe_ffn_hidden_size "
        << expert_ffn_hidden_size() << "\nmoe_router_topk " << moe_router_topk

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "megatron/core/fp8/fp8_config.h"
+#include "megatron/core/ops/op_args.h"
 #include "megatron/core/tensor/dtype.h"
 
 namespace mg::transformer {
@@ -68,6 +69,9 @@ struct TransformerConfig {
   double rotary_base = 10000.0;
   double rotary_percent = 1.0;
   bool rotary_interleaved = false;  // false: rotate-half (NeoX/HF), Megatron's default
+  // Frequency scaling (ops/rope_scaling.h): --rotary-seq-len-interpolation-factor (linear),
+  // --use-rope-scaling / --rope-scaling-factor (llama3), --position-embedding-type yarn (yarn).
+  ops::RopeScaling rope_scaling;
   bool untie_embeddings_and_output_weights = false;
 
   // ---- regularisation and init ----
@@ -103,6 +107,7 @@ struct TransformerConfig {
   MoeTokenDropPolicy moe_token_drop_policy = MoeTokenDropPolicy::probs;
   MoeTokenDispatcherType moe_token_dispatcher_type = MoeTokenDispatcherType::allgather;
   int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
+  bool moe_shared_expert_gate = false;  // --moe-shared-expert-gate: sigmoid gate on their output
   // --moe-layer-freq: layer l (0-based) is MoE iff l % moe_layer_freq == 0, or, when
   // moe_layer_pattern is given ("[1,0,1,1]"), iff moe_layer_pattern[l] == 1 (one per layer).
   int64_t moe_layer_freq = 1;

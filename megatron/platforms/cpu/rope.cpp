@@ -7,14 +7,16 @@
 // angle is computed in f64 and its cos/sin rounded to the compute type (f32, or f64 for f64
 // storage), where the rotation is applied. Positions come from position_ids ([S] or [B, S],
 // i32/i64) or else are s + position_offset. The backward is the rotation by the negative angle.
-// y may alias x and dx may alias dy. Not done here: fused q/k application, YaRN / NTK scaling,
-// multimodal (mrope) sections, the bshd layout.
+// Frequencies scaled per RopeArgs::scaling (ops/rope_scaling.h: linear, llama3, YaRN with its
+// attention factor on cos/sin). y may alias x and dx may alias dy. Not done here: fused q/k
+// application, dynamic NTK scaling, multimodal (mrope) sections, the bshd layout.
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/ops/ops.h"
+#include "megatron/core/ops/rope_scaling.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
@@ -59,16 +61,14 @@ void rope_apply(Tensor& y, const Tensor& x, const RopePlan& p, const RopeArgs& a
   const int64_t npos = static_cast<int64_t>(p.pos.size());
   // cos/sin table [npos, rot/2]: computed once per distinct position row, reused by every head.
   std::vector<C> cs(npos * half), sn(npos * half);
-  std::vector<double> inv_freq(half);
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = std::pow(static_cast<double>(a.base),
-                           -2.0 * static_cast<double>(i) / static_cast<double>(p.rot));
+  const std::vector<double> inv_freq = ops::rope_inv_freq(a.base, p.rot, a.scaling);
+  const double att = ops::rope_attention_scaling(a.scaling);  // 1 unless YaRN
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < npos; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double ang = static_cast<double>(p.pos[t]) * inv_freq[i];
-      cs[t * half + i] = static_cast<C>(std::cos(ang));
-      sn[t * half + i] = static_cast<C>(sign * std::sin(ang));
+      cs[t * half + i] = static_cast<C>(std::cos(ang) * att);
+      sn[t * half + i] = static_cast<C>(sign * std::sin(ang) * att);
     }
   }
   const T* xp = x.data<T>();

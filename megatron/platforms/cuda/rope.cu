@@ -9,10 +9,13 @@
 // second applies the rotation, one thread per feature pair, so y may alias x and dx may alias dy.
 // Positions come from position_ids ([S] or [B, S], i32/i64, on the device) or else are
 // s + position_offset. The backward is the rotation by the negative angle.
-// Not here: fused q/k application, YaRN / NTK scaling, mrope sections, the bshd layout.
+// Scaled frequencies (RopeArgs::scaling: linear, llama3, YaRN) come from ops::rope_inv_freq on the
+// host, as on the CPU. Not here: fused q/k application, dynamic NTK, mrope sections, bshd.
 #include <cmath>
+#include <vector>
 
 #include "megatron/core/ops/ops.h"
+#include "megatron/core/ops/rope_scaling.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
@@ -30,15 +33,23 @@ struct RopePlan {
   int64_t npos;              // rows of the cos/sin table: S or B*S
 };
 
-// cs/sn [npos, half] = cos/sin(sign * pos[t] * base^(-2i/rot))
+// cs/sn [npos, half] = cos/sin(sign * pos[t] * base^(-2i/rot)), or with scaled frequencies
+// (`scaled_inv_freq` [half] from ops::rope_inv_freq, on the device) times the attention factor.
 template <typename C>
 __global__ void rope_table_kernel(C* cs, C* sn, const void* pos_ids, DType pos_type,
                                   int64_t position_offset, double base, int64_t npos, int64_t half,
-                                  int64_t rot, double sign) {
+                                  int64_t rot, double sign, const double* scaled_inv_freq,
+                                  double att) {
   const int64_t total = npos * half;
   for (int64_t k = grid_start(); k < total; k += grid_stride()) {
     const int64_t t = k / half, i = k - t * half;
     const int64_t pos = pos_ids ? load_index(pos_ids, pos_type, t) : t + position_offset;
+    if (scaled_inv_freq) {
+      const double ang = static_cast<double>(pos) * scaled_inv_freq[i];
+      cs[k] = static_cast<C>(cos(ang) * att);
+      sn[k] = static_cast<C>(sign * sin(ang) * att);
+      continue;
+    }
     const double inv_freq = pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(rot));
     const double ang = static_cast<double>(pos) * inv_freq;
     cs[k] = static_cast<C>(cos(ang));
@@ -97,9 +108,21 @@ void rope_apply(Tensor& y, const Tensor& x, const RopePlan& p, const RopeArgs& a
     C* cs = table.as<C>();
     C* sn = cs + p.npos * half;
     const Tensor& ids = a.position_ids;
+    // Scaled frequencies: computed on the host (ops/rope_scaling.h, as the CPU) and uploaded.
+    Scratch freq;
+    const double* scaled = nullptr;
+    if (a.scaling.type != ops::RopeScalingType::none) {
+      const std::vector<double> inv = ops::rope_inv_freq(a.base, p.rot, a.scaling);
+      freq = Scratch(dev, inv.size() * sizeof(double));
+      MG_CUDA_CHECK(cudaMemcpyAsync(freq.get(), inv.data(), inv.size() * sizeof(double),
+                                    cudaMemcpyHostToDevice, s));
+      MG_CUDA_CHECK(cudaStreamSynchronize(s));  // `inv` is pageable and dies here
+      scaled = freq.as<double>();
+    }
     rope_table_kernel<C><<<grid_for(p.npos * half), kThreads, 0, s>>>(
         cs, sn, ids.defined() ? ids.raw_data() : nullptr, ids.defined() ? ids.dtype() : DType::i64,
-        a.position_offset, static_cast<double>(a.base), p.npos, half, p.rot, sign);
+        a.position_offset, static_cast<double>(a.base), p.npos, half, p.rot, sign, scaled,
+        ops::rope_attention_scaling(a.scaling));
     MG_CUDA_CHECK_LAUNCH();
     // In place, the pass-through features are already where they belong.
     const bool copy_rest = y.raw_data() != x.raw_data() && p.rot < p.hd;

@@ -6,6 +6,9 @@
 // token ids and compare with the logits transformers computed (f32); export and compare every
 // tensor with the original bit for bit (names, dtypes, shapes, bytes; padding rows dropped).
 // Also: the flags file, --tp validation, and clear errors for unsupported or broken inputs.
+// Issue 19: Llama 3 (llama3 RoPE scaling), Qwen2 with YaRN, Qwen3, Mixtral, Qwen2-MoE and
+// Qwen3-MoE round-trip too, their greedy generation equals transformers', and a fine-tune keeps
+// the HF identity (family, config.json, tokenizer files).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -21,6 +24,7 @@
 #include <string>
 
 #include "megatron/core/dist_checkpointing/safetensors.h"
+#include "megatron/core/inference/text_generation.h"
 #include "megatron/training/checkpoint_model.h"
 #include "tests/unit/test_util.h"
 
@@ -127,7 +131,136 @@ TEST_P(HfRoundTrip, ImportMatchesTransformersLogitsAndExportIsBitExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfRoundTrip,
-                         ::testing::Values("llama", "qwen2", "gpt2", "mistral"));
+                         ::testing::Values("llama", "qwen2", "gpt2", "mistral", "llama3",
+                                           "qwen2_yarn", "qwen3", "mixtral", "qwen2_moe",
+                                           "qwen3_moe"));
+
+// Greedy generation with the KV cache from the imported checkpoint equals transformers'
+// generate(do_sample=False) (generation.json); for llama3 / qwen2_yarn the prompt + generation
+// (40 tokens) runs past the original context of 16.
+class HfGreedy : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfGreedy, GenerationEqualsTransformers) {
+  const std::string model = GetParam();
+  const fs::path src = kFixtures / model;
+  const std::string ckpt = temp_dir(model + "_gen_ckpt");
+  std::string log;
+  ASSERT_EQ(run(kConvert + " import --hf-dir " + src.string() + " --save " + ckpt, &log), 0) << log;
+  std::ifstream gf(src / "generation.json");
+  const auto g = nlohmann::json::parse(gf);
+  const auto prompt = g.at("prompt").get<std::vector<int32_t>>();
+  const auto want = g.at("generated").get<std::vector<int32_t>>();
+  test::ensure_runtime();
+  CheckpointModel cm = load_model_from_checkpoint(ckpt, test::ops_on("cpu"), Device::cpu());
+  inference::GenerationOptions go;
+  go.sampling.greedy = true;
+  go.max_new_tokens = static_cast<int64_t>(want.size());
+  go.sample_vocab = cm.model->vocab_size();  // not the padding rows
+  const inference::GenerationResult r = inference::generate(*cm.model, prompt, go);
+  EXPECT_EQ(r.tokens, want) << model;
+  if (model == "llama3" || model == "qwen2_yarn") {
+    const auto rs = cm.model->config().rope_scaling;
+    EXPECT_LT(rs.original_max_position_embeddings,
+              static_cast<int64_t>(prompt.size() + want.size()))
+        << "the generation should pass the original context";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, HfGreedy,
+                         ::testing::Values("llama3", "qwen2_yarn", "qwen3", "mixtral", "qwen2_moe",
+                                           "qwen3_moe"));
+
+// The imported RoPE scaling and MoE settings become Megatron's flags in model_args.yaml.
+TEST(HfImport, FlagsOfScaledAndMoeModels) {
+  auto yaml = [](const std::string& model) {
+    const std::string c = temp_dir(model + "_flags");
+    std::string log;
+    EXPECT_EQ(run(kConvert + " import --hf-model-path " + (kFixtures / model).string() +
+                      " --output-path " + c + (model == "mixtral" ? " --tp 2 --ep 2" : ""),
+                  &log),
+              0)
+        << log;
+    std::ifstream y(fs::path(c) / "model_args.yaml");
+    std::stringstream ys;
+    ys << y.rdbuf();
+    return ys.str();
+  };
+  const std::string l3 = yaml("llama3");
+  for (const char* want : {"use-rope-scaling: true", "rope-scaling-factor: 4",
+                           "rope-scaling-original-max-position-embeddings: 16"})
+    EXPECT_NE(l3.find(want), std::string::npos) << want << "\n" << l3;
+  const std::string yarn = yaml("qwen2_yarn");
+  for (const char* want : {"position-embedding-type: yarn", "yarn-rotary-scaling-factor: 4",
+                           "yarn-original-max-position-embeddings: 16"})
+    EXPECT_NE(yarn.find(want), std::string::npos) << want << "\n" << yarn;
+  const std::string mx = yaml("mixtral");
+  for (const char* want : {"num-experts: 4", "moe-router-topk: 2", "expert-model-parallel-size: 2",
+                           "tensor-model-parallel-size: 2", "sequence-parallel: true"})
+    EXPECT_NE(mx.find(want), std::string::npos) << want << "\n" << mx;
+  EXPECT_EQ(mx.find("moe-router-pre-softmax"), std::string::npos) << mx;
+  const std::string q2 = yaml("qwen2_moe");
+  for (const char* want : {"moe-router-pre-softmax: true", "moe-shared-expert-gate: true",
+                           "moe-shared-expert-intermediate-size: 48", "add-qkv-bias: true"})
+    EXPECT_NE(q2.find(want), std::string::npos) << want << "\n" << q2;
+  const std::string q3 = yaml("qwen3");
+  for (const char* want : {"qk-layernorm: true", "kv-channels: 16"})
+    EXPECT_NE(q3.find(want), std::string::npos) << want << "\n" << q3;
+  std::string log;
+  EXPECT_NE(run(kConvert + " import --hf-dir " + (kFixtures / "mixtral").string() + " --save " +
+                    temp_dir("ep3") + " --ep 3",
+                &log),
+            0);
+  EXPECT_NE(log.find("--ep 3 must divide the number of experts (4)"), std::string::npos) << log;
+}
+
+// Item 3 of issue 19: a fine-tune of an imported model (pretrain_gpt --finetune, a few steps,
+// saved) exports as the same family with the same config.json and the tokenizer files the import
+// kept (text and binary), with trained (changed) weights under the same names.
+TEST(HfImport, FinetuneKeepsTheHfIdentity) {
+  const std::string src = temp_dir("id_src"), c = temp_dir("id_ckpt"), t = temp_dir("id_ft"),
+                    out = temp_dir("id_out");
+  fs::copy(kFixtures / "qwen3_moe", src, fs::copy_options::recursive);
+  const fs::path tok = fs::path(MG_TEST_FIXTURES_DIR) / "hf_tokenizers";
+  fs::copy(tok / "llama3_bytelevel" / "tokenizer.json", fs::path(src) / "tokenizer.json");
+  fs::copy(tok / "llama3_bytelevel" / "tokenizer_config.json",
+           fs::path(src) / "tokenizer_config.json");
+  fs::copy(tok / "spm_unigram.model", fs::path(src) / "tokenizer.model");  // binary
+  std::string log;
+  ASSERT_EQ(run(kConvert + " import --hf-dir " + src + " --save " + c, &log), 0) << log;
+  const std::string pretrain = std::string(MG_BIN_DIR) + "/pretrain_gpt";
+  ASSERT_EQ(run("OMP_NUM_THREADS=1 " + pretrain + " --yaml-cfg " + c + "/model_args.yaml --load " +
+                    c + " --finetune --mock-data --micro-batch-size 2 --global-batch-size 2 " +
+                    "--seq-length 16 --train-iters 2 --lr 1e-2 --eval-iters 0 --save " + t +
+                    " --save-interval 2",
+                &log),
+            0)
+      << log;
+  ASSERT_EQ(run(kConvert + " export --checkpoint-path " + t + " --output-path " + out, &log), 0)
+      << log;
+  EXPECT_NE(log.find("exported qwen3_moe"), std::string::npos) << log;
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream s;
+    s << f.rdbuf();
+    return s.str();
+  };
+  EXPECT_EQ(nlohmann::json::parse(read(fs::path(out) / "config.json")),
+            nlohmann::json::parse(read(fs::path(src) / "config.json")));
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"}) {
+    ASSERT_TRUE(fs::exists(fs::path(out) / f)) << f;
+    EXPECT_EQ(read(fs::path(out) / f), read(fs::path(src) / f)) << f << " differs";
+  }
+  HfDir a{fs::path(src)}, e{fs::path(out)};
+  ASSERT_EQ(a.by_name.size(), e.by_name.size());
+  int changed = 0;
+  for (const auto& [n, f] : a.by_name) {
+    ASSERT_TRUE(e.by_name.count(n)) << n;
+    EXPECT_EQ(e.by_name[n]->entry(n).shape, f->entry(n).shape) << n;
+    const auto ba = f->bytes(n), be = e.by_name[n]->bytes(n);
+    changed += ba.size() != be.size() || std::memcmp(ba.data(), be.data(), ba.size()) != 0;
+  }
+  EXPECT_GT(changed, 0) << "the fine-tune changed no weight";
+}
 
 TEST(HfImport, ReimportOfTheExportGivesTheSameCheckpointTensors) {
   // Sharded export (small --max-shard-size) with its index, imported again: same parameters.
@@ -208,17 +341,18 @@ TEST(HfImport, TpPpAreValidatedAndWrittenToTheFlagsFile) {
 
 TEST(HfImport, ClearErrors) {
   std::string log;
-  // RoPE scaling is refused naming the field.
+  // An unsupported RoPE scaling is refused naming the type.
   const std::string d = temp_dir("scaled");
   fs::copy(kFixtures / "llama", d, fs::copy_options::recursive);
   {
     std::ifstream f(fs::path(d) / "config.json");
     auto j = nlohmann::json::parse(f);
-    j["rope_parameters"]["rope_type"] = "llama3";
+    j["rope_parameters"]["rope_type"] = "dynamic";
+    j["rope_parameters"]["factor"] = 2.0;
     std::ofstream(fs::path(d) / "config.json") << j.dump();
   }
   EXPECT_NE(run(kConvert + " import --hf-dir " + d + " --save " + temp_dir("x1"), &log), 0);
-  EXPECT_NE(log.find("rope_type 'llama3'"), std::string::npos) << log;
+  EXPECT_NE(log.find("rope_type 'dynamic'"), std::string::npos) << log;
   // A shard named by the index is missing.
   const std::string q = temp_dir("noshard");
   fs::copy(kFixtures / "qwen2", q, fs::copy_options::recursive);

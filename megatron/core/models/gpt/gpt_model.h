@@ -77,6 +77,9 @@ struct GPTModelParallel {
   // Expert parallelism (MoE layers, transformer/moe/moe_layer.h): the expert-model-parallel group
   // the routed experts are spread over (null: every expert on this rank).
   comm::ProcessGroup* ep_group = nullptr;
+  // Built for forward-only use (generation, export): MoE layers then accept tensor parallelism
+  // without sequence parallelism (router and experts replicated over TP, no gradients).
+  bool inference_only = false;
   // Context parallelism (transformer/context_parallel.h): the CP group and --cp-comm-type. The
   // batch then holds this rank's two sequence chunks (r and 2 CP - 1 - r, with their real
   // position ids), only core attention crosses the group, and forward reports num_tokens as the

@@ -2,6 +2,7 @@
 // (moe_layer.h). Gradient rule: parameter gradients +=, activation gradients =.
 #include "megatron/core/transformer/moe/moe_layer.h"
 
+#include <cmath>
 #include <numeric>
 
 #include "megatron/core/common/error.h"
@@ -87,7 +88,7 @@ MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string
   const int64_t ep = ep_size();
   MG_CHECK(e_ % ep == 0, "--num-experts " << e_ << " must be divisible by "
                                           << "--expert-model-parallel-size " << ep);
-  MG_CHECK(ctx.tp_size() == 1 || ctx.sequence_parallel,
+  MG_CHECK(ctx.tp_size() == 1 || ctx.sequence_parallel || ctx.inference_only,
            "MoE with tensor parallelism needs --sequence-parallel (Megatron's rule)");
   local_ = e_ / ep;
   first_ = (ctx.ep_group ? ctx.ep_group->rank() : 0) * local_;
@@ -107,6 +108,9 @@ MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string
   if (c.moe_shared_expert_intermediate_size > 0)
     shared_ = std::make_unique<MLP>(ctx, pb, prefix + "shared_experts.", shared_experts,
                                     c.moe_shared_expert_intermediate_size);
+  if (c.moe_shared_expert_gate)  // sees the SP shard, as the router: grad summed over TP
+    pb.add(shared_gate_w_, prefix + "shared_experts.gate_weight", {1, h_}, InitRule::normal,
+           tensor_parallel::Partition{}, ctx.sequence_parallel && ctx.tp_size() > 1);
 }
 
 Tensor MoELayer::experts_forward(const Tensor& rows, Saved& s) const {
@@ -298,6 +302,21 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
     dispatch_alltoall(s.x.to_vector<double>(), s, y);
   else
     dispatch_allgather(s, y);
+  if (shared_ && c.moe_shared_expert_gate) {
+    // y += sigmoid(x . gate_weight) * shared(x), per token, on the host in f64.
+    s.shared_out = shared_->forward(x, s.shared).to_vector<double>();
+    const std::vector<double> xh = s.x.to_vector<double>(),
+                              w = shared_gate_w_.value.to_vector<double>();
+    s.shared_gate.assign(static_cast<std::size_t>(T), 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      double g = 0.0;
+      for (int64_t j = 0; j < h_; ++j) g += xh[t * h_ + j] * w[j];
+      const double sig = 1.0 / (1.0 + std::exp(-g));
+      s.shared_gate[t] = sig;
+      for (int64_t j = 0; j < h_; ++j) y[t * h_ + j] += sig * s.shared_out[t * h_ + j];
+    }
+    return device_tensor(ctx_, y, s.shape, ctx_.dtype);
+  }
   Tensor out = device_tensor(ctx_, y, s.shape, ctx_.dtype);
   if (shared_) {
     Tensor z = shared_->forward(x, s.shared);
@@ -403,7 +422,32 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
     linear_bwd(ctx_, dxt, router_w_.grad, dl, s.x, router_w_.value, /*accumulate=*/true);
   }
   Tensor out = dxt.view(s.shape);
-  if (shared_) {
+  if (shared_ && c.moe_shared_expert_gate) {
+    // z' = sig * z: dz = sig * dy; dg = (dy . z) sig (1 - sig); dw += dg x; dx += dg w.
+    const std::vector<double> dyh = dy.to_vector<double>(), xh = s.x.to_vector<double>(),
+                              w = shared_gate_w_.value.to_vector<double>();
+    std::vector<double> dz(dyh.size()), dw(static_cast<std::size_t>(h_), 0.0),
+        dxg(static_cast<std::size_t>(T * h_));
+    for (int64_t t = 0; t < T; ++t) {
+      const double sig = s.shared_gate[t];
+      double dot = 0.0;
+      for (int64_t j = 0; j < h_; ++j) {
+        dz[t * h_ + j] = sig * dyh[t * h_ + j];
+        dot += dyh[t * h_ + j] * s.shared_out[t * h_ + j];
+      }
+      const double dg = dot * sig * (1.0 - sig);
+      for (int64_t j = 0; j < h_; ++j) {
+        dw[j] += dg * xh[t * h_ + j];
+        dxg[t * h_ + j] = dg * w[j];
+      }
+    }
+    ctx_.op().axpy(shared_gate_w_.grad,
+                   device_tensor(ctx_, dw, {1, h_}, shared_gate_w_.grad.dtype()), 1.0f);
+    ctx_.op().axpy(out, device_tensor(ctx_, dxg, s.shape, ctx_.dtype), 1.0f);
+    Tensor dxs = shared_->backward(device_tensor(ctx_, dz, s.shape, ctx_.dtype), s.x.view(s.shape),
+                                   s.shared);
+    ctx_.op().axpy(out, dxs, 1.0f);
+  } else if (shared_) {
     Tensor dxs = shared_->backward(dy, s.x.view(s.shape), s.shared);
     ctx_.op().axpy(out, dxs, 1.0f);
   }

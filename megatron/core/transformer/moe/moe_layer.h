@@ -13,6 +13,8 @@
 //   decoder.layers.N.mlp.experts.local_experts.<e>.linear_fc1.weight  [F_moe (2 F_moe gated), H]
 //   decoder.layers.N.mlp.experts.local_experts.<e>.linear_fc2.weight  [H, F_moe]
 //   decoder.layers.N.mlp.shared_experts.linear_fc{1,2}.weight         (as the dense MLP)
+//   decoder.layers.N.mlp.shared_experts.gate_weight [1, H]  (--moe-shared-expert-gate: the shared
+//     experts' output times sigmoid(x . gate_weight) per token, Qwen2-MoE's shared_expert_gate)
 // Experts hold no biases. --moe-grouped-gemm keeps these SequentialMLP names and computes the
 // same loop of per-expert GEMMs (the op table has no grouped GEMM yet).
 //
@@ -71,6 +73,7 @@ class MoELayer {
     std::vector<int64_t> local_counts;  // [L]
     std::vector<Tensor> expert_in, fc1_out, act_out;
     MLP::Saved shared;
+    std::vector<double> shared_out, shared_gate;  // --moe-shared-expert-gate: z [T, H], sigmoid [T]
   };
 
   // prefix: "decoder.layers.N.mlp."; shared_experts: the spec of the shared experts' MLP (built
@@ -110,6 +113,7 @@ class MoELayer {
   Weight router_w_;
   std::vector<Expert> experts_;
   std::unique_ptr<MLP> shared_;
+  Weight shared_gate_w_;  // [1, H] under --moe-shared-expert-gate
 };
 
 }  // namespace mg::transformer::moe

@@ -211,7 +211,7 @@ struct LayerFixture {
   transformer::ParamAndGradBuffer buffer;
   std::vector<transformer::ParamDecl> decls;
 
-  explicit LayerFixture(MoeScoreFunction f, bool shared) {
+  explicit LayerFixture(MoeScoreFunction f, bool shared, bool gate = false) {
     c.num_layers = 1;
     c.hidden_size = 8;
     c.num_attention_heads = 2;
@@ -225,6 +225,7 @@ struct LayerFixture {
     c.moe_aux_loss_coeff = 0.1;
     c.moe_z_loss_coeff = 0.01;
     c.moe_shared_expert_intermediate_size = shared ? 5 : 0;
+    c.moe_shared_expert_gate = gate;  // Qwen2-MoE's sigmoid gate on the shared experts
     c.params_dtype = DType::f64;
     c.finalize();
     ctx.ops = &ops_on("cpu");
@@ -264,8 +265,9 @@ std::vector<double> mlp_ref(const Tensor& w1, const Tensor& w2, const std::vecto
 }
 
 TEST(MoELayer, ForwardMatchesPerTokenExpertLoop) {
-  for (bool shared : {false, true}) {
-    LayerFixture fx(MoeScoreFunction::softmax, shared);
+  for (int variant : {0, 1, 2}) {  // no shared experts, shared, shared with its gate
+    const bool shared = variant > 0, gate = variant == 2;
+    LayerFixture fx(MoeScoreFunction::softmax, shared, gate);
     const int64_t S = 3, B = 2, H = 8, T = S * B;
     const auto xv = randn(static_cast<std::size_t>(T * H), 21);
     const Tensor x = Tensor::from_vector(xv, {S, B, H}, DType::f64);
@@ -293,7 +295,13 @@ TEST(MoELayer, ForwardMatchesPerTokenExpertLoop) {
       if (shared) {
         const auto ys = mlp_ref(param("decoder.layers.0.mlp.shared_experts.linear_fc1.weight"),
                                 param("decoder.layers.0.mlp.shared_experts.linear_fc2.weight"), xt);
-        for (int64_t i = 0; i < H; ++i) ref[i] += ys[i];
+        const double g =
+            gate ? 1.0 / (1.0 +
+                          std::exp(-dot(
+                              row_of(param("decoder.layers.0.mlp.shared_experts.gate_weight"), 0),
+                              xt)))
+                 : 1.0;
+        for (int64_t i = 0; i < H; ++i) ref[i] += g * ys[i];
       }
       for (int64_t i = 0; i < H; ++i) EXPECT_NEAR(y[t * H + i], ref[i], 1e-12);
     }
@@ -301,8 +309,9 @@ TEST(MoELayer, ForwardMatchesPerTokenExpertLoop) {
 }
 
 TEST(MoELayer, BackwardMatchesFiniteDifferences) {
-  for (MoeScoreFunction f : {MoeScoreFunction::softmax, MoeScoreFunction::sigmoid}) {
-    LayerFixture fx(f, true);
+  for (int variant : {0, 1, 2}) {  // softmax, sigmoid, softmax with the shared-expert gate
+    const MoeScoreFunction f = variant == 1 ? MoeScoreFunction::sigmoid : MoeScoreFunction::softmax;
+    LayerFixture fx(f, true, variant == 2);
     const int64_t S = 3, B = 2, H = 8;
     const auto xv = randn(static_cast<std::size_t>(S * B * H), 31);
     const auto dyv = randn(xv.size(), 32);
