@@ -19,6 +19,7 @@ packages=(
   zlib1g-dev libzstd-dev      # preprocess_data: .gz / .zst inputs
   gzip zstd                   # tests write compressed inputs with them
   clang-format                # make format / the format check of make test (Debian 12: 14)
+  protobuf-compiler libprotobuf-dev  # TensorBoard event files (--tensorboard-dir): Event/Summary
 )
 
 missing=()

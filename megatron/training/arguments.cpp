@@ -361,6 +361,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       [&a](const std::string& v) { a.parallel.cp_comm_type = v; },
       "how attention crosses the CP group: p2p (ring, default), allgather, a2a (Ulysses)");
   add_ddp_flags(p, a.ddp);
+  add_monitoring_flags(p, a.monitoring);
   add_moe_flags(p, a.model, a, x);
   a.help_text = p.help();
 
@@ -446,6 +447,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   a.ddp.validate();
   a.checkpoint.validate();
   a.logging.validate();
+  a.monitoring.validate();
 
   MG_CHECK(a.optimizer.lr.has_value(), "--lr is required (the peak learning rate)");
   a.optimizer.validate();

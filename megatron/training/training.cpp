@@ -24,6 +24,7 @@
 #include "megatron/training/checkpointing.h"
 #include "megatron/training/initialize.h"
 #include "megatron/training/model_provider.h"
+#include "megatron/training/monitoring.h"
 #include "megatron/training/training_log.h"
 
 namespace mg::training {
@@ -82,6 +83,7 @@ struct Run {
   PretrainResult result;
   int64_t peak_activation_bytes = 0, max_in_flight = 0;  // pipelining, over the run
   AsyncCheckpointSaver checkpoint_saver;  // --async-save: the save being written in the background
+  std::unique_ptr<Monitoring> monitor;    // TensorBoard, timers, signals, stragglers
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 };
 
@@ -346,14 +348,25 @@ StepOutcome train_step(Run& r) {
   if (a.ddp.overlap_grad_reduce)
     cfg.set_is_last_microbatch = [&ddp](bool last) { ddp.set_is_last_microbatch(last); };
   if (r.ps.pp) ddp.set_is_last_microbatch(false);
+  Monitoring& mon = *r.monitor;
   auto next = [&] {
+    ScopedTimer t(&mon.timers(), "batch-generator", 2);
+    const auto t0 = std::chrono::steady_clock::now();
     auto mb = r.train_iter->next();
     MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);
-    return to_batch(*mb, r.ps.cp.get());
+    auto b = to_batch(*mb, r.ps.cp.get());
+    mon.straggler().add_batch_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return b;
   };
   set_pipeline(r, cfg);
+  cfg.timers = &mon.timers();
+  mon.start_forward_backward();
+  mon.straggler().start_compute();
   auto fb = forward_backward(r)(*r.model, next, a.training.num_microbatches(), cfg,
                                 models::StepRng{r.rng_seed, r.iteration, 0});
+  mon.straggler().stop_compute();
+  mon.timers().stop("forward-backward");
   r.peak_activation_bytes = std::max(r.peak_activation_bytes, fb.peak_activation_bytes);
   r.max_in_flight = std::max(r.max_in_flight, fb.max_in_flight);
   distributed::FinalizeModelGradsConfig fin;
@@ -363,6 +376,7 @@ StepOutcome train_step(Run& r) {
   fin.sequence_parallel = a.parallel.sequence_parallel;
   fin.embedding_group = r.ps.embedding.get();
   fin.calculate_per_token_loss = cfg.calculate_per_token_loss;
+  fin.timers = &mon.timers();
   const models::LossSums global =
       distributed::finalize_model_grads(*r.model, fin, {fb.loss_sum, fb.num_tokens});
   out.lm_loss = global.num_tokens > 0.0 ? global.loss_sum / global.num_tokens : 0.0;
@@ -380,7 +394,9 @@ StepOutcome train_step(Run& r) {
     out.skipped = true;  // do not let NaN gradients reach the weights
     return out;
   }
+  mon.timers().start("optimizer", 1);
   const optimizer::StepResult s = r.opt->step(out.lr, r.scheduler->weight_decay());
+  mon.timers().stop("optimizer");
   out.skipped = !s.success;
   out.grad_norm = s.grad_norm;
   out.num_zeros_in_grad = s.num_zeros_in_grad;
@@ -427,6 +443,16 @@ void train(Run& r) {
       last_grad_norm = o.grad_norm;
       last_num_zeros = o.num_zeros_in_grad;
     }
+    r.monitor->after_iteration({.iteration = r.iteration,
+                                .consumed_samples = r.consumed_train,
+                                .learning_rate = o.lr,
+                                .batch_size = tr.global_batch_size,
+                                .lm_loss = o.lm_loss,
+                                .loss_scale = r.opt->loss_scale(),
+                                .grad_norm = o.skipped ? std::nullopt
+                                                       : std::optional<double>(o.grad_norm),
+                                .num_zeros = o.skipped ? std::nullopt : o.num_zeros_in_grad},
+                               interval_iters);
 
     if (r.iteration % a.logging.log_interval == 0) {
       r.rt->platform->synchronize(r.rt->device.index);
@@ -456,6 +482,8 @@ void train(Run& r) {
           a.parallel.sequence_parallel ? a.parallel.tensor_model_parallel_size : 1, interval_iters);
       r.log_last << format_training_log(s) << moe.inline_part << "\n"
                  << moe.layer_lines << std::flush;
+      r.monitor->at_log_interval(r.iteration, interval_iters, secs / interval_iters,
+                                 r.flops_per_iter, r.log_last, r.log);
       interval_loss = 0.0;
       interval_count = interval_iters = interval_skipped = interval_nan = 0;
     }
@@ -467,6 +495,7 @@ void train(Run& r) {
         r.log_last << format_evaluation(
                           "validation loss at iteration " + std::to_string(r.iteration), *v)
                    << std::endl;
+        r.monitor->evaluation("validation", r.iteration, r.consumed_train, *v);
       }
       r.timers.elapsed("interval-time");  // evaluation time is not training time
     }
@@ -479,11 +508,17 @@ void train(Run& r) {
       r.timers.elapsed("interval-time");
     }
     std::string exit_reason;
+    // --exit-signal-handler: Megatron checks the signal first (an all-reduce over the world).
+    if (const int sig = r.monitor->signal_received()) {
+      exit_reason = "signal";
+      r.log << " received " << signal_name(sig) << " (--exit-signal-handler)" << std::endl;
+    }
     const double minutes =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count() / 60.0;
-    if (tr.exit_duration_in_mins && minutes > *tr.exit_duration_in_mins)
+    if (exit_reason.empty() && tr.exit_duration_in_mins && minutes > *tr.exit_duration_in_mins)
       exit_reason = "exit-duration";
-    if (tr.exit_interval && r.iteration % *tr.exit_interval == 0) exit_reason = "exit-interval";
+    if (exit_reason.empty() && tr.exit_interval && r.iteration % *tr.exit_interval == 0)
+      exit_reason = "exit-interval";
     if (!exit_reason.empty()) {
       if (c.save && !saved) save(r);
       r.log << " exiting program at iteration " << r.iteration << " (" << exit_reason << ")"
@@ -524,6 +559,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     check_deterministic_mode(r.ps.world->backend(), r.ps.world->size(), std::getenv("NCCL_ALGO"));
   r.rng_seed = args.training.seed;
   r.train_iters = args.training.total_iters();
+  r.monitor = std::make_unique<Monitoring>(args, r.ps.world, *r.rt, log);
 
   // A missing or malformed --load is an error before any work (with --exit-on-missing-checkpoint).
   if (args.checkpoint.load && args.checkpoint.exit_on_missing_checkpoint)
@@ -550,6 +586,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
       args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
       optimizer::ParamGroupOptions{}, std::move(r.dp_model.optimizer_shard),
       optimizer::GradStatsGroups{.tp = r.ps.tp, .pp = r.ps.pp, .expert = r.ps.expert_mp});
+  r.opt->set_timers(&r.monitor->timers());
   r.scheduler = std::make_unique<optimizer::OptimizerParamScheduler>(
       optimizer::scheduler_config_from_args(args.scheduler));
   r.flops_per_iter = models::num_floating_point_operations(
@@ -603,28 +640,33 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.train_iter.reset();
 
   // After training: validation and test (Megatron's evaluate_and_print_results), final save.
-  if (r.valid_iter && r.iteration % args.training.eval_interval != 0) {
+  // After a signal (--exit-signal-handler) Megatron saves and exits without evaluating.
+  const bool signalled = r.result.exit_reason == "signal";
+  if (!signalled && r.valid_iter && r.iteration % args.training.eval_interval != 0) {
     if (auto v = evaluate(r, r.valid_iter.get(), &r.consumed_valid)) {
       r.result.valid_loss = v;
       r.log_last << format_evaluation("validation loss at iteration " +
                                           std::to_string(r.iteration) + " on validation set",
                                       *v)
                  << std::endl;
+      r.monitor->evaluation("validation", r.iteration, r.consumed_train, *v);
     }
   }
-  if (auto test_iter = make_iterator(r, datasets::Split::test, 0, true)) {
+  if (auto test_iter = signalled ? nullptr : make_iterator(r, datasets::Split::test, 0, true)) {
     if (auto v = evaluate(r, test_iter.get(), nullptr)) {
       r.result.test_loss = v;
       r.log_last << format_evaluation(
                         "test loss at iteration " + std::to_string(r.iteration) + " on test set",
                         *v)
                  << std::endl;
+      r.monitor->evaluation("test", r.iteration, r.consumed_train, *v);
     }
   }
   const auto& c = args.checkpoint;
   if (c.save && r.iteration > start_iteration && r.result.saved_iteration != r.iteration) save(r);
   if (r.checkpoint_saver.finalize())
     r.log << "  finished the background checkpoint save" << std::endl;
+  r.monitor->flush();
   r.result.iteration = r.iteration;
   r.result.consumed_train_samples = r.consumed_train;
   return r.result;
