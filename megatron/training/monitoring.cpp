@@ -50,8 +50,8 @@ Monitoring::Monitoring(const Arguments& args, comm::ProcessGroupPtr world, Runti
         tb_->add_text(arg_name(flag), values.empty() ? "True" : text, 0);
       }
     }
-    log << "tensorboard: writing to " << *m.tensorboard_dir << " (rank " << size - 1
-        << "), every " << m.tensorboard_log_interval << " iteration(s)" << std::endl;
+    log << "tensorboard: writing to " << *m.tensorboard_dir << " (rank " << size - 1 << "), every "
+        << m.tensorboard_log_interval << " iteration(s)" << std::endl;
   }
   if (m.timing_log_level > 0)
     log << "timers: --timing-log-level " << m.timing_log_level << ", --timing-log-option "

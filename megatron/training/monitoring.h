@@ -1,6 +1,6 @@
 // The training loop's monitoring, in one object so that training.cpp only calls hooks: the
-// TensorBoard writer (tensorboard.h; the last rank, as Megatron's get_tensorboard_writer), Megatron's
-// timers (timers.h), the exit-signal handler (signal_handler.h) and the straggler report
+// TensorBoard writer (tensorboard.h; the last rank, as Megatron's get_tensorboard_writer),
+// Megatron's timers (timers.h), the exit-signal handler (signal_handler.h) and the straggler report
 // (straggler.h), set up from MonitoringConfig (monitoring_config.h).
 //
 // TensorBoard scalars (Megatron's training_log / evaluate_and_print_results names; "<x> vs samples"

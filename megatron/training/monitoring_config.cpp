@@ -27,7 +27,8 @@ void add_monitoring_flags(ArgParser& p, MonitoringConfig& c) {
                "write the device memory statistics (mem-*) to TensorBoard");
   p.add_switch("--log-world-size-to-tensorboard", c.log_world_size_to_tensorboard, true,
                "write world-size to TensorBoard");
-  for (const char* f : {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--wandb-entity"})
+  for (const char* f :
+       {"--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--wandb-entity"})
     p.add(
         f, ArgParser::Nargs::one,
         [f](const std::vector<std::string>& v) {

@@ -15,19 +15,19 @@ class ArgParser;
 
 struct MonitoringConfig {
   // ---- TensorBoard (tensorboard.h), written by the last rank ----
-  std::optional<std::string> tensorboard_dir;  // --tensorboard-dir: none -> no event file
-  int64_t tensorboard_log_interval = 1;        // --tensorboard-log-interval (iterations)
-  int64_t tensorboard_queue_size = 1000;       // --tensorboard-queue-size: events in flight
-  bool log_timers_to_tensorboard = false;      // --log-timers-to-tensorboard: "<timer>-time"
-  bool log_learning_rate_to_tensorboard = true;  // --no-log-learning-rate-to-tensorboard clears
-  bool log_loss_scale_to_tensorboard = true;     // --no-log-loss-scale-to-tensorboard clears
-  bool log_batch_size_to_tensorboard = false;    // --log-batch-size-to-tensorboard
+  std::optional<std::string> tensorboard_dir;      // --tensorboard-dir: none -> no event file
+  int64_t tensorboard_log_interval = 1;            // --tensorboard-log-interval (iterations)
+  int64_t tensorboard_queue_size = 1000;           // --tensorboard-queue-size: events in flight
+  bool log_timers_to_tensorboard = false;          // --log-timers-to-tensorboard: "<timer>-time"
+  bool log_learning_rate_to_tensorboard = true;    // --no-log-learning-rate-to-tensorboard clears
+  bool log_loss_scale_to_tensorboard = true;       // --no-log-loss-scale-to-tensorboard clears
+  bool log_batch_size_to_tensorboard = false;      // --log-batch-size-to-tensorboard
   bool log_validation_ppl_to_tensorboard = false;  // --log-validation-ppl-to-tensorboard
   bool log_memory_to_tensorboard = false;          // --log-memory-to-tensorboard: mem-*
   bool log_world_size_to_tensorboard = false;      // --log-world-size-to-tensorboard
 
   // ---- Megatron's timers (timers.h) ----
-  int32_t timing_log_level = 0;             // --timing-log-level 0|1|2
+  int32_t timing_log_level = 0;              // --timing-log-level 0|1|2
   std::string timing_log_option = "minmax";  // --timing-log-option max|minmax|all
   bool barrier_with_l1_time = true;          // --no-barrier-with-L1-time clears
 

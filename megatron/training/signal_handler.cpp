@@ -15,7 +15,9 @@ std::atomic<int> g_signal{0};
 std::atomic<bool> g_installed{false};
 static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-free flag");
 
-extern "C" void on_signal(int sig) { g_signal.store(sig, std::memory_order_relaxed); }
+extern "C" void on_signal(int sig) {
+  g_signal.store(sig, std::memory_order_relaxed);
+}
 
 }  // namespace
 
@@ -36,7 +38,9 @@ DistributedSignalHandler::~DistributedSignalHandler() {
   g_installed.store(false);
 }
 
-int DistributedSignalHandler::local_signal() { return g_signal.load(std::memory_order_relaxed); }
+int DistributedSignalHandler::local_signal() {
+  return g_signal.load(std::memory_order_relaxed);
+}
 
 int DistributedSignalHandler::received_any(comm::ProcessGroup* world) const {
   const int mine = local_signal();

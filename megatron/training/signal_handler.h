@@ -14,7 +14,7 @@ namespace mg::training {
 
 class DistributedSignalHandler {
  public:
-  DistributedSignalHandler();  // installs the handlers (one instance at a time)
+  DistributedSignalHandler();   // installs the handlers (one instance at a time)
   ~DistributedSignalHandler();  // restores the previous ones
   DistributedSignalHandler(const DistributedSignalHandler&) = delete;
   DistributedSignalHandler& operator=(const DistributedSignalHandler&) = delete;

@@ -38,8 +38,7 @@ void StragglerDetector::stop_compute() {
   if (!enabled_) return;
   if (delay_ms_ > 0.0)
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms_));
-  compute_s_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  compute_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
 }
 
 std::string StragglerDetector::report(comm::ProcessGroup* world, double flops_per_rank,
@@ -82,8 +81,7 @@ std::string StragglerDetector::report(comm::ProcessGroup* world, double flops_pe
   // Ranks by throughput, slowest first (ties: lower rank first).
   std::vector<int> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return step[a] > step[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return step[a] > step[b]; });
   const int k = std::min(minmax_count_, n);
   if (k > 1 && k < n) {
     l += "^^^^ Bottom " + std::to_string(k) + " Ranks with lowest  Etpt(TF):";
@@ -94,8 +92,7 @@ std::string StragglerDetector::report(comm::ProcessGroup* world, double flops_pe
   }
   std::vector<double> sorted = step;
   std::sort(sorted.begin(), sorted.end());
-  const double median =
-      n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
   if (n > 1 && median > 0.0)
     for (int i = 0; i < k; ++i) {
       const int r = order[i];

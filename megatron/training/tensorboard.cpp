@@ -39,7 +39,8 @@ void put_le(std::string& out, uint64_t v, int bytes) {
 }
 uint64_t get_le(const char* p, int bytes) {
   uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
@@ -59,7 +60,8 @@ std::atomic<int> g_file_uid{0};
 
 uint32_t crc32c(std::string_view data, uint32_t crc) {
   crc = ~crc;
-  for (const char ch : data) crc = kTable[(crc ^ static_cast<unsigned char>(ch)) & 0xffu] ^ (crc >> 8);
+  for (const char ch : data)
+    crc = kTable[(crc ^ static_cast<unsigned char>(ch)) & 0xffu] ^ (crc >> 8);
   return ~crc;
 }
 
@@ -92,16 +94,16 @@ std::vector<std::string> read_records(const std::string& path) {
     const std::string_view len_bytes(data.data() + pos, 8);
     const uint64_t len = get_le(data.data() + pos, 8);
     const uint32_t len_crc = static_cast<uint32_t>(get_le(data.data() + pos + 8, 4));
-    MG_CHECK(len_crc == masked_crc32c(len_bytes),
-             path << ": length CRC mismatch at byte " << pos << " (stored " << len_crc
-                  << ", computed " << masked_crc32c(len_bytes) << ")");
-    MG_CHECK(data.size() - pos - 12 >= len + 4,
-             path << ": record at byte " << pos << " of " << len << " bytes runs past the end ("
-                  << data.size() << " bytes)");
+    MG_CHECK(len_crc == masked_crc32c(len_bytes), path << ": length CRC mismatch at byte " << pos
+                                                       << " (stored " << len_crc << ", computed "
+                                                       << masked_crc32c(len_bytes) << ")");
+    MG_CHECK(data.size() - pos - 12 >= len + 4, path << ": record at byte " << pos << " of " << len
+                                                     << " bytes runs past the end (" << data.size()
+                                                     << " bytes)");
     const std::string_view payload(data.data() + pos + 12, len);
     const uint32_t crc = static_cast<uint32_t>(get_le(data.data() + pos + 12 + len, 4));
-    MG_CHECK(crc == masked_crc32c(payload), path << ": data CRC mismatch in the record at byte "
-                                                 << pos);
+    MG_CHECK(crc == masked_crc32c(payload),
+             path << ": data CRC mismatch in the record at byte " << pos);
     out.emplace_back(payload);
     pos += 12 + len + 4;
   }
@@ -203,8 +205,9 @@ void SummaryWriter::flush() {
   if (closed_) return;
   flush_requested_ = true;
   cv_.notify_one();
-  cv_room_.wait(lk, [&] { return (!flush_requested_ && queue_.empty() && in_progress_ == 0) ||
-                                 !error_.empty(); });
+  cv_room_.wait(lk, [&] {
+    return (!flush_requested_ && queue_.empty() && in_progress_ == 0) || !error_.empty();
+  });
   MG_CHECK(error_.empty(), error_);
 }
 
@@ -231,8 +234,8 @@ void SummaryWriter::run() {
     std::deque<std::string> batch;
     batch.swap(queue_);
     in_progress_ = static_cast<int64_t>(batch.size());
-    const bool flush_now = flush_requested_ || closing_ ||
-                           std::chrono::steady_clock::now() >= deadline;
+    const bool flush_now =
+        flush_requested_ || closing_ || std::chrono::steady_clock::now() >= deadline;
     const bool stop = closing_;
     cv_room_.notify_all();  // room in the queue
     lk.unlock();

@@ -25,37 +25,37 @@ std::string fmt2(double v) {
 }  // namespace
 
 const std::vector<std::string>& megatron_timers_to_log() {
-  static const std::vector<std::string> names = {
-      "forward-backward",
-      "forward-compute",
-      "backward-compute",
-      "batch-generator",
-      "forward-recv",
-      "forward-send",
-      "backward-recv",
-      "backward-send",
-      "forward-send-forward-recv",
-      "forward-send-backward-recv",
-      "backward-send-forward-recv",
-      "backward-send-backward-recv",
-      "forward-backward-send-forward-backward-recv",
-      "layernorm-grads-all-reduce",
-      "embedding-grads-all-reduce",
-      "all-grads-sync",
-      "params-all-gather",
-      "optimizer-copy-to-main-grad",
-      "optimizer-unscale-and-check-inf",
-      "optimizer-clip-main-grad",
-      "optimizer-count-zeros",
-      "optimizer-inner-step",
-      "optimizer-copy-main-to-model-params",
-      "optimizer"};
+  static const std::vector<std::string> names = {"forward-backward",
+                                                 "forward-compute",
+                                                 "backward-compute",
+                                                 "batch-generator",
+                                                 "forward-recv",
+                                                 "forward-send",
+                                                 "backward-recv",
+                                                 "backward-send",
+                                                 "forward-send-forward-recv",
+                                                 "forward-send-backward-recv",
+                                                 "backward-send-forward-recv",
+                                                 "backward-send-backward-recv",
+                                                 "forward-backward-send-forward-backward-recv",
+                                                 "layernorm-grads-all-reduce",
+                                                 "embedding-grads-all-reduce",
+                                                 "all-grads-sync",
+                                                 "params-all-gather",
+                                                 "optimizer-copy-to-main-grad",
+                                                 "optimizer-unscale-and-check-inf",
+                                                 "optimizer-clip-main-grad",
+                                                 "optimizer-count-zeros",
+                                                 "optimizer-inner-step",
+                                                 "optimizer-copy-main-to-model-params",
+                                                 "optimizer"};
   return names;
 }
 
 MegatronTimers::MegatronTimers(int log_level, std::string log_option,
                                std::function<void()> synchronize)
-    : log_level_(log_level), log_option_(std::move(log_option)),
+    : log_level_(log_level),
+      log_option_(std::move(log_option)),
       synchronize_(std::move(synchronize)) {
   MG_CHECK(log_level_ >= 0 && log_level_ <= 2,
            "--timing-log-level must be 0, 1 or 2, got " << log_level_);
@@ -109,8 +109,8 @@ std::vector<std::vector<double>> MegatronTimers::gather(const std::vector<std::s
     return out;
   }
   Tensor in = Tensor::from_vector(mine, {static_cast<int64_t>(names.size())}, DType::f64);
-  Tensor all = Tensor::zeros({static_cast<int64_t>(n) * static_cast<int64_t>(names.size())},
-                             DType::f64);
+  Tensor all =
+      Tensor::zeros({static_cast<int64_t>(n) * static_cast<int64_t>(names.size())}, DType::f64);
   world->all_gather(all, in)->wait();
   const std::vector<double> flat = all.to_vector<double>();
   for (int r = 0; r < n; ++r)
@@ -137,8 +137,7 @@ std::optional<std::string> MegatronTimers::log(const std::vector<std::string>& n
         if (first) out += "\n  " + names[i] + ":";
         first = false;
         char b[96];
-        std::snprintf(b, sizeof(b), "\n     rank %2d: %.2f", static_cast<int>(r),
-                      t[r][i] * scale);
+        std::snprintf(b, sizeof(b), "\n     rank %2d: %.2f", static_cast<int>(r), t[r][i] * scale);
         out += b;
       }
     }

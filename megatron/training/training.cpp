@@ -443,16 +443,16 @@ void train(Run& r) {
       last_grad_norm = o.grad_norm;
       last_num_zeros = o.num_zeros_in_grad;
     }
-    r.monitor->after_iteration({.iteration = r.iteration,
-                                .consumed_samples = r.consumed_train,
-                                .learning_rate = o.lr,
-                                .batch_size = tr.global_batch_size,
-                                .lm_loss = o.lm_loss,
-                                .loss_scale = r.opt->loss_scale(),
-                                .grad_norm = o.skipped ? std::nullopt
-                                                       : std::optional<double>(o.grad_norm),
-                                .num_zeros = o.skipped ? std::nullopt : o.num_zeros_in_grad},
-                               interval_iters);
+    r.monitor->after_iteration(
+        {.iteration = r.iteration,
+         .consumed_samples = r.consumed_train,
+         .learning_rate = o.lr,
+         .batch_size = tr.global_batch_size,
+         .lm_loss = o.lm_loss,
+         .loss_scale = r.opt->loss_scale(),
+         .grad_norm = o.skipped ? std::nullopt : std::optional<double>(o.grad_norm),
+         .num_zeros = o.skipped ? std::nullopt : o.num_zeros_in_grad},
+        interval_iters);
 
     if (r.iteration % a.logging.log_interval == 0) {
       r.rt->platform->synchronize(r.rt->device.index);

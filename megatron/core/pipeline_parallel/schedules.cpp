@@ -251,7 +251,8 @@ ForwardBackwardResult run_model_pipeline(models::LanguageModule& model,
     models::LossSums ls;
     const models::Batch& b = batch(mb);
     ScopedTimer t(config.timers, "forward-compute", 2);
-    Tensor out = model.forward_chunk(v, b, input, *st, {rng.seed, rng.iteration, mb}, training, &ls);
+    Tensor out =
+        model.forward_chunk(v, b, input, *st, {rng.seed, rng.iteration, mb}, training, &ls);
     if (model.chunk(v).post_process) {
       sums[mb] = ls;
       r.loss_sum += ls.loss_sum;
