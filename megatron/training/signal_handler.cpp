@@ -50,6 +50,13 @@ int DistributedSignalHandler::received_any(comm::ProcessGroup* world) const {
   return static_cast<int>(t.to_vector<double>()[0]);
 }
 
+bool any_rank(comm::ProcessGroup* world, bool local) {
+  if (!world || world->size() == 1) return local;
+  Tensor t = Tensor::from_vector(std::vector<double>{local ? 1.0 : 0.0}, {1}, DType::f64);
+  world->all_reduce(t, comm::ReduceOp::max)->wait();
+  return t.to_vector<double>()[0] > 0.0;
+}
+
 const char* signal_name(int sig) {
   switch (sig) {
     case SIGTERM:

@@ -30,7 +30,11 @@ class DistributedSignalHandler {
   struct sigaction old_int_ {};
 };
 
-// "SIGTERM", "SIGINT", else "signal N".
+// Collective over `world` (null: this rank alone): whether `local` holds on any rank (all-reduce
+// max), so that every rank takes an exit decision made from its own clock at the same iteration.
+bool any_rank(comm::ProcessGroup* world, bool local);
+
+// "SIGTERM", "SIGINT", else "a signal".
 const char* signal_name(int sig);
 
 }  // namespace mg::training

@@ -98,7 +98,7 @@ std::string StragglerDetector::report(comm::ProcessGroup* world, double flops_pe
       const int r = order[i];
       char b[256];
       std::snprintf(b, sizeof(b),
-                    "straggler: slowest rank %d: %.2fx the median rank's throughput (%.2f ms vs "
+                    "straggler: slowest rank %d: %.3gx the median rank's throughput (%.2f ms vs "
                     "%.2f ms per iteration)\n",
                     r, step[r] > 0.0 ? median / step[r] : 0.0, step[r] * 1e3, median * 1e3);
       l += b;

@@ -515,7 +515,9 @@ void train(Run& r) {
     }
     const double minutes =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count() / 60.0;
-    if (exit_reason.empty() && tr.exit_duration_in_mins && minutes > *tr.exit_duration_in_mins)
+    // Megatron all-reduces the decision (max): ranks read their clocks at different moments.
+    if (exit_reason.empty() && tr.exit_duration_in_mins &&
+        any_rank(r.ps.world.get(), minutes > *tr.exit_duration_in_mins))
       exit_reason = "exit-duration";
     if (exit_reason.empty() && tr.exit_interval && r.iteration % *tr.exit_interval == 0)
       exit_reason = "exit-interval";
