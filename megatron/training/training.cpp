@@ -11,6 +11,7 @@
 
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/progress.h"
 #include "megatron/core/datasets/data_samplers.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/distributed/parallelize.h"
@@ -562,6 +563,11 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.rng_seed = args.training.seed;
   r.train_iters = args.training.total_iters();
   r.monitor = std::make_unique<Monitoring>(args, r.ps.world, *r.rt, log);
+  // Progress lines of long start-up work (index building, checkpoint loads): rank 0's log.
+  struct ProgressSinkScope {
+    std::ostream* previous;
+    ~ProgressSinkScope() { set_progress_sink(previous); }
+  } progress_scope{set_progress_sink(first ? &out_log : nullptr)};
 
   // A missing or malformed --load is an error before any work (with --exit-on-missing-checkpoint).
   if (args.checkpoint.load && args.checkpoint.exit_on_missing_checkpoint)

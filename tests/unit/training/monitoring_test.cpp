@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/progress.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/signal_handler.h"
 #include "megatron/training/straggler.h"
@@ -424,6 +425,68 @@ TEST(MonitoringRun, SigtermFinishesTheIterationSavesAndResumesBitExactly) {
 }
 TEST(MonitoringRun, SigintToo) {
   signal_stops_and_resumes(SIGINT);
+}
+
+TEST(Progress, QuietThenDoneTotalAndEta) {
+  std::ostringstream out;
+  std::ostream* previous = set_progress_sink(&out);
+  double now = 100.0;
+  {
+    Progress p("building the sample index", 1000, 2.0, 10.0, [&now] { return now; });
+    now += 1.0;
+    p.update(100);  // within the quiet time: nothing
+    EXPECT_EQ(out.str(), "");
+    now += 2.0;
+    p.update(250);  // 3 s for 250 of 1000: 9 s to go
+    now += 5.0;
+    p.update(600);  // within the interval: nothing
+    now += 6.0;
+    p.update(700);  // 14 s for 700: 6 s to go
+    now += 1.0;
+    p.finish();
+  }
+  EXPECT_EQ(out.str(),
+            " > building the sample index: 250/1000 (25.0%), 3.0 s, ETA 9.0 s\n"
+            " > building the sample index: 700/1000 (70.0%), 14.0 s, ETA 6.0 s\n"
+            " > building the sample index: 1000/1000 (100.0%) in 15.0 s\n");
+  out.str("");
+  {
+    Progress quick("short work", 10, 2.0, 10.0, [&now] { return now; });
+    quick.update(10);
+  }
+  EXPECT_EQ(out.str(), "");  // finished within the quiet time: silent
+  set_progress_sink(previous);
+}
+
+// With the thresholds at 0 (MG_PROGRESS_*), pretrain's start-up work prints its progress lines
+// to rank 0's log: the sample index while building the datasets, the tensors of a checkpoint load.
+TEST(Progress, PretrainPrintsStartUpProgress) {
+  const fs::path dir = temp_dir("progress");
+  const auto args = set(set(base_args(), "--eval-iters", "0"), "--train-iters", "3");
+  auto save = args;
+  save.insert(save.end(), {"--save", dir.string(), "--exit-interval", "2"});
+  std::ostringstream log1;
+  pretrain(parse_args(save), log1);
+  ::setenv("MG_PROGRESS_QUIET_SECONDS", "0", 1);
+  ::setenv("MG_PROGRESS_INTERVAL_SECONDS", "0", 1);
+  auto load = args;
+  load.insert(load.end(), {"--load", dir.string()});
+  std::ostringstream log2;
+  pretrain(parse_args(load), log2);
+  ::unsetenv("MG_PROGRESS_QUIET_SECONDS");
+  ::unsetenv("MG_PROGRESS_INTERVAL_SECONDS");
+  EXPECT_EQ(log1.str().find(" > building the sample index"), std::string::npos) << log1.str();
+  EXPECT_TRUE(std::regex_search(
+      log2.str(),
+      std::regex(
+          R"( > loading the tensors of .*iter_0000002: [0-9]+/[0-9]+ \(100\.0%\) in [0-9.]+ s)")))
+      << log2.str();
+  EXPECT_TRUE(std::regex_search(
+      log2.str(),
+      std::regex(
+          R"( > building the sample index: ([0-9]+)/\1 \(100\.0%\), [0-9.]+ s, ETA 0\.0 s)")))
+      << log2.str();
+  fs::remove_all(dir);
 }
 
 }  // namespace
