@@ -20,6 +20,7 @@ packages=(
   gzip zstd                   # tests write compressed inputs with them
   clang-format                # make format / the format check of make test (Debian 12: 14)
   protobuf-compiler libprotobuf-dev  # TensorBoard event files (--tensorboard-dir): Event/Summary
+  procps                      # pgrep: tests/unit/training/exit_signal.sh signals every rank
 )
 
 missing=()

@@ -60,6 +60,12 @@ Monitoring::Monitoring(const Arguments& args, comm::ProcessGroupPtr world, Runti
     log << "exit signal handler: on SIGTERM or SIGINT the ranks finish the iteration, "
         << (args.checkpoint.save ? "save to " + *args.checkpoint.save + ", " : std::string())
         << "and exit 0" << std::endl;
+  for (const auto& [flag, values] : args.given)
+    if (flag == "--straggler-ctrlr-port")
+      log << "--straggler-ctrlr-port " << m.straggler_ctrlr_port
+          << ": no effect here (Megatron's HTTP on/off toggle of the straggler report is not "
+             "served; the report follows --log-straggler / --disable-straggler-on-startup)"
+          << std::endl;
   if (m.log_straggler) {
     if (m.disable_straggler_on_startup)
       log << "straggler detection: off (--disable-straggler-on-startup); Megatron turns it on "
