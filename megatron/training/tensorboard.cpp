@@ -2,6 +2,7 @@
 // (tensorboard.h).
 #include "megatron/training/tensorboard.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <array>
@@ -12,13 +13,55 @@
 #include <sstream>
 
 #include "megatron/core/common/error.h"
-#include "tensorboard_event.pb.h"
 
 namespace mg::training::tensorboard {
 namespace {
 
-using tensorboard_pb::DT_STRING;
-using tensorboard_pb::Event;
+// The protobuf module (tensorboard_pb.cpp): libmg_tensorboard_pb.so beside this library, loaded on
+// first use with RTLD_LOCAL | RTLD_DEEPBIND so that its libprotobuf-lite stays out of the global
+// symbol scope, where libsentencepiece's private protobuf 3.14 symbols live.
+using ValueFn = void (*)(void*, const char*, int, float, const char*, const char*, std::size_t,
+                         int);
+struct PbModule {
+  int (*serialize)(double, int64_t, int, const char*, double, const char*, std::size_t, char**,
+                   std::size_t*) = nullptr;
+  void (*free_buffer)(char*) = nullptr;
+  int (*parse)(const char*, std::size_t, double*, int64_t*, char**, std::size_t*, ValueFn,
+               void*) = nullptr;
+};
+
+const PbModule& pb() {
+  static const PbModule m = [] {
+    Dl_info info{};
+    MG_CHECK(dladdr(reinterpret_cast<void*>(&frame_record), &info) != 0 && info.dli_fname,
+             "tensorboard: cannot locate libmegatron_training");
+    const std::string path =
+        (std::filesystem::path(info.dli_fname).parent_path() / "libmg_tensorboard_pb.so").string();
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+    MG_CHECK(h != nullptr, "tensorboard: cannot load " << path << ": " << dlerror());
+    PbModule r;
+    r.serialize = reinterpret_cast<decltype(r.serialize)>(dlsym(h, "mg_tb_serialize_event"));
+    r.free_buffer = reinterpret_cast<decltype(r.free_buffer)>(dlsym(h, "mg_tb_free"));
+    r.parse = reinterpret_cast<decltype(r.parse)>(dlsym(h, "mg_tb_parse_event"));
+    MG_CHECK(r.serialize && r.free_buffer && r.parse,
+             "tensorboard: " << path << " lacks the mg_tb_* functions");
+    return r;
+  }();
+  return m;
+}
+
+// kind 0: file_version; 1: scalar; 2: text.
+std::string serialize(double wall_time, int64_t step, int kind, const std::string& tag,
+                      double value, const std::string& text) {
+  char* buf = nullptr;
+  std::size_t n = 0;
+  MG_CHECK(pb().serialize(wall_time, step, kind, tag.c_str(), value, text.data(), text.size(), &buf,
+                          &n) == 0,
+           "tensorboard: could not serialize an Event");
+  std::string s(buf, n);
+  pb().free_buffer(buf);
+  return s;
+}
 
 constexpr uint32_t kCastagnoliReflected = 0x82F63B78u;
 constexpr uint32_t kMaskDelta = 0xa282ead8u;
@@ -46,12 +89,6 @@ uint64_t get_le(const char* p, int bytes) {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string serialize(const Event& e) {
-  std::string s;
-  MG_CHECK(e.SerializeToString(&s), "tensorboard: could not serialize an Event");
-  return s;
 }
 
 std::atomic<int> g_file_uid{0};
@@ -113,23 +150,27 @@ std::vector<std::string> read_records(const std::string& path) {
 std::vector<EventRecord> read_event_file(const std::string& path) {
   std::vector<EventRecord> out;
   for (const std::string& rec : read_records(path)) {
-    Event e;
-    MG_CHECK(e.ParseFromString(rec), path << ": a record is not an Event protobuf");
     EventRecord r;
-    r.wall_time = e.wall_time();
-    r.step = e.step();
-    if (e.has_file_version()) r.file_version = e.file_version();
-    if (e.has_summary())
-      for (const auto& v : e.summary().value()) {
-        EventRecord::Value x;
-        x.tag = v.tag();
-        x.is_scalar = v.has_simple_value();
-        x.scalar = v.simple_value();
-        x.plugin_name = v.metadata().plugin_data().plugin_name();
-        if (v.has_tensor())
-          for (const auto& s : v.tensor().string_val()) x.strings.push_back(s);
-        r.values.push_back(std::move(x));
-      }
+    char* fv = nullptr;
+    std::size_t fv_len = 0;
+    const ValueFn on_value = [](void* ctx, const char* tag, int is_scalar, float scalar,
+                                const char* plugin, const char* str, std::size_t str_len,
+                                int n_strings) {
+      EventRecord::Value x;
+      x.tag = tag;
+      x.is_scalar = is_scalar != 0;
+      x.scalar = scalar;
+      x.plugin_name = plugin;
+      if (n_strings > 0) x.strings.emplace_back(str, str_len);
+      static_cast<EventRecord*>(ctx)->values.push_back(std::move(x));
+    };
+    MG_CHECK(
+        pb().parse(rec.data(), rec.size(), &r.wall_time, &r.step, &fv, &fv_len, on_value, &r) == 0,
+        path << ": a record is not an Event protobuf");
+    if (fv) {
+      r.file_version.assign(fv, fv_len);
+      pb().free_buffer(fv);
+    }
     out.push_back(std::move(r));
   }
   return out;
@@ -149,10 +190,7 @@ SummaryWriter::SummaryWriter(const std::string& log_dir, int64_t queue_size, dou
   path_ = (std::filesystem::path(log_dir) / name.str()).string();
   file_.open(path_, std::ios::binary | std::ios::trunc);
   MG_CHECK(file_, "--tensorboard-dir: cannot create the event file " << path_);
-  Event first;
-  first.set_wall_time(now_seconds());
-  first.set_file_version("brain.Event:2");
-  const std::string rec = frame_record(serialize(first));
+  const std::string rec = frame_record(serialize(now_seconds(), 0, 0, "", 0.0, "brain.Event:2"));
   file_.write(rec.data(), static_cast<std::streamsize>(rec.size()));
   file_.flush();
   MG_CHECK(file_, "--tensorboard-dir: cannot write " << path_);
@@ -168,27 +206,11 @@ SummaryWriter::~SummaryWriter() {
 }
 
 void SummaryWriter::add_scalar(const std::string& tag, double value, int64_t step) {
-  Event e;
-  e.set_wall_time(now_seconds());
-  e.set_step(step);
-  auto* v = e.mutable_summary()->add_value();
-  v->set_tag(tag);
-  v->set_simple_value(static_cast<float>(value));
-  enqueue(serialize(e));
+  enqueue(serialize(now_seconds(), step, 1, tag, value, ""));
 }
 
 void SummaryWriter::add_text(const std::string& tag, const std::string& text, int64_t step) {
-  Event e;
-  e.set_wall_time(now_seconds());
-  e.set_step(step);
-  auto* v = e.mutable_summary()->add_value();
-  v->set_tag(tag);
-  v->mutable_metadata()->mutable_plugin_data()->set_plugin_name("text");
-  auto* t = v->mutable_tensor();
-  t->set_dtype(DT_STRING);
-  t->mutable_tensor_shape()->add_dim()->set_size(1);
-  t->add_string_val(text);
-  enqueue(serialize(e));
+  enqueue(serialize(now_seconds(), step, 2, tag, 0.0, text));
 }
 
 void SummaryWriter::enqueue(std::string serialized_event) {

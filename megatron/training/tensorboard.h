@@ -10,7 +10,9 @@
 // Summary: a scalar is Summary.Value{tag, simple_value}, text is Summary.Value{tag, metadata
 // {plugin "text"}, tensor {DT_STRING, shape [1], string_val}} (torch's add_text). The messages are
 // compiled by protoc from proto/tensorboard_event.proto (TensorFlow's field numbers) against
-// Debian's libprotobuf-lite.
+// Debian's libprotobuf-lite into libmg_tensorboard_pb.so (proto/tensorboard_pb.cpp), which is
+// dlopened on first use with RTLD_LOCAL | RTLD_DEEPBIND, beside libmegatron_training: Debian's
+// libsentencepiece exports a private protobuf 3.14, and both versions in one symbol scope abort.
 //
 // SummaryWriter queues events for a background thread (at most `queue_size` in flight: add_*
 // waits when the queue is full, as torch's EventFileWriter does), which writes them and flushes

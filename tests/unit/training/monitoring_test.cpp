@@ -15,6 +15,7 @@
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/common/progress.h"
+#include "megatron/core/tokenizers/build_tokenizer.h"
 #include "megatron/training/arguments.h"
 #include "megatron/training/signal_handler.h"
 #include "megatron/training/straggler.h"
@@ -155,6 +156,26 @@ TEST(TensorBoard, WriterRoundTripAndCorruptionIsNamed) {
       .write(data.data(), static_cast<std::streamsize>(data.size() - 3));
   EXPECT_THROW(tb::read_records(bad_path), Error);
   fs::remove_all(dir.parent_path());
+}
+
+// Debian's libsentencepiece carries a private protobuf 3.14; the event writer's protobuf (3.21)
+// lives in its own dlopen'd module, so both work in one process, in either order.
+TEST(TensorBoard, CoexistsWithTheSentencePieceTokenizer) {
+  const fs::path dir = temp_dir("spm");
+  tokenizers::TokenizerArgs ta;
+  ta.tokenizer_type = "SentencePieceTokenizer";
+  ta.tokenizer_model = std::string(MG_TEST_FIXTURES_DIR) + "/hf_tokenizers/spm_unigram.model";
+  {
+    tb::SummaryWriter w(dir.string());
+    auto tok = tokenizers::build_tokenizer(ta);
+    const auto ids = tok->tokenize("hello world");
+    EXPECT_FALSE(ids.empty());
+    w.add_scalar("tokens", static_cast<double>(ids.size()), 1);
+  }
+  const auto events = tb::read_event_file(only_event_file(dir));
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[1].values.at(0).tag, "tokens");
+  fs::remove_all(dir);
 }
 
 TEST(TensorBoard, UnwritableDirectoryIsAClearError) {
