@@ -22,6 +22,8 @@ packages=(
   gzip zstd                   # tests write compressed inputs with them
   bible-kjv                   # the demo corpus (make demo; pretrain_gpt_fp8's 300-iteration track)
   clang-format                # make format / the format check of make test (Debian 12: 14)
+  protobuf-compiler libprotobuf-dev  # TensorBoard event files (--tensorboard-dir): Event/Summary
+  procps                      # pgrep: tests/unit/training/exit_signal.sh signals every rank
 )
 
 missing=()

@@ -51,6 +51,7 @@
 
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/progress.h"
 #include "megatron/core/dist_checkpointing/safetensors.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/rope_scaling.h"
@@ -648,7 +649,9 @@ void run_import(const ImportOptions& o) {
     put("embedding.word_embeddings.weight",
         pad_rows(hf.get(pre + "wte.weight", {m.vocab, h}), v_pad));
     put("embedding.position_embeddings.weight", hf.get(pre + "wpe.weight", {m.max_positions, h}));
+    mg::Progress progress("importing the HuggingFace layers", m.layers);
     for (int64_t l = 0; l < m.layers; ++l) {
+      progress.update(l);
       const std::string p = pre + "h." + std::to_string(l) + ".";
       const std::string q = "decoder.layers." + std::to_string(l) + ".";
       put(q + "self_attention.linear_qkv.layer_norm_weight", hf.get(p + "ln_1.weight", {h}));
@@ -681,7 +684,9 @@ void run_import(const ImportOptions& o) {
   } else {
     put("embedding.word_embeddings.weight",
         pad_rows(hf.get(pre + "embed_tokens.weight", {m.vocab, h}), v_pad));
+    mg::Progress progress("importing the HuggingFace layers", m.layers);
     for (int64_t l = 0; l < m.layers; ++l) {
+      progress.update(l);
       const std::string p = pre + "layers." + std::to_string(l) + ".";
       const std::string q = "decoder.layers." + std::to_string(l) + ".";
       put(q + "self_attention.linear_qkv.layer_norm_weight",
@@ -1147,6 +1152,7 @@ void run_export(const ExportOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mg::set_progress_sink(&std::cerr);  // progress lines of long imports and loads
   CLI::App app{"convert_checkpoint: HuggingFace <-> Megatron-CPP checkpoints"};
   app.require_subcommand(1);
   ImportOptions io;

@@ -33,7 +33,7 @@ struct Pending {
   bool use_rotary_position_embeddings = false, no_position_embedding = false;
   bool use_flash_attn = false, attention_softmax_in_fp32 = false;
   std::optional<std::string> attention_backend, transformer_impl;
-  bool yarn = false;                                            // --position-embedding-type yarn
+  bool yarn = false;  // --position-embedding-type yarn
   bool use_rope_scaling = false;
   std::optional<double> rotary_seq_len_interpolation_factor;
   ops::RopeScaling llama3{.factor = 8.0}, yarn_scaling;  // each kind's flags, chosen after parsing
@@ -832,6 +832,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       [&a](const std::string& v) { a.parallel.cp_comm_type = v; },
       "how attention crosses the CP group: p2p (ring, default), allgather, a2a (Ulysses)");
   add_ddp_flags(p, a.ddp, a);
+  add_monitoring_flags(p, a.monitoring);
   add_moe_flags(p, a.model, a, x);
   add_fp8_flags(p, a.model.fp8, x);
   add_megatron_alias_flags(p, a, x);
@@ -984,6 +985,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
   a.ddp.validate();
   a.checkpoint.validate();
   a.logging.validate();
+  a.monitoring.validate();
 
   MG_CHECK(a.optimizer.lr.has_value(), "--lr is required (the peak learning rate)");
   a.optimizer.validate();

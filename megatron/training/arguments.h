@@ -26,6 +26,7 @@
 #include "megatron/core/tokenizers/build_tokenizer.h"
 #include "megatron/core/transformer/transformer_config.h"
 #include "megatron/training/config.h"
+#include "megatron/training/monitoring_config.h"
 
 namespace mg::training {
 
@@ -38,6 +39,8 @@ struct Arguments {
   TrainingConfig training;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  // TensorBoard, timers, --exit-signal-handler, stragglers (monitoring_config.h)
+  MonitoringConfig monitoring;
   // --use-distributed-optimizer, --overlap-grad-reduce, --ddp-bucket-size,
   // --accumulate-allreduce-grads-in-fp32, --ddp-average-in-collective
   distributed::DistributedDataParallelConfig ddp;

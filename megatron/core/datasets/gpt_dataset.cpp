@@ -2,6 +2,7 @@
 // megatron/core/datasets/{gpt_dataset.py, helpers.cpp, utils.py}; comments mark where the C++
 // deliberately differs (errors instead of Python asserts or silent misparses).
 #include "megatron/core/datasets/gpt_dataset.h"
+#include "megatron/core/common/progress.h"
 
 #include <cfenv>
 #include <cmath>
@@ -130,7 +131,9 @@ std::vector<int64_t> build_sample_index(std::span<const int32_t> sizes,
   int64_t d = 0;
   int64_t offset = 0;
   const int64_t last = static_cast<int64_t>(document_index.size()) - 1;
+  Progress progress("building the sample index", num_samples);
   for (int64_t j = 1; j <= num_samples; ++j) {
+    if ((j & 0xffff) == 0) progress.update(j);
     int64_t remaining = sequence_length + x;
     while (remaining != 0) {
       const int64_t length = sizes[static_cast<std::size_t>(document_index[d])] - offset;
@@ -154,6 +157,7 @@ std::vector<int64_t> build_sample_index(std::span<const int32_t> sizes,
     out[2 * static_cast<std::size_t>(j)] = d;
     out[2 * static_cast<std::size_t>(j) + 1] = offset;
   }
+  progress.update(num_samples);
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/progress.h"
 #include "megatron/core/dist_checkpointing/safetensors.h"
 #include "megatron/core/dist_checkpointing/sharded_format.h"
 
@@ -203,11 +204,13 @@ CheckpointState load_sharded(const Storage& storage, const std::string& dir,
   std::string err;
   std::vector<std::pair<std::size_t, Tensor>> staged;
   try {
+    Progress progress("loading the tensors of " + dir, static_cast<int64_t>(params.size()));
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto& p = params[i];
       Tensor h = host_copy(p.param);
       read_local(reader, dir, p.name, global_of(p), boxes_of(p, ranks), h, vocab);
       staged.emplace_back(i, std::move(h));
+      progress.update(static_cast<int64_t>(i + 1));
     }
   } catch (const std::exception& e) {
     err = e.what();

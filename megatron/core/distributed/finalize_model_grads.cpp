@@ -28,16 +28,20 @@ models::LossSums finalize_model_grads(models::LanguageModule& model,
              "finalize_model_grads: this rank is in the embedding group but "
              "holds no word embedding or tied output weight");
     Tensor g = shared->main_grad;
+    ScopedTimer t(config.timers, "embedding-grads-all-reduce", 1);
     config.embedding_group->all_reduce(g, comm::ReduceOp::sum)->wait();
   }
   // 2. The data-parallel reduction (the pipelined schedules launched none during backward).
   if (config.ddp) {
+    ScopedTimer t(config.timers, "all-grads-sync", 1);
     config.ddp->set_is_last_microbatch(true);
     config.ddp->finish_grad_sync();
   }
   // 3. Sequence parallelism: replicated parameters' partial grads summed over TP.
-  if (config.sequence_parallel && config.tp_group && config.tp_group->size() > 1)
+  if (config.sequence_parallel && config.tp_group && config.tp_group->size() > 1) {
+    ScopedTimer t(config.timers, "layernorm-grads-all-reduce", 1);
     tensor_parallel::all_reduce_sequence_parallel_grads(model.parameters(), *config.tp_group);
+  }
   // 4. The global batch's loss sums.
   const models::LossSums global = reduce_loss_sums(local, config.dp_group);
   // 5. Per-token loss: the objective is the token mean of the global batch.

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/common/timer_hook.h"
 #include "megatron/core/distributed/distributed_data_parallel.h"
 #include "megatron/core/models/common/language_module.h"
 
@@ -31,6 +32,9 @@ struct FinalizeModelGradsConfig {
   bool sequence_parallel = false;
   comm::ProcessGroup* embedding_group = nullptr;  // first and last pipeline stage (tied)
   bool calculate_per_token_loss = false;
+  // Optional: Megatron's level-1 timers 'embedding-grads-all-reduce' (step 1), 'all-grads-sync'
+  // (step 2), 'layernorm-grads-all-reduce' (step 3) (common/timer_hook.h).
+  TimerHook* timers = nullptr;
 };
 
 // The local loss sums of this rank's micro-batches (the schedule's) summed over `dp_group` (one

@@ -278,7 +278,11 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
   // Megatron's prepare_grads: only with a scaler, and then an overflow skips the step whatever the
   // precision.
   if (scaler_) {
-    const bool found_inf = unscale_and_check_for_nan();
+    bool found_inf = false;
+    {
+      ScopedTimer t(timers_, "optimizer-unscale-and-check-inf", 1);
+      found_inf = unscale_and_check_for_nan();
+    }
     scaler_->update(found_inf);
     if (found_inf) {
       r.found_inf = true;
@@ -286,14 +290,21 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
     }
   }
   // The pre-clip norm, computed even without clipping (for the log).
-  r.grad_norm = config_.clip_grad > 0.0 ? clip_grad_norm(config_.clip_grad) : get_grad_norm();
+  {
+    ScopedTimer t(timers_, "optimizer-clip-main-grad", 1);
+    r.grad_norm = config_.clip_grad > 0.0 ? clip_grad_norm(config_.clip_grad) : get_grad_norm();
+  }
   r.found_inf = !std::isfinite(r.grad_norm);
   // A non-finite norm (every rank sees the same global value) is never applied: the step is
   // skipped, params, state and step count untouched (Megatron would apply it in bf16/fp32).
   if (r.found_inf) return r;
-  if (config_.log_num_zeros_in_grad) r.num_zeros_in_grad = count_zeros();
+  if (config_.log_num_zeros_in_grad) {
+    ScopedTimer t(timers_, "optimizer-count-zeros", 1);
+    r.num_zeros_in_grad = count_zeros();
+  }
 
   const int64_t step = step_ + 1;
+  std::optional<ScopedTimer> inner(std::in_place, timers_, "optimizer-inner-step", 1);
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& g = groups_[gi];
     g.lr = lr * g.lr_mult;
@@ -307,11 +318,16 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
         break;
     }
   }
+  inner.reset();
   if (type_ == OptimizerType::sgd) {
     state_->momentum_initialized = config_.sgd_momentum != 0.0;
+    ScopedTimer t(timers_, "optimizer-copy-main-to-model-params", 1);
     copy_main_params_to_model_params();  // adamw_step wrote the model weights itself
   }
-  if (shard_ && shard_->gather_params) shard_->gather_params();
+  if (shard_ && shard_->gather_params) {
+    ScopedTimer t(timers_, "params-all-gather", 1);
+    shard_->gather_params();
+  }
   step_ = step;
   r.success = true;
   return r;

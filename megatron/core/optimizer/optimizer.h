@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/common/timer_hook.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/optimizer/grad_scaler.h"
 #include "megatron/core/optimizer/optimizer_config.h"
@@ -127,6 +128,10 @@ class MegatronOptimizer {
   // One optimizer step with the scheduler's current lr and weight decay (the loop calls
   // OptimizerParamScheduler::step(increment) after this, as Megatron's train_step does).
   StepResult step(double lr, double weight_decay);
+  // Megatron's level-1 optimizer timers inside step(): optimizer-unscale-and-check-inf,
+  // optimizer-clip-main-grad, optimizer-count-zeros, optimizer-inner-step,
+  // optimizer-copy-main-to-model-params, params-all-gather (common/timer_hook.h); null: none.
+  void set_timers(TimerHook* timers) { timers_ = timers; }
   // Zeroes the flat gradient buffer (all main_grads).
   void zero_grad();
 
@@ -192,6 +197,7 @@ class MegatronOptimizer {
   // The shard group, TP, PP (those of size > 1), in the order every reduction over them runs.
   std::vector<comm::ProcessGroup*> grad_stats_groups_;
   int64_t step_ = 0;
+  TimerHook* timers_ = nullptr;  // set_timers
 };
 
 }  // namespace mg::optimizer

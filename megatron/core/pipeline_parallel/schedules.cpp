@@ -47,7 +47,10 @@ ForwardBackwardResult forward_backward_no_pipelining(models::LanguageModule& mod
     const models::Batch batch = next_batch();
     const models::StepRng mb_rng{rng.seed, rng.iteration, i};
     models::LossSums sums;
-    model.forward_chunk(0, batch, Tensor(), *state, mb_rng, !config.forward_only, &sums);
+    {
+      ScopedTimer t(config.timers, "forward-compute", 2);
+      model.forward_chunk(0, batch, Tensor(), *state, mb_rng, !config.forward_only, &sums);
+    }
     r.microbatches.push_back(sums);
     r.loss_sum += sums.loss_sum;
     r.num_tokens += sums.num_tokens;
@@ -57,6 +60,7 @@ ForwardBackwardResult forward_backward_no_pipelining(models::LanguageModule& mod
     }
     const double dloss = loss_backward_seed(config, sums.num_tokens, num_microbatches, i);
     if (config.set_is_last_microbatch) config.set_is_last_microbatch(i == num_microbatches - 1);
+    ScopedTimer t(config.timers, "backward-compute", 2);
     model.backward_chunk(*state, Tensor(), dloss);
   }
   r.lm_loss = r.num_tokens > 0.0 ? r.loss_sum / r.num_tokens : 0.0;
@@ -245,8 +249,10 @@ ForwardBackwardResult run_model_pipeline(models::LanguageModule& model,
   fns.forward = [&](int v, int64_t mb, const Tensor& input) {
     std::unique_ptr<models::ForwardState> st = model.new_forward_state();
     models::LossSums ls;
+    const models::Batch& b = batch(mb);
+    ScopedTimer t(config.timers, "forward-compute", 2);
     Tensor out =
-        model.forward_chunk(v, batch(mb), input, *st, {rng.seed, rng.iteration, mb}, training, &ls);
+        model.forward_chunk(v, b, input, *st, {rng.seed, rng.iteration, mb}, training, &ls);
     if (model.chunk(v).post_process) {
       sums[mb] = ls;
       r.loss_sum += ls.loss_sum;
@@ -265,6 +271,7 @@ ForwardBackwardResult run_model_pipeline(models::LanguageModule& model,
         model.chunk(v).post_process
             ? loss_backward_seed(config, sums.at(mb).num_tokens, num_microbatches, mb)
             : config.loss_scale;
+    ScopedTimer t(config.timers, "backward-compute", 2);
     Tensor dx = model.backward_chunk(*it->second, output_grad, dloss);
     states.erase(it);
     return dx;

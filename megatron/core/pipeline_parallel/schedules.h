@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/common/timer_hook.h"
 #include "megatron/core/models/common/language_module.h"
 
 namespace mg::pipeline_parallel {
@@ -61,6 +62,9 @@ struct ForwardBackwardConfig {
   // Optional: bytes in use on the model's device (the allocator's), sampled after every forward
   // to report the peak activation memory of this stage (ForwardBackwardResult).
   std::function<int64_t()> memory_in_use;
+  // Optional: Megatron's timers 'forward-compute' and 'backward-compute' (level 2) around each
+  // chunk's forward and backward (common/timer_hook.h).
+  TimerHook* timers = nullptr;
 };
 
 struct ForwardBackwardResult {
