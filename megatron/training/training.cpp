@@ -156,559 +156,558 @@ void check_finite_before_save(Run& r, const CheckpointState& st) {
            << (latest ? "iteration " + std::to_string(*latest) : std::string("no checkpoint"))
            << " (the run diverged: lower --lr, check the data, or resume from the last good "
               "checkpoint)");
-  // Every rank's FP8 state (fp8/fp8_state.h) merged by linear name: the pipeline stages hold other
-  // layers; TP and DP replicas agree (the amax reduction), and the lowest rank wins where they do
-  // not
-  // (--tp-only-amax-red), as Megatron keeps data-parallel rank 0's extra state. Collective over the
-  // world.
-  nlohmann::json gather_fp8_state(Run & r) {
-    comm::ProcessGroup& w = *r.ps.world;
-    const std::string mine = r.model->fp8_state()->state_json().dump();
-    if (w.size() == 1) return nlohmann::json::parse(mine);
-    const auto ws = static_cast<int64_t>(w.size());
-    Tensor len = Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, {1});
-    Tensor lens = Tensor::empty({ws}, DType::i64);
-    w.all_gather(lens, len)->wait();
-    int64_t longest = 0;
-    for (int64_t l : lens.to_vector<int64_t>()) longest = std::max(longest, l);
-    Tensor buf = Tensor::zeros({longest}, DType::u8);
-    std::copy(mine.begin(), mine.end(), buf.data<uint8_t>());
-    Tensor all = Tensor::empty({ws * longest}, DType::u8);
-    w.all_gather(all, buf)->wait();
-    nlohmann::json merged;
-    const std::vector<int64_t> l = lens.to_vector<int64_t>();
-    for (int64_t k = 0; k < ws; ++k) {
-      const char* p = reinterpret_cast<const char*>(all.data<uint8_t>() + k * longest);
-      nlohmann::json j = nlohmann::json::parse(std::string(p, static_cast<std::size_t>(l[k])));
-      if (merged.is_null()) {
-        merged = j;
-        continue;
-      }
-      for (auto& [name, v] : j.at("linears").items())
-        if (!merged["linears"].contains(name)) merged["linears"][name] = v;
+}
+
+// Every rank's FP8 state (fp8/fp8_state.h) merged by linear name: the pipeline stages hold other
+// layers; TP and DP replicas agree (the amax reduction), and the lowest rank wins where they do not
+// (--tp-only-amax-red), as Megatron keeps data-parallel rank 0's extra state. Collective over the
+// world.
+nlohmann::json gather_fp8_state(Run& r) {
+  comm::ProcessGroup& w = *r.ps.world;
+  const std::string mine = r.model->fp8_state()->state_json().dump();
+  if (w.size() == 1) return nlohmann::json::parse(mine);
+  const auto ws = static_cast<int64_t>(w.size());
+  Tensor len = Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, {1});
+  Tensor lens = Tensor::empty({ws}, DType::i64);
+  w.all_gather(lens, len)->wait();
+  int64_t longest = 0;
+  for (int64_t l : lens.to_vector<int64_t>()) longest = std::max(longest, l);
+  Tensor buf = Tensor::zeros({longest}, DType::u8);
+  std::copy(mine.begin(), mine.end(), buf.data<uint8_t>());
+  Tensor all = Tensor::empty({ws * longest}, DType::u8);
+  w.all_gather(all, buf)->wait();
+  nlohmann::json merged;
+  const std::vector<int64_t> l = lens.to_vector<int64_t>();
+  for (int64_t k = 0; k < ws; ++k) {
+    const char* p = reinterpret_cast<const char*>(all.data<uint8_t>() + k * longest);
+    nlohmann::json j = nlohmann::json::parse(std::string(p, static_cast<std::size_t>(l[k])));
+    if (merged.is_null()) {
+      merged = j;
+      continue;
     }
-    return merged;
+    for (auto& [name, v] : j.at("linears").items())
+      if (!merged["linears"].contains(name)) merged["linears"][name] = v;
   }
+  return merged;
+}
 
-  void save(Run & r) {
-    const auto& c = r.args.checkpoint;
-    CheckpointState st;
-    st.iteration = r.iteration;
-    st.consumed_train_samples = r.consumed_train;
-    st.consumed_valid_samples = r.consumed_valid;
-    st.floating_point_operations_so_far = r.flops_so_far;
-    st.vocab_size = r.model->vocab_size();
-    r.dp_model.ddp
-        ->finish_param_sync();  // --overlap-param-gather: the parameters saved are the updated ones
-    if (!c.no_save_optim) {
-      st.optimizer = r.opt->state_dict();
-      st.scheduler = r.scheduler->state_dict();
-    }
-    if (!c.no_save_rng) st.rng = nlohmann::json{{"seed", r.rng_seed}};
-    st.args = given_args_json(r.args);
-    st.extra = r.checkpoint_extra;  // the HF identity of an imported model travels on
-    check_finite_before_save(r, st);
-    if (r.model->fp8_state()) st.extra["fp8"] = gather_fp8_state(r);  // amax histories and scales
-    r.timers.start("save-checkpoint");
-    SaveOptions so;
-    so.format = c.ckpt_format;
-    so.async = c.async_save;
-    so.checksums = c.ckpt_checksum;
-    const CheckpointIOStats io = save_checkpoint(*c.save, r.model->parameters(), st,
-                                                 checkpoint_ranks(r), so, &r.checkpoint_saver);
-    r.dp_model.ddp->reshard_params();  // FSDP optim_grads_params: the gathered copies go again
-    const double s = r.timers.stop("save-checkpoint");
-    r.log << "  successfully " << (io.async ? "started saving" : "saved")
-          << " checkpoint from iteration " << std::setw(7) << r.iteration << " to " << *c.save
-          << " [ t " << std::fixed << std::setprecision(2) << s * 1000.0 << " ms, "
-          << io.total_bytes / 1e9 << " GB, " << std::setprecision(3)
-          << io.total_bytes / 1e9 / std::max(s, 1e-9) << " GB/s"
-          << (io.async ? " to host memory; written in the background" : "") << " ]"
-          << std::defaultfloat << std::endl;
-    r.result.saved_iteration = r.iteration;
+void save(Run& r) {
+  const auto& c = r.args.checkpoint;
+  CheckpointState st;
+  st.iteration = r.iteration;
+  st.consumed_train_samples = r.consumed_train;
+  st.consumed_valid_samples = r.consumed_valid;
+  st.floating_point_operations_so_far = r.flops_so_far;
+  st.vocab_size = r.model->vocab_size();
+  r.dp_model.ddp
+      ->finish_param_sync();  // --overlap-param-gather: the parameters saved are the updated ones
+  if (!c.no_save_optim) {
+    st.optimizer = r.opt->state_dict();
+    st.scheduler = r.scheduler->state_dict();
   }
+  if (!c.no_save_rng) st.rng = nlohmann::json{{"seed", r.rng_seed}};
+  st.args = given_args_json(r.args);
+  st.extra = r.checkpoint_extra;  // the HF identity of an imported model travels on
+  check_finite_before_save(r, st);
+  if (r.model->fp8_state()) st.extra["fp8"] = gather_fp8_state(r);  // amax histories and scales
+  r.timers.start("save-checkpoint");
+  SaveOptions so;
+  so.format = c.ckpt_format;
+  so.async = c.async_save;
+  so.checksums = c.ckpt_checksum;
+  const CheckpointIOStats io = save_checkpoint(*c.save, r.model->parameters(), st,
+                                               checkpoint_ranks(r), so, &r.checkpoint_saver);
+  r.dp_model.ddp->reshard_params();  // FSDP optim_grads_params: the gathered copies go again
+  const double s = r.timers.stop("save-checkpoint");
+  r.log << "  successfully " << (io.async ? "started saving" : "saved")
+        << " checkpoint from iteration " << std::setw(7) << r.iteration << " to " << *c.save
+        << " [ t " << std::fixed << std::setprecision(2) << s * 1000.0 << " ms, "
+        << io.total_bytes / 1e9 << " GB, " << std::setprecision(3)
+        << io.total_bytes / 1e9 / std::max(s, 1e-9) << " GB/s"
+        << (io.async ? " to host memory; written in the background" : "") << " ]"
+        << std::defaultfloat << std::endl;
+  r.result.saved_iteration = r.iteration;
+}
 
-  void load(Run & r) {
-    const auto& c = r.args.checkpoint;
-    if (!c.load) return;
-    const auto latest = read_latest_iteration(*c.load);
-    if (!latest) {
-      MG_CHECK(!c.exit_on_missing_checkpoint,
-               "--load " << *c.load << " has no checkpoint (" << kTrackerFile
-                         << " missing) and --exit-on-missing-checkpoint is set");
-      r.log << "WARNING: could not find the metadata file " << *c.load << "/" << kTrackerFile
-            << "; will not load any checkpoints and will start from random" << std::endl;
-      return;
-    }
-    // Strict load: the model flags recorded in the checkpoint must be this run's.
-    const auto mismatches = checkpoint_model_mismatches(read_checkpoint_metadata(*c.load, latest),
-                                                        r.args, r.model->vocab_size());
-    if (!mismatches.empty()) {
-      std::string list;
-      for (const auto& m : mismatches) list += "\n  " + m;
-      MG_CHECK(c.allow_ckpt_model_mismatch,
-               "--load " << *c.load << " (iteration " << *latest
-                         << ") holds a model built with other flags; loading it would silently "
-                            "change the model:"
-                         << list
-                         << "\nPass the checkpoint's values, or --allow-ckpt-model-mismatch to "
-                            "load it anyway");
-      r.log << "WARNING: --allow-ckpt-model-mismatch: loading " << *c.load
-            << " although its model flags differ:" << list << std::endl;
-    }
-    LoadOptions o;
-    o.load_optimizer = !c.no_load_optim && !c.finetune;
-    o.load_rng = !c.no_load_rng && !c.finetune;
-    o.format = c.ckpt_format;
-    o.auto_detect_format = c.auto_detect_ckpt_format;
-    o.vocab_size = r.model->vocab_size();
-    o.verify_checksums = c.ckpt_checksum;
-    if (o.load_optimizer) o.optimizer_template = r.opt->state_dict();
-    CheckpointState st = load_checkpoint(*c.load, r.model->parameters(), o, checkpoint_ranks(r));
-    if (st.optimizer)
-      r.opt->load_state_dict(*st.optimizer);
-    else
-      r.opt->reload_model_params();
-    r.dp_model.ddp->reshard_params();  // FSDP optim_grads_params: keep only this rank's chunks
-    if (st.scheduler) r.scheduler->load_state_dict(*st.scheduler);
-    // FP8 amax histories and scales (a run without FP8 ignores them: loading into BF16 works; a
-    // checkpoint without them starts FP8 from fresh state, as Transformer Engine does).
-    if (r.model->fp8_state() && st.extra.contains("fp8"))
-      r.model->fp8_state()->load_state_json(st.extra.at("fp8"));
-    if (st.rng) r.rng_seed = (*st.rng).at("seed").get<uint64_t>();
-    r.checkpoint_extra = st.extra;
-    if (!c.finetune) {
-      r.iteration = st.iteration;
-      r.consumed_train = st.consumed_train_samples;
-      r.consumed_valid = st.consumed_valid_samples;
-      r.flops_so_far = st.floating_point_operations_so_far;
-    }
-    r.log << "  successfully loaded checkpoint from " << *c.load << " at iteration " << st.iteration
-          << (c.finetune ? " (--finetune: starting at iteration 0)" : "") << " [" << st.format;
-    if (st.io_seconds > 0)
-      r.log << ", " << std::fixed << std::setprecision(2) << st.io_seconds * 1000.0 << " ms, "
-            << std::setprecision(3) << st.io_bytes / 1e9 / st.io_seconds
-            << " GB/s read by this rank" << std::defaultfloat;
-    r.log << "]" << std::endl;
+void load(Run& r) {
+  const auto& c = r.args.checkpoint;
+  if (!c.load) return;
+  const auto latest = read_latest_iteration(*c.load);
+  if (!latest) {
+    MG_CHECK(!c.exit_on_missing_checkpoint,
+             "--load " << *c.load << " has no checkpoint (" << kTrackerFile
+                       << " missing) and --exit-on-missing-checkpoint is set");
+    r.log << "WARNING: could not find the metadata file " << *c.load << "/" << kTrackerFile
+          << "; will not load any checkpoints and will start from random" << std::endl;
+    return;
   }
-
-  // "a 1\nb 2\n..." -> "\n  a=1, b=2, ..." wrapped at about 100 columns.
-  std::string wrap_config(const std::string& lines) {
-    std::istringstream in(lines);
-    std::string line, out, cur;
-    while (std::getline(in, line)) {
-      const auto sp = line.find(' ');
-      const std::string item =
-          sp == std::string::npos ? line : line.substr(0, sp) + "=" + line.substr(sp + 1);
-      if (!cur.empty() && cur.size() + item.size() > 96) out += "\n  " + cur, cur.clear();
-      cur += (cur.empty() ? "" : ", ") + item;
-    }
-    if (!cur.empty()) out += "\n  " + cur;
-    return out;
+  // Strict load: the model flags recorded in the checkpoint must be this run's.
+  const auto mismatches = checkpoint_model_mismatches(read_checkpoint_metadata(*c.load, latest),
+                                                      r.args, r.model->vocab_size());
+  if (!mismatches.empty()) {
+    std::string list;
+    for (const auto& m : mismatches) list += "\n  " + m;
+    MG_CHECK(c.allow_ckpt_model_mismatch,
+             "--load " << *c.load << " (iteration " << *latest
+                       << ") holds a model built with other flags; loading it would silently "
+                          "change the model:"
+                       << list
+                       << "\nPass the checkpoint's values, or --allow-ckpt-model-mismatch to "
+                          "load it anyway");
+    r.log << "WARNING: --allow-ckpt-model-mismatch: loading " << *c.load
+          << " although its model flags differ:" << list << std::endl;
   }
-
-  // "data parallel: ..." (a line) when there is more than one rank or a DDP option is on.
-  std::string data_parallel_summary(const Run& r) {
-    const auto& d = r.args.ddp;
-    std::ostringstream s;
-    if (r.ps.dp->size() > 1 || d.use_distributed_optimizer || d.overlap_grad_reduce ||
-        d.use_megatron_fsdp)
-      s << "data parallel: " << r.ps.dp->size() << " ranks (" << r.ps.dp->backend() << "), "
-        << r.dp_model.ddp->buckets().size() << " gradient bucket(s)"
-        << (d.use_distributed_optimizer ? ", distributed optimizer" : "")
-        << (d.use_megatron_fsdp ? std::string(", Megatron FSDP ") + to_string(d.sharding_strategy)
-                                : std::string())
-        << (d.overlap_grad_reduce ? ", overlap-grad-reduce" : "")
-        << (d.overlap_param_gather ? ", overlap-param-gather" : "") << "\n";
-    if (r.args.use_torch_fsdp2)
-      s << "note: --use-torch-fsdp2 runs the Megatron FSDP engine with optim_grads_params\n";
-    if (r.args.optimizer.optimizer_cpu_offload)
-      s << "optimizer CPU offload (fraction " << r.args.optimizer.optimizer_offload_fraction
-        << "): the identity on " << r.rt->platform->name()
-        << ", whose optimizer state and update are in host memory already\n";
-    return s.str();
+  LoadOptions o;
+  o.load_optimizer = !c.no_load_optim && !c.finetune;
+  o.load_rng = !c.no_load_rng && !c.finetune;
+  o.format = c.ckpt_format;
+  o.auto_detect_format = c.auto_detect_ckpt_format;
+  o.vocab_size = r.model->vocab_size();
+  o.verify_checksums = c.ckpt_checksum;
+  if (o.load_optimizer) o.optimizer_template = r.opt->state_dict();
+  CheckpointState st = load_checkpoint(*c.load, r.model->parameters(), o, checkpoint_ranks(r));
+  if (st.optimizer)
+    r.opt->load_state_dict(*st.optimizer);
+  else
+    r.opt->reload_model_params();
+  r.dp_model.ddp->reshard_params();  // FSDP optim_grads_params: keep only this rank's chunks
+  if (st.scheduler) r.scheduler->load_state_dict(*st.scheduler);
+  // FP8 amax histories and scales (a run without FP8 ignores them: loading into BF16 works; a
+  // checkpoint without them starts FP8 from fresh state, as Transformer Engine does).
+  if (r.model->fp8_state() && st.extra.contains("fp8"))
+    r.model->fp8_state()->load_state_json(st.extra.at("fp8"));
+  if (st.rng) r.rng_seed = (*st.rng).at("seed").get<uint64_t>();
+  r.checkpoint_extra = st.extra;
+  if (!c.finetune) {
+    r.iteration = st.iteration;
+    r.consumed_train = st.consumed_train_samples;
+    r.consumed_valid = st.consumed_valid_samples;
+    r.flops_so_far = st.floating_point_operations_so_far;
   }
+  r.log << "  successfully loaded checkpoint from " << *c.load << " at iteration " << st.iteration
+        << (c.finetune ? " (--finetune: starting at iteration 0)" : "") << " [" << st.format;
+  if (st.io_seconds > 0)
+    r.log << ", " << std::fixed << std::setprecision(2) << st.io_seconds * 1000.0 << " ms, "
+          << std::setprecision(3) << st.io_bytes / 1e9 / st.io_seconds << " GB/s read by this rank"
+          << std::defaultfloat;
+  r.log << "]" << std::endl;
+}
 
-  // "tensor parallel: ..." (a line) with TP > 1.
-  std::string tensor_parallel_summary(const Run& r) {
-    if (!r.ps.tp) return "";
-    std::ostringstream s;
-    s << "tensor parallel: " << r.ps.tp->size() << " ranks, sequence parallel "
-      << (r.args.parallel.sequence_parallel ? "on" : "off") << ", padded vocab "
-      << r.model->padded_vocab_size() << "\n";
-    return s.str();
+// "a 1\nb 2\n..." -> "\n  a=1, b=2, ..." wrapped at about 100 columns.
+std::string wrap_config(const std::string& lines) {
+  std::istringstream in(lines);
+  std::string line, out, cur;
+  while (std::getline(in, line)) {
+    const auto sp = line.find(' ');
+    const std::string item =
+        sp == std::string::npos ? line : line.substr(0, sp) + "=" + line.substr(sp + 1);
+    if (!cur.empty() && cur.size() + item.size() > 96) out += "\n  " + cur, cur.clear();
+    cur += (cur.empty() ? "" : ", ") + item;
   }
+  if (!cur.empty()) out += "\n  " + cur;
+  return out;
+}
 
-  // "pipeline parallel: ..." (a line) with PP > 1.
-  std::string pipeline_parallel_summary(const Run& r) {
-    if (!r.ps.pp) return "";
-    std::ostringstream s;
-    s << "pipeline parallel: " << r.ps.layout.str() << "; "
-      << (r.ps.layout.vp > 1 ? "interleaved 1F1B" : "1F1B") << " schedule, "
-      << r.args.training.num_microbatches() << " micro-batches"
-      << (r.ps.embedding ? ", tied embedding summed over the first and last stage" : "") << "\n";
-    return s.str();
+// "data parallel: ..." (a line) when there is more than one rank or a DDP option is on.
+std::string data_parallel_summary(const Run& r) {
+  const auto& d = r.args.ddp;
+  std::ostringstream s;
+  if (r.ps.dp->size() > 1 || d.use_distributed_optimizer || d.overlap_grad_reduce ||
+      d.use_megatron_fsdp)
+    s << "data parallel: " << r.ps.dp->size() << " ranks (" << r.ps.dp->backend() << "), "
+      << r.dp_model.ddp->buckets().size() << " gradient bucket(s)"
+      << (d.use_distributed_optimizer ? ", distributed optimizer" : "")
+      << (d.use_megatron_fsdp ? std::string(", Megatron FSDP ") + to_string(d.sharding_strategy)
+                              : std::string())
+      << (d.overlap_grad_reduce ? ", overlap-grad-reduce" : "")
+      << (d.overlap_param_gather ? ", overlap-param-gather" : "") << "\n";
+  if (r.args.use_torch_fsdp2)
+    s << "note: --use-torch-fsdp2 runs the Megatron FSDP engine with optim_grads_params\n";
+  if (r.args.optimizer.optimizer_cpu_offload)
+    s << "optimizer CPU offload (fraction " << r.args.optimizer.optimizer_offload_fraction
+      << "): the identity on " << r.rt->platform->name()
+      << ", whose optimizer state and update are in host memory already\n";
+  return s.str();
+}
+
+// "tensor parallel: ..." (a line) with TP > 1.
+std::string tensor_parallel_summary(const Run& r) {
+  if (!r.ps.tp) return "";
+  std::ostringstream s;
+  s << "tensor parallel: " << r.ps.tp->size() << " ranks, sequence parallel "
+    << (r.args.parallel.sequence_parallel ? "on" : "off") << ", padded vocab "
+    << r.model->padded_vocab_size() << "\n";
+  return s.str();
+}
+
+// "pipeline parallel: ..." (a line) with PP > 1.
+std::string pipeline_parallel_summary(const Run& r) {
+  if (!r.ps.pp) return "";
+  std::ostringstream s;
+  s << "pipeline parallel: " << r.ps.layout.str() << "; "
+    << (r.ps.layout.vp > 1 ? "interleaved 1F1B" : "1F1B") << " schedule, "
+    << r.args.training.num_microbatches() << " micro-batches"
+    << (r.ps.embedding ? ", tied embedding summed over the first and last stage" : "") << "\n";
+  return s.str();
+}
+
+// "fp8: ..." (a line) with --fp8-format.
+std::string fp8_summary(Run& r) {
+  const fp8::Fp8State* st = r.model->fp8_state();
+  if (!st) return "";
+  const fp8::Fp8Config& f = st->config();
+  std::ostringstream s;
+  s << "fp8: format " << fp8::format_name(f.format) << " (forward " << dtype_name(f.forward_dtype())
+    << ", gradients " << dtype_name(f.backward_dtype()) << "), recipe "
+    << fp8::recipe_name(f.recipe);
+  if (f.recipe == fp8::Fp8Recipe::delayed)
+    s << " (amax history " << f.amax_history_len << ", " << fp8::amax_algo_name(f.amax_compute_algo)
+      << ", margin " << f.margin << ", amax reduced over " << (r.ps.amax ? r.ps.amax->size() : 1)
+      << " rank(s))";
+  s << ", " << st->num_linears() << " FP8 linears on this rank"
+    << (f.first_last_layers_bf16
+            ? ", first " + std::to_string(f.num_layers_at_start_in_bf16) + " / last " +
+                  std::to_string(f.num_layers_at_end_in_bf16) + " layers in high precision"
+            : std::string())
+    << (f.wgrad ? "" : ", wgrad in high precision") << "\n";
+  return s.str();
+}
+
+// "context parallel: ..." (a line) with CP > 1. The data-parallel line counts the DP x CP ranks
+// its gradients are reduced over; this one gives the data-parallel size itself.
+std::string context_parallel_summary(const Run& r) {
+  if (!r.ps.cp) return "";
+  std::ostringstream s;
+  s << "context parallel: " << r.ps.cp->size() << " ranks (" << r.args.parallel.cp_comm_type
+    << "), data-parallel size " << r.args.training.data_parallel_size << "\n";
+  return s.str();
+}
+
+void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
+  const auto& m = *r.model;
+  auto& plat = *r.rt->platform;
+  r.log << "------------------------ Megatron-CPP pretrain_gpt ------------------------\n"
+        << "platform: " << plat.name() << ", device " << device_summary(*r.rt)
+        << (r.args.deterministic_mode ? ", deterministic mode" : "") << "\n"
+        << "tokenizer: " << tok.name() << ", vocab " << tok.vocab_size() << " (padded "
+        << m.padded_vocab_size() << ")\n"
+        << " > number of parameters: " << m.num_parameters() << "\n"
+        << "model config:" << wrap_config(m.config().str()) << "\n"
+        << "training: micro batch " << r.args.training.micro_batch_size << ", global batch "
+        << r.args.training.global_batch_size << " (" << r.args.training.num_microbatches()
+        << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed
+        << "\n"
+        << data_parallel_summary(r) << tensor_parallel_summary(r) << pipeline_parallel_summary(r)
+        << context_parallel_summary(r) << fp8_summary(r)
+        << "optimizer: " << r.args.optimizer.optimizer << ", lr " << *r.args.optimizer.lr << " ("
+        << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
+        << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
+        << dtype_name(r.args.model.params_dtype) << "\n"
+        << "op table (" << plat.name() << "):";
+  int col = 0;
+  for (const auto& res : r.rt->resolutions()) {
+    if (col++ % 3 == 0) r.log << "\n ";
+    std::ostringstream cell;
+    cell << res.slot << "=" << (res.provider.empty() ? "MISSING" : res.provider);
+    r.log << " " << std::left << std::setw(40) << cell.str() << std::right;
   }
+  r.log << "\n----------------------------------------------------------------------------"
+        << std::endl;
+}
 
-  // "fp8: ..." (a line) with --fp8-format.
-  std::string fp8_summary(Run & r) {
-    const fp8::Fp8State* st = r.model->fp8_state();
-    if (!st) return "";
-    const fp8::Fp8Config& f = st->config();
-    std::ostringstream s;
-    s << "fp8: format " << fp8::format_name(f.format) << " (forward "
-      << dtype_name(f.forward_dtype()) << ", gradients " << dtype_name(f.backward_dtype())
-      << "), recipe " << fp8::recipe_name(f.recipe);
-    if (f.recipe == fp8::Fp8Recipe::delayed)
-      s << " (amax history " << f.amax_history_len << ", "
-        << fp8::amax_algo_name(f.amax_compute_algo) << ", margin " << f.margin
-        << ", amax reduced over " << (r.ps.amax ? r.ps.amax->size() : 1) << " rank(s))";
-    s << ", " << st->num_linears() << " FP8 linears on this rank"
-      << (f.first_last_layers_bf16
-              ? ", first " + std::to_string(f.num_layers_at_start_in_bf16) + " / last " +
-                    std::to_string(f.num_layers_at_end_in_bf16) + " layers in high precision"
-              : std::string())
-      << (f.wgrad ? "" : ", wgrad in high precision") << "\n";
-    return s.str();
-  }
+// Megatron's get_forward_backward_func for this run's layout.
+pipeline_parallel::ForwardBackwardFunc forward_backward(const Run& r) {
+  return pipeline_parallel::get_forward_backward_func(r.ps.layout.pp, r.ps.layout.vp);
+}
 
-  // "context parallel: ..." (a line) with CP > 1. The data-parallel line counts the DP x CP ranks
-  // its gradients are reduced over; this one gives the data-parallel size itself.
-  std::string context_parallel_summary(const Run& r) {
-    if (!r.ps.cp) return "";
-    std::ostringstream s;
-    s << "context parallel: " << r.ps.cp->size() << " ranks (" << r.args.parallel.cp_comm_type
-      << "), data-parallel size " << r.args.training.data_parallel_size << "\n";
-    return s.str();
-  }
-
-  void print_summary(Run & r, const tokenizers::Tokenizer& tok) {
-    const auto& m = *r.model;
-    auto& plat = *r.rt->platform;
-    r.log << "------------------------ Megatron-CPP pretrain_gpt ------------------------\n"
-          << "platform: " << plat.name() << ", device " << device_summary(*r.rt)
-          << (r.args.deterministic_mode ? ", deterministic mode" : "") << "\n"
-          << "tokenizer: " << tok.name() << ", vocab " << tok.vocab_size() << " (padded "
-          << m.padded_vocab_size() << ")\n"
-          << " > number of parameters: " << m.num_parameters() << "\n"
-          << "model config:" << wrap_config(m.config().str()) << "\n"
-          << "training: micro batch " << r.args.training.micro_batch_size << ", global batch "
-          << r.args.training.global_batch_size << " (" << r.args.training.num_microbatches()
-          << " micro-batches), " << r.train_iters << " iterations, seed " << r.args.training.seed
-          << "\n"
-          << data_parallel_summary(r) << tensor_parallel_summary(r) << pipeline_parallel_summary(r)
-          << context_parallel_summary(r) << fp8_summary(r)
-          << "optimizer: " << r.args.optimizer.optimizer << ", lr " << *r.args.optimizer.lr << " ("
-          << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
-          << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
-          << dtype_name(r.args.model.params_dtype) << "\n"
-          << "op table (" << plat.name() << "):";
-    int col = 0;
-    for (const auto& res : r.rt->resolutions()) {
-      if (col++ % 3 == 0) r.log << "\n ";
-      std::ostringstream cell;
-      cell << res.slot << "=" << (res.provider.empty() ? "MISSING" : res.provider);
-      r.log << " " << std::left << std::setw(40) << cell.str() << std::right;
-    }
-    r.log << "\n----------------------------------------------------------------------------"
-          << std::endl;
-  }
-
-  // Megatron's get_forward_backward_func for this run's layout.
-  pipeline_parallel::ForwardBackwardFunc forward_backward(const Run& r) {
-    return pipeline_parallel::get_forward_backward_func(r.ps.layout.pp, r.ps.layout.vp);
-  }
-
-  // The pipeline fields of a schedule config (p2p shapes, peak activation memory).
-  void set_pipeline(Run & r, pipeline_parallel::ForwardBackwardConfig & cfg) {
-    if (!r.ps.pp) return;
-    cfg.pp_group = r.ps.pp.get();
-    // Each CP rank holds 2 of the sequence's 2 x CP chunks (get_batch_on_this_cp_rank).
-    cfg.seq_length = r.args.model.seq_length / r.args.parallel.context_parallel_size;
-    cfg.micro_batch_size = r.args.training.micro_batch_size;
-    cfg.memory_in_use = [&r] {
-      return static_cast<int64_t>(r.rt->platform->memory_stats(r.rt->device.index).allocated_bytes);
-    };
-  }
-
-  // Megatron's evaluate(): eval_iters iterations of gbs samples, forward only.
-  std::optional<double> evaluate(Run & r, DataIterator * it, int64_t * consumed) {
-    if (!it || r.args.training.eval_iters == 0) return std::nullopt;
-    double loss_sum = 0.0, tokens = 0.0;
-    const int64_t n_mb = r.args.training.num_microbatches();
-    for (int64_t i = 0; i < r.args.training.eval_iters; ++i) {
-      pipeline_parallel::ForwardBackwardConfig cfg;
-      cfg.forward_only = true;
-      auto next = [&] {
-        auto mb = it->next();
-        MG_CHECK(mb.has_value(), "evaluation data ran out");
-        return to_batch(*mb, r.ps.cp.get());
-      };
-      set_pipeline(r, cfg);
-      auto fb = forward_backward(r)(*r.model, next, n_mb, cfg,
-                                    models::StepRng{r.rng_seed, r.iteration, 0});
-      const models::LossSums global =
-          distributed::reduce_loss_sums({fb.loss_sum, fb.num_tokens}, r.ps.dp.get());
-      loss_sum += global.loss_sum;
-      tokens += global.num_tokens;
-      if (consumed) *consumed += r.args.training.global_batch_size;
-    }
-    return tokens > 0 ? loss_sum / tokens : 0.0;
-  }
-
-  struct StepOutcome {
-    double lm_loss = 0.0;
-    double grad_norm = 0.0;
-    std::optional<int64_t> num_zeros_in_grad;  // --log-num-zeros-in-grad
-    bool skipped = false;
-    bool nan = false;
-    double lr = 0.0;
+// The pipeline fields of a schedule config (p2p shapes, peak activation memory).
+void set_pipeline(Run& r, pipeline_parallel::ForwardBackwardConfig& cfg) {
+  if (!r.ps.pp) return;
+  cfg.pp_group = r.ps.pp.get();
+  // Each CP rank holds 2 of the sequence's 2 x CP chunks (get_batch_on_this_cp_rank).
+  cfg.seq_length = r.args.model.seq_length / r.args.parallel.context_parallel_size;
+  cfg.micro_batch_size = r.args.training.micro_batch_size;
+  cfg.memory_in_use = [&r] {
+    return static_cast<int64_t>(r.rt->platform->memory_stats(r.rt->device.index).allocated_bytes);
   };
+}
 
-  // Megatron's train_step: schedule -> finalize_model_grads -> optimizer.
-  StepOutcome train_step(Run & r) {
-    const auto& a = r.args;
-    StepOutcome out;
-    distributed::DistributedDataParallel& ddp = *r.dp_model.ddp;
-    ddp.zero_grad_buffer();
+// Megatron's evaluate(): eval_iters iterations of gbs samples, forward only.
+std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
+  if (!it || r.args.training.eval_iters == 0) return std::nullopt;
+  double loss_sum = 0.0, tokens = 0.0;
+  const int64_t n_mb = r.args.training.num_microbatches();
+  for (int64_t i = 0; i < r.args.training.eval_iters; ++i) {
     pipeline_parallel::ForwardBackwardConfig cfg;
-    cfg.calculate_per_token_loss = a.model.calculate_per_token_loss;
-    cfg.loss_scale = r.opt->loss_scale();
-    r.model->moe_state().aux_loss_auto_scaler.set_loss_scale(
-        pipeline_parallel::aux_loss_scale(cfg, a.training.num_microbatches()));
-    // Megatron's no_sync: DDP launches a bucket's reduction from the grad-ready hook only in the
-    // last micro-batch's backward. Pipelining: none at all (a chunk's last micro-batch is not the
-    // schedule's); finalize_model_grads reduces every bucket after the embedding-group sum.
-    if (a.ddp.overlap_grad_reduce)
-      cfg.set_is_last_microbatch = [&ddp](bool last) { ddp.set_is_last_microbatch(last); };
-    if (r.ps.pp) ddp.set_is_last_microbatch(false);
-    ddp.set_pipelined(r.ps.pp != nullptr);
-    Monitoring& mon = *r.monitor;
+    cfg.forward_only = true;
     auto next = [&] {
-      ScopedTimer t(&mon.timers(), "batch-generator", 2);
-      const auto t0 = std::chrono::steady_clock::now();
-      auto mb = r.train_iter->next();
-      MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);
-      auto b = to_batch(*mb, r.ps.cp.get());
-      mon.straggler().add_batch_seconds(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      return b;
+      auto mb = it->next();
+      MG_CHECK(mb.has_value(), "evaluation data ran out");
+      return to_batch(*mb, r.ps.cp.get());
     };
     set_pipeline(r, cfg);
-    cfg.timers = &mon.timers();
-    mon.start_forward_backward();
-    mon.straggler().start_compute();
-    auto fb = forward_backward(r)(*r.model, next, a.training.num_microbatches(), cfg,
-                                  models::StepRng{r.rng_seed, r.iteration, 0});
-    mon.straggler().stop_compute();
-    mon.timers().stop("forward-backward");
-    r.peak_activation_bytes = std::max(r.peak_activation_bytes, fb.peak_activation_bytes);
-    r.max_in_flight = std::max(r.max_in_flight, fb.max_in_flight);
-    distributed::FinalizeModelGradsConfig fin;
-    fin.ddp = &ddp;
-    fin.dp_group = r.ps.dp.get();
-    fin.tp_group = r.ps.tp.get();
-    fin.sequence_parallel = a.parallel.sequence_parallel;
-    fin.embedding_group = r.ps.embedding.get();
-    fin.calculate_per_token_loss = cfg.calculate_per_token_loss;
-    fin.timers = &mon.timers();
+    auto fb =
+        forward_backward(r)(*r.model, next, n_mb, cfg, models::StepRng{r.rng_seed, r.iteration, 0});
     const models::LossSums global =
-        distributed::finalize_model_grads(*r.model, fin, {fb.loss_sum, fb.num_tokens});
-    out.lm_loss = global.num_tokens > 0.0 ? global.loss_sum / global.num_tokens : 0.0;
-    if (r.hooks.after_forward_backward)
-      r.hooks.after_forward_backward(r.iteration, out.lm_loss, *r.model);
-    out.nan = !std::isfinite(out.lm_loss);
-    out.lr = r.scheduler->lr();
-    if (out.nan && !a.optimizer.fp16) {
-      MG_CHECK(!a.training.check_for_nan_in_loss_and_grad,
-               "lm loss is " << out.lm_loss << " at iteration " << r.iteration + 1 << " (lr "
-                             << out.lr
-                             << "); stopping (Megatron's --check-for-nan-in-loss-and-grad). Lower "
-                                "--lr, raise --clip-grad protection, or pass "
-                                "--no-check-for-nan-in-loss-and-grad to skip such steps");
-      out.skipped = true;  // do not let NaN gradients reach the weights
-      return out;
-    }
-    mon.timers().start("optimizer", 1);
-    const optimizer::StepResult s = r.opt->step(out.lr, r.scheduler->weight_decay());
-    mon.timers().stop("optimizer");
-    // A non-finite grad norm with a finite loss: the optimizer did not apply it (bf16/fp32; fp16's
-    // overflows are the scaler's). Stop, naming the first parameter with a non-finite gradient.
-    if (s.found_inf && !a.optimizer.fp16) {
-      out.nan = true;
-      MG_CHECK(!a.training.check_for_nan_in_loss_and_grad,
-               "grad norm is " << s.grad_norm << " at iteration " << r.iteration + 1 << " (lm loss "
-                               << out.lm_loss << ", lr " << out.lr
-                               << "); the step was not applied; first parameter with a non-finite "
-                                  "gradient on this rank: "
-                               << first_nonfinite_parameter(r.model->parameters(), true)
-                                      .value_or("none (another rank holds it)")
-                               << "; stopping (Megatron's --check-for-nan-in-loss-and-grad; "
-                                  "--no-check-for-nan-in-loss-and-grad skips such steps)");
-    }
-    out.skipped = !s.success;
-    out.grad_norm = s.grad_norm;
-    out.num_zeros_in_grad = s.num_zeros_in_grad;
-    // Megatron: increment = num_microbatches * mbs * dp = the global batch, in samples.
-    if (s.success) r.scheduler->step(a.training.global_batch_size);
+        distributed::reduce_loss_sums({fb.loss_sum, fb.num_tokens}, r.ps.dp.get());
+    loss_sum += global.loss_sum;
+    tokens += global.num_tokens;
+    if (consumed) *consumed += r.args.training.global_batch_size;
+  }
+  return tokens > 0 ? loss_sum / tokens : 0.0;
+}
+
+struct StepOutcome {
+  double lm_loss = 0.0;
+  double grad_norm = 0.0;
+  std::optional<int64_t> num_zeros_in_grad;  // --log-num-zeros-in-grad
+  bool skipped = false;
+  bool nan = false;
+  double lr = 0.0;
+};
+
+// Megatron's train_step: schedule -> finalize_model_grads -> optimizer.
+StepOutcome train_step(Run& r) {
+  const auto& a = r.args;
+  StepOutcome out;
+  distributed::DistributedDataParallel& ddp = *r.dp_model.ddp;
+  ddp.zero_grad_buffer();
+  pipeline_parallel::ForwardBackwardConfig cfg;
+  cfg.calculate_per_token_loss = a.model.calculate_per_token_loss;
+  cfg.loss_scale = r.opt->loss_scale();
+  r.model->moe_state().aux_loss_auto_scaler.set_loss_scale(
+      pipeline_parallel::aux_loss_scale(cfg, a.training.num_microbatches()));
+  // Megatron's no_sync: DDP launches a bucket's reduction from the grad-ready hook only in the
+  // last micro-batch's backward. Pipelining: none at all (a chunk's last micro-batch is not the
+  // schedule's); finalize_model_grads reduces every bucket after the embedding-group sum.
+  if (a.ddp.overlap_grad_reduce)
+    cfg.set_is_last_microbatch = [&ddp](bool last) { ddp.set_is_last_microbatch(last); };
+  if (r.ps.pp) ddp.set_is_last_microbatch(false);
+  ddp.set_pipelined(r.ps.pp != nullptr);
+  Monitoring& mon = *r.monitor;
+  auto next = [&] {
+    ScopedTimer t(&mon.timers(), "batch-generator", 2);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto mb = r.train_iter->next();
+    MG_CHECK(mb.has_value(), "training data ran out at iteration " << r.iteration + 1);
+    auto b = to_batch(*mb, r.ps.cp.get());
+    mon.straggler().add_batch_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return b;
+  };
+  set_pipeline(r, cfg);
+  cfg.timers = &mon.timers();
+  mon.start_forward_backward();
+  mon.straggler().start_compute();
+  auto fb = forward_backward(r)(*r.model, next, a.training.num_microbatches(), cfg,
+                                models::StepRng{r.rng_seed, r.iteration, 0});
+  mon.straggler().stop_compute();
+  mon.timers().stop("forward-backward");
+  r.peak_activation_bytes = std::max(r.peak_activation_bytes, fb.peak_activation_bytes);
+  r.max_in_flight = std::max(r.max_in_flight, fb.max_in_flight);
+  distributed::FinalizeModelGradsConfig fin;
+  fin.ddp = &ddp;
+  fin.dp_group = r.ps.dp.get();
+  fin.tp_group = r.ps.tp.get();
+  fin.sequence_parallel = a.parallel.sequence_parallel;
+  fin.embedding_group = r.ps.embedding.get();
+  fin.calculate_per_token_loss = cfg.calculate_per_token_loss;
+  fin.timers = &mon.timers();
+  const models::LossSums global =
+      distributed::finalize_model_grads(*r.model, fin, {fb.loss_sum, fb.num_tokens});
+  out.lm_loss = global.num_tokens > 0.0 ? global.loss_sum / global.num_tokens : 0.0;
+  if (r.hooks.after_forward_backward)
+    r.hooks.after_forward_backward(r.iteration, out.lm_loss, *r.model);
+  out.nan = !std::isfinite(out.lm_loss);
+  out.lr = r.scheduler->lr();
+  if (out.nan && !a.optimizer.fp16) {
+    MG_CHECK(!a.training.check_for_nan_in_loss_and_grad,
+             "lm loss is " << out.lm_loss << " at iteration " << r.iteration + 1 << " (lr "
+                           << out.lr
+                           << "); stopping (Megatron's --check-for-nan-in-loss-and-grad). Lower "
+                              "--lr, raise --clip-grad protection, or pass "
+                              "--no-check-for-nan-in-loss-and-grad to skip such steps");
+    out.skipped = true;  // do not let NaN gradients reach the weights
     return out;
   }
-
-  // This process's peak resident set size (getrusage; Linux reports KiB).
-  double peak_rss_bytes() {
-    rusage u{};
-    getrusage(RUSAGE_SELF, &u);
-    return static_cast<double>(u.ru_maxrss) * 1024.0;
+  mon.timers().start("optimizer", 1);
+  const optimizer::StepResult s = r.opt->step(out.lr, r.scheduler->weight_decay());
+  mon.timers().stop("optimizer");
+  // A non-finite grad norm with a finite loss: the optimizer did not apply it (bf16/fp32; fp16's
+  // overflows are the scaler's). Stop, naming the first parameter with a non-finite gradient.
+  if (s.found_inf && !a.optimizer.fp16) {
+    out.nan = true;
+    MG_CHECK(!a.training.check_for_nan_in_loss_and_grad,
+             "grad norm is " << s.grad_norm << " at iteration " << r.iteration + 1 << " (lm loss "
+                             << out.lm_loss << ", lr " << out.lr
+                             << "); the step was not applied; first parameter with a non-finite "
+                                "gradient on this rank: "
+                             << first_nonfinite_parameter(r.model->parameters(), true)
+                                    .value_or("none (another rank holds it)")
+                             << "; stopping (Megatron's --check-for-nan-in-loss-and-grad; "
+                                "--no-check-for-nan-in-loss-and-grad skips such steps)");
   }
+  out.skipped = !s.success;
+  out.grad_norm = s.grad_norm;
+  out.num_zeros_in_grad = s.num_zeros_in_grad;
+  // Megatron: increment = num_microbatches * mbs * dp = the global batch, in samples.
+  if (s.success) r.scheduler->step(a.training.global_batch_size);
+  return out;
+}
 
-  std::optional<double> mem_mb(Run & r, bool peak) {
-    auto st = r.rt->platform->memory_stats(r.rt->device.index);
-    const double b = static_cast<double>(peak ? st.peak_allocated_bytes : st.allocated_bytes);
-    return b / (1024.0 * 1024.0);
-  }
+// This process's peak resident set size (getrusage; Linux reports KiB).
+double peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) * 1024.0;
+}
 
-  void train(Run & r) {
-    const auto& a = r.args;
-    const auto& tr = a.training;
-    const int64_t tokens_per_iter = tr.global_batch_size * a.model.seq_length;
-    std::optional<double> peak = a.logging.peak_tflops;
-    if (!peak)
-      peak = default_peak_tflops(r.rt->platform->capabilities(r.rt->device.index).device_name);
+std::optional<double> mem_mb(Run& r, bool peak) {
+  auto st = r.rt->platform->memory_stats(r.rt->device.index);
+  const double b = static_cast<double>(peak ? st.peak_allocated_bytes : st.allocated_bytes);
+  return b / (1024.0 * 1024.0);
+}
 
-    double interval_loss = 0.0;
-    int64_t interval_count = 0, interval_iters = 0, interval_skipped = 0, interval_nan = 0;
-    int64_t fp16_skips_at_min = 0;
-    std::optional<double> last_grad_norm;
-    std::optional<int64_t> last_num_zeros;
-    double last_lr = 0.0;
-    r.timers.start("interval-time");
-    r.timers.start("train");
-    while (r.iteration < r.train_iters) {
-      StepOutcome o = train_step(r);
-      ++r.iteration;
-      r.consumed_train += tr.global_batch_size;
-      r.flops_so_far += r.flops_per_iter;
-      r.result.train_losses.push_back(o.lm_loss);
-      r.result.grad_norms.push_back(o.skipped ? 0.0 : o.grad_norm);
-      ++interval_iters;
-      last_lr = o.lr;
-      if (o.skipped) ++interval_skipped, ++r.result.skipped_iters;
-      // fp16: skipped iterations at the minimum loss scale, which the scaler cannot cure.
-      if (a.optimizer.fp16 && tr.check_for_nan_in_loss_and_grad) {
-        fp16_skips_at_min =
-            o.skipped && r.opt->grad_scaler() && r.opt->loss_scale() <= a.optimizer.min_loss_scale
-                ? fp16_skips_at_min + 1
-                : 0;
-        MG_CHECK(
-            fp16_skips_at_min < kMaxFp16SkipsAtMinLossScale,
-            "iteration " << r.iteration << ": " << fp16_skips_at_min
-                         << " consecutive iterations skipped (inf/nan loss or gradients) at the "
-                            "minimum loss scale "
-                         << a.optimizer.min_loss_scale << " (lm loss " << o.lm_loss
-                         << "); the fp16 run diverged and the scaler cannot back off further; "
-                            "stopping (Megatron's --check-for-nan-in-loss-and-grad). Lower "
-                            "--lr, or use --bf16");
-      }
-      if (o.nan) ++interval_nan, ++r.result.nan_iters;
-      if (!o.skipped && !o.nan) {
-        interval_loss += o.lm_loss;
-        ++interval_count;
-        last_grad_norm = o.grad_norm;
-        last_num_zeros = o.num_zeros_in_grad;
-      }
-      r.monitor->after_iteration(
-          {.iteration = r.iteration,
-           .consumed_samples = r.consumed_train,
-           .learning_rate = o.lr,
-           .batch_size = tr.global_batch_size,
-           .lm_loss = o.lm_loss,
-           .loss_scale = r.opt->loss_scale(),
-           .grad_norm = o.skipped ? std::nullopt : std::optional<double>(o.grad_norm),
-           .num_zeros = o.skipped ? std::nullopt : o.num_zeros_in_grad},
-          interval_iters);
+void train(Run& r) {
+  const auto& a = r.args;
+  const auto& tr = a.training;
+  const int64_t tokens_per_iter = tr.global_batch_size * a.model.seq_length;
+  std::optional<double> peak = a.logging.peak_tflops;
+  if (!peak)
+    peak = default_peak_tflops(r.rt->platform->capabilities(r.rt->device.index).device_name);
 
-      if (r.iteration % a.logging.log_interval == 0) {
-        r.rt->platform->synchronize(r.rt->device.index);
-        const double secs = r.timers.elapsed("interval-time");
-        IntervalStats s;
-        s.iteration = r.iteration;
-        s.train_iters = r.train_iters;
-        s.consumed_samples = r.consumed_train;
-        s.elapsed_ms_per_iter = secs * 1000.0 / static_cast<double>(interval_iters);
-        s.flops_per_iter = r.flops_per_iter;
-        s.tokens_per_iter = tokens_per_iter;
-        s.world_size = r.ps.world->size();  // every rank (TP x PP x DP) is a GPU
-        s.peak_tflops = peak;
-        s.learning_rate = last_lr;
-        s.global_batch_size = tr.global_batch_size;
-        if (interval_count > 0) s.lm_loss = interval_loss / static_cast<double>(interval_count);
-        s.loss_scale = r.opt->loss_scale();
-        s.grad_norm = last_grad_norm;
-        s.num_zeros_in_grad = last_num_zeros;
-        // Megatron's calc_params_l2_norm after this iteration's step (a collective).
-        if (a.logging.log_params_norm) s.params_norm = r.opt->params_norm();
-        s.skipped_iters = interval_skipped;
-        s.nan_iters = interval_nan;
-        s.mem_allocated_mb = mem_mb(r, false);
-        s.mem_max_allocated_mb = mem_mb(r, true);
-        // MoE: load-balancing / z losses and tokens per expert (a collective over the world).
-        const auto moe = transformer::moe::moe_metrics_log(
-            r.model->moe_state().metrics_tracker, r.ps.world.get(), r.model->config(),
-            a.parallel.sequence_parallel ? a.parallel.tensor_model_parallel_size : 1,
-            interval_iters);
-        r.log_last << format_training_log(s) << moe.inline_part << "\n"
-                   << moe.layer_lines << std::flush;
-        r.monitor->at_log_interval(r.iteration, interval_iters, secs / interval_iters,
-                                   r.flops_per_iter, r.log_last, r.log);
-        interval_loss = 0.0;
-        interval_count = interval_iters = interval_skipped = interval_nan = 0;
-      }
-
-      if (r.iteration % tr.eval_interval == 0 && r.valid_iter) {
-        auto v = evaluate(r, r.valid_iter.get(), &r.consumed_valid);
-        if (v) {
-          r.result.valid_loss = v;
-          r.log_last << format_evaluation(
-                            "validation loss at iteration " + std::to_string(r.iteration), *v)
-                     << std::endl;
-          r.monitor->evaluation("validation", r.iteration, r.consumed_train, *v);
-        }
-        r.timers.elapsed("interval-time");  // evaluation time is not training time
-      }
-
-      const auto& c = a.checkpoint;
-      bool saved = false;
-      if (c.save && c.save_interval && r.iteration % *c.save_interval == 0) {
-        save(r);
-        saved = true;
-        r.timers.elapsed("interval-time");
-      }
-      std::string exit_reason;
-      // --exit-signal-handler: Megatron checks the signal first (an all-reduce over the world).
-      if (const int sig = r.monitor->signal_received()) {
-        exit_reason = "signal";
-        r.log << " received " << signal_name(sig) << " (--exit-signal-handler)" << std::endl;
-      }
-      const double minutes =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count() / 60.0;
-      // Megatron all-reduces the decision (max): ranks read their clocks at different moments.
-      if (exit_reason.empty() && tr.exit_duration_in_mins &&
-          any_rank(r.ps.world.get(), minutes > *tr.exit_duration_in_mins))
-        exit_reason = "exit-duration";
-      if (exit_reason.empty() && tr.exit_interval && r.iteration % *tr.exit_interval == 0)
-        exit_reason = "exit-interval";
-      if (!exit_reason.empty()) {
-        if (c.save && !saved) save(r);
-        r.log << " exiting program at iteration " << r.iteration << " (" << exit_reason << ")"
-              << std::endl;
-        r.result.exit_reason = exit_reason;
-        break;
-      }
+  double interval_loss = 0.0;
+  int64_t interval_count = 0, interval_iters = 0, interval_skipped = 0, interval_nan = 0;
+  int64_t fp16_skips_at_min = 0;
+  std::optional<double> last_grad_norm;
+  std::optional<int64_t> last_num_zeros;
+  double last_lr = 0.0;
+  r.timers.start("interval-time");
+  r.timers.start("train");
+  while (r.iteration < r.train_iters) {
+    StepOutcome o = train_step(r);
+    ++r.iteration;
+    r.consumed_train += tr.global_batch_size;
+    r.flops_so_far += r.flops_per_iter;
+    r.result.train_losses.push_back(o.lm_loss);
+    r.result.grad_norms.push_back(o.skipped ? 0.0 : o.grad_norm);
+    ++interval_iters;
+    last_lr = o.lr;
+    if (o.skipped) ++interval_skipped, ++r.result.skipped_iters;
+    // fp16: skipped iterations at the minimum loss scale, which the scaler cannot cure.
+    if (a.optimizer.fp16 && tr.check_for_nan_in_loss_and_grad) {
+      fp16_skips_at_min =
+          o.skipped && r.opt->grad_scaler() && r.opt->loss_scale() <= a.optimizer.min_loss_scale
+              ? fp16_skips_at_min + 1
+              : 0;
+      MG_CHECK(fp16_skips_at_min < kMaxFp16SkipsAtMinLossScale,
+               "iteration " << r.iteration << ": " << fp16_skips_at_min
+                            << " consecutive iterations skipped (inf/nan loss or gradients) at the "
+                               "minimum loss scale "
+                            << a.optimizer.min_loss_scale << " (lm loss " << o.lm_loss
+                            << "); the fp16 run diverged and the scaler cannot back off further; "
+                               "stopping (Megatron's --check-for-nan-in-loss-and-grad). Lower "
+                               "--lr, or use --bf16");
     }
-    r.timers.stop("interval-time");
-    r.result.train_seconds = r.timers.stop("train");
-    if (r.result.exit_reason.empty()) r.result.exit_reason = "train-iters";
+    if (o.nan) ++interval_nan, ++r.result.nan_iters;
+    if (!o.skipped && !o.nan) {
+      interval_loss += o.lm_loss;
+      ++interval_count;
+      last_grad_norm = o.grad_norm;
+      last_num_zeros = o.num_zeros_in_grad;
+    }
+    r.monitor->after_iteration(
+        {.iteration = r.iteration,
+         .consumed_samples = r.consumed_train,
+         .learning_rate = o.lr,
+         .batch_size = tr.global_batch_size,
+         .lm_loss = o.lm_loss,
+         .loss_scale = r.opt->loss_scale(),
+         .grad_norm = o.skipped ? std::nullopt : std::optional<double>(o.grad_norm),
+         .num_zeros = o.skipped ? std::nullopt : o.num_zeros_in_grad},
+        interval_iters);
+
+    if (r.iteration % a.logging.log_interval == 0) {
+      r.rt->platform->synchronize(r.rt->device.index);
+      const double secs = r.timers.elapsed("interval-time");
+      IntervalStats s;
+      s.iteration = r.iteration;
+      s.train_iters = r.train_iters;
+      s.consumed_samples = r.consumed_train;
+      s.elapsed_ms_per_iter = secs * 1000.0 / static_cast<double>(interval_iters);
+      s.flops_per_iter = r.flops_per_iter;
+      s.tokens_per_iter = tokens_per_iter;
+      s.world_size = r.ps.world->size();  // every rank (TP x PP x DP) is a GPU
+      s.peak_tflops = peak;
+      s.learning_rate = last_lr;
+      s.global_batch_size = tr.global_batch_size;
+      if (interval_count > 0) s.lm_loss = interval_loss / static_cast<double>(interval_count);
+      s.loss_scale = r.opt->loss_scale();
+      s.grad_norm = last_grad_norm;
+      s.num_zeros_in_grad = last_num_zeros;
+      // Megatron's calc_params_l2_norm after this iteration's step (a collective).
+      if (a.logging.log_params_norm) s.params_norm = r.opt->params_norm();
+      s.skipped_iters = interval_skipped;
+      s.nan_iters = interval_nan;
+      s.mem_allocated_mb = mem_mb(r, false);
+      s.mem_max_allocated_mb = mem_mb(r, true);
+      // MoE: load-balancing / z losses and tokens per expert (a collective over the world).
+      const auto moe = transformer::moe::moe_metrics_log(
+          r.model->moe_state().metrics_tracker, r.ps.world.get(), r.model->config(),
+          a.parallel.sequence_parallel ? a.parallel.tensor_model_parallel_size : 1, interval_iters);
+      r.log_last << format_training_log(s) << moe.inline_part << "\n"
+                 << moe.layer_lines << std::flush;
+      r.monitor->at_log_interval(r.iteration, interval_iters, secs / interval_iters,
+                                 r.flops_per_iter, r.log_last, r.log);
+      interval_loss = 0.0;
+      interval_count = interval_iters = interval_skipped = interval_nan = 0;
+    }
+
+    if (r.iteration % tr.eval_interval == 0 && r.valid_iter) {
+      auto v = evaluate(r, r.valid_iter.get(), &r.consumed_valid);
+      if (v) {
+        r.result.valid_loss = v;
+        r.log_last << format_evaluation(
+                          "validation loss at iteration " + std::to_string(r.iteration), *v)
+                   << std::endl;
+        r.monitor->evaluation("validation", r.iteration, r.consumed_train, *v);
+      }
+      r.timers.elapsed("interval-time");  // evaluation time is not training time
+    }
+
+    const auto& c = a.checkpoint;
+    bool saved = false;
+    if (c.save && c.save_interval && r.iteration % *c.save_interval == 0) {
+      save(r);
+      saved = true;
+      r.timers.elapsed("interval-time");
+    }
+    std::string exit_reason;
+    // --exit-signal-handler: Megatron checks the signal first (an all-reduce over the world).
+    if (const int sig = r.monitor->signal_received()) {
+      exit_reason = "signal";
+      r.log << " received " << signal_name(sig) << " (--exit-signal-handler)" << std::endl;
+    }
+    const double minutes =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count() / 60.0;
+    // Megatron all-reduces the decision (max): ranks read their clocks at different moments.
+    if (exit_reason.empty() && tr.exit_duration_in_mins &&
+        any_rank(r.ps.world.get(), minutes > *tr.exit_duration_in_mins))
+      exit_reason = "exit-duration";
+    if (exit_reason.empty() && tr.exit_interval && r.iteration % *tr.exit_interval == 0)
+      exit_reason = "exit-interval";
+    if (!exit_reason.empty()) {
+      if (c.save && !saved) save(r);
+      r.log << " exiting program at iteration " << r.iteration << " (" << exit_reason << ")"
+            << std::endl;
+      r.result.exit_reason = exit_reason;
+      break;
+    }
   }
+  r.timers.stop("interval-time");
+  r.result.train_seconds = r.timers.stop("train");
+  if (r.result.exit_reason.empty()) r.result.exit_reason = "train-iters";
+}
 
 }  // namespace
 
