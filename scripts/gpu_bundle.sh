@@ -25,11 +25,13 @@ for tool in zstd; do
 done
 for f in "$stage"/bin/* "$stage"/lib/*.so "$stage"/tools/*; do
   ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
-done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' |
+done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn[a-z_]*)\.so' |
   while read -r lib; do
     [ -e "$stage/lib/$(basename "$lib")" ] || cp -L "$lib" "$stage/lib/"
   done
 # NCCL (~200 MB) is left out: the device image has it (PyPI nvidia-nccl-cu13; gpu_env.sh finds it).
+# So is cuDNN (~1 GB with its engines; libcudnn.so.9 only dispatches to them): the device image's
+# PyPI nvidia-cudnn-cu13 (gpu_env.sh), any cuDNN 9.
 # Tests carry absolute paths of this checkout (plugins, fixtures): record them for gpu_run_tests.sh.
 echo "$PWD $(cd "$build" && pwd)" > "$stage/paths"
 # The commit the binaries were built from (the device's copy of the tree has no .git): results.

@@ -340,6 +340,16 @@ Arguments parse_args(const std::vector<std::string>& raw) {
         "minutes a collective may wait for every rank before the job aborts (10)");
   p.add_switch("--deterministic-mode", a.deterministic_mode, true,
                "deterministic kernels only, bit-identical reruns (NCCL: needs NCCL_ALGO)");
+  p.add_choice(
+      "--attention-backend", {"auto", "flash", "fused", "unfused", "local"},
+      [&a](const std::string& v) {
+        MG_CHECK(v != "flash",
+                 "--attention-backend flash: no FlashAttention library in Megatron-CPP; use "
+                 "fused (cuDNN fused attention), local (our kernels), unfused or auto");
+        a.attention_backend = v;
+      },
+      "attention kernels: auto (cuDNN where it serves the call, else ours), fused (cuDNN), "
+      "local (ours), unfused (our reference kernel)");
   p.add("--tensor-model-parallel-size", a.parallel.tensor_model_parallel_size,
         "tensor-parallel ranks (1); the world size must be a multiple");
   p.add_switch("--sequence-parallel", a.parallel.sequence_parallel, true,

@@ -422,6 +422,9 @@ void register_cuda(plugin::Registry& r) {
   register_cross_entropy_kernels(r);
   register_optimizer_kernels(r);
   register_init_kernels(r);
+#if MG_WITH_CUDNN
+  register_cudnn_attention_kernels(r);
+#endif
   register_nccl_backend();  // init_communicator("nccl")
 }
 
