@@ -6,7 +6,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 #include "megatron/core/tensor/dtype.h"
 
@@ -27,20 +26,6 @@ void register_rope_kernels(plugin::Registry& r);         // rope_fwd/bwd
 void register_cross_entropy_kernels(plugin::Registry& r);  // cross_entropy_*, ce_*
 void register_optimizer_kernels(plugin::Registry& r);  // adamw_step, l2_norm_sq, multi_tensor_scale
 void register_init_kernels(plugin::Registry& r);       // init_normal, init_uniform
-// cudnn/cudnn_attention.cpp (built when CMake finds the cuDNN frontend and libcudnn, which defines
-// MG_WITH_CUDNN): the providers "cuda:cudnn" (attention_fwd/bwd) and "cuda:cudnn-deterministic"
-// (attention_bwd), Priority::alternative; the cuDNN / frontend versions for logs; counters since
-// process start: graphs built, shapes cuDNN refused (cached as such), calls run. Also exported as
-// the C symbols mg_cuda_cudnn_attention_stats / mg_cuda_cudnn_attention_version (dlsym: tests and
-// the training log, which link no CUDA code).
-struct CudnnAttentionStats {
-  uint64_t graphs = 0, unsupported = 0, fwd_calls = 0, bwd_calls = 0;
-};
-#if MG_WITH_CUDNN
-void register_cudnn_attention_kernels(plugin::Registry& r);
-std::string cudnn_attention_version();
-CudnnAttentionStats cudnn_attention_stats();
-#endif
 
 // Counters of gemm.cu's cuBLASLt plan cache since process start: lookups that found a plan
 // (hits) or built one (misses), gemm_epilogue calls run as a fused cuBLASLt epilogue or as the

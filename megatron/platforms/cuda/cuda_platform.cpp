@@ -33,6 +33,9 @@
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
+#if MG_WITH_CUDNN
+#include "megatron/platforms/cuda/cudnn/cudnn_attention.h"
+#endif
 #include "megatron/platforms/cuda/nccl_communicator.h"
 #include "megatron/plugin/registry.h"
 

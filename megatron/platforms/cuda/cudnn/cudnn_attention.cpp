@@ -21,6 +21,8 @@
 // from the caching device allocator (stream-ordered). The deterministic backward asks cuDNN for its
 // deterministic algorithm (no atomics in dQ); "cuda:cudnn" (not deterministic) is dropped by the
 // registry in a deterministic run.
+#include "megatron/platforms/cuda/cudnn/cudnn_attention.h"
+
 #include <cudnn.h>
 #include <cudnn_frontend.h>
 

@@ -48,7 +48,7 @@ using test::to_doubles;
 const Device kGpu = Device::cuda(0);
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-// Mirrors CudnnAttentionStats (megatron/platforms/cuda/cuda_kernels.h).
+// Mirrors CudnnAttentionStats (megatron/platforms/cuda/cudnn/cudnn_attention.h).
 struct Stats {
   uint64_t graphs = 0, unsupported = 0, fwd_calls = 0, bwd_calls = 0;
 };
