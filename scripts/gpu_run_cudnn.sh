@@ -18,21 +18,32 @@ out=${RESULTS_DIR:-/tmp/cudnn_out}
 bindir=${BIN_DIR:-.gpu_bundle/bin}
 platform=${PLATFORM:-cuda}
 MB=${MB:-16}
-ITERS=${ITERS:-25}
+ITERS=${ITERS:-30}
 WARMUP=${WARMUP:-5}
 mkdir -p "$out"
 status=0
 py=${PYTHON:-python3}
+# Each step runs under min(its own limit, what is left of BUDGET less 20 s for the tables), so
+# that a slow step costs its own results only and the tables are always written.
+budget=${BUDGET:-330}
+begin=$SECONDS
+lim() {
+  local l=$((budget - 20 - (SECONDS - begin)))
+  [ "$l" -lt 1 ] && l=1
+  [ "$1" -lt "$l" ] && l=$1
+  echo "$l"
+}
 
 # ---- 1. tests ----
 {
   for t in cuda_cudnn_attention_test cuda_attention_mma_test; do
     echo "== $t"
-    timeout 150 "$bindir/$t" 2>&1 | grep -vE '^\[ +(RUN|OK) +\]' | tail -40
-    echo "rc=${PIPESTATUS[0]}"
+    timeout "$(lim 120)" "$bindir/$t" > "$out/test-$t.log" 2>&1
+    echo "rc=$?"
+    grep -vE '^\[ +(RUN|OK) +\]' "$out/test-$t.log" | tail -40
   done
   echo "== cuda_ops_test (attention)"
-  timeout 90 "$bindir/cuda_ops_test" --gtest_filter='*ttention*' 2>&1 | tail -5
+  timeout "$(lim 60)" "$bindir/cuda_ops_test" --gtest_filter='*ttention*' 2>&1 | tail -5
   echo "rc=${PIPESTATUS[0]}"
 } > "$out/tests.txt" 2>&1
 grep -q '^rc=[^0]' "$out/tests.txt" && status=1
@@ -46,13 +57,13 @@ fi
 for who in cudnn ours; do
   providers=""
   [ $who = cudnn ] && providers="attention_fwd=cuda:cudnn,attention_bwd=cuda:cudnn"
-  MG_OP_PROVIDERS=$providers MG_BENCH_PLATFORM=$platform timeout 120 "$bindir/attention_bench" \
+  MG_OP_PROVIDERS=$providers MG_BENCH_PLATFORM=$platform timeout "$(lim 90)" "$bindir/attention_bench" \
     --benchmark_min_time=0.2 --benchmark_filter="$filter" \
     --benchmark_out="$out/sweep-$who.json" --benchmark_out_format=json > "$out/sweep-$who.txt" 2>&1 ||
     { echo "attention_bench ($who) failed" >> "$out/sweep-$who.txt"; status=1; }
 done
 if [ "$platform" = cuda ]; then
-  timeout 150 "$py" benchmarks/attention_sweep_torch.py --hd 128 --seqs 1024,2048,4096 \
+  timeout "$(lim 90)" "$py" benchmarks/attention_sweep_torch.py --hd 128 --seqs 1024,2048,4096 \
     --out "$out/sweep-torch.json" > "$out/sweep-torch.txt" 2>&1 || status=1
 fi
 
@@ -72,14 +83,14 @@ common=(--platform "$platform" --bf16 --mock-data --micro-batch-size "$MB" --glo
   --seed 1234 --log-interval 1 --eval-iters 0 --eval-interval 1000000)
 for backend in fused local; do
   echo "$bindir/pretrain_gpt ${model[*]} ${common[*]} --train-iters $ITERS --attention-backend $backend" > "$out/train-$backend.log"
-  timeout 150 "$bindir/pretrain_gpt" "${model[@]}" "${common[@]}" --train-iters "$ITERS" \
+  timeout "$(lim 90)" "$bindir/pretrain_gpt" "${model[@]}" "${common[@]}" --train-iters "$ITERS" \
     --attention-backend "$backend" >> "$out/train-$backend.log" 2>&1 || status=1
 done
 # Tiny model, 30 iterations: fused and local losses side by side (same data, same init).
 tiny=(--num-layers 2 --hidden-size 128 --num-attention-heads 4 --ffn-hidden-size 512
   --seq-length 256 --max-position-embeddings 256 --vocab-size 1000)
 for backend in fused local; do
-  timeout 60 "$bindir/pretrain_gpt" "${tiny[@]}" "${common[@]}" --train-iters 30 \
+  timeout "$(lim 45)" "$bindir/pretrain_gpt" "${tiny[@]}" "${common[@]}" --train-iters 30 \
     --attention-backend "$backend" > "$out/tiny-$backend.log" 2>&1 || status=1
 done
 
@@ -154,6 +165,7 @@ try:
 except Exception as e:
     print(f"- no tiny runs ({e})")
 PY
+echo "cudnn part: $((SECONDS - begin)) s" >> "$out/cudnn.md"
 cat "$out/cudnn.md"
 grep -E '^(\[  (PASSED|FAILED|SKIPPED) |rc=|== )' "$out/tests.txt"
 exit $status
