@@ -21,6 +21,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default="")
+    ap.add_argument("--device", default="cuda", help="cpu: a test of this script (tiny timings)")
+    ap.add_argument("--tokens", type=int, default=16384, help="tokens per call: B = tokens / S")
     a = ap.parse_args()
     import torch
     import torch.nn.functional as F
@@ -29,9 +31,22 @@ def main():
     backends = {"default": None, "flash": SDPBackend.FLASH_ATTENTION,
                 "cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
     rows = []
-    dev = torch.device("cuda")
+    dev = torch.device(a.device)
+    import time
+
+    def timed(fn):
+        if a.device != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        return e0.elapsed_time(e1) / 1e3
     for s in [int(x) for x in a.seqs.split(",")]:
-        b, nh, hd = 16384 // s, 2048 // a.hd, a.hd
+        b, nh, hd = max(1, a.tokens // s), 2048 // a.hd, a.hd
         g = torch.Generator(device=dev).manual_seed(1)
         q, k, v, do = (torch.empty(b, nh, s, hd, device=dev, dtype=torch.bfloat16)
                        .uniform_(-1, 1, generator=g).requires_grad_(i < 3) for i in range(4))
@@ -56,17 +71,12 @@ def main():
                                 torch.autograd.grad(saved, (q, k, v), do, retain_graph=True)
                             else:
                                 step()
-                        times = []
-                        for _ in range(a.iters):
-                            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                            e0.record()
-                            if mode == "bwd":
+                        if mode == "bwd":
+                            def call():
                                 torch.autograd.grad(saved, (q, k, v), do, retain_graph=True)
-                            else:
-                                step()
-                            e1.record()
-                            torch.cuda.synchronize()
-                            times.append(e0.elapsed_time(e1) / 1e3)
+                        else:
+                            call = step
+                        times = [timed(call) for _ in range(a.iters)]
                 except Exception as ex:  # a backend that does not serve the shape
                     rows.append({"backend": name, "S": s, "B": b, "NH": nh, "HD": hd, "mode": mode,
                                  "error": str(ex).splitlines()[0][:200]})
@@ -84,7 +94,7 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"torch": torch.__version__, "cuda": torch.version.cuda,
-                       "cudnn": torch.backends.cudnn.version(), "rows": rows}, f, indent=1)
+                       "cudnn": torch.backends.cudnn.version(), "device": a.device, "rows": rows}, f, indent=1)
     return 0
 
 
