@@ -36,6 +36,7 @@ lim() {
 
 # ---- 1. tests ----
 {
+  echo "== libcudnn: $(ldd "$bindir/../lib/libmegatron_cuda.so" 2>/dev/null | grep libcudnn | tr -s ' \t' ' ')"
   for t in cuda_cudnn_attention_test cuda_attention_mma_test; do
     echo "== $t"
     timeout "$(lim 120)" "$bindir/$t" > "$out/test-$t.log" 2>&1
@@ -54,7 +55,9 @@ if [ "$platform" = cuda ]; then
 else
   filter='attention/S:(128|256)/B:1/NH:8/NG:2/HD:64/bf16:1/'
 fi
-for who in cudnn ours; do
+whos="cudnn ours"
+[ "$platform" = cuda ] || whos=ours  # cuda:cudnn exists on the CUDA platform only
+for who in $whos; do
   providers=""
   [ $who = cudnn ] && providers="attention_fwd=cuda:cudnn,attention_bwd=cuda:cudnn"
   MG_OP_PROVIDERS=$providers MG_BENCH_PLATFORM=$platform timeout "$(lim 90)" "$bindir/attention_bench" \
