@@ -6,6 +6,7 @@
 # .gpu_bundle in the device tool's `carry`). Unpacked the bundle is ~66 MiB (OpenBLAS alone is 35),
 # over the 64 MiB a device call may carry; packed it is ~22 MiB. gpu_run_tests.sh unpacks it.
 # On the device: bash scripts/gpu_run_tests.sh, or everything at once: bash scripts/gpu_session.sh
+# (from another checkout than this one: cp -r .gpu_bundle/overlay/. . first)
 # (build the `benchmarks` target too so that the kernel benchmarks travel).
 #   bash scripts/gpu_bundle.sh [build-dir]
 set -euo pipefail
@@ -42,4 +43,10 @@ echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$dirty" > "$stage
 rm -rf "$dest"
 mkdir -p "$dest"
 tar -C "$stage" -czf "$dest/bundle.tar.gz" .
+# The scripts the device runs, as of this checkout: the device tool sends the checkout its session
+# started in, which may be another branch than the one built here (a helper's worktree). A device
+# command that starts with `cp -r .gpu_bundle/overlay/. .` runs these instead of that tree's.
+mkdir -p "$dest/overlay/scripts" "$dest/overlay/benchmarks"
+cp -a scripts/gpu_*.sh "$dest/overlay/scripts/"
+cp -a benchmarks/*.py benchmarks/*.sh "$dest/overlay/benchmarks/"
 echo "gpu_bundle: $(du -sh "$stage" | cut -f1) packed into $(du -sh "$dest/bundle.tar.gz" | cut -f1) $dest/bundle.tar.gz"
