@@ -11,7 +11,11 @@
 // backward 2.5x the forward (five matmul-shaped products, the recomputed scores included); forward
 // + backward 3.5x. On the CPU wall-clock time (UseRealTime), since the kernels run on every OpenMP
 // thread. Not measured here: masks other than causal, dropout, document masks.
+// MG_OP_PROVIDERS picks the provider (attention_fwd=cuda:cudnn,attention_bwd=cuda:cudnn: cuDNN
+// fused attention); the counter cudnn_calls (from mg_cuda_cudnn_attention_stats) shows whether
+// cuDNN ran the calls or they fell back to ours.
 #include <benchmark/benchmark.h>
+#include <dlfcn.h>
 
 #include <cstdint>
 #include <random>
@@ -57,6 +61,12 @@ void attention(benchmark::State& state) {
   args.causal = true;
   if (mode == 2) ops.attention_fwd(out, lse, q, k, v, args);  // the saved out and lse
 
+  struct CudnnStats {
+    uint64_t graphs, unsupported, fwd_calls, bwd_calls;
+  };
+  auto cudnn_stats =
+      reinterpret_cast<CudnnStats (*)()>(dlsym(RTLD_DEFAULT, "mg_cuda_cudnn_attention_stats"));
+  const CudnnStats before = cudnn_stats ? cudnn_stats() : CudnnStats{};
   mg::bench::time_iterations(state, [&] {
     if (mode != 2) ops.attention_fwd(out, lse, q, k, v, args);
     if (mode != 0) ops.attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, args);
@@ -67,6 +77,11 @@ void attention(benchmark::State& state) {
   const double fwd_flops = 4.0 * static_cast<double>(b * nh * hd) * static_cast<double>(s) *
                            static_cast<double>(s) / 2.0;
   const double mult = mode == 0 ? 1.0 : mode == 1 ? 3.5 : 2.5;
+  if (cudnn_stats) {
+    const CudnnStats after = cudnn_stats();
+    state.counters["cudnn_calls"] = static_cast<double>(after.fwd_calls + after.bwd_calls -
+                                                        before.fwd_calls - before.bwd_calls);
+  }
   state.counters["FLOP/s"] =
       benchmark::Counter(mult * fwd_flops, benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(std::string(mg::dtype_name(dtype)) + " hd" + std::to_string(hd) +

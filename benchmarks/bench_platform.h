@@ -1,5 +1,6 @@
 // The platform the kernel benchmarks run on, and how one benchmark iteration is timed there.
-//   MG_BENCH_PLATFORM=cpu (default) or cuda: ops, device and tensors of that platform.
+//   MG_BENCH_PLATFORM=cpu (default) or cuda: ops, device and tensors of that platform, its op
+//   table resolved with MG_OP_PROVIDERS' preferred providers (e.g. attention_fwd=cuda:cudnn).
 // CPU: wall-clock time of one call (benchmarks use UseRealTime). GPU: work is asynchronous, so an
 // iteration queues kGpuCallsPerIteration calls between two device events on the current stream
 // and reports the mean time per call (UseManualTime): launch and host-side set-up overlap the
@@ -45,7 +46,9 @@ inline const BenchPlatform& bench_platform() {
     const auto avail = b.platform->availability();
     MG_CHECK(avail.available, "platform " << b.name << " unavailable: " << avail.reason);
     b.device = b.name == "cpu" ? Device::cpu() : Device{b.platform->device_type(), 0};
-    b.ops = &reg.ops(b.name);
+    plugin::ResolveOptions options;
+    options.providers = plugin::op_providers_from_env();
+    b.ops = &reg.ops(b.name, options);
     return b;
   }();
   return p;

@@ -6,6 +6,7 @@
 # .gpu_bundle in the device tool's `carry`). Unpacked the bundle is ~66 MiB (OpenBLAS alone is 35),
 # over the 64 MiB a device call may carry; packed it is ~22 MiB. gpu_run_tests.sh unpacks it.
 # On the device: bash scripts/gpu_run_tests.sh, or everything at once: bash scripts/gpu_session.sh
+# (from another checkout than this one: cp -r .gpu_bundle/overlay/. . first)
 # (build the `benchmarks` target too so that the kernel benchmarks travel).
 #   bash scripts/gpu_bundle.sh [build-dir]
 set -euo pipefail
@@ -25,11 +26,13 @@ for tool in zstd; do
 done
 for f in "$stage"/bin/* "$stage"/lib/*.so "$stage"/tools/*; do
   ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
-done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' |
+done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn[a-z_]*)\.so' |
   while read -r lib; do
     [ -e "$stage/lib/$(basename "$lib")" ] || cp -L "$lib" "$stage/lib/"
   done
 # NCCL (~200 MB) is left out: the device image has it (PyPI nvidia-nccl-cu13; gpu_env.sh finds it).
+# So is cuDNN (~1 GB with its engines; libcudnn.so.9 only dispatches to them): the device image's
+# PyPI nvidia-cudnn-cu13 (gpu_env.sh), any cuDNN 9.
 # Tests carry absolute paths of this checkout (plugins, fixtures): record them for gpu_run_tests.sh.
 echo "$PWD $(cd "$build" && pwd)" > "$stage/paths"
 # The commit the binaries were built from (the device's copy of the tree has no .git): results.
@@ -40,4 +43,10 @@ echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$dirty" > "$stage
 rm -rf "$dest"
 mkdir -p "$dest"
 tar -C "$stage" -czf "$dest/bundle.tar.gz" .
+# The scripts the device runs, as of this checkout: the device tool sends the checkout its session
+# started in, which may be another branch than the one built here (a helper's worktree). A device
+# command that starts with `cp -r .gpu_bundle/overlay/. .` runs these instead of that tree's.
+mkdir -p "$dest/overlay/scripts" "$dest/overlay/benchmarks"
+cp -a scripts/gpu_*.sh "$dest/overlay/scripts/"
+cp -a benchmarks/*.py benchmarks/*.sh "$dest/overlay/benchmarks/"
 echo "gpu_bundle: $(du -sh "$stage" | cut -f1) packed into $(du -sh "$dest/bundle.tar.gz" | cut -f1) $dest/bundle.tar.gz"

@@ -18,5 +18,8 @@ done
 # NCCL is not in the bundle (gpu_bundle.sh): use the toolkit's, else the device image's PyPI wheel.
 nccl_dir=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0] + "/lib")' 2>/dev/null || true)
 [ -n "$nccl_dir" ] && [ -d "$nccl_dir" ] && cuda_libs="$cuda_libs:$nccl_dir"
+# cuDNN (the cuDNN fused attention provider links libcudnn.so.9): the image's PyPI nvidia-cudnn-cu13.
+cudnn_dir=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0] + "/lib")' 2>/dev/null || true)
+[ -n "$cudnn_dir" ] && [ -d "$cudnn_dir" ] && cuda_libs="$cuda_libs:$cudnn_dir"
 export LD_LIBRARY_PATH="$PWD/.gpu_bundle/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$PATH:$PWD/.gpu_bundle/tools"

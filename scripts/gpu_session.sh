@@ -9,6 +9,8 @@
 #   4. the kernel benchmarks (attention_bench, gemm_bench with its cuBLAS baseline,
 #      fused_kernels_bench) with MG_BENCH_PLATFORM=cuda and short minimum times, and their tables
 #      (benchmarks/kernel_report.py)                                      ~1-2 min
+#   5. cuDNN fused attention (scripts/gpu_run_cudnn.sh: its tests, the attention sweep cuDNN vs
+#      ours vs PyTorch SDPA, gpt2-124m tokens/s with --attention-backend fused vs local)  ~3-4 min
 # Each part runs under its own time limit and the later parts are skipped when the whole budget
 # (SESSION_BUDGET, default 570 s) is nearly spent, so a slow part costs its own results only.
 # Everything goes under ${OUT:-/tmp/gpu_out}: session.tar.gz (every log, JSON and table) and
@@ -24,7 +26,7 @@
 # Afterwards: unpack session.tar.gz and commit e2e/<date>-<gpu>-e2e.{md,json} and kernels.md as
 # benchmarks/results/<date>-<gpu>-{e2e,kernels}.* (see benchmarks/README.md).
 # Env: SESSION_BUDGET (s), E2E_LIMIT (s, default 330), KERNEL_MIN_TIME (s, default 0.05),
-# SKIP (a comma list of tests,e2e,kernels), and run_gpu_e2e.sh's WARMUP, STEPS, MB_GPT2, MB_LLAMA.
+# SKIP (a comma list of tests,e2e,kernels,cudnn), and run_gpu_e2e.sh's WARMUP, STEPS, MB_GPT2, MB_LLAMA.
 # To exercise this script without a GPU (a test of the script, not results):
 #   SKIP=tests BIN_DIR=build/bin KERNEL_PLATFORM=cpu KERNEL_FILTER=S:128 \
 #     E2E_ARGS="--cpu-tiny --build build" bash scripts/gpu_session.sh
@@ -102,12 +104,16 @@ export stage bindir KERNEL_MIN_TIME KERNEL_PLATFORM KERNEL_FILTER
 export -f kernels
 part kernels 240 bash -c kernels
 
+# 5. cuDNN fused attention
+part cudnn "${CUDNN_LIMIT:-300}" env RESULTS_DIR="$stage/cudnn" BIN_DIR="$bindir" bash scripts/gpu_run_cudnn.sh
+
 # Summary: the e2e table and the kernel tables, then the tarball.
 {
   echo
   for f in "$stage"/e2e/*-e2e.md; do [ -f "$f" ] && cat "$f"; done
   echo
   [ -f "$stage/kernels.md" ] && cat "$stage/kernels.md"
+  [ -f "$stage/cudnn/cudnn.md" ] && cat "$stage/cudnn/cudnn.md"
 } >> "$summary"
 note ""
 note "session: $((SECONDS - begin)) s, status $status"
@@ -116,5 +122,6 @@ cp "$summary" "$out/summary.md"
 # The reply carries the last 12,000 characters of the output: the e2e table and the summary lines.
 grep -E '^(- |  tests:|# GPU)' "$summary"
 for f in "$stage"/e2e/*-e2e.md; do [ -f "$f" ] && cat "$f"; done
+[ -f "$stage/cudnn/cudnn.md" ] && cat "$stage/cudnn/cudnn.md" && grep -E '^(\[  (PASSED|FAILED|SKIPPED) |rc=|== )' "$stage/cudnn/tests.txt"
 rm -rf "$stage"
 exit $status

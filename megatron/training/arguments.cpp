@@ -32,7 +32,7 @@ struct Pending {
   int64_t fp8_interval = 1;
   bool use_rotary_position_embeddings = false, no_position_embedding = false;
   bool use_flash_attn = false, attention_softmax_in_fp32 = false;
-  std::optional<std::string> attention_backend, transformer_impl;
+  std::optional<std::string> transformer_impl;
   bool yarn = false;  // --position-embedding-type yarn
   bool use_rope_scaling = false;
   std::optional<double> rotary_seq_len_interpolation_factor;
@@ -372,11 +372,7 @@ void add_megatron_alias_flags(ArgParser& p, Arguments& a, Pending& x) {
   p.add_switch("--no-position-embedding", x.no_position_embedding, true,
                "deprecated spelling of --position-embedding-type none");
   p.add_switch("--use-flash-attn", x.use_flash_attn, true,
-               "flash attention: the attention op here (online softmax, saves out + lse)");
-  p.add_choice(
-      "--attention-backend", {"auto", "flash", "fused", "unfused", "local"},
-      [&x](const std::string& v) { x.attention_backend = v; },
-      "attention backend; one here: the flash-style attention op (auto)");
+               "flash attention: --attention-backend auto here (no FlashAttention library)");
   p.add_switch("--attention-softmax-in-fp32", x.attention_softmax_in_fp32, true,
                "softmax in fp32 (always so here)");
   p.add_choice(
@@ -729,20 +725,12 @@ void resolve_megatron_aliases(Arguments& a, const Pending& x, bool grouped_gemm,
       !x.no_position_embedding || a.model.position_embedding_type == PositionEmbeddingType::rope,
       "--no-position-embedding is deprecated (Megatron-LM refuses it too unless RoPE is "
       "used); use --position-embedding-type none");
-  const std::string backend = x.attention_backend.value_or(x.use_flash_attn ? "flash" : "auto");
-  if (x.use_flash_attn || x.attention_backend) {
-    std::string line =
-        (x.use_flash_attn ? std::string("--use-flash-attn") : std::string()) +
-        (x.use_flash_attn && x.attention_backend ? ", " : "") +
-        (x.attention_backend ? "--attention-backend " + *x.attention_backend : std::string()) +
-        ": attention runs the flash-style attention op (online softmax in fp32, "
-        "saving the output and logsumexp, never the probabilities), the only "
-        "attention backend here";
-    if (backend == "fused" || backend == "unfused" || backend == "local")
-      line += "; Megatron's " + backend +
-              " backend computes the same function, differing only in rounding";
-    a.notices.push_back(line);
-  }
+  if (x.use_flash_attn)  // Megatron's deprecated switch for its flash backend
+    a.notices.push_back(
+        "--use-flash-attn: no FlashAttention library here; attention runs --attention-backend " +
+        a.attention_backend +
+        " (auto: cuDNN fused attention where it serves the call, else our flash-style kernels: "
+        "online softmax in fp32, saving the output and logsumexp, never the probabilities)");
   if (x.attention_softmax_in_fp32)
     a.notices.push_back(
         "--attention-softmax-in-fp32: no effect here (the attention softmax is always fp32)");
@@ -811,6 +799,16 @@ Arguments parse_args(const std::vector<std::string>& raw) {
         "minutes a collective may wait for every rank before the job aborts (10)");
   p.add_switch("--deterministic-mode", a.deterministic_mode, true,
                "deterministic kernels only, bit-identical reruns (NCCL: needs NCCL_ALGO)");
+  p.add_choice(
+      "--attention-backend", {"auto", "flash", "fused", "unfused", "local"},
+      [&a](const std::string& v) {
+        MG_CHECK(v != "flash",
+                 "--attention-backend flash: no FlashAttention library in Megatron-CPP; use "
+                 "fused (cuDNN fused attention), local (our kernels), unfused or auto");
+        a.attention_backend = v;
+      },
+      "attention kernels: auto (cuDNN where it serves the call, else ours), fused (cuDNN), "
+      "local (ours), unfused (our reference kernel)");
   p.add("--tensor-model-parallel-size", a.parallel.tensor_model_parallel_size,
         "tensor-parallel ranks (1); the world size must be a multiple");
   p.add_switch("--sequence-parallel", a.parallel.sequence_parallel, true,

@@ -52,6 +52,13 @@ struct Arguments {
   // NCCL it needs NCCL_ALGO (Tree, Ring, CollnetDirect, CollnetChain or ^NVLS). It picks the
   // run's op table (mg::init resolves one without non-deterministic providers; runtime.h).
   bool deterministic_mode = false;
+  // --attention-backend (Megatron's AttnBackend; default auto): which attention_fwd/bwd providers
+  // the run prefers (training.cpp attention_backend_providers): fused = cuDNN fused attention
+  // ("cuda:cudnn"; an error where the platform has none), auto = cuDNN where the build and the
+  // platform have it (each call it does not serve falls back to ours), local = our kernels,
+  // unfused = our one-row-per-block reference kernel ("cuda:attention-rows"; on the CPU its only
+  // kernel). flash is refused at parse time (no FlashAttention library here).
+  std::string attention_backend = "auto";
   // --distributed-backend: nccl | mpi | single; "" -> comm::init_communicator's choice (MPI under
   // mpirun/srun, else one rank; the training loop may prefer nccl on CUDA).
   std::string distributed_backend;

@@ -1,6 +1,7 @@
 // pretrain / train / train_step / evaluate (training.h).
 #include "megatron/training/training.h"
 
+#include <dlfcn.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -74,6 +75,7 @@ struct Run {
   std::ostream& log_last;  // print_rank_last (iteration and evaluation lines): the last rank only
   const PretrainHooks& hooks;
   Runtime* rt = nullptr;
+  std::string attention_backend_line;  // --attention-backend: what runs (start-up summary)
   // Declared before the model and its wrappers: their collectives need the groups until the end.
   ParallelState ps;
   std::unique_ptr<models::LanguageModule> model;  // the schedules' and DDP's interface
@@ -403,6 +405,7 @@ void print_summary(Run& r, const tokenizers::Tokenizer& tok) {
         << r.args.scheduler.lr_decay_style << "), weight decay " << r.args.optimizer.weight_decay
         << ", clip-grad " << r.args.optimizer.clip_grad << ", params "
         << dtype_name(r.args.model.params_dtype) << "\n"
+        << r.attention_backend_line << "\n"
         << "op table (" << plat.name() << "):";
   int col = 0;
   for (const auto& res : r.rt->resolutions()) {
@@ -733,6 +736,25 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   ro.platform = args.platform;
   ro.deterministic = args.deterministic_mode;
   r.rt = &mg::init(ro);  // this run's Runtime: its op table is resolved for ro.deterministic
+  {
+    // --attention-backend: the attention providers this run prefers, from those the platform has.
+    auto all_of = [&](ops::OpId id) {
+      const auto res = r.rt->resolutions()[static_cast<std::size_t>(id)];
+      std::vector<std::string> v;
+      if (!res.provider.empty()) v.push_back(res.provider);
+      for (const auto* list : {&res.fallbacks, &res.shadowed, &res.excluded})
+        v.insert(v.end(), list->begin(), list->end());
+      return v;
+    };
+    const AttentionBackendChoice choice = choose_attention_backend(
+        args.attention_backend, r.rt->platform->name(), all_of(ops::OpId::attention_fwd),
+        all_of(ops::OpId::attention_bwd), args.deterministic_mode, plugin::op_providers_from_env());
+    r.attention_backend_line = choice.summary;
+    if (!choice.providers.empty()) {
+      ro.op_providers = choice.providers;
+      r.rt = &mg::init(ro);
+    }
+  }
   if (args.deterministic_mode)
     check_deterministic_mode(r.ps.world->backend(), r.ps.world->size(), std::getenv("NCCL_ALGO"));
   r.rng_seed = args.training.seed;
@@ -911,6 +933,60 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   r.result.iteration = r.iteration;
   r.result.consumed_train_samples = r.consumed_train;
   return r.result;
+}
+
+AttentionBackendChoice choose_attention_backend(const std::string& backend,
+                                                std::string_view platform,
+                                                const std::vector<std::string>& fwd,
+                                                const std::vector<std::string>& bwd,
+                                                bool deterministic,
+                                                const std::map<std::string, std::string>& env) {
+  auto has = [](const std::vector<std::string>& v, const std::string& name) {
+    return std::find(v.begin(), v.end(), name) != v.end();
+  };
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+    return s.empty() ? std::string("none") : s;
+  };
+  const std::string cudnn_bwd = deterministic ? "cuda:cudnn-deterministic" : "cuda:cudnn";
+  const bool cudnn = has(fwd, "cuda:cudnn") && has(bwd, cudnn_bwd);
+  AttentionBackendChoice c;
+  std::string what;
+  auto prefer = [&](const std::string& f, const std::string& b) {
+    if (!env.count("attention_fwd")) c.providers["attention_fwd"] = f;
+    if (!env.count("attention_bwd")) c.providers["attention_bwd"] = b;
+  };
+  if (backend == "fused" || (backend == "auto" && cudnn)) {
+    MG_CHECK(cudnn, "--attention-backend fused: no cuDNN fused attention on platform '"
+                        << platform << "' (providers 'cuda:cudnn' / '" << cudnn_bwd
+                        << "'; a CUDA build that found the cuDNN frontend and libcudnn has them: "
+                           "scripts/install_deps.sh); its attention_fwd providers: "
+                        << join(fwd) << "; use --attention-backend auto or local");
+    prefer("cuda:cudnn", cudnn_bwd);
+    const auto version =
+        reinterpret_cast<const char* (*)()>(dlsym(RTLD_DEFAULT, "mg_cuda_cudnn_attention_version"));
+    what = "cuDNN fused attention" + (version ? " (" + std::string(version()) + ")" : "") +
+           (deterministic ? ", deterministic backward" : "") +
+           "; calls it does not serve (dropout, document masks, causal with Sk < Sq, f32, other "
+           "head dims) run our kernels";
+  } else if (backend == "unfused" && has(fwd, "cuda:attention-rows") &&
+             has(bwd, "cuda:attention-rows")) {
+    prefer("cuda:attention-rows", "cuda:attention-rows");
+    what = "our reference kernel (one query row per block)";
+  } else if (backend == "unfused") {
+    what = "our reference kernel (the platform's attention kernel)";
+  } else {
+    what = std::string("our kernels") +
+           (backend == "auto"
+                ? " (no cuDNN fused attention on platform '" + std::string(platform) + "')"
+                : "");
+  }
+  c.summary = "attention backend: " + backend + " -> " + what;
+  for (const char* slot : {"attention_fwd", "attention_bwd"})
+    if (env.count(slot))
+      c.summary += "; MG_OP_PROVIDERS sets " + std::string(slot) + "=" + env.at(slot);
+  return c;
 }
 
 void check_deterministic_mode(std::string_view backend, int world_size, const char* nccl_algo) {

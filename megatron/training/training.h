@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -79,5 +80,23 @@ PretrainResult pretrain(const Arguments& args, std::ostream& log = std::cout,
 // CollnetDirect, CollnetChain or ^NVLS, a fixed algorithm without NVLS's in-switch reductions.
 // MPI and the single-rank backend reduce in a fixed order and need nothing.
 void check_deterministic_mode(std::string_view backend, int world_size, const char* nccl_algo);
+
+// --attention-backend's choice for one run: the providers of attention_fwd / attention_bwd to
+// prefer (RuntimeOptions::op_providers) and the start-up line saying what runs. `fwd` / `bwd`:
+// every provider the run's platform has for the two slots; `env`: MG_OP_PROVIDERS' entries, which
+// win over the backend for the slots they name. fused needs the cuDNN providers ("cuda:cudnn",
+// and "cuda:cudnn-deterministic" for the backward under --deterministic-mode) and is an error
+// naming the platform's providers without them; auto prefers them when present; local prefers
+// nothing (our kernels rank first); unfused prefers "cuda:attention-rows" where it exists.
+struct AttentionBackendChoice {
+  std::map<std::string, std::string> providers;
+  std::string summary;
+};
+AttentionBackendChoice choose_attention_backend(const std::string& backend,
+                                                std::string_view platform,
+                                                const std::vector<std::string>& fwd,
+                                                const std::vector<std::string>& bwd,
+                                                bool deterministic,
+                                                const std::map<std::string, std::string>& env);
 
 }  // namespace mg::training

@@ -33,6 +33,9 @@
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
+#if MG_WITH_CUDNN
+#include "megatron/platforms/cuda/cudnn/cudnn_attention.h"
+#endif
 #include "megatron/platforms/cuda/nccl_communicator.h"
 #include "megatron/plugin/registry.h"
 
@@ -423,6 +426,9 @@ void register_cuda(plugin::Registry& r) {
   register_optimizer_kernels(r);
   register_init_kernels(r);
   register_fp8_kernels(r);
+#if MG_WITH_CUDNN
+  register_cudnn_attention_kernels(r);
+#endif
   register_nccl_backend();  // init_communicator("nccl")
 }
 

@@ -5,6 +5,7 @@
 // a non-deterministic provider; unknown slots or providers are errors listing the valid ones; and
 // the resolution table names what runs. Fake providers of `fill` on the CPU platform, so every
 // case runs without a device.
+#include <algorithm>
 #include <string>
 
 #include "tests/unit/test_util.h"
@@ -213,7 +214,11 @@ TEST(ProviderSelection, BuiltinCudaAttentionProviders) {
   if (!r.find_platform("cuda")) GTEST_SKIP() << "this build has no CUDA platform (MG_CUDA=OFF)";
   const auto fwd = r.resolutions("cuda")[static_cast<int>(OpId::attention_fwd)];
   EXPECT_EQ(mg::plugin::describe(fwd), "cuda:attention-tiled (else cuda:attention-rows)");
-  EXPECT_EQ(fwd.shadowed, std::vector<std::string>{"cuda:attention-mma"});
+  // The opt-in alternatives: the tensor-core forward, and cuDNN's in a build that found it.
+  EXPECT_NE(std::find(fwd.shadowed.begin(), fwd.shadowed.end(), "cuda:attention-mma"),
+            fwd.shadowed.end());
+  for (const auto& p : fwd.shadowed)
+    EXPECT_TRUE(p == "cuda:attention-mma" || p == "cuda:cudnn") << p;
   const auto bwd = r.resolutions("cuda")[static_cast<int>(OpId::attention_bwd)];
   EXPECT_EQ(mg::plugin::describe(bwd), "cuda:attention-tiled (else cuda:attention-rows)");
   ResolveOptions mma;

@@ -7,10 +7,10 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
-#include <tuple>
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "megatron/core/ops/rope_scaling.h"
 #include "megatron/training/arg_parser.h"
@@ -281,15 +281,17 @@ TEST(Arguments, NoEffectFlagsAreAcceptedWithOneLine) {
   for (const char* f :
        {"--use-mcore-models: no effect here", "--transformer-impl transformer_engine: no effect",
         "--no-gradient-accumulation-fusion: no effect here", "--tp-comm-overlap: no effect here",
-        "--attention-softmax-in-fp32: no effect here", "--use-flash-attn: attention runs the flash",
+        "--attention-softmax-in-fp32: no effect here",
+        "--use-flash-attn: no FlashAttention library here; attention runs --attention-backend auto",
         "--moe-grouped-gemm: no effect here yet", "--accumulate-allreduce-grads-in-fp32: already",
         "--cross-entropy-fusion-impl te: no effect here", "--no-mmap-bin-files: no effect here"})
     EXPECT_TRUE(has_notice(a, f)) << f << "\n" << ::testing::PrintToString(a.notices);
   EXPECT_EQ(a.model.hidden_size, plain.model.hidden_size);
   EXPECT_EQ(a.model.position_embedding_type, plain.model.position_embedding_type);
   EXPECT_TRUE(plain.notices.empty()) << ::testing::PrintToString(plain.notices);
-  a = parse_args(with({"--attention-backend", "unfused"}));
-  EXPECT_TRUE(has_notice(a, "differing only in rounding"));
+  a = parse_args(with({"--attention-backend", "unfused", "--use-flash-attn"}));
+  EXPECT_EQ(a.attention_backend, "unfused");
+  EXPECT_TRUE(has_notice(a, "attention runs --attention-backend unfused"));
   EXPECT_NE(parse_error(with({"--transformer-impl", "te"})).find("'te' is not one of"),
             std::string::npos);
 }
@@ -443,72 +445,72 @@ TEST(Arguments, MegatronFsdpFlags) {
   e = parse_error(with({"--optimizer-offload-fraction", "1.5"}));
   EXPECT_NE(e.find("--optimizer-offload-fraction must be in [0, 1], got 1.5"), std::string::npos)
       << e;
-// The trainer's flags: each kind alone, its settings reach the model config, errors name flags.
-TEST(RopeScalingFlags, ParseAndRefuse) {
-  const std::vector<std::string> base = {"--num-layers",
-                                         "1",
-                                         "--hidden-size",
-                                         "32",
-                                         "--num-attention-heads",
-                                         "4",
-                                         "--seq-length",
-                                         "16",
-                                         "--max-position-embeddings",
-                                         "64",
-                                         "--micro-batch-size",
-                                         "1",
-                                         "--train-iters",
-                                         "1",
-                                         "--lr",
-                                         "1e-3",
-                                         "--mock-data",
-                                         "--tokenizer-type",
-                                         "NullTokenizer",
-                                         "--vocab-size",
-                                         "99",
-                                         "--position-embedding-type"};
-  auto parse = [&base](std::vector<std::string> extra) {
-    std::vector<std::string> cmd = base;
-    cmd.insert(cmd.end(), extra.begin(), extra.end());
-    return parse_args(cmd);
-  };
-  auto a = parse({"rope", "--use-rope-scaling", "--rope-scaling-factor", "32",
-                  "--rope-scaling-original-max-position-embeddings", "16"});
-  EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::llama3);
-  EXPECT_EQ(a.model.rope_scaling.factor, 32.0);
-  EXPECT_EQ(a.model.rope_scaling.low_freq_factor, 1.0);
-  EXPECT_EQ(a.model.rope_scaling.high_freq_factor, 4.0);
-  EXPECT_EQ(a.model.rope_scaling.original_max_position_embeddings, 16);
-  EXPECT_EQ(parse({"rope", "--use-rope-scaling"}).model.rope_scaling.factor, 8.0)
-      << "Megatron's default --rope-scaling-factor";
-  a = parse({"yarn", "--yarn-rotary-scaling-factor", "4", "--yarn-original-max-position-embeddings",
-             "16", "--yarn-beta-fast", "16"});
-  EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::yarn);
-  EXPECT_EQ(a.model.rope_scaling.factor, 4.0);
-  EXPECT_EQ(a.model.rope_scaling.beta_fast, 16.0);
-  EXPECT_EQ(a.model.rope_scaling.original_max_position_embeddings, 16);
-  a = parse({"rope", "--rotary-seq-len-interpolation-factor", "2"});
-  EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::linear);
-  EXPECT_EQ(a.model.rope_scaling.factor, 2.0);
-  EXPECT_EQ(parse({"rope"}).model.rope_scaling.type, ops::RopeScalingType::none);
-  auto error = [&parse](std::vector<std::string> extra) {
-    try {
-      parse(extra);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(error({"rope", "--rope-scaling-factor", "4"}).find("needs --use-rope-scaling"),
-            std::string::npos);
-  EXPECT_NE(error({"rope", "--yarn-beta-fast", "4"}).find("needs --position-embedding-type yarn"),
-            std::string::npos);
-  EXPECT_NE(error({"yarn", "--use-rope-scaling"}).find("give one"), std::string::npos);
-  EXPECT_NE(error({"learned_absolute", "--use-rope-scaling"}).find("--position-embedding-type"),
-            std::string::npos);
-  EXPECT_NE(error({"rope", "--use-rope-scaling", "--rope-scaling-factor", "0"}).find("factor 0"),
-            std::string::npos);
-}
+  // The trainer's flags: each kind alone, its settings reach the model config, errors name flags.
+  TEST(RopeScalingFlags, ParseAndRefuse) {
+    const std::vector<std::string> base = {"--num-layers",
+                                           "1",
+                                           "--hidden-size",
+                                           "32",
+                                           "--num-attention-heads",
+                                           "4",
+                                           "--seq-length",
+                                           "16",
+                                           "--max-position-embeddings",
+                                           "64",
+                                           "--micro-batch-size",
+                                           "1",
+                                           "--train-iters",
+                                           "1",
+                                           "--lr",
+                                           "1e-3",
+                                           "--mock-data",
+                                           "--tokenizer-type",
+                                           "NullTokenizer",
+                                           "--vocab-size",
+                                           "99",
+                                           "--position-embedding-type"};
+    auto parse = [&base](std::vector<std::string> extra) {
+      std::vector<std::string> cmd = base;
+      cmd.insert(cmd.end(), extra.begin(), extra.end());
+      return parse_args(cmd);
+    };
+    auto a = parse({"rope", "--use-rope-scaling", "--rope-scaling-factor", "32",
+                    "--rope-scaling-original-max-position-embeddings", "16"});
+    EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::llama3);
+    EXPECT_EQ(a.model.rope_scaling.factor, 32.0);
+    EXPECT_EQ(a.model.rope_scaling.low_freq_factor, 1.0);
+    EXPECT_EQ(a.model.rope_scaling.high_freq_factor, 4.0);
+    EXPECT_EQ(a.model.rope_scaling.original_max_position_embeddings, 16);
+    EXPECT_EQ(parse({"rope", "--use-rope-scaling"}).model.rope_scaling.factor, 8.0)
+        << "Megatron's default --rope-scaling-factor";
+    a = parse({"yarn", "--yarn-rotary-scaling-factor", "4",
+               "--yarn-original-max-position-embeddings", "16", "--yarn-beta-fast", "16"});
+    EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::yarn);
+    EXPECT_EQ(a.model.rope_scaling.factor, 4.0);
+    EXPECT_EQ(a.model.rope_scaling.beta_fast, 16.0);
+    EXPECT_EQ(a.model.rope_scaling.original_max_position_embeddings, 16);
+    a = parse({"rope", "--rotary-seq-len-interpolation-factor", "2"});
+    EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::linear);
+    EXPECT_EQ(a.model.rope_scaling.factor, 2.0);
+    EXPECT_EQ(parse({"rope"}).model.rope_scaling.type, ops::RopeScalingType::none);
+    auto error = [&parse](std::vector<std::string> extra) {
+      try {
+        parse(extra);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    EXPECT_NE(error({"rope", "--rope-scaling-factor", "4"}).find("needs --use-rope-scaling"),
+              std::string::npos);
+    EXPECT_NE(error({"rope", "--yarn-beta-fast", "4"}).find("needs --position-embedding-type yarn"),
+              std::string::npos);
+    EXPECT_NE(error({"yarn", "--use-rope-scaling"}).find("give one"), std::string::npos);
+    EXPECT_NE(error({"learned_absolute", "--use-rope-scaling"}).find("--position-embedding-type"),
+              std::string::npos);
+    EXPECT_NE(error({"rope", "--use-rope-scaling", "--rope-scaling-factor", "0"}).find("factor 0"),
+              std::string::npos);
+  }
 
 }  // namespace
 }  // namespace mg::training

@@ -1,0 +1,343 @@
+// cuDNN fused attention (megatron/platforms/cuda/cudnn/cudnn_attention.cpp: the providers
+// "cuda:cudnn" of attention_fwd / attention_bwd and "cuda:cudnn-deterministic" of attention_bwd,
+// preferred through ResolveOptions::providers as --attention-backend fused/auto does) against the
+// CPU platform's f32 attention: bf16 and f16, head dim 64 and 128, causal (Sq == Sk) and
+// bottom-right causal (Sk > Sq), not causal, GQA and MQA, lengths that are no multiple of a tile.
+// The provider's call counters (the C symbol mg_cuda_cudnn_attention_stats) prove cuDNN ran; calls
+// it does not serve (document masks, dropout, causal with Sk < Sq) fall back to our kernels and
+// still match. The deterministic backward is bit-identical run to run. The resolution tests need
+// a cuDNN build only; the numerical ones skip without a GPU, saying why.
+//
+// Tolerances, derived (u: the unit roundoff of the storage dtype, 2^-8 for bf16, 2^-11 for f16;
+// inputs in [0.1, 1] with random signs, so max|q|, max|k|, max|v|, max|dO| <= 1; scale = HD^-1/2):
+//   forward out: cuDNN rounds each probability P to the dtype before the PV product: out moves by
+//     at most u * max|V| (sum_j P_j / l = 1). The scores: f32 dot products in different orders on
+//     each side, and cuDNN folds scale * log2(e) into one f32 multiply and uses exp2: each score
+//     within delta = 2 * HD * 2^-24 * HD * scale + 4 * 2^-24 * HD * scale of the other side's, a
+//     softmax average moves by at most 2 * delta * max|V|. Row sums l (Sk f32 terms, any order)
+//     differ relatively by <= Sk * 2^-24, the approximate exp2 by 2^-21 each: out moves by
+//     (Sk * 2^-24 + 2^-21) * max|V|. Both round out to the dtype once: rtol 2u.
+//   lse: the scores' delta, log(l)'s Sk * 2^-24, the approximate exp2 / log2 (2^-21 each): atol
+//     delta + Sk * 2^-24 + 2^-20, rtol 2^-21.
+//   backward (both sides fed the CPU's out and lse, so that it is tested alone): cuDNN rounds P
+//     and dS = P (dP - D) to the dtype before the dV = P^T dO, dQ = scale dS K, dK = scale dS^T Q
+//     products (2u relative per term: P's rounding moves dS by u|dS|, dS's own rounding u|dS|);
+//     each output is rounded once more (u |ref|, ours too: rtol 2u). Per element, from the exact
+//     P and dS computed here in f64 (summed over a GQA group's heads for dK, dV):
+//       |dV_j| error <= 2u * max|dO| * sum_i P_ij, |dQ_i| <= 2u * scale * max|K| * sum_j |dS_ij|,
+//       |dK_j| <= 2u * scale * max|Q| * sum_i |dS_ij|; plus f32 sums (Sk * 2^-24 relative of the
+//       same sums) and the approximate exp2 of P (2^-21), both below 2^-20 of them: atol x 1.01.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "tests/unit/test_util.h"
+
+namespace mg {
+namespace {
+
+using test::make_tensor;
+using test::random_values;
+using test::to_doubles;
+
+const Device kGpu = Device::cuda(0);
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Mirrors CudnnAttentionStats (megatron/platforms/cuda/cudnn/cudnn_attention.h).
+struct Stats {
+  uint64_t graphs = 0, unsupported = 0, fwd_calls = 0, bwd_calls = 0;
+};
+Stats (*stats_fn())() {
+  return reinterpret_cast<Stats (*)()>(dlsym(RTLD_DEFAULT, "mg_cuda_cudnn_attention_stats"));
+}
+const char* version() {
+  auto fn =
+      reinterpret_cast<const char* (*)()>(dlsym(RTLD_DEFAULT, "mg_cuda_cudnn_attention_version"));
+  return fn ? fn() : "none";
+}
+
+bool has_cudnn_provider() {
+  test::ensure_runtime();
+  const auto& reg = plugin::global_registry();
+  if (!reg.find_platform("cuda")) return false;
+  const auto r = reg.resolutions("cuda")[static_cast<std::size_t>(ops::OpId::attention_fwd)];
+  return std::find(r.shadowed.begin(), r.shadowed.end(), "cuda:cudnn") != r.shadowed.end();
+}
+
+#define MG_SKIP_WITHOUT_CUDNN()                                                                  \
+  do {                                                                                           \
+    test::ensure_runtime();                                                                      \
+    if (!plugin::global_registry().find_platform("cuda"))                                        \
+      GTEST_SKIP() << "this build has no CUDA platform";                                         \
+    if (!has_cudnn_provider())                                                                   \
+      GTEST_SKIP() << "this build has no cuDNN attention (configure found no cuDNN frontend or " \
+                      "libcudnn; scripts/install_deps.sh fetches the frontend)";                 \
+  } while (0)
+
+plugin::ResolveOptions cudnn_choice(bool deterministic) {
+  plugin::ResolveOptions o;
+  o.deterministic = deterministic;
+  o.providers = {{"attention_fwd", "cuda:cudnn"},
+                 {"attention_bwd", deterministic ? "cuda:cudnn-deterministic" : "cuda:cudnn"}};
+  return o;
+}
+const ops::OpTable& gpu_ops(bool deterministic = false) {
+  test::ensure_runtime();
+  return plugin::global_registry().ops("cuda", cudnn_choice(deterministic));
+}
+const ops::OpTable& cpu_ops() {
+  return test::ops_on("cpu");
+}
+
+struct Pair {
+  Tensor cpu, gpu;
+};
+Pair random_pair(const Shape& shape, DType dtype, uint64_t seed) {
+  auto h = make_tensor(random_values(static_cast<std::size_t>(shape_numel(shape)), seed), shape,
+                       dtype, Device::cpu());
+  return {h.t, h.t.to(kGpu)};
+}
+Pair poisoned_pair(const Shape& shape, DType dtype) {
+  auto nan = make_tensor(std::vector<double>(static_cast<std::size_t>(shape_numel(shape)), kNaN),
+                         shape, dtype, kGpu);
+  return {Tensor::empty(shape, dtype), nan.t};
+}
+
+struct Case {
+  int64_t sq, sk, b, nh, ng;
+  bool causal;
+  const char* what;
+};
+const std::vector<Case> kCases = {
+    {128, 128, 2, 4, 2, true, "GQA, causal, S = 128"},
+    {200, 200, 1, 3, 1, true, "MQA, causal, S = 200"},
+    {100, 170, 2, 2, 2, true, "Sk > Sq, bottom-right causal"},
+    {130, 130, 2, 2, 1, false, "MQA, not causal, S = 130"},
+};
+
+class CudaCudnnAttention : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaCudnnAttention, ForwardMatchesCpu) {
+  MG_SKIP_WITHOUT_CUDNN();
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const DType dt = GetParam();
+  const double u = dt == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  const double e24 = std::ldexp(1.0, -24);
+  std::cout << "cuDNN: " << version() << std::endl;
+  for (int64_t hd : {64, 128}) {
+    for (const Case& c : kCases) {
+      auto q = random_pair({c.sq, c.b, c.nh, hd}, dt, 31);
+      auto k = random_pair({c.sk, c.b, c.ng, hd}, dt, 32);
+      auto v = random_pair({c.sk, c.b, c.ng, hd}, dt, 33);
+      ops::AttentionArgs a;
+      a.causal = c.causal;
+      auto out = poisoned_pair({c.sq, c.b, c.nh, hd}, dt);
+      auto lse = poisoned_pair({c.b, c.nh, c.sq}, DType::f32);
+      const Stats before = stats_fn()();
+      cpu_ops().attention_fwd(out.cpu, lse.cpu, q.cpu, k.cpu, v.cpu, a);
+      gpu_ops().attention_fwd(out.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, a);
+      const std::string what = std::string(c.what) + ", hd " + std::to_string(hd);
+      EXPECT_EQ(stats_fn()().fwd_calls, before.fwd_calls + 1) << "cuDNN did not run: " << what;
+
+      const double scale = 1.0 / std::sqrt(static_cast<double>(hd)), h = static_cast<double>(hd);
+      const double delta = 2.0 * h * e24 * h * scale + 4.0 * e24 * h * scale;
+      const double sum_err = static_cast<double>(c.sk) * e24 + std::ldexp(1.0, -21);
+      const test::Tol out_tol{u + 2.0 * delta + sum_err, 2.0 * u};
+      const test::Tol lse_tol{delta + static_cast<double>(c.sk) * e24 + std::ldexp(1.0, -20),
+                              std::ldexp(1.0, -21)};
+      const auto og = to_doubles(out.gpu), oc = to_doubles(out.cpu);
+      const auto lg = to_doubles(lse.gpu), lc = to_doubles(lse.cpu);
+      for (double x : og) ASSERT_FALSE(std::isnan(x)) << "NaN in out: " << what;
+      for (double x : lg) ASSERT_FALSE(std::isnan(x)) << "NaN in lse: " << what;
+      EXPECT_TRUE(test::all_close(og, oc, out_tol)) << "out: " << what;
+      EXPECT_TRUE(test::all_close(lg, lc, lse_tol)) << "lse: " << what;
+    }
+  }
+}
+
+// Per-element bounds of the backward (see the file comment) from f64 P and dS.
+struct BwdBounds {
+  std::vector<double> dq, dk, dv;
+};
+BwdBounds bwd_bounds(const Case& c, int64_t hd, double u, const std::vector<double>& q,
+                     const std::vector<double>& k, const std::vector<double>& v,
+                     const std::vector<double>& dout, const std::vector<double>& out,
+                     const std::vector<double>& lse) {
+  const int64_t B = c.b, NH = c.nh, NG = c.ng, Sq = c.sq, Sk = c.sk, HD = hd;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(HD));
+  auto qi = [&](int64_t s, int64_t b, int64_t h, int64_t d) {
+    return ((s * B + b) * NH + h) * HD + d;
+  };
+  auto ki = [&](int64_t s, int64_t b, int64_t g, int64_t d) {
+    return ((s * B + b) * NG + g) * HD + d;
+  };
+  BwdBounds r;
+  r.dq.assign(q.size(), 0.0);
+  r.dk.assign(k.size(), 0.0);
+  r.dv.assign(v.size(), 0.0);
+  std::vector<double> colP(static_cast<std::size_t>(B * NG * Sk), 0.0), colS(colP.size(), 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t g = h / (NH / NG);
+      for (int64_t i = 0; i < Sq; ++i) {
+        double D = 0, rowS = 0;
+        for (int64_t d = 0; d < HD; ++d) D += dout[qi(i, b, h, d)] * out[qi(i, b, h, d)];
+        const double l = lse[(b * NH + h) * Sq + i];
+        for (int64_t j = 0; j < Sk; ++j) {
+          if (c.causal && j > i + Sk - Sq) continue;
+          double s = 0, dp = 0;
+          for (int64_t d = 0; d < HD; ++d) {
+            s += q[qi(i, b, h, d)] * k[ki(j, b, g, d)];
+            dp += dout[qi(i, b, h, d)] * v[ki(j, b, g, d)];
+          }
+          const double P = std::exp(s * scale - l), dS = std::abs(P * (dp - D));
+          rowS += dS;
+          colP[(b * NG + g) * Sk + j] += P;
+          colS[(b * NG + g) * Sk + j] += dS;
+        }
+        for (int64_t d = 0; d < HD; ++d) r.dq[qi(i, b, h, d)] = 2.0 * u * scale * rowS;
+      }
+    }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < NG; ++g)
+      for (int64_t j = 0; j < Sk; ++j)
+        for (int64_t d = 0; d < HD; ++d) {
+          r.dv[ki(j, b, g, d)] = 2.0 * u * colP[(b * NG + g) * Sk + j];
+          r.dk[ki(j, b, g, d)] = 2.0 * u * scale * colS[(b * NG + g) * Sk + j];
+        }
+  for (auto* vec : {&r.dq, &r.dk, &r.dv})
+    for (double& x : *vec) x *= 1.01;
+  return r;
+}
+
+TEST_P(CudaCudnnAttention, BackwardMatchesCpu) {
+  MG_SKIP_WITHOUT_CUDNN();
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const DType dt = GetParam();
+  const double u = dt == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  for (bool deterministic : {false, true}) {
+    for (int64_t hd : {64, 128}) {
+      for (const Case& c : kCases) {
+        auto q = random_pair({c.sq, c.b, c.nh, hd}, dt, 41);
+        auto k = random_pair({c.sk, c.b, c.ng, hd}, dt, 42);
+        auto v = random_pair({c.sk, c.b, c.ng, hd}, dt, 43);
+        auto dout = random_pair({c.sq, c.b, c.nh, hd}, dt, 44);
+        ops::AttentionArgs a;
+        a.causal = c.causal;
+        Tensor out = Tensor::empty({c.sq, c.b, c.nh, hd}, dt);
+        Tensor lse = Tensor::empty({c.b, c.nh, c.sq}, DType::f32);
+        cpu_ops().attention_fwd(out, lse, q.cpu, k.cpu, v.cpu, a);
+        const Tensor out_g = out.to(kGpu), lse_g = lse.to(kGpu);
+        auto dq = poisoned_pair({c.sq, c.b, c.nh, hd}, dt);
+        auto dk = poisoned_pair({c.sk, c.b, c.ng, hd}, dt);
+        auto dv = poisoned_pair({c.sk, c.b, c.ng, hd}, dt);
+        const Stats before = stats_fn()();
+        cpu_ops().attention_bwd(dq.cpu, dk.cpu, dv.cpu, dout.cpu, q.cpu, k.cpu, v.cpu, out, lse, a);
+        gpu_ops(deterministic)
+            .attention_bwd(dq.gpu, dk.gpu, dv.gpu, dout.gpu, q.gpu, k.gpu, v.gpu, out_g, lse_g, a);
+        const std::string what = std::string(c.what) + ", hd " + std::to_string(hd) +
+                                 (deterministic ? ", deterministic" : "");
+        EXPECT_EQ(stats_fn()().bwd_calls, before.bwd_calls + 1) << "cuDNN did not run: " << what;
+        const BwdBounds bound =
+            bwd_bounds(c, hd, u, to_doubles(q.cpu), to_doubles(k.cpu), to_doubles(v.cpu),
+                       to_doubles(dout.cpu), to_doubles(out), to_doubles(lse));
+        const struct {
+          const char* name;
+          const Pair* p;
+          const std::vector<double>* atol;
+        } grads[] = {{"dq", &dq, &bound.dq}, {"dk", &dk, &bound.dk}, {"dv", &dv, &bound.dv}};
+        for (const auto& g : grads) {
+          const auto got = to_doubles(g.p->gpu), ref = to_doubles(g.p->cpu);
+          int bad = 0;
+          double worst = 0;
+          for (std::size_t e = 0; e < got.size(); ++e) {
+            const double err = std::abs(got[e] - ref[e]);
+            const double tol = (*g.atol)[e] + 2.0 * u * std::abs(ref[e]);
+            if (!(err <= tol)) ++bad;
+            worst = std::max(worst, tol > 0 ? err / tol : err);
+          }
+          EXPECT_EQ(bad, 0) << g.name << ": " << what << " (worst error / bound " << worst << ")";
+        }
+        if (deterministic) {  // a second run gives the same bits
+          auto dq2 = poisoned_pair({c.sq, c.b, c.nh, hd}, dt);
+          auto dk2 = poisoned_pair({c.sk, c.b, c.ng, hd}, dt);
+          auto dv2 = poisoned_pair({c.sk, c.b, c.ng, hd}, dt);
+          gpu_ops(true).attention_bwd(dq2.gpu, dk2.gpu, dv2.gpu, dout.gpu, q.gpu, k.gpu, v.gpu,
+                                      out_g, lse_g, a);
+          EXPECT_EQ(to_doubles(dq2.gpu), to_doubles(dq.gpu)) << "dq: " << what;
+          EXPECT_EQ(to_doubles(dk2.gpu), to_doubles(dk.gpu)) << "dk: " << what;
+          EXPECT_EQ(to_doubles(dv2.gpu), to_doubles(dv.gpu)) << "dv: " << what;
+        }
+      }
+    }
+  }
+}
+
+// Calls cuDNN does not serve here fall back to our kernels (and still match the CPU within our
+// tiled kernel's tolerance); cuDNN's counters do not move.
+TEST_P(CudaCudnnAttention, UnservedCallsFallBack) {
+  MG_SKIP_WITHOUT_CUDNN();
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const DType dt = GetParam();
+  const int64_t s = 96, b = 2, nh = 2, hd = 64;
+  auto q = random_pair({s, b, nh, hd}, dt, 51);
+  auto k = random_pair({s, b, nh, hd}, dt, 52);
+  auto v = random_pair({s, b, nh, hd}, dt, 53);
+  std::vector<ops::AttentionArgs> calls(3);
+  calls[0].dropout = {0.1f, 5, 0};
+  std::vector<int32_t> docs(static_cast<std::size_t>(b * s));
+  for (std::size_t i = 0; i < docs.size(); ++i) docs[i] = static_cast<int32_t>((i % s) / 40);
+  calls[1].doc_ids = Tensor::from_vector(docs, {b, s}, DType::i32);
+  calls[2].cu_seqlens = Tensor::from_vector(std::vector<int32_t>{0, 30, 96}, {3}, DType::i32);
+  for (const auto& ac : calls) {
+    ops::AttentionArgs ag = ac;
+    if (ac.doc_ids.defined()) ag.doc_ids = ac.doc_ids.to(kGpu);
+    if (ac.cu_seqlens.defined()) ag.cu_seqlens = ac.cu_seqlens.to(kGpu);
+    auto out = poisoned_pair({s, b, nh, hd}, dt);
+    auto lse = poisoned_pair({b, nh, s}, DType::f32);
+    const Stats before = stats_fn()();
+    cpu_ops().attention_fwd(out.cpu, lse.cpu, q.cpu, k.cpu, v.cpu, ac);
+    gpu_ops().attention_fwd(out.gpu, lse.gpu, q.gpu, k.gpu, v.gpu, ag);
+    EXPECT_EQ(stats_fn()().fwd_calls, before.fwd_calls);
+    const auto tol = test::tolerance(dt);
+    EXPECT_TRUE(
+        test::all_close(to_doubles(out.gpu), to_doubles(out.cpu), {2 * tol.atol, 2 * tol.rtol}));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaCudnnAttention, ::testing::Values(DType::bf16, DType::f16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// The registry's table says what runs (needs a cuDNN build, no GPU).
+TEST(CudaCudnnAttentionSelection, PreferredWithOurKernelsAsFallbacks) {
+  MG_SKIP_WITHOUT_CUDNN();
+  const auto& reg = plugin::global_registry();
+  const auto fwd = static_cast<std::size_t>(ops::OpId::attention_fwd);
+  const auto bwd = static_cast<std::size_t>(ops::OpId::attention_bwd);
+  const auto res = reg.resolutions("cuda", cudnn_choice(false));
+  EXPECT_EQ(plugin::describe(res[fwd]),
+            "cuda:cudnn (else cuda:attention-tiled, cuda:attention-rows)");
+  EXPECT_EQ(plugin::describe(res[bwd]),
+            "cuda:cudnn (else cuda:attention-tiled, cuda:attention-rows)");
+  // Deterministic: the fast backward is excluded, the deterministic one runs.
+  const auto det = reg.resolutions("cuda", cudnn_choice(true));
+  EXPECT_EQ(plugin::describe(det[bwd]),
+            "cuda:cudnn-deterministic (else cuda:attention-tiled, cuda:attention-rows)");
+  EXPECT_EQ(det[bwd].excluded, std::vector<std::string>{"cuda:cudnn"});
+  // Not preferred: ours run, cuDNN is shadowed (opt-in, as --attention-backend local).
+  const auto plain = reg.resolutions("cuda");
+  EXPECT_EQ(plugin::describe(plain[fwd]), "cuda:attention-tiled (else cuda:attention-rows)");
+  // Preferring the non-deterministic backward in a deterministic run is refused, naming why.
+  plugin::ResolveOptions bad = cudnn_choice(true);
+  bad.providers["attention_bwd"] = "cuda:cudnn";
+  const std::string msg = test::error_message([&] { plugin::global_registry().ops("cuda", bad); });
+  EXPECT_NE(msg.find("is not deterministic"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace mg
