@@ -45,7 +45,7 @@ void add_monitoring_flags(ArgParser& p, MonitoringConfig& c) {
       "--timing-log-option", {"max", "minmax", "all"},
       [&c](const std::string& v) { c.timing_log_option = v; },
       "timer report across ranks: max, minmax (default) or all");
-  p.add_switch("--no-barrier-with-L1-time", c.barrier_with_l1_time, false,
+  p.add_switch("--no-barrier-with-level-1-timing", c.barrier_with_l1_time, false,
                "no barrier before the level-1 timers start");
   p.add_switch("--exit-signal-handler", c.exit_signal_handler, true,
                "on SIGTERM/SIGINT finish the iteration, save a checkpoint and exit 0 (all ranks)");

@@ -29,7 +29,7 @@ struct MonitoringConfig {
   // ---- Megatron's timers (timers.h) ----
   int32_t timing_log_level = 0;              // --timing-log-level 0|1|2
   std::string timing_log_option = "minmax";  // --timing-log-option max|minmax|all
-  bool barrier_with_l1_time = true;          // --no-barrier-with-L1-time clears
+  bool barrier_with_l1_time = true;          // --no-barrier-with-level-1-timing clears
 
   // ---- --exit-signal-handler (signal_handler.h) ----
   bool exit_signal_handler = false;

@@ -370,7 +370,7 @@ TEST(Arguments, DocsListEveryFlagInItsClass) {
     }
     return flags;
   };
-  const auto implemented = section("## Implemented", "Being added by other work");
+  const auto implemented = section("## Implemented", "## No effect here");
   const auto no_effect = section("## No effect here", "## Refused");
   const auto refused = section("## Refused", "Refused through a value");
   std::map<std::string, std::string> parser;  // flag -> class by its help line
