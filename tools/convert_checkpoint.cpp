@@ -328,6 +328,8 @@ void check_config_types(const json& c, const std::string& where) {
              where << ": \"rope_parameters.rope_type\" is " << r["rope_type"].dump()
                    << ", expected a string");
   }
+}
+
 double number_or(const json& c, const char* key, double dflt) {
   return c.contains(key) && !c[key].is_null() ? c[key].get<double>() : dflt;
 }

@@ -445,72 +445,74 @@ TEST(Arguments, MegatronFsdpFlags) {
   e = parse_error(with({"--optimizer-offload-fraction", "1.5"}));
   EXPECT_NE(e.find("--optimizer-offload-fraction must be in [0, 1], got 1.5"), std::string::npos)
       << e;
-  // The trainer's flags: each kind alone, its settings reach the model config, errors name flags.
-  TEST(RopeScalingFlags, ParseAndRefuse) {
-    const std::vector<std::string> base = {"--num-layers",
-                                           "1",
-                                           "--hidden-size",
-                                           "32",
-                                           "--num-attention-heads",
-                                           "4",
-                                           "--seq-length",
-                                           "16",
-                                           "--max-position-embeddings",
-                                           "64",
-                                           "--micro-batch-size",
-                                           "1",
-                                           "--train-iters",
-                                           "1",
-                                           "--lr",
-                                           "1e-3",
-                                           "--mock-data",
-                                           "--tokenizer-type",
-                                           "NullTokenizer",
-                                           "--vocab-size",
-                                           "99",
-                                           "--position-embedding-type"};
-    auto parse = [&base](std::vector<std::string> extra) {
-      std::vector<std::string> cmd = base;
-      cmd.insert(cmd.end(), extra.begin(), extra.end());
-      return parse_args(cmd);
-    };
-    auto a = parse({"rope", "--use-rope-scaling", "--rope-scaling-factor", "32",
-                    "--rope-scaling-original-max-position-embeddings", "16"});
-    EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::llama3);
-    EXPECT_EQ(a.model.rope_scaling.factor, 32.0);
-    EXPECT_EQ(a.model.rope_scaling.low_freq_factor, 1.0);
-    EXPECT_EQ(a.model.rope_scaling.high_freq_factor, 4.0);
-    EXPECT_EQ(a.model.rope_scaling.original_max_position_embeddings, 16);
-    EXPECT_EQ(parse({"rope", "--use-rope-scaling"}).model.rope_scaling.factor, 8.0)
-        << "Megatron's default --rope-scaling-factor";
-    a = parse({"yarn", "--yarn-rotary-scaling-factor", "4",
-               "--yarn-original-max-position-embeddings", "16", "--yarn-beta-fast", "16"});
-    EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::yarn);
-    EXPECT_EQ(a.model.rope_scaling.factor, 4.0);
-    EXPECT_EQ(a.model.rope_scaling.beta_fast, 16.0);
-    EXPECT_EQ(a.model.rope_scaling.original_max_position_embeddings, 16);
-    a = parse({"rope", "--rotary-seq-len-interpolation-factor", "2"});
-    EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::linear);
-    EXPECT_EQ(a.model.rope_scaling.factor, 2.0);
-    EXPECT_EQ(parse({"rope"}).model.rope_scaling.type, ops::RopeScalingType::none);
-    auto error = [&parse](std::vector<std::string> extra) {
-      try {
-        parse(extra);
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string("no error");
-    };
-    EXPECT_NE(error({"rope", "--rope-scaling-factor", "4"}).find("needs --use-rope-scaling"),
-              std::string::npos);
-    EXPECT_NE(error({"rope", "--yarn-beta-fast", "4"}).find("needs --position-embedding-type yarn"),
-              std::string::npos);
-    EXPECT_NE(error({"yarn", "--use-rope-scaling"}).find("give one"), std::string::npos);
-    EXPECT_NE(error({"learned_absolute", "--use-rope-scaling"}).find("--position-embedding-type"),
-              std::string::npos);
-    EXPECT_NE(error({"rope", "--use-rope-scaling", "--rope-scaling-factor", "0"}).find("factor 0"),
-              std::string::npos);
-  }
+}
+
+// The trainer's flags: each kind alone, its settings reach the model config, errors name flags.
+TEST(RopeScalingFlags, ParseAndRefuse) {
+  const std::vector<std::string> base = {"--num-layers",
+                                         "1",
+                                         "--hidden-size",
+                                         "32",
+                                         "--num-attention-heads",
+                                         "4",
+                                         "--seq-length",
+                                         "16",
+                                         "--max-position-embeddings",
+                                         "64",
+                                         "--micro-batch-size",
+                                         "1",
+                                         "--train-iters",
+                                         "1",
+                                         "--lr",
+                                         "1e-3",
+                                         "--mock-data",
+                                         "--tokenizer-type",
+                                         "NullTokenizer",
+                                         "--vocab-size",
+                                         "99",
+                                         "--position-embedding-type"};
+  auto parse = [&base](std::vector<std::string> extra) {
+    std::vector<std::string> cmd = base;
+    cmd.insert(cmd.end(), extra.begin(), extra.end());
+    return parse_args(cmd);
+  };
+  auto a = parse({"rope", "--use-rope-scaling", "--rope-scaling-factor", "32",
+                  "--rope-scaling-original-max-position-embeddings", "16"});
+  EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::llama3);
+  EXPECT_EQ(a.model.rope_scaling.factor, 32.0);
+  EXPECT_EQ(a.model.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(a.model.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(a.model.rope_scaling.original_max_position_embeddings, 16);
+  EXPECT_EQ(parse({"rope", "--use-rope-scaling"}).model.rope_scaling.factor, 8.0)
+      << "Megatron's default --rope-scaling-factor";
+  a = parse({"yarn", "--yarn-rotary-scaling-factor", "4", "--yarn-original-max-position-embeddings",
+             "16", "--yarn-beta-fast", "16"});
+  EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::yarn);
+  EXPECT_EQ(a.model.rope_scaling.factor, 4.0);
+  EXPECT_EQ(a.model.rope_scaling.beta_fast, 16.0);
+  EXPECT_EQ(a.model.rope_scaling.original_max_position_embeddings, 16);
+  a = parse({"rope", "--rotary-seq-len-interpolation-factor", "2"});
+  EXPECT_EQ(a.model.rope_scaling.type, ops::RopeScalingType::linear);
+  EXPECT_EQ(a.model.rope_scaling.factor, 2.0);
+  EXPECT_EQ(parse({"rope"}).model.rope_scaling.type, ops::RopeScalingType::none);
+  auto error = [&parse](std::vector<std::string> extra) {
+    try {
+      parse(extra);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error({"rope", "--rope-scaling-factor", "4"}).find("needs --use-rope-scaling"),
+            std::string::npos);
+  EXPECT_NE(error({"rope", "--yarn-beta-fast", "4"}).find("needs --position-embedding-type yarn"),
+            std::string::npos);
+  EXPECT_NE(error({"yarn", "--use-rope-scaling"}).find("give one"), std::string::npos);
+  EXPECT_NE(error({"learned_absolute", "--use-rope-scaling"}).find("--position-embedding-type"),
+            std::string::npos);
+  EXPECT_NE(error({"rope", "--use-rope-scaling", "--rope-scaling-factor", "0"}).find("factor 0"),
+            std::string::npos);
+}
 
 }  // namespace
 }  // namespace mg::training
