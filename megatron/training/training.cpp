@@ -957,7 +957,12 @@ AttentionBackendChoice choose_attention_backend(const std::string& backend,
     if (!env.count("attention_fwd")) c.providers["attention_fwd"] = f;
     if (!env.count("attention_bwd")) c.providers["attention_bwd"] = b;
   };
-  if (backend == "fused" || (backend == "auto" && cudnn)) {
+  if (backend == "fused" && platform == "cpu") {
+    // Megatron scripts ask for TE's fused attention; the CPU platform has one attention
+    // implementation, the same function as cuDNN's up to rounding: a note, not an error (on a CUDA
+    // build without cuDNN, fused stays an error: the user expects the fast path there).
+    what = "our kernels (no cuDNN on the CPU platform; fused attention computes the same function)";
+  } else if (backend == "fused" || (backend == "auto" && cudnn)) {
     MG_CHECK(cudnn, "--attention-backend fused: no cuDNN fused attention on platform '"
                         << platform << "' (providers 'cuda:cudnn' / '" << cudnn_bwd
                         << "'; a CUDA build that found the cuDNN frontend and libcudnn has them: "
