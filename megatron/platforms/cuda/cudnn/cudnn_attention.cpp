@@ -263,11 +263,6 @@ bool serves(bool backward, bool deterministic, const Tensor& q, const Tensor& k,
             const AttentionArgs& args, std::initializer_list<const Tensor*> all) {
   Key key;
   if (!key_of(backward, deterministic, q, k, args, &key)) return false;
-  // f16 backward with GQA/MQA (fewer K/V heads than query heads): on an H200 with cuDNN 9.19 and
-  // frontend 1.16.0 dQ came back with non-finite elements (cuda_cudnn_attention_test,
-  // benchmarks/results/2026-11-26-h200-cudnn-attention.md); bf16 and f16 MHA matched. Ours serves
-  // it until a GPU run shows a cuDNN/frontend version that gets it right.
-  if (backward && q.dtype() == DType::f16 && k.size(2) != q.size(2)) return false;
   for (const Tensor* t : all)
     if (!t->defined() || !aligned(*t) || t->device() != q.device()) return false;
   try {
