@@ -1,9 +1,12 @@
 #include "tests/unit/test_util.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 #include <sstream>
 
@@ -133,6 +136,23 @@ CommandResult run_command(const std::string& cmd) {
 
 std::string param_name(const std::string& platform, DType dtype) {
   return platform + "_" + std::string(dtype_name(dtype));
+}
+
+std::string scratch_dir(const std::string& prefix, const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path d = fs::temp_directory_path() / (prefix + "_" + std::to_string(::getpid())) / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+std::vector<std::string> flags_with(const std::vector<std::pair<std::string, std::string>>& base,
+                                    const std::vector<std::string>& extra) {
+  std::vector<std::string> f;
+  for (const auto& [k, v] : base)
+    if (std::find(extra.begin(), extra.end(), k) == extra.end()) f.insert(f.end(), {k, v});
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
 }
 
 }  // namespace mg::test

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "megatron/core/ops/ops.h"
@@ -84,6 +85,13 @@ struct CommandResult {
   std::string output;
 };
 CommandResult run_command(const std::string& cmd);
+
+// A fresh, empty folder <tmp>/<prefix>_<pid>/<name> for a test's files.
+std::string scratch_dir(const std::string& prefix, const std::string& name);
+
+// Command-line flags: each (flag, value) of `base` that `extra` does not give, then `extra`.
+std::vector<std::string> flags_with(const std::vector<std::pair<std::string, std::string>>& base,
+                                    const std::vector<std::string>& extra);
 
 // Name suffix for parameterised tests: "cpu_f32".
 std::string param_name(const std::string& platform, DType dtype);

@@ -30,10 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string temp_dir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("mg_reliability_test_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
+  return test::scratch_dir("mg_reliability_test", name);
 }
 
 // A tiny GPT on mock data; the lr warms up from 0 over 2 iterations (iteration 1 does not move the
@@ -51,10 +48,8 @@ std::vector<std::string> tiny(int64_t iters, std::vector<std::string> extra = {}
       {"--vocab-size", "128"},
       {"--eval-iters", "0"},
       {"--log-interval", "1"}};
-  std::vector<std::string> f = {"--mock-data"};
-  for (const auto& [k, v] : base)  // each replaced where `extra` gives it
-    if (std::find(extra.begin(), extra.end(), k) == extra.end()) f.insert(f.end(), {k, v});
-  f.insert(f.end(), extra.begin(), extra.end());
+  std::vector<std::string> f = test::flags_with(base, extra);  // each replaced where given
+  f.insert(f.begin(), "--mock-data");
   return f;
 }
 
