@@ -24,7 +24,27 @@ cp -a "$build"/lib/*.so "$stage/lib/"
 for tool in zstd; do
   if command -v "$tool" >/dev/null; then cp -L "$(command -v "$tool")" "$stage/tools/"; fi
 done
-for f in "$stage"/bin/* "$stage"/lib/*.so "$stage"/tools/*; do
+# OpenMPI's launcher (orterun / mpirun, orted, its components and help files) for the multi-rank
+# runs (scripts/gpu_multirank.sh): the device image has no MPI. Packed under mpi/usr as Debian lays
+# it out below /usr; gpu_env.sh sets OPAL_PREFIX to it (OpenMPI then finds its components, help
+# files and orted there) and puts its bin/ on PATH after the device's own.
+mpi_files=()
+if command -v orterun > /dev/null && [ -d /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3 ]; then
+  m=$stage/mpi/usr
+  mkdir -p "$m/bin" "$m/lib/x86_64-linux-gnu/openmpi/lib" "$m/share" "$m/lib/x86_64-linux-gnu/pmix2/lib"
+  cp -L "$(command -v orterun)" "$(command -v orted)" "$m/bin/"
+  ln -s orterun "$m/bin/mpirun"
+  ln -s orterun "$m/bin/mpiexec"
+  cp -a /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3 "$m/lib/x86_64-linux-gnu/openmpi/lib/"
+  cp -a /usr/share/openmpi "$m/share/"
+  [ -d /usr/share/pmix ] && cp -a /usr/share/pmix "$m/share/"
+  [ -d /usr/lib/x86_64-linux-gnu/pmix2/lib/pmix ] &&
+    cp -a /usr/lib/x86_64-linux-gnu/pmix2/lib/pmix "$m/lib/x86_64-linux-gnu/pmix2/lib/"
+  mapfile -t mpi_files < <(find "$m" -type f \( -name '*.so' -o -perm -u+x \))
+else
+  echo "gpu_bundle: no OpenMPI launcher here (orterun); the bundle cannot run multi-rank tests" >&2
+fi
+for f in "$stage"/bin/* "$stage"/lib/*.so "$stage"/tools/* "${mpi_files[@]}"; do
   ldd "$f" 2>/dev/null | awk '/=> \// {print $3}'
 done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn[a-z_]*)\.so' |
   while read -r lib; do

@@ -2,7 +2,8 @@
 # .gpu_bundle/bundle.tar.gz (scripts/gpu_bundle.sh) once, links the absolute paths the binaries
 # were built with (this checkout's tests/, the build dir) to this copy where they do not exist, and
 # exports LD_LIBRARY_PATH (the bundle's libraries, then the CUDA toolkit's runtime and cuBLAS, next
-# to nvcc or in /usr/local/cuda) and PATH (+ the bundle's tools, after the device's own).
+# to nvcc or in /usr/local/cuda) and PATH (+ the bundle's tools, after the device's own; + its
+# OpenMPI launcher with OPAL_PREFIX when the device has no mpirun).
 if [ -f .gpu_bundle/bundle.tar.gz ]; then
   tar -C .gpu_bundle -xzf .gpu_bundle/bundle.tar.gz && rm .gpu_bundle/bundle.tar.gz
 fi
@@ -23,3 +24,8 @@ cudnn_dir=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0] + "/
 [ -n "$cudnn_dir" ] && [ -d "$cudnn_dir" ] && cuda_libs="$cuda_libs:$cudnn_dir"
 export LD_LIBRARY_PATH="$PWD/.gpu_bundle/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$PATH:$PWD/.gpu_bundle/tools"
+# OpenMPI's launcher from the bundle (gpu_bundle.sh) where the device has no mpirun of its own.
+if ! command -v mpirun > /dev/null && [ -x .gpu_bundle/mpi/usr/bin/orterun ]; then
+  export OPAL_PREFIX="$PWD/.gpu_bundle/mpi/usr"
+  export PATH="$PATH:$OPAL_PREFIX/bin"
+fi

@@ -24,5 +24,11 @@ int64_t mpi_background_completions();
 // Whether the MPI progress thread is running (MPI_THREAD_MULTIPLE and not
 // MG_MPI_PROGRESS_THREAD=0).
 bool mpi_progress_thread_on();
+// Whether the MPI backend hands CUDA device pointers of point-to-point ops to MPI directly: the
+// library reports CUDA support (OpenMPI's MPIX_Query_cuda_support) and MG_MPI_CUDA_AWARE is not 0
+// (=1 makes a library without it an error; unset or "auto": use it when present). False before MPI
+// is initialised and without MPI. Device tensors of collectives are always staged through host
+// memory (mpi_backend.cpp).
+bool mpi_cuda_aware();
 
 }  // namespace mg::comm::detail

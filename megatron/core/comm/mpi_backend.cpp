@@ -19,27 +19,49 @@
 //     members that did not arrive. Arrival is tracked cheaply through a node-local shared-memory
 //     window: each process counts the collectives it entered per group; on timeout, members on this
 //     node whose count is behind ours are named, members on other nodes are reported as unknown.
-//   - Does not: carry device tensors (that is the NCCL backend), or chunk tensors of more than
-//     2^31 - 1 elements (an error says so).
+//   - Device tensors (a tensor whose device is not the host: `--platform cuda --distributed-backend
+//     mpi`, e.g. several ranks sharing one GPU) are staged through host buffers from the device
+//     platform's pinned host allocator (Tensor::empty_pinned; pageable memory, said once on stderr,
+//     when the platform cannot pin more). Ordering: at launch, inputs are copied device -> host
+//     with the platform's copy(), which runs on the calling thread's current (compute) stream and
+//     returns when it is complete: a synchronise of the producing stream up to that point, no
+//     events. MPI then works on host memory only. Outputs are copied host -> device by the thread
+//     that calls wait() or is_completed() (never by the progress thread, whose current stream and
+//     device are not the caller's), on its current stream, synchronously, before wait() returns:
+//     kernels queued after wait() see the result. So the rule of the CPU backend holds unchanged:
+//     a tensor handed to an op is not written (nor, for an output, read) until its wait().
+//     Pass-through: when the MPI library is CUDA-aware (MPIX_Query_cuda_support() == 1, OpenMPI's
+//     <mpi-ext.h>; MG_MPI_CUDA_AWARE=0 turns it off, =1 requires it) the point-to-point ops
+//     (send, recv, batch_isend_irecv) hand CUDA device pointers to MPI directly after
+//     synchronising the current stream. Collectives are always staged: OpenMPI's CUDA support
+//     covers blocking collectives only, not the non-blocking ones used here (its FAQ).
+//   - Does not: chunk tensors of more than 2^31 - 1 elements (an error says so).
 #include "megatron/core/comm/backends.h"
 
 #if MG_WITH_MPI
 
 #include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // OpenMPI's extensions: MPIX_Query_cuda_support
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <climits>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "megatron/core/comm/checks.h"
+#include "megatron/plugin/platform.h"
+#include "megatron/plugin/registry.h"
 
 #define MG_MPI_CHECK(call, ...)                                                                 \
   do {                                                                                          \
@@ -296,7 +318,7 @@ class MpiWork final : public Work {
         start_(std::chrono::steady_clock::now()) {}
 
   ~MpiWork() override {
-    if (state_ == State::pending) {
+    if (state_ == State::pending || (state_ == State::done && !unstage.empty())) {
       try {
         wait();
       } catch (const std::exception& e) {
@@ -353,11 +375,18 @@ class MpiWork final : public Work {
     std::string what;  // the destination tensor
   };
   std::vector<RecvCheck> recv_checks;  // a shorter message than the tensor is an error
+  // Device outputs and their host images: copied host -> device by the waiting thread once the
+  // op is done (see the file comment).
+  struct Unstage {
+    Tensor device;
+    Tensor host;
+  };
+  std::vector<Unstage> unstage;
 
   void wait() override {
     std::unique_lock lock(mu_);
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-    if (state_ == State::done) return;
+    if (state_ == State::done) return unstage_outputs();
     MG_CHECK(state_ != State::failed,
              op_ << " on " << info_->description << ": wait() after the op already failed");
     int spins = 0;
@@ -376,19 +405,28 @@ class MpiWork final : public Work {
       }
       lock.lock();
       if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-      if (state_ == State::done) return;
+      if (state_ == State::done) return unstage_outputs();
     }
+    unstage_outputs();
   }
   bool is_completed() override {
     std::lock_guard lock(mu_);
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-    if (state_ == State::done) return true;
     if (state_ == State::failed) return false;
-    return test();
+    if (state_ != State::done && !test()) return false;
+    unstage_outputs();
+    return true;
   }
 
  private:
   enum class State { pending, done, failed };
+
+  // The caller's thread, once done: device outputs get their host images (synchronous copies on
+  // the caller's current stream).
+  void unstage_outputs() {
+    auto todo = std::exchange(unstage, {});
+    for (Unstage& u : todo) u.device.copy_(u.host);
+  }
 
   bool test() {
     if (!requests.empty()) {
@@ -582,23 +620,23 @@ class MpiGroup final : public ProcessGroup {
 
   WorkPtr all_reduce(Tensor& x, ReduceOp op) override {
     check_all_reduce(*this, x, op);
-    check_host("all_reduce", x);
     auto w = collective("all_reduce(" + std::string(reduce_op_name(op)) + ")");
     if (x.numel() == 0) return w;
     const int n = count("all_reduce", x.numel());
+    Tensor hx = host_image(*w, "all_reduce", x, true, true);
     const MPI_Datatype native = reduce_type(x.dtype());
-    Tensor buf = native != MPI_DATATYPE_NULL ? x : x.to(DType::f32);
+    Tensor buf = native != MPI_DATATYPE_NULL ? hx : hx.to(DType::f32);
     const MPI_Datatype type = native != MPI_DATATYPE_NULL ? native : MPI_FLOAT;
     w->requests.emplace_back();
     MG_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.raw_data(), n, type, mpi_op(op), comm(),
                                 &w->requests.back()),
                  "all_reduce on " << info_->description << " of " << x.str());
-    w->keep_alive = {buf, x};
-    if (op == ReduceOp::avg || !buf.shares_storage_with(x)) {
+    w->keep_alive = {buf, hx};
+    if (op == ReduceOp::avg || !buf.shares_storage_with(hx)) {
       const int size = size_;
-      w->finish = [buf, x, op, size]() mutable {
+      w->finish = [buf, hx, op, size]() mutable {
         if (op == ReduceOp::avg) divide(buf, size);
-        if (!buf.shares_storage_with(x)) x.copy_(buf);
+        if (!buf.shares_storage_with(hx)) hx.copy_(buf);
       };
     }
     w->submit();
@@ -607,50 +645,54 @@ class MpiGroup final : public ProcessGroup {
 
   WorkPtr all_gather(Tensor& out, const Tensor& in) override {
     check_all_gather(*this, out, in);
-    check_host("all_gather", out);
     auto w = collective("all_gather");
     if (in.numel() == 0) return w;
     const int n = count("all_gather", in.numel());
     const MPI_Datatype type = copy_type(in.dtype());
-    const void* send = in.raw_data();
-    Tensor src = in;
-    if (out.shares_storage_with(in) &&
-        in.offset_bytes() == out.offset_bytes() + static_cast<std::size_t>(rank_) * in.nbytes()) {
+    const bool in_place =
+        out.shares_storage_with(in) &&
+        in.offset_bytes() == out.offset_bytes() + static_cast<std::size_t>(rank_) * in.nbytes();
+    Tensor hout = host_image(*w, "all_gather", out, false, true);
+    Tensor src = in_place ? in : host_image(*w, "all_gather", in, true, false);
+    const void* send = src.raw_data();
+    if (in_place) {
       send = MPI_IN_PLACE;  // in is exactly this member's chunk of out
-    } else if (overlaps(out, in)) {
-      src = in.clone();
+      if (!out.is_host()) hout.view({-1}).slice(rank_ * in.numel(), in.numel()).copy_(in);
+    } else if (overlaps(hout, src)) {
+      src = src.clone();
       send = src.raw_data();
     }
     w->requests.emplace_back();
     MG_MPI_CHECK(
-        MPI_Iallgather(send, n, type, out.raw_data(), n, type, comm(), &w->requests.back()),
+        MPI_Iallgather(send, n, type, hout.raw_data(), n, type, comm(), &w->requests.back()),
         "all_gather on " << info_->description << " of " << in.str());
-    w->keep_alive = {src, out};
+    w->keep_alive = {src, hout};
     w->submit();
     return w;
   }
 
   WorkPtr reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op) override {
     check_reduce_scatter(*this, out, in, op);
-    check_host("reduce_scatter", out);
     auto w = collective("reduce_scatter(" + std::string(reduce_op_name(op)) + ")");
     if (out.numel() == 0) return w;
     const int n = count("reduce_scatter", out.numel());
+    const Tensor hin = host_image(*w, "reduce_scatter", in, true, false);
+    Tensor hout = host_image(*w, "reduce_scatter", out, false, true);
     const MPI_Datatype native = reduce_type(in.dtype());
-    const bool staged = native == MPI_DATATYPE_NULL || overlaps(out, in);
-    Tensor src = native != MPI_DATATYPE_NULL ? in : in.to(DType::f32);
-    Tensor dst = staged ? Tensor::empty({out.numel()}, src.dtype()) : out;
+    const bool staged = native == MPI_DATATYPE_NULL || overlaps(hout, hin);
+    Tensor src = native != MPI_DATATYPE_NULL ? hin : hin.to(DType::f32);
+    Tensor dst = staged ? Tensor::empty({out.numel()}, src.dtype()) : hout;
     const MPI_Datatype type = native != MPI_DATATYPE_NULL ? native : MPI_FLOAT;
     w->requests.emplace_back();
     MG_MPI_CHECK(MPI_Ireduce_scatter_block(src.raw_data(), dst.raw_data(), n, type, mpi_op(op),
                                            comm(), &w->requests.back()),
                  "reduce_scatter on " << info_->description << " of " << in.str());
-    w->keep_alive = {src, dst, out};
+    w->keep_alive = {src, dst, hout};
     if (op == ReduceOp::avg || staged) {
       const int size = size_;
-      w->finish = [dst, out, op, size, staged]() mutable {
+      w->finish = [dst, hout, op, size, staged]() mutable {
         if (op == ReduceOp::avg) divide(dst, size);
-        if (staged) out.copy_(dst);
+        if (staged) hout.copy_(dst);
       };
     }
     w->submit();
@@ -659,32 +701,33 @@ class MpiGroup final : public ProcessGroup {
 
   WorkPtr broadcast(Tensor& x, int root) override {
     check_broadcast(*this, x, root);
-    check_host("broadcast", x);
     auto w = collective("broadcast(root " + std::to_string(root) + ")");
     if (x.numel() == 0) return w;
     const int n = count("broadcast", x.numel());
+    const Tensor hx = host_image(*w, "broadcast", x, rank_ == root, rank_ != root);
     w->requests.emplace_back();
     MG_MPI_CHECK(
-        MPI_Ibcast(x.raw_data(), n, copy_type(x.dtype()), root, comm(), &w->requests.back()),
+        MPI_Ibcast(hx.raw_data(), n, copy_type(x.dtype()), root, comm(), &w->requests.back()),
         "broadcast on " << info_->description << " of " << x.str());
-    w->keep_alive = {x};
+    w->keep_alive = {hx};
     w->submit();
     return w;
   }
 
   WorkPtr all_to_all(Tensor& out, const Tensor& in) override {
     check_all_to_all(*this, out, in);
-    check_host("all_to_all", out);
     auto w = collective("all_to_all");
     if (in.numel() == 0) return w;
     const int n = count("all_to_all", in.numel() / size_);
-    const Tensor src = overlaps(out, in) ? in.clone() : in;
+    const Tensor hin = host_image(*w, "all_to_all", in, true, false);
+    const Tensor hout = host_image(*w, "all_to_all", out, false, true);
+    const Tensor src = overlaps(hout, hin) ? hin.clone() : hin;
     const MPI_Datatype type = copy_type(in.dtype());
     w->requests.emplace_back();
-    MG_MPI_CHECK(MPI_Ialltoall(src.raw_data(), n, type, out.raw_data(), n, type, comm(),
+    MG_MPI_CHECK(MPI_Ialltoall(src.raw_data(), n, type, hout.raw_data(), n, type, comm(),
                                &w->requests.back()),
                  "all_to_all on " << info_->description << " of " << in.str());
-    w->keep_alive = {src, out};
+    w->keep_alive = {src, hout};
     w->submit();
     return w;
   }
@@ -692,7 +735,6 @@ class MpiGroup final : public ProcessGroup {
   WorkPtr all_to_all_v(Tensor& out, const Tensor& in, std::span<const int64_t> send_counts,
                        std::span<const int64_t> recv_counts) override {
     check_all_to_all_v(*this, out, in, send_counts, recv_counts);
-    check_host("all_to_all_v", out);
     auto w = collective("all_to_all_v");
     auto to_int = [this](std::span<const int64_t> c, std::vector<int>& counts,
                          std::vector<int>& displs) {
@@ -706,14 +748,16 @@ class MpiGroup final : public ProcessGroup {
     auto counts = std::make_shared<std::vector<int>[]>(4);  // MPI may read them until completion
     to_int(send_counts, counts[0], counts[1]);
     to_int(recv_counts, counts[2], counts[3]);
-    const Tensor src = overlaps(out, in) ? in.clone() : in;
+    const Tensor hin = host_image(*w, "all_to_all_v", in, true, false);
+    const Tensor hout = host_image(*w, "all_to_all_v", out, false, true);
+    const Tensor src = overlaps(hout, hin) ? hin.clone() : hin;
     const MPI_Datatype type = copy_type(in.dtype());
     w->requests.emplace_back();
     MG_MPI_CHECK(
-        MPI_Ialltoallv(src.raw_data(), counts[0].data(), counts[1].data(), type, out.raw_data(),
+        MPI_Ialltoallv(src.raw_data(), counts[0].data(), counts[1].data(), type, hout.raw_data(),
                        counts[2].data(), counts[3].data(), type, comm(), &w->requests.back()),
         "all_to_all_v on " << info_->description << " of " << in.str());
-    w->keep_alive = {src, out};
+    w->keep_alive = {src, hout};
     w->finish = [counts]() {};  // keeps the count arrays alive until completion
     w->submit();
     return w;
@@ -721,7 +765,6 @@ class MpiGroup final : public ProcessGroup {
 
   WorkPtr send(const Tensor& x, int peer, int tag) override {
     check_p2p(*this, "send", x, peer, tag);
-    check_host("send", x);
     auto w = p2p("send to group rank " + std::to_string(peer), peer);
     post_send(*w, x, peer, tag);
     w->submit();
@@ -730,7 +773,6 @@ class MpiGroup final : public ProcessGroup {
 
   WorkPtr recv(Tensor& x, int peer, int tag) override {
     check_p2p(*this, "recv", x, peer, tag);
-    check_host("recv", x);
     auto w = p2p("recv from group rank " + std::to_string(peer), peer);
     post_recv(*w, x, peer, tag);
     w->submit();
@@ -745,7 +787,6 @@ class MpiGroup final : public ProcessGroup {
       const bool is_send = op.kind == P2POp::Kind::send;
       check_p2p(*this, is_send ? "batch_isend_irecv send" : "batch_isend_irecv recv", op.tensor,
                 op.peer, op.tag);
-      check_host("batch_isend_irecv", op.tensor);
       w->peers.push_back(op.peer);
     }
     // Receives first, so that every send finds its receive already posted.
@@ -771,10 +812,51 @@ class MpiGroup final : public ProcessGroup {
  private:
   MPI_Comm comm() const { return comm_->get(); }
 
-  void check_host(const char* op, const Tensor& t) const {
-    MG_CHECK(t.is_host(), op << " on " << info_->description << ": the MPI backend carries host "
-                             << "tensors, got " << t.str()
-                             << " (use --distributed-backend nccl for device tensors)");
+  // The buffer MPI works on for tensor t of one op (see the file comment): t itself on the host;
+  // else a staging buffer in pinned host memory, filled from t now when `read` (an input), and
+  // copied back into t by the waiting thread when `write` (an output).
+  Tensor host_image(MpiWork& w, const char* op, const Tensor& t, bool read, bool write) const {
+    if (t.is_host()) return t;
+    Tensor h;
+    try {
+      h = Tensor::empty_pinned(t.shape(), t.dtype(), t.device());
+    } catch (const std::exception& e) {
+      MG_THROW(op << " on " << info_->description << ": no host memory for the staging buffer of "
+                  << t.str() << " (" << t.nbytes() << " bytes) that carries a device tensor "
+                  << "through MPI: " << e.what());
+    }
+    if (!h.is_pinned()) warn_pageable_staging(op, t);
+    if (read) h.copy_(t);
+    if (write) w.unstage.push_back({t, h});
+    return h;
+  }
+
+  // Point-to-point buffers: a CUDA tensor itself when MPI is CUDA-aware (after the current stream
+  // has finished the kernels that produce or last read it), else its host image.
+  Tensor p2p_image(MpiWork& w, const char* op, const Tensor& t, bool read, bool write) const {
+    if (!t.is_host() && t.device().type == DeviceType::cuda && mpi_cuda_aware()) {
+      plugin::global_registry()
+          .platform(t.device().type)
+          .current_stream(t.device().index)
+          .synchronize();
+      return t;
+    }
+    return host_image(w, op, t, read, write);
+  }
+
+  void warn_pageable_staging(const char* op, const Tensor& t) const {
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      const auto stats = plugin::global_registry()
+                             .platform(t.device().type)
+                             .pinned_host_allocator()
+                             .stats();
+      std::fprintf(stderr,
+                   "megatron: warning: the MPI backend could not pin %zu more bytes for %s on %s "
+                   "(%zu bytes of pinned memory held); staging device tensors through pageable "
+                   "memory (slower copies) while pinned memory is short\n",
+                   t.nbytes(), op, info_->description.c_str(), stats.reserved_bytes);
+    });
   }
 
   int count(const char* op, int64_t n) const {
@@ -797,21 +879,23 @@ class MpiGroup final : public ProcessGroup {
 
   void post_send(MpiWork& w, const Tensor& x, int peer, int tag) {
     const int n = count("send", x.numel());
+    const Tensor hx = p2p_image(w, "send", x, true, false);
     w.requests.emplace_back();
     MG_MPI_CHECK(
-        MPI_Isend(x.raw_data(), n, copy_type(x.dtype()), peer, tag, comm(), &w.requests.back()),
+        MPI_Isend(hx.raw_data(), n, copy_type(x.dtype()), peer, tag, comm(), &w.requests.back()),
         "send of " << x.str() << " to group rank " << peer << " on " << info_->description);
-    w.keep_alive.push_back(x);
+    w.keep_alive.push_back(hx);
   }
 
   void post_recv(MpiWork& w, const Tensor& x, int peer, int tag) {
     const int n = count("recv", x.numel());
+    const Tensor hx = p2p_image(w, "recv", x, false, true);
     w.recv_checks.push_back({w.requests.size(), n, copy_type(x.dtype()), peer, x.str()});
     w.requests.emplace_back();
     MG_MPI_CHECK(
-        MPI_Irecv(x.raw_data(), n, copy_type(x.dtype()), peer, tag, comm(), &w.requests.back()),
+        MPI_Irecv(hx.raw_data(), n, copy_type(x.dtype()), peer, tag, comm(), &w.requests.back()),
         "recv of " << x.str() << " from group rank " << peer << " on " << info_->description);
-    w.keep_alive.push_back(x);
+    w.keep_alive.push_back(hx);
   }
 
   std::shared_ptr<MpiComm> comm_;
@@ -914,6 +998,28 @@ bool mpi_progress_thread_on() {
   return ProgressEngine::get() != nullptr;
 }
 
+bool mpi_cuda_aware() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized || mpi_finalized()) return false;
+  static const bool aware = [] {
+    bool library = false;
+#if defined(OMPI_HAVE_MPI_EXT_CUDA) && OMPI_HAVE_MPI_EXT_CUDA
+    library = MPIX_Query_cuda_support() == 1;
+#endif
+    const char* env = std::getenv("MG_MPI_CUDA_AWARE");
+    const std::string_view mode = env ? env : "auto";
+    MG_CHECK(mode == "auto" || mode == "0" || mode == "1",
+             "MG_MPI_CUDA_AWARE must be 0, 1 or auto, got '" << mode << "'");
+    MG_CHECK(mode != "1" || library,
+             "MG_MPI_CUDA_AWARE=1 but this MPI library does not report CUDA support "
+             "(MPIX_Query_cuda_support() is not 1); unset it to stage device tensors through "
+             "pinned host memory");
+    return mode != "0" && library;
+  }();
+  return aware;
+}
+
 std::unique_ptr<Communicator> make_mpi_communicator() {
   return std::make_unique<MpiCommunicator>();
 }
@@ -950,6 +1056,9 @@ int64_t mpi_background_completions() {
   return 0;
 }
 bool mpi_progress_thread_on() {
+  return false;
+}
+bool mpi_cuda_aware() {
   return false;
 }
 std::unique_ptr<Communicator> make_mpi_communicator() {

@@ -33,6 +33,7 @@ args="--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16
   --attention-dropout 0 --seed 7"
 
 . "$(dirname "$0")/compare_logs.sh"  # expect_layout (its values() is replaced below)
+use_test_platform  # MG_TEST_PLATFORM=cuda: every run on the GPU (compare_logs.sh)
 values() { grep -o "lm loss: [^ ]*" "$1" | sed "s/lm loss: //"; }
 run() {  # run <log> <np> <extra args...>: also checks the layout of its start-up lines
   log=$1; n=$2; shift 2

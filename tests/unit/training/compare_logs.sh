@@ -6,7 +6,40 @@
 #                               many values as the reference, each within abs + rel * |reference|
 # Needs $work (a scratch directory). $min_lines (default 2): the reference must print at least so
 # many values, so that an empty or truncated log never passes.
+#   use_test_platform           MG_TEST_PLATFORM=cuda (the *_cuda CTest tests, scripts/
+#                               gpu_multirank.sh): replaces $bin by a wrapper that adds
+#                               `--platform cuda` to every run, and `--distributed-backend mpi` to
+#                               the runs under mpirun, so the ranks share GPU 0 through the MPI
+#                               backend (device tensors staged through pinned host memory) and
+#                               the one-rank reference runs on the same GPU; expect_layout then
+#                               also checks the "platform: cuda" start-up line. Without a usable
+#                               CUDA platform it exits 77 (CTest SKIP) printing why. Unset or cpu:
+#                               nothing changes. Needs $bin and $work.
 values() { grep -o "$2: [^ ]*" "$1" | sed "s/$2: //"; }
+use_test_platform() {
+  case "${MG_TEST_PLATFORM:-cpu}" in
+    cpu) return 0 ;;
+    cuda) ;;
+    *) echo "FAIL: MG_TEST_PLATFORM must be cpu or cuda, got '$MG_TEST_PLATFORM'"; exit 1 ;;
+  esac
+  _tp_info="$(dirname "$bin")/megatron_info"
+  [ -x "$_tp_info" ] || { echo "FAIL: MG_TEST_PLATFORM=cuda needs $_tp_info (build megatron_info)"; exit 1; }
+  if ! "$_tp_info" --platform cuda > "$work/platform.txt" 2>&1; then
+    echo "SKIP: MG_TEST_PLATFORM=cuda but the CUDA platform is not usable here:"
+    grep -i "cuda" "$work/platform.txt" | head -n 5
+    exit 77
+  fi
+  cat > "$work/pretrain_gpt_cuda" <<EOF_WRAPPER
+#!/bin/sh
+if [ -n "\${OMPI_COMM_WORLD_SIZE:-}\${PMI_SIZE:-}" ]; then
+  exec "$bin" "\$@" --platform cuda --distributed-backend mpi
+fi
+exec "$bin" "\$@" --platform cuda
+EOF_WRAPPER
+  chmod +x "$work/pretrain_gpt_cuda"
+  bin="$work/pretrain_gpt_cuda"
+  echo "CUDA mode: every run with --platform cuda (ranks: --distributed-backend mpi, sharing GPU 0)"
+}
 compare_one() {
   values "$1" "$4" > "$work/a"; values "$2" "$4" > "$work/b"
   n=$(wc -l < "$work/a")
@@ -108,6 +141,9 @@ expect_layout() {
     expect_line "$_el_log" "$_el_what x EP $_el_ep" "^mixture of experts: $_el_experts experts,.*\
  expert parallel $_el_ep \($((_el_experts / _el_ep)) experts per rank\), expert data parallel\
  $_el_edp[ ,]"
+  fi
+  if [ "${MG_TEST_PLATFORM:-cpu}" = cuda ]; then
+    expect_line "$_el_log" "$_el_what" "^platform: cuda, device"
   fi
   _el_quiet=""
   echo "ok layout $_el_what$([ "$_el_experts" -gt 0 ] && echo " x EP $_el_ep"): start-up lines agree"

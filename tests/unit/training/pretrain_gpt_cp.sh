@@ -34,6 +34,7 @@ docs_data="--data-path $work/docs_text_document --data-cache-path $work/cache --
 docs="$docs_data --reset-attention-mask --reset-position-ids --eod-mask-loss"
 
 . "$(dirname "$0")/compare_logs.sh"  # values, compare_one
+use_test_platform  # MG_TEST_PLATFORM=cuda: every run on the GPU (compare_logs.sh)
 single() {  # single <name> <extra args...>: the one-rank reference, run once
   name=$1; shift
   [ -f "$work/$name.log" ] || "$bin" $args "$@" > "$work/$name.log" 2>&1 \

@@ -15,6 +15,7 @@ args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
   --eval-iters 0 --hidden-dropout 0 --attention-dropout 0 --seed 7"
 
 . "$(dirname "$0")/compare_logs.sh"  # expect_layout
+use_test_platform  # MG_TEST_PLATFORM=cuda: every run on the GPU (compare_logs.sh)
 losses() { grep -o 'lm loss: [^ ]*' "$1" | sed 's/lm loss: //'; }
 compare() {  # compare <reference> <candidate> <what>
   losses "$1" > "$work/a"; losses "$2" > "$work/b"

@@ -35,6 +35,7 @@ llama="$common --global-batch-size 16 --num-layers 8 --hidden-dropout 0 --normal
 
 min_lines=3
 . "$(dirname "$0")/compare_logs.sh"  # values, compare_one
+use_test_platform  # MG_TEST_PLATFORM=cuda: every run on the GPU (compare_logs.sh)
 compare() {
   compare_one "$1" "$2" "$3" "lm loss" 2e-6 0
   compare_one "$1" "$2" "$3" "grad norm" 0 2e-3

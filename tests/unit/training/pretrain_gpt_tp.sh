@@ -20,6 +20,7 @@ args="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
   --attention-dropout 0 --seed 7"
 
 . "$(dirname "$0")/compare_logs.sh"  # values, compare_one
+use_test_platform  # MG_TEST_PLATFORM=cuda: every run on the GPU (compare_logs.sh)
 compare() {
   compare_one "$1" "$2" "$3" "lm loss" 2e-6 0
   compare_one "$1" "$2" "$3" "grad norm" 0 2e-3
