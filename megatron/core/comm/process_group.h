@@ -1,7 +1,8 @@
 // ProcessGroup: the one communication interface every parallel module uses (DESIGN.md,
 // "Communication"). A group is an ordered set of global ranks; `rank()` is this process's index in
-// it. Backends: single rank (no MPI at all), MPI (OpenMPI, host tensors), NCCL (device tensors, in
-// megatron/platforms/cuda/). Modules receive groups explicitly (a ProcessGroups bundle from
+// it. Backends: single rank (no MPI at all), MPI (OpenMPI; host tensors, and device tensors staged
+// through pinned host memory), NCCL (device tensors, in megatron/platforms/cuda/). Ordering rules
+// for device tensors: docs/architecture.md, "Device tensors and the ordering rules". Modules receive groups explicitly (a ProcessGroups bundle from
 // parallel_state); there are no global getters.
 //
 // Semantics (all backends):
@@ -12,8 +13,8 @@
 //   - Tensors are contiguous; the dtype of in and out must match; sizes are checked and a mismatch
 //     is a clear error naming the op, the group and the shapes.
 //   - Async: each call returns a Work handle; `wait()` blocks until the result may be read (for
-//   NCCL:
-//     until the compute stream is ordered after the collective). A Work that is destroyed without
+//     NCCL: until the compute stream is ordered after the collective; for device tensors through
+//     MPI: until the result is copied back on the waiting thread's current stream). A Work that is destroyed without
 //     wait() is waited on in its destructor. `Work::wait` honours the group's timeout: a collective
 //     that does not finish in time throws mg::Error naming the group, the op and the ranks that did
 //     not arrive (where the backend can tell), and the launcher aborts every rank.

@@ -7,19 +7,33 @@
 //     communicator and the rank's tensors share one GPU. new_groups = ncclCommSplit
 //     of the world (collective over the world; NCCL_SPLIT_NOCOLOR for ranks in no group), after an
 //     MPI check that every process passed the same partition.
-//   - Streams: every communicator owns one non-blocking stream. An op waits (event) for the
-//   thread's
-//     current compute stream, runs on the comm stream and records a completion event; Work::wait()
-//     makes the current compute stream wait for that event (no host block), so kernels that read
-//     the result are ordered after it. Buffers stay alive in the Work until then; the caching
-//     allocator frees them stream-ordered on the compute stream.
+//   - Streams: every group owns one non-blocking stream. An op records an event on the calling
+//     thread's current compute stream and makes the group's stream wait for it (so the op reads
+//     its inputs after the kernels that produced them, with no host block), runs on the group's
+//     stream and records a completion event there; Work::wait() makes the current compute stream
+//     wait for that event (again no host block), so kernels that read the result, or overwrite an
+//     input, are ordered after it. Nothing here synchronises the device or a stream. Buffers stay
+//     alive in the Work until wait(); the caching allocator then frees them on the compute stream,
+//     which is ordered after the op. So DDP's bucket reduce-scatters / all-reduces launched from
+//     backward hooks, and the distributed optimizer's parameter all-gathers launched before the
+//     forward, run on the group's stream while the compute stream goes on (the CPU backend's
+//     overlap, on the GPU).
+//   - Point-to-point: send/recv and batch_isend_irecv are one NCCL group each (ncclGroupStart /
+//     ncclGroupEnd), all_to_all(v) too, so paired sends and receives between two ranks never
+//     deadlock on ordering. NCCL does not match tags: two ranks must issue their p2p ops in the
+//     same order (as Megatron's p2p communication does).
 //   - Reductions: NCCL's own (ncclAvg for avg), deterministic for a fixed group size and algorithm
 //     (NCCL_ALGO pinned by the user when bit-identical results across different sizes matter).
-//   - Timeouts: Work::wait does not block the host, so a hung collective is detected where the
-//     host waits: barrier() (and is_completed() polls); past the group's timeout the communicator
-//     is aborted (ncclCommAbort) and an mg::Error names the group and the op.
-//   - P2P tags are not matched by NCCL: sends and receives between two ranks must be issued in the
-//     same order on both (as Megatron's p2p communication does).
+//   - Errors and timeouts: a watchdog thread per process (PyTorch's design) follows every launched
+//     op until its completion event fires: every 100 ms (MG_NCCL_WATCHDOG_INTERVAL_MS) it polls
+//     ncclCommGetAsyncError of the communicators with ops in flight, and the age of each op against
+//     its group's timeout (--distributed-timeout-minutes). On an asynchronous error or a timeout it
+//     aborts the communicator (ncclCommAbort: kernels stuck in it return, so the host is never left
+//     blocked in a copy or synchronise behind them) and records the reason; the next op on any
+//     group of that communicator, and every wait() of its pending works, throws mg::Error naming
+//     the group, the op and the reason, which tools' main turns into an MPI_Abort of the job
+//     (comm::abort_on_error), as the MPI backend's timeouts do. barrier() blocks the host and
+//     polls the same way. NCCL cannot tell which ranks did not arrive.
 #include "megatron/platforms/cuda/nccl_communicator.h"
 
 #include "megatron/core/comm/process_group.h"
@@ -28,11 +42,16 @@
 
 #include <nccl.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "megatron/core/comm/checks.h"
 #include "megatron/core/comm/local_rank.h"
@@ -68,19 +87,42 @@ class NcclComm {
   NcclComm& operator=(const NcclComm&) = delete;
   ncclComm_t get() const { return comm_; }
   int device() const { return device_; }
-  void abort() {
+  void abort() { fail("aborted"); }
+  bool aborted() const { return aborted_.load(); }
+  // Aborts (once) and records why; the first reason wins. Thread-safe (the watchdog calls it).
+  void fail(const std::string& reason) {
+    {
+      std::lock_guard lock(mu_);
+      if (error_.empty()) error_ = reason;
+    }
+    std::lock_guard lock(abort_mu_);
     if (comm_ && !aborted_) {
       DeviceGuard guard(device_);
       ncclCommAbort(comm_);
       aborted_ = true;
     }
   }
-  bool aborted() const { return aborted_; }
+  // The recorded reason, "" while the communicator is healthy.
+  std::string error() const {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+  // ncclSuccess, ncclInProgress or the asynchronous error NCCL reports for the communicator.
+  ncclResult_t async_error() {
+    std::lock_guard lock(abort_mu_);
+    if (!comm_ || aborted_) return ncclSuccess;
+    ncclResult_t r = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &r) != ncclSuccess) return ncclSuccess;
+    return r;
+  }
 
  private:
   ncclComm_t comm_;
   int device_;
-  bool aborted_ = false;
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mu_;  // error_
+  std::mutex abort_mu_;    // ncclCommAbort vs ncclCommGetAsyncError
+  std::string error_;
 };
 
 class OwnedStream {
@@ -112,6 +154,115 @@ class OwnedEvent {
 
  private:
   cudaEvent_t e_ = nullptr;
+};
+
+// The process's watchdog (see the file comment). Started on first use, never stopped: a detached
+// thread of a leaked object, so that process exit never waits for it (its CUDA calls after the
+// runtime unloads fail and are ignored).
+class Watchdog {
+ public:
+  static Watchdog& get() {
+    static Watchdog* w = new Watchdog();
+    return *w;
+  }
+  void watch(std::shared_ptr<NcclComm> comm, std::shared_ptr<OwnedEvent> done, std::string what,
+             std::chrono::milliseconds timeout) {
+    {
+      std::lock_guard lock(mu_);
+      pending_.push_back({std::move(comm), std::move(done), std::move(what), timeout,
+                          std::chrono::steady_clock::now()});
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<NcclComm> comm;
+    std::shared_ptr<OwnedEvent> done;
+    std::string what;
+    std::chrono::milliseconds timeout;
+    std::chrono::steady_clock::time_point start;
+  };
+
+  Watchdog() {
+    long ms = 100;
+    if (const char* v = std::getenv("MG_NCCL_WATCHDOG_INTERVAL_MS")) {
+      char* end = nullptr;
+      ms = std::strtol(v, &end, 10);
+      MG_CHECK(end && *end == '\0' && ms >= 1 && ms <= 60000,
+               "MG_NCCL_WATCHDOG_INTERVAL_MS must be an integer in [1, 60000], got '" << v << "'");
+    }
+    interval_ = std::chrono::milliseconds(ms);
+    std::thread([this] { loop(); }).detach();
+  }
+
+  void loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return !pending_.empty(); });
+      std::vector<Entry> batch = std::move(pending_);
+      pending_.clear();
+      lock.unlock();
+      try {
+        poll(batch);
+      } catch (const std::exception&) {
+        batch.clear();  // CUDA unusable (process exit): nothing left to watch
+      }
+      lock.lock();
+      // Still in flight: back in front of the ops launched meanwhile.
+      pending_.insert(pending_.begin(), std::make_move_iterator(batch.begin()),
+                      std::make_move_iterator(batch.end()));
+      if (!pending_.empty()) cv_.wait_for(lock, interval_);
+    }
+  }
+
+  // Drops the entries that completed or whose communicator failed; fails the communicators with
+  // an asynchronous error or an op past its timeout.
+  static void poll(std::vector<Entry>& batch) {
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<NcclComm*> checked;
+    for (Entry& e : batch) {
+      if (!e.comm->error().empty()) continue;
+      // The rank's own device (never the thread's default, device 0: no context there).
+      DeviceGuard guard(e.comm->device());
+      if (std::find(checked.begin(), checked.end(), e.comm.get()) == checked.end()) {
+        checked.push_back(e.comm.get());
+        const ncclResult_t r = e.comm->async_error();
+        if (r != ncclSuccess && r != ncclInProgress) {
+          e.comm->fail(std::string("NCCL reported an asynchronous error during ") + e.what + ": " +
+                       ncclGetErrorString(r));
+          continue;
+        }
+      }
+      const cudaError_t q = cudaEventQuery(e.done->get());
+      if (q == cudaSuccess) continue;
+      if (q != cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        e.comm->fail(e.what + ": CUDA error " + cudaGetErrorString(q));
+        continue;
+      }
+      (void)cudaGetLastError();
+      if (now - e.start > e.timeout) {
+        std::ostringstream os;
+        os << e.what << " did not finish within "
+           << std::chrono::duration_cast<std::chrono::milliseconds>(e.timeout).count()
+           << " ms (--distributed-timeout-minutes); NCCL cannot tell which ranks did not arrive";
+        e.comm->fail(os.str());
+      }
+    }
+    std::erase_if(batch, [](const Entry& e) {
+      if (!e.comm->error().empty()) return true;
+      DeviceGuard guard(e.comm->device());
+      const cudaError_t q = cudaEventQuery(e.done->get());
+      (void)cudaGetLastError();
+      return q != cudaErrorNotReady;
+    });
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Entry> pending_;
+  std::chrono::milliseconds interval_{100};
 };
 
 ncclDataType_t reduce_type(DType t) {
@@ -157,7 +308,11 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 class NcclWork final : public comm::Work {
  public:
-  NcclWork(int device, std::string what) : device_(device), what_(std::move(what)) {}
+  NcclWork(std::shared_ptr<NcclComm> comm, std::string what)
+      : done(std::make_shared<OwnedEvent>()),
+        comm_(std::move(comm)),
+        device_(comm_->device()),
+        what_(std::move(what)) {}
   ~NcclWork() override {
     if (!waited_) {
       try {
@@ -168,12 +323,14 @@ class NcclWork final : public comm::Work {
     }
   }
   void wait() override {
-    DeviceGuard guard(device_);
-    MG_CUDA_CHECK(cudaStreamWaitEvent(current_stream(device_), done.get(), 0));
     waited_ = true;
+    check_comm();
+    DeviceGuard guard(device_);
+    MG_CUDA_CHECK(cudaStreamWaitEvent(current_stream(device_), done->get(), 0));
   }
   bool is_completed() override {
-    const cudaError_t e = cudaEventQuery(done.get());
+    check_comm();
+    const cudaError_t e = cudaEventQuery(done->get());
     if (e == cudaErrorNotReady) {
       (void)cudaGetLastError();
       return false;
@@ -182,10 +339,16 @@ class NcclWork final : public comm::Work {
     return true;
   }
 
-  OwnedEvent done;
+  std::shared_ptr<OwnedEvent> done;  // shared with the watchdog
   std::vector<Tensor> keep_alive;
 
  private:
+  void check_comm() const {
+    const std::string error = comm_->error();
+    MG_CHECK(error.empty(), what_ << " failed: " << error << "; the communicator was aborted");
+  }
+
+  std::shared_ptr<NcclComm> comm_;
   int device_;
   std::string what_;
   bool waited_ = false;
@@ -339,18 +502,17 @@ class NcclGroup final : public ProcessGroup {
     auto* work = static_cast<NcclWork*>(w.get());
     const auto start = std::chrono::steady_clock::now();
     while (!work->is_completed()) {
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_->get(), &async);
-      MG_CHECK(async == ncclSuccess || async == ncclInProgress,
-               "barrier on " << comm::detail::describe(*this)
-                             << " failed: " << ncclGetErrorString(async));
+      const ncclResult_t async = comm_->async_error();
+      if (async != ncclSuccess && async != ncclInProgress) {
+        comm_->fail(std::string("NCCL reported an asynchronous error during the barrier: ") +
+                    ncclGetErrorString(async));
+      }
       if (std::chrono::steady_clock::now() - start > timeout_) {
-        comm_->abort();
-        MG_THROW("barrier on "
-                 << comm::detail::describe(*this) << " did not finish within "
-                 << std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count()
-                 << " ms (--distributed-timeout-minutes); NCCL cannot tell which ranks did not "
-                    "arrive; the communicator was aborted");
+        std::ostringstream os;
+        os << "barrier on " << comm::detail::describe(*this) << " did not finish within "
+           << std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count()
+           << " ms (--distributed-timeout-minutes); NCCL cannot tell which ranks did not arrive";
+        comm_->fail(os.str());
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -367,20 +529,21 @@ class NcclGroup final : public ProcessGroup {
              op << " on " << comm::detail::describe(*this) << ": the NCCL backend carries tensors "
                 << "on cuda:" << comm_->device() << ", got " << t.str());
     MG_CHECK(!comm_->aborted(), op << " on " << comm::detail::describe(*this)
-                                   << ": the communicator was aborted after an earlier timeout");
+                                   << ": the communicator was aborted: " << comm_->error());
   }
 
   template <typename Launch>
   WorkPtr run(const char* op, std::vector<Tensor> keep, Launch&& launch) {
     const int device = comm_->device();
     DeviceGuard guard(device);
-    auto w = std::make_unique<NcclWork>(device, where(op));
+    auto w = std::make_unique<NcclWork>(comm_, where(op));
     OwnedEvent ready;
     MG_CUDA_CHECK(cudaEventRecord(ready.get(), current_stream(device)));
     MG_CUDA_CHECK(cudaStreamWaitEvent(stream_->get(), ready.get(), 0));
     launch(stream_->get());
-    MG_CUDA_CHECK(cudaEventRecord(w->done.get(), stream_->get()));
+    MG_CUDA_CHECK(cudaEventRecord(w->done->get(), stream_->get()));
     w->keep_alive = std::move(keep);
+    Watchdog::get().watch(comm_, w->done, where(op), timeout_);
     return w;
   }
 

@@ -82,19 +82,21 @@ transformer::TransformerConfig make_config(const ModelCase& mc) {
   return c;
 }
 
-void run_model_case(const ModelCase& mc) {
+// On `platform` ("cuda": every rank on its node-local GPU, all on GPU 0 on a one-GPU machine; the
+// collectives carry device tensors through the MPI backend's staging).
+void run_model_case(const ModelCase& mc, const std::string& platform = "cpu") {
   test::ensure_runtime();
   comm::ProcessGroup& g = tp_group();
-  const ops::OpTable& ops = test::ops_on("cpu");
+  const ops::OpTable& ops = test::ops_on(platform);
+  const Device dev = test::device_for(platform);
   const int64_t vocab = 1003, tp = g.size();
   transformer::TransformerConfig ctp = make_config(mc), cref = ctp;
   cref.make_vocab_size_divisible_by = ctp.make_vocab_size_divisible_by * tp;  // same V_pad
   transformer::TransformerConfig cf = ctp;
   cf.finalize();
   const auto spec = models::get_gpt_decoder_block_spec(cf);
-  models::GPTModel ref(cref, vocab, ops, Device::cpu(), spec);
-  models::GPTModel model(ctp, vocab, ops, Device::cpu(), spec,
-                         tp_options(&g, mc.sequence_parallel));
+  models::GPTModel ref(cref, vocab, ops, dev, spec);
+  models::GPTModel model(ctp, vocab, ops, dev, spec, tp_options(&g, mc.sequence_parallel));
   EXPECT_EQ(model.padded_vocab_size(), ref.padded_vocab_size());
   EXPECT_EQ(model.padded_vocab_size() % (8 * tp), 0);
   ref.init_weights(1234);
@@ -147,6 +149,15 @@ TEST(GPTModelTensorParallel, LlamaGqa) {
 }
 TEST(GPTModelTensorParallel, LlamaGqaSequenceParallelDropout) {
   run_model_case({true, true, 0.1});
+}
+// The same on the CUDA platform (skipped, printing why, without a usable GPU).
+TEST(GPTModelTensorParallel, Gpt2SequenceParallelDropoutCuda) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  run_model_case({false, true, 0.1}, "cuda");
+}
+TEST(GPTModelTensorParallel, LlamaGqaCuda) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  run_model_case({true, false, 0.0}, "cuda");
 }
 TEST(GPTModelTensorParallel, Gpt2SequenceParallelDropoutFullRecompute) {
   run_model_case({false, true, 0.1, true});
