@@ -3,8 +3,10 @@
 # GPU machine from the repository root, with the bundle of scripts/gpu_bundle.sh carried (it packs
 # OpenMPI's launcher too: the device image has none; scripts/gpu_env.sh points OPAL_PREFIX at it).
 #   1. device facts, megatron_info, the MPI launcher and whether MPI is CUDA-aware    ~5 s
-#   2. the NCCL single-rank tests (nccl_communicator_test) and the MPI staging test
-#      (device_staging_test, one rank and `mpirun -np 2`)                          ~20 s
+#   2. the NCCL single-rank tests (nccl_communicator_test), the MPI staging test
+#      (device_staging_test, one rank and `mpirun -np 2`), and the CUDA cases (*Cuda) of the
+#      in-process gradient comparisons (gpt_tp, pipeline_schedules, ddp, context_parallel,
+#      moe_ep) under `mpirun -np 2`                                                  ~1 min
 #   3. the CUDA mode of the multi-rank training scripts (MG_TEST_PLATFORM=cuda, compare_logs.sh
 #      use_test_platform): every rank `--platform cuda --distributed-backend mpi` on GPU 0,
 #      compared with a one-rank CUDA run as the CPU mode is with one CPU rank (f32, no dropout
@@ -120,6 +122,12 @@ run_script() {  # run_script <name> <limit> <script> <args before mpiexec...>
 part nccl_single 60 "$bindir/nccl_communicator_test" --gtest_brief=1
 part staging_np1 30 "$bindir/device_staging_test" --gtest_brief=1
 part staging_np2 60 "$mpiexec" --oversubscribe -np 2 "$bindir/device_staging_test" --gtest_brief=1
+
+# The in-process gradient comparisons on the CUDA platform (their *Cuda cases), two ranks on GPU 0.
+for t in gpt_tp_test pipeline_schedules_test ddp_test context_parallel_test moe_ep_test; do
+  part "${t%_test}_np2" 90 "$mpiexec" --oversubscribe -np 2 "$bindir/$t" --gtest_brief=1 \
+    --gtest_filter='*Cuda*'
+done
 
 # 3. The layouts first, then the rest while the budget lasts.
 run_script tp_np2 120 pretrain_gpt_tp.sh 2

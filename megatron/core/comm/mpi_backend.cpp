@@ -847,10 +847,8 @@ class MpiGroup final : public ProcessGroup {
   void warn_pageable_staging(const char* op, const Tensor& t) const {
     static std::once_flag once;
     std::call_once(once, [&] {
-      const auto stats = plugin::global_registry()
-                             .platform(t.device().type)
-                             .pinned_host_allocator()
-                             .stats();
+      const auto stats =
+          plugin::global_registry().platform(t.device().type).pinned_host_allocator().stats();
       std::fprintf(stderr,
                    "megatron: warning: the MPI backend could not pin %zu more bytes for %s on %s "
                    "(%zu bytes of pinned memory held); staging device tensors through pageable "

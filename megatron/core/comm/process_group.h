@@ -2,8 +2,9 @@
 // "Communication"). A group is an ordered set of global ranks; `rank()` is this process's index in
 // it. Backends: single rank (no MPI at all), MPI (OpenMPI; host tensors, and device tensors staged
 // through pinned host memory), NCCL (device tensors, in megatron/platforms/cuda/). Ordering rules
-// for device tensors: docs/architecture.md, "Device tensors and the ordering rules". Modules receive groups explicitly (a ProcessGroups bundle from
-// parallel_state); there are no global getters.
+// for device tensors: docs/architecture.md, "Device tensors and the ordering rules". Modules
+// receive groups explicitly (a ProcessGroups bundle from parallel_state); there are no global
+// getters.
 //
 // Semantics (all backends):
 //   - Every collective is called by every member of the group, in the same order.
@@ -14,10 +15,11 @@
 //     is a clear error naming the op, the group and the shapes.
 //   - Async: each call returns a Work handle; `wait()` blocks until the result may be read (for
 //     NCCL: until the compute stream is ordered after the collective; for device tensors through
-//     MPI: until the result is copied back on the waiting thread's current stream). A Work that is destroyed without
-//     wait() is waited on in its destructor. `Work::wait` honours the group's timeout: a collective
-//     that does not finish in time throws mg::Error naming the group, the op and the ranks that did
-//     not arrive (where the backend can tell), and the launcher aborts every rank.
+//     MPI: until the result is copied back on the waiting thread's current stream). A Work that is
+//     destroyed without wait() is waited on in its destructor. `Work::wait` honours the group's
+//     timeout: a collective that does not finish in time throws mg::Error naming the group, the op
+//     and the ranks that did not arrive (where the backend can tell), and the launcher aborts every
+//     rank.
 //   - Reductions are deterministic for a fixed group size (same result on every rank, bit for bit).
 #pragma once
 

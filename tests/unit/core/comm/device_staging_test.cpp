@@ -297,8 +297,7 @@ TEST_P(DeviceStagingTest, SendRecvAndBatchedRing) {
   g.batch_isend_irecv(ops)->wait();
   probe.waited(true);
   const auto got = y.to_vector<double>();
-  for (int64_t i = 0; i < m; ++i)
-    EXPECT_EQ(got[static_cast<std::size_t>(i)], value(prev, 100 + i));
+  for (int64_t i = 0; i < m; ++i) EXPECT_EQ(got[static_cast<std::size_t>(i)], value(prev, 100 + i));
 }
 
 // A Work destroyed without wait() still delivers its device output (the destructor waits).

@@ -54,7 +54,7 @@ struct Layer {
   transformer::ParamAndGradBuffer buffer;
   std::vector<transformer::ParamDecl> decls;
 
-  Layer(const Case& k, comm::ProcessGroup* ep, int world) {
+  Layer(const Case& k, comm::ProcessGroup* ep, int world, const std::string& platform) {
     c.num_layers = 1;
     c.hidden_size = 8;
     c.num_attention_heads = 2;
@@ -70,7 +70,8 @@ struct Layer {
     if (k.capacity) c.moe_expert_capacity_factor = 0.75;
     c.params_dtype = DType::f64;
     c.finalize();
-    ctx.ops = &ops_on("cpu");
+    ctx.ops = &ops_on(platform);
+    ctx.device = device_for(platform);
     ctx.config = &c;
     ctx.dtype = ctx.grad_dtype = DType::f64;
     ctx.ep_group = ep;
@@ -102,8 +103,11 @@ void expect_near(const std::vector<double>& a, const std::vector<double>& b,
     ASSERT_NEAR(a[i], b[i], 1e-10 * (1.0 + std::abs(b[i]))) << what << " [" << i << "]";
 }
 
-TEST(MoEExpertParallel, EqualsTheSerialLayer) {
+// The expert-parallel layer on the world equals the serial layer on `platform` ("cuda": the
+// dispatcher's all-to-all(v) / all-gathers carry device tensors through the MPI backend).
+void equals_the_serial_layer(const std::string& platform) {
   comm::ProcessGroup& world = *communicator().world();
+  const Device dev = device_for(platform);
   const int w = world.size(), rank = world.rank();
   const int64_t S = 4, B = 2, H = 8;
   for (const Case k : {Case{MoeTokenDispatcherType::alltoall, false, false},
@@ -114,7 +118,7 @@ TEST(MoEExpertParallel, EqualsTheSerialLayer) {
     SCOPED_TRACE(
         std::string(k.dispatcher == MoeTokenDispatcherType::alltoall ? "alltoall" : "allgather") +
         (k.capacity ? " capacity" : "") + (k.starve_last_rank ? " starved" : ""));
-    Layer ep(k, &world, w), serial(k, nullptr, w);
+    Layer ep(k, &world, w, platform), serial(k, nullptr, w, platform);
     ep.state.aux_loss_auto_scaler.set_loss_scale(0.5);
     serial.state.aux_loss_auto_scaler.set_loss_scale(0.5);
     auto tokens = [&](int r) {
@@ -126,10 +130,11 @@ TEST(MoEExpertParallel, EqualsTheSerialLayer) {
     auto grads = [&](int r) { return randn(static_cast<std::size_t>(S * B * H), 200 + r, 1.0); };
     MoELayer::Saved s;
     const auto y =
-        ep.layer->forward(Tensor::from_vector(tokens(rank), {S, B, H}, DType::f64), s, true)
+        ep.layer->forward(Tensor::from_vector(tokens(rank), {S, B, H}, DType::f64, dev), s, true)
             .to_vector<double>();
-    const auto dx = ep.layer->backward(Tensor::from_vector(grads(rank), {S, B, H}, DType::f64), s)
-                        .to_vector<double>();
+    const auto dx =
+        ep.layer->backward(Tensor::from_vector(grads(rank), {S, B, H}, DType::f64, dev), s)
+            .to_vector<double>();
     // The serial layer, once per rank's micro-batch (grads accumulate).
     std::vector<double> y_ref, dx_ref, router_ref;
     const std::string router = "decoder.layers.0.mlp.router.weight";
@@ -137,10 +142,11 @@ TEST(MoEExpertParallel, EqualsTheSerialLayer) {
       const auto before = serial.param(router).main_grad.to_vector<double>();
       MoELayer::Saved ss;
       const auto yr =
-          serial.layer->forward(Tensor::from_vector(tokens(r), {S, B, H}, DType::f64), ss, true)
+          serial.layer
+              ->forward(Tensor::from_vector(tokens(r), {S, B, H}, DType::f64, dev), ss, true)
               .to_vector<double>();
       const auto dxr =
-          serial.layer->backward(Tensor::from_vector(grads(r), {S, B, H}, DType::f64), ss)
+          serial.layer->backward(Tensor::from_vector(grads(r), {S, B, H}, DType::f64, dev), ss)
               .to_vector<double>();
       if (r == rank) {
         y_ref = yr;
@@ -167,6 +173,15 @@ TEST(MoEExpertParallel, EqualsTheSerialLayer) {
       EXPECT_GT(local_rows, 0);
     }
   }
+}
+
+TEST(MoEExpertParallel, EqualsTheSerialLayer) {
+  equals_the_serial_layer("cpu");
+}
+// The same on the CUDA platform (skipped, printing why, without a usable GPU).
+TEST(MoEExpertParallel, EqualsTheSerialLayerCuda) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  equals_the_serial_layer("cuda");
 }
 
 }  // namespace
