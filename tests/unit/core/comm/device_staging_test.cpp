@@ -132,7 +132,9 @@ Tensor make(DType dt, int64_t n, int rank, int64_t offset = 0) {
 struct CopyProbe {
   int64_t d2h = counters().d2h.load(), h2d = counters().h2d.load();
   void launched(bool has_input) const {
-    if (staged() && has_input) EXPECT_GT(counters().d2h.load(), d2h) << "no device -> host copy";
+    if (staged() && has_input) {
+      EXPECT_GT(counters().d2h.load(), d2h) << "no device -> host copy";
+    }
   }
   void waited(bool has_output) const {
     if (!staged() || !has_output) return;

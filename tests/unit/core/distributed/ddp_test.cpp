@@ -209,10 +209,11 @@ class DataParallel : public ::testing::Test {
     communicator().world()->all_reduce(t)->wait();
     return t.to_vector<double>()[0];
   }
+  static void matches_single_rank_in_f32(const std::string& platform);
 };
 
 // f32: DP {1, 2, 4} x distributed optimizer x overlap equal the single-rank run on `platform`.
-void matches_single_rank_in_f32(const std::string& platform) {
+void DataParallel::matches_single_rank_in_f32(const std::string& platform) {
   Options base;
   base.platform = platform;
   const Outcome ref = train(base, blocks_of(1));
