@@ -167,12 +167,14 @@ class Watchdog {
   }
   void watch(std::shared_ptr<NcclComm> comm, std::shared_ptr<OwnedEvent> done, std::string what,
              std::chrono::milliseconds timeout) {
+    bool wake = false;
     {
       std::lock_guard lock(mu_);
+      wake = pending_.empty();  // else the thread polls on its interval anyway
       pending_.push_back({std::move(comm), std::move(done), std::move(what), timeout,
                           std::chrono::steady_clock::now()});
     }
-    cv_.notify_one();
+    if (wake) cv_.notify_one();
   }
 
  private:
