@@ -1,9 +1,13 @@
 // The NCCL backend on one GPU (a world of one rank): every op on device tensors, the results read
-// back on the compute stream after Work::wait(), new_groups, barrier. Skips without a GPU, and
-// when the build has no NCCL ("nccl" not among the backends). Multi-GPU runs need one GPU per rank.
+// back on the compute stream after Work::wait(), new_groups, barrier, the watchdog's abort of an op
+// past its timeout. Skips without a GPU, and when the build has no NCCL ("nccl" not among the
+// backends). Multi-GPU runs need one GPU per rank.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <string>
+#include <thread>
 
 #include "megatron/core/comm/process_group.h"
 #include "tests/unit/test_util.h"
@@ -69,6 +73,45 @@ TEST_F(NcclTest, NewGroupsSplitsTheWorld) {
   Tensor x = dev({3});
   tp->all_reduce(x)->wait();
   EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{3}));
+}
+
+// The watchdog (nccl_communicator.cpp): an op that never completes (a receive from this rank with
+// no matching send) is aborted past the group's timeout, and its wait() and every later op on the
+// communicator throw naming the reason. Its own communicator (the aborted one is unusable); last
+// in this file, so that a NCCL that did not release the stuck kernel costs this test only.
+TEST_F(NcclTest, WatchdogAbortsAnOpPastItsTimeout) {
+  using namespace std::chrono_literals;
+  auto c = init_communicator("nccl");
+  auto g = c->world();
+  g->set_timeout(300ms);
+  Tensor x = dev({0, 0});
+  WorkPtr w;
+  try {
+    w = g->recv(x, 0, 0);
+  } catch (const Error& e) {
+    GTEST_SKIP() << "this NCCL refuses an unmatched receive from the same rank at launch: "
+                 << e.message();
+  }
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  while (message.empty() && std::chrono::steady_clock::now() - start < 30s) {
+    try {
+      ASSERT_FALSE(w->is_completed()) << "a receive without a send completed";
+    } catch (const Error& e) {
+      message = e.message();
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_NE(message.find("did not finish within 300 ms"), std::string::npos) << message;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the watchdog was late";
+  EXPECT_THROW(w->wait(), Error);
+  Tensor y = dev({1});
+  try {
+    g->all_reduce(y);
+    ADD_FAILURE() << "an op on the aborted communicator was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("aborted"), std::string::npos) << e.message();
+  }
 }
 
 }  // namespace
