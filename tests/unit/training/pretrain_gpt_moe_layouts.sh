@@ -5,12 +5,12 @@
 # SwiGLU, aux loss and z-loss, alltoall dispatcher), each run's layout checked from its start-up
 # lines (expect_layout).
 #   np 2: EP 2 + distributed optimizer (dense params sharded over DP 2, experts over expert-DP 1);
-#         CP 2 x EP 2 with --cp-comm-type p2p, a2a and allgather (the aux losses' token counts
-#         summed over the CP group).
-#   np 4: TP 2 (+ SP) x EP 2 + distributed optimizer (experts sharded over expert-DP 2 = the TP
-#         ranks); TP 2 (+ SP) x EP 1 + distributed optimizer (dp 1, experts sharded over the TP
-#         ranks); TP 2 x EP 2 with FSDP optim_grads_params; PP 2 x EP 2 (1F1B) and interleaved
-#         (VP 2); TP 2 x PP 2 x EP 2; CP 2 x EP 2 x DP 2 + distributed optimizer.
+#         TP 2 (+ SP) x EP 1 + distributed optimizer (dp 1, whole experts sharded over the TP
+#         ranks); CP 2 x EP 2 with --cp-comm-type p2p, a2a and allgather (the aux losses' token
+#         counts summed over the CP group).
+#   np 4: TP 2 (+ SP) x EP 2 + distributed optimizer (experts sharded over expert-DP 2);
+#         TP 2 x EP 2 with FSDP optim_grads_params; PP 2 x EP 2 (1F1B) and interleaved (VP 2);
+#         TP 2 x PP 2 x EP 2; CP 2 x EP 2 x DP 2 + distributed optimizer.
 #   np 8: TP 2 (+ SP) x PP 2 x CP 2 x EP 2 + distributed optimizer (expert-DP = the CP pair; the
 #         aux-loss partition is the tp-cp group of 4).
 # usage: pretrain_gpt_moe_layouts.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
@@ -48,13 +48,13 @@ dopt="--use-distributed-optimizer"
 case "$np" in
   2)
     run "EP 2 dist-opt" 2 $ep2 $dopt
+    run "TP 2 + SP x EP 1 dist-opt" 2 $tp2 $dopt
     for t in p2p a2a allgather; do
       run "CP 2 ($t) x EP 2" 2 $cp2 --cp-comm-type $t $ep2
     done
     ;;
   4)
     run "TP 2 + SP x EP 2 dist-opt" 4 $tp2 $ep2 $dopt
-    run "TP 2 + SP x EP 1 dist-opt" 2 $tp2 $dopt
     run "TP 2 + SP x EP 2 FSDP optim_grads_params" 4 $tp2 $ep2 --use-megatron-fsdp \
       --data-parallel-sharding-strategy optim_grads_params
     run "PP 2 x EP 2" 4 $pp2 $ep2
