@@ -7,7 +7,7 @@
 namespace mg {
 
 void ModelParallelConfig::validate(const transformer::TransformerConfig& model,
-                                   bool use_distributed_optimizer, int virtual_pipeline_size) {
+                                   int virtual_pipeline_size) {
   {
     // Mixture of Experts / expert parallelism: what this build supports, before any work.
     const auto& m = model;
@@ -31,10 +31,6 @@ void ModelParallelConfig::validate(const transformer::TransformerConfig& model,
                    << tensor_model_parallel_size
                    << " needs --sequence-parallel (Megatron's rule: each TP rank routes its own "
                       "sequence shard)");
-      MG_CHECK(!use_distributed_optimizer || (ep == 1 && tensor_model_parallel_size == 1),
-               "--use-distributed-optimizer with --num-experts and expert parallelism or TP (the "
-               "expert data-parallel group then differs from the data-parallel one) is not "
-               "supported yet");
     }
   }
   {
@@ -79,8 +75,6 @@ void ModelParallelConfig::validate(const transformer::TransformerConfig& model,
                 << model.num_attention_heads / tp << " heads and " << model.num_query_groups / tp
                 << " query groups per TP rank must be divisible by --context-parallel-size " << cp);
       }
-      MG_CHECK(model.num_moe_experts == 0,
-               "--context-parallel-size " << cp << " with --num-experts is not supported yet");
     }
   }
   {

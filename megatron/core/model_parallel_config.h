@@ -42,12 +42,11 @@ struct ModelParallelConfig {
   std::optional<int64_t> expert_tensor_parallel_size;
 
   // Megatron's validate_args for these flags against the model (heads, query groups, sequence
-  // length, experts, layers) and --use-distributed-optimizer: throws naming the flags and values.
+  // length, experts, layers): throws naming the flags and values.
   // Switches sequence_parallel off at TP 1 (sequence_parallel_disabled = true). The pipeline
   // layout's virtual size comes from `virtual_pipeline_size` (0: none given) or
   // num_layers_per_virtual_pipeline_stage and is stored in virtual_pipeline_model_parallel_size.
-  void validate(const transformer::TransformerConfig& model, bool use_distributed_optimizer,
-                int virtual_pipeline_size);
+  void validate(const transformer::TransformerConfig& model, int virtual_pipeline_size);
 };
 
 }  // namespace mg

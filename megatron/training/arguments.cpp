@@ -967,9 +967,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
            "--data-parallel-sharding-strategy needs --use-megatron-fsdp (or --use-torch-fsdp2)");
   if (a.ddp.use_megatron_fsdp && a.ddp.sharding_strategy != distributed::ShardingStrategy::no_shard)
     a.ddp.use_distributed_optimizer = true;
-  // FSDP shards experts over the expert data-parallel group; plain --use-distributed-optimizer
-  // is refused there (ModelParallelConfig::validate).
-  a.parallel.validate(a.model, a.ddp.use_distributed_optimizer && !a.ddp.use_megatron_fsdp,
+  a.parallel.validate(a.model,
                       static_cast<int>(x.virtual_pipeline_model_parallel_size.value_or(1)));
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "

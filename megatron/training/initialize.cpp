@@ -53,6 +53,7 @@ ParallelState initialize_model_parallel(const Arguments& args) {
     ps.expert_dp = groups.expert_dp;
     ps.expert_mp = groups.tp_ep_pp;
   }
+  if (moe && tp > 1 && cp > 1) ps.tp_cp = groups.tp_cp;
   if (args.model.fp8.enabled()) {
     const comm::ProcessGroupPtr& g =
         args.model.fp8.tp_only_amax_red ? groups.tp_cp : groups.tp_dp_cp;

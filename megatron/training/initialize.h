@@ -39,6 +39,9 @@ struct ParallelState {
   // data-parallel group (DDP of expert params) and the expert tp-ep-pp group (grad norm); null
   // otherwise.
   comm::ProcessGroupPtr ep, expert_dp, expert_mp;
+  // MoE with TP (+ SP) and CP: the tp-cp group, the aux losses' sequence partition (null
+  // otherwise).
+  comm::ProcessGroupPtr tp_cp;
   // FP8 delayed scaling: Megatron's amax reduction group, tp-dp-cp (tp-cp with --tp-only-amax-red);
   // null without FP8 or when it is this rank alone.
   comm::ProcessGroupPtr amax;

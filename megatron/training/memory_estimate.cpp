@@ -31,6 +31,17 @@ double mlp_params(const TransformerConfig& c, int64_t f, int64_t tp) {
   return n;
 }
 
+// Parameters of the routed experts of decoder layer `layer` (global index) on one rank (E / EP
+// local experts; 0 for a dense layer).
+double expert_params(const TransformerConfig& c, int64_t layer, const MemoryLayout& l) {
+  if (!c.is_moe_layer(layer)) return 0.0;
+  const double h = static_cast<double>(c.hidden_size);
+  const int64_t fe = c.expert_ffn_hidden_size();
+  const double local = static_cast<double>(c.num_moe_experts / std::max<int64_t>(l.ep, 1));
+  return local * (static_cast<double>(c.gated_linear_unit() ? 2 * fe : fe) * h +
+                  h * static_cast<double>(fe));
+}
+
 // Parameters of decoder layer `layer` (global index) on one rank.
 double layer_params(const TransformerConfig& c, int64_t layer, const MemoryLayout& l) {
   const double h = static_cast<double>(c.hidden_size);
@@ -41,11 +52,8 @@ double layer_params(const TransformerConfig& c, int64_t layer, const MemoryLayou
   if (c.qk_layernorm) n += 2 * norm_params(c, c.kv_channels);
   n += static_cast<double>(c.query_projection_size()) / tp * h + (c.add_bias_linear ? h : 0.0);
   if (!c.is_moe_layer(layer)) return n + mlp_params(c, c.ffn_hidden_size, l.tp);
-  const int64_t fe = c.expert_ffn_hidden_size();
-  const double local = static_cast<double>(c.num_moe_experts / std::max<int64_t>(l.ep, 1));
   n += static_cast<double>(c.num_moe_experts) * h;  // router
-  n += local *
-       (static_cast<double>(c.gated_linear_unit() ? 2 * fe : fe) * h + h * static_cast<double>(fe));
+  n += expert_params(c, layer, l);
   if (c.moe_shared_expert_intermediate_size > 0)
     n += mlp_params(c, c.moe_shared_expert_intermediate_size, l.tp);
   return n;
@@ -120,6 +128,12 @@ ShardingDivisors sharding_divisors(const Arguments& args, const MemoryLayout& la
   if (args.ddp.use_distributed_optimizer) d.optimizer_state = shard;
   if (args.ddp.shards_grads()) d.gradients = shard;
   if (args.ddp.shards_params()) d.parameters = shard;
+  // Routed experts: sharded over the expert data-parallel group, world / (expert TP x EP x PP)
+  // ranks (expert TP 1 here), instead.
+  const int64_t expert_dp = std::max<int64_t>(layout.tp * layout.dp * layout.cp / layout.ep, 1);
+  if (args.ddp.use_distributed_optimizer) d.expert_optimizer_state = expert_dp;
+  if (args.ddp.shards_grads()) d.expert_gradients = expert_dp;
+  if (args.ddp.shards_params()) d.expert_parameters = expert_dp;
   return d;
 }
 
@@ -158,17 +172,26 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
       n += layer_params(c, i, layout);
   if (post) n += norm_params(c, c.hidden_size) + (tied ? 0.0 : vpad / tp * h);
   e.num_parameters = n;
+  double ne = 0;  // of which routed experts (sharded over the expert data-parallel group)
+  for (const auto& ch : chunks)
+    for (int64_t i = ch.layer_offset; i < ch.layer_offset + ch.num_layers; ++i)
+      ne += expert_params(c, i, layout);
+  const double nd = n - ne;
+  const ShardingDivisors& dv = e.divisors;
+  auto sharded = [nd, ne](int64_t dense, int64_t expert) {
+    return nd / static_cast<double>(dense) + ne / static_cast<double>(expert);
+  };
 
   const DType pdt = c.params_dtype;
   const double p_bytes = static_cast<double>(dtype_size(pdt));
   const double g_bytes = static_cast<double>(dtype_size(c.grad_dtype()));
   const bool mixed = pdt == DType::bf16 || pdt == DType::f16;
   const double master_bytes = mixed ? 4.0 : p_bytes;  // the master (and moment) dtype
-  e.parameter_bytes = n * p_bytes / static_cast<double>(e.divisors.parameters);
-  e.gradient_bytes = n * g_bytes / static_cast<double>(e.divisors.gradients);
+  e.parameter_bytes = sharded(dv.parameters, dv.expert_parameters) * p_bytes;
+  e.gradient_bytes = sharded(dv.gradients, dv.expert_gradients) * g_bytes;
   const double moments = args.optimizer.optimizer == "sgd" ? 1.0 : 2.0;
-  e.optimizer_bytes = n * ((mixed ? 4.0 : 0.0) + moments * master_bytes) /
-                      static_cast<double>(e.divisors.optimizer_state);
+  e.optimizer_bytes = sharded(dv.optimizer_state, dv.expert_optimizer_state) *
+                      ((mixed ? 4.0 : 0.0) + moments * master_bytes);
   // FSDP's unsharded copies in flight (DistributedDataParallel): ZeRO-3 gathers a bucket (about
   // a layer, the embeddings alone; bounded here by the largest unit, or --ddp-bucket-size) and
   // prefetches the next under

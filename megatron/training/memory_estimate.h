@@ -47,11 +47,16 @@ MemoryLayout memory_layout(const Arguments& args, int64_t world_size);
 // How many ranks share each of the per-rank state components: the one place a sharding strategy
 // enters the estimate: the data-parallel (dp-cp) group's size. --use-distributed-optimizer
 // (ZeRO-1): optimizer_state; FSDP optim_grads also gradients, optim_grads_params also parameters
-// (the unsharded copies FSDP holds at its peak are MemoryEstimate::fsdp_*_bytes).
+// (the unsharded copies FSDP holds at its peak are MemoryEstimate::fsdp_*_bytes). Routed experts
+// divide by the expert data-parallel group's size instead (expert_*).
 struct ShardingDivisors {
   int64_t parameters = 1;
   int64_t gradients = 1;
   int64_t optimizer_state = 1;
+  // The same for the routed experts' elements: the expert data-parallel group's size.
+  int64_t expert_parameters = 1;
+  int64_t expert_gradients = 1;
+  int64_t expert_optimizer_state = 1;
 };
 ShardingDivisors sharding_divisors(const Arguments& args, const MemoryLayout& layout);
 

@@ -478,8 +478,8 @@ StepOutcome train_step(Run& r) {
   pipeline_parallel::ForwardBackwardConfig cfg;
   cfg.calculate_per_token_loss = a.model.calculate_per_token_loss;
   cfg.loss_scale = r.opt->loss_scale();
-  r.model->moe_state().aux_loss_auto_scaler.set_loss_scale(
-      pipeline_parallel::aux_loss_scale(cfg, a.training.num_microbatches()));
+  r.model->moe_state().aux_loss_auto_scaler.set_loss_scale(pipeline_parallel::aux_loss_scale(
+      cfg, a.training.num_microbatches(), a.parallel.context_parallel_size));
   // Megatron's no_sync: DDP launches a bucket's reduction from the grad-ready hook only in the
   // last micro-batch's backward. Pipelining: none at all (a chunk's last micro-batch is not the
   // schedule's); finalize_model_grads reduces every bucket after the embedding-group sum.
@@ -657,7 +657,9 @@ void train(Run& r) {
       // MoE: load-balancing / z losses and tokens per expert (a collective over the world).
       const auto moe = transformer::moe::moe_metrics_log(
           r.model->moe_state().metrics_tracker, r.ps.world.get(), r.model->config(),
-          a.parallel.sequence_parallel ? a.parallel.tensor_model_parallel_size : 1, interval_iters);
+          (a.parallel.sequence_parallel ? a.parallel.tensor_model_parallel_size : 1) *
+              a.parallel.context_parallel_size,
+          interval_iters);
       r.log_last << format_training_log(s) << moe.inline_part << "\n"
                  << moe.layer_lines << std::flush;
       r.monitor->at_log_interval(r.iteration, interval_iters, secs / interval_iters,

@@ -84,14 +84,8 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
     buckets_ = build_buckets(params_, buffer_.grads.numel(), bucket_size, dp,
                              config_.use_distributed_optimizer);
   } else {
-    MG_CHECK(!config_.use_distributed_optimizer || config_.use_megatron_fsdp,
-             "--use-distributed-optimizer with expert parameters reduced over an expert "
-             "data-parallel group of "
-                 << expert_dp_group_->size() << " ranks (data-parallel group " << dp
-                 << ") is not supported yet; drop --use-distributed-optimizer or use "
-                    "--use-megatron-fsdp (which shards experts over the expert data-parallel "
-                    "group)");
-    // Runs of expert / dense parameters in buffer order, each bucketed on its own.
+    // Runs of expert / dense parameters in buffer order, each bucketed on its own (under the
+    // distributed optimizer and FSDP: expert buckets sharded over the expert data-parallel group).
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (params_[i].param.numel() > 0) order.push_back(i);
@@ -219,7 +213,7 @@ void DistributedDataParallel::param_grad_ready(std::size_t i) {
 
 bool DistributedDataParallel::reduce_every_microbatch() const {
   return config_.shards_grads() && config_.overlap_grad_reduce && !pipelined_ &&
-         dp_group_->size() > 1;
+         shards_over_ranks();
 }
 
 void DistributedDataParallel::complete_bucket(std::size_t bi) {
@@ -312,6 +306,10 @@ void DistributedDataParallel::reduce_scatter(std::size_t bi, Tensor& grads, comm
   }
 }
 
+bool DistributedDataParallel::shards_over_ranks() const {
+  return dp_group_->size() > 1 || (expert_dp_group_ && expert_dp_group_->size() > 1);
+}
+
 comm::ProcessGroup& DistributedDataParallel::group_of(std::size_t bi) const {
   return buckets_[bi].expert && expert_dp_group_ ? *expert_dp_group_ : *dp_group_;
 }
@@ -329,7 +327,7 @@ void DistributedDataParallel::start_grad_sync() {
 }
 
 void DistributedDataParallel::finish_grad_sync() {
-  if (config_.shards_grads() && dp_group_->size() > 1) {
+  if (config_.shards_grads() && shards_over_ranks()) {
     // ZeRO-2/3: every bucket's reduced shard (summed over the micro-batches when each was reduced
     // as its backward completed) into this rank's chunk of the buffer; the rest is discarded.
     // Per-micro-batch reduction leaves nothing to launch when the last backward completed all.
@@ -439,8 +437,7 @@ void DistributedDataParallel::launch_gather(std::size_t bi) {
 void DistributedDataParallel::start_param_sync() {
   MG_CHECK(config_.use_distributed_optimizer,
            "DistributedDataParallel: param sync exists only with --use-distributed-optimizer");
-  const int dp = dp_group_->size();
-  if (dp == 1) return;
+  if (!shards_over_ranks()) return;
   if (config_.shards_params()) {
     // ZeRO-3: nothing is gathered now; every module gathers its buckets when it runs. Only the
     // first bucket of the next forward (the last in the buffer) is prefetched under overlap.
@@ -453,7 +450,7 @@ void DistributedDataParallel::start_param_sync() {
 }
 
 void DistributedDataParallel::reshard_params() {
-  if (!config_.shards_params() || dp_group_->size() == 1) return;
+  if (!config_.shards_params() || !shards_over_ranks()) return;
   for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
     finish_gather(bi);
     MG_CHECK(state_[bi].uses == 0, "DistributedDataParallel: bucket "
@@ -464,7 +461,7 @@ void DistributedDataParallel::reshard_params() {
 }
 
 void DistributedDataParallel::use_params(std::span<const std::size_t> param_indices) {
-  if (!config_.shards_params() || dp_group_->size() == 1) return;
+  if (!config_.shards_params() || !shards_over_ranks()) return;
   std::size_t first = buckets_.size(), last = 0;
   for (std::size_t i : param_indices) {
     MG_CHECK(i < buckets_of_param_.size(), "DistributedDataParallel::use_params: parameter "
@@ -514,7 +511,7 @@ void DistributedDataParallel::use_params(std::span<const std::size_t> param_indi
 }
 
 void DistributedDataParallel::release_params(std::span<const std::size_t> param_indices) {
-  if (!config_.shards_params() || dp_group_->size() == 1) return;
+  if (!config_.shards_params() || !shards_over_ranks()) return;
   std::vector<std::size_t> seen;
   for (std::size_t i : param_indices)
     for (std::size_t bi : buckets_of_param_.at(i)) {
@@ -541,7 +538,7 @@ void DistributedDataParallel::finish_gather(std::size_t bi) {
 }
 
 void DistributedDataParallel::finish_param_sync() {
-  if (config_.shards_params() && dp_group_->size() > 1) {  // ZeRO-3: every bucket made whole
+  if (config_.shards_params() && shards_over_ranks()) {  // ZeRO-3: every bucket made whole
     for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
       BucketState& s = state_[bi];
       if (s.params_resident) continue;

@@ -34,9 +34,10 @@
 //     bucket (checkpoint save, end of training); reshard_params() discards them again.
 // Memory saved is real on the host (madvise(MADV_DONTNEED) of whole pages inside a range); on a
 // device the flat buffer stays allocated (only the contents are dropped): see docs/architecture.md.
-// With expert parallelism FSDP shards expert buckets over the expert data-parallel group (their
-// reduce-scatters and gathers run there; optimizer_shard_ranges() includes their chunks).
-// Not here: bucket groups of several buckets, plain --use-distributed-optimizer with expert groups.
+// With expert parallelism (or TP with whole experts, or CP) the distributed optimizer and FSDP
+// shard expert buckets over the expert data-parallel group (their reduce-scatters and gathers run
+// there; optimizer_shard_ranges() includes their chunks), dense ones over the dp-cp group.
+// Not here: bucket groups of several buckets.
 #pragma once
 
 #include <cstdint>
@@ -60,7 +61,7 @@ class DistributedDataParallel {
   // expert_dp_group (Megatron's expert-data-parallel group; null or the same ranks as dp_group:
   // experts are ordinary parameters): expert parameters (Parameter::is_expert) get buckets of
   // their own, scaled by 1/dp as the dense ones (Megatron's expert_gradient_scaling_factor) and
-  // summed over this group; the distributed optimizer is refused then.
+  // summed over this group; under the distributed optimizer they are sharded over it.
   DistributedDataParallel(const DistributedDataParallelConfig& config,
                           std::vector<transformer::Parameter>& params,
                           transformer::ParamAndGradBuffer& buffer, const ops::OpTable& ops,
@@ -142,6 +143,9 @@ class DistributedDataParallel {
   void complete_bucket(std::size_t bucket);  // waits, accumulates the shard, clears the bucket
   void reduce_scatter(std::size_t bucket, Tensor& grads, comm::ReduceOp op,
                       comm::ProcessGroup& group);
+  // Whether any bucket is sharded over more than one rank (the data-parallel group or, for expert
+  // buckets, the expert data-parallel group).
+  bool shards_over_ranks() const;
   // The group a bucket is sharded over (the expert data-parallel one for expert buckets) and
   // this rank's chunk of it.
   comm::ProcessGroup& group_of(std::size_t bucket) const;

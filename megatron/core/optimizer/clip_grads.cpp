@@ -24,12 +24,22 @@ bool counted_on_this_tp_rank(const transformer::Parameter& p, const comm::Proces
 
 }  // namespace
 
+comm::ProcessGroup* MegatronOptimizer::expert_shard_group() const {
+  return shard_ && shard_->expert_group && shard_->expert_group->size() > 1
+             ? shard_->expert_group.get()
+             : nullptr;
+}
+
+bool MegatronOptimizer::experts_apart(const transformer::Parameter& p) const {
+  return p.is_expert && (expert_ || expert_shard_group());
+}
+
 void MegatronOptimizer::select_main_grads_for_grad_norm() {
   State& s = *state_;
   for (const Piece& pc : s.pieces) {
     const transformer::Parameter& p = params_[pc.param];
     if (pc.grad.numel() == 0 || p.shared) continue;
-    if (expert_ && p.is_expert)
+    if (experts_apart(p))
       s.expert_grads_for_norm.push_back(pc.grad);
     else if (counted_on_this_tp_rank(p, tp_.get()))
       s.grads_for_norm.push_back(pc.grad);
@@ -41,8 +51,7 @@ ops::GradNormArgs MegatronOptimizer::grad_norm_args() const {
   args.groups = grad_stats_groups_;
   args.expert_grads = state_->expert_grads_for_norm;
   args.expert_group = expert_.get();
-  if (shard_ && shard_->expert_group && shard_->expert_group->size() > 1)
-    args.expert_shard_group = shard_->expert_group.get();
+  args.expert_shard_group = expert_shard_group();
   args.device = buffer_.grads.device();
   return args;
 }
@@ -62,7 +71,7 @@ double MegatronOptimizer::params_norm() const {
   for (const Piece& pc : s.pieces) {
     const transformer::Parameter& p = params_[pc.param];
     if (pc.master.numel() == 0 || p.shared) continue;
-    if (expert_ && p.is_expert)
+    if (experts_apart(p))
       expert.push_back(pc.master);
     else if (counted_on_this_tp_rank(p, tp_.get()))
       dense.push_back(pc.master);
@@ -73,18 +82,25 @@ double MegatronOptimizer::params_norm() const {
 }
 
 // Megatron's count_zeros_fp32: every parameter once (TP-replicated ones on TP rank 0, replicas of
-// the tied embedding nowhere), summed over the shards, TP and PP. Counted after clipping (a scale
-// keeps zeros zero). Experts count like dense parameters here, as they always have.
+// the tied embedding nowhere), summed over the shards, TP and PP; routed experts held apart (as
+// for the grad norm) summed over the expert shard group and the expert group. Counted after
+// clipping (a scale keeps zeros zero).
 int64_t MegatronOptimizer::count_zeros() const {
   const State& s = *state_;
-  int64_t zeros = 0;
+  int64_t zeros = 0, expert_zeros = 0;
   for (const Piece& pc : s.pieces) {
     const transformer::Parameter& p = params_[pc.param];
-    if (pc.grad.numel() == 0 || p.shared || !counted_on_this_tp_rank(p, tp_.get())) continue;
-    for (float v : pc.grad.to_vector<float>()) zeros += v == 0.0f;
+    if (pc.grad.numel() == 0 || p.shared) continue;
+    const bool apart = experts_apart(p);
+    if (!apart && !counted_on_this_tp_rank(p, tp_.get())) continue;
+    int64_t& n = apart ? expert_zeros : zeros;
+    for (float v : pc.grad.to_vector<float>()) n += v == 0.0f;
   }
+  double experts = static_cast<double>(expert_zeros);
+  for (comm::ProcessGroup* g : {expert_shard_group(), expert_.get()})
+    if (g) experts = detail::all_reduce_scalar(g, experts, comm::ReduceOp::sum);
   return static_cast<int64_t>(
-      reduce_over_grad_stats_groups(static_cast<double>(zeros), comm::ReduceOp::sum));
+      reduce_over_grad_stats_groups(static_cast<double>(zeros), comm::ReduceOp::sum) + experts);
 }
 
 }  // namespace mg::optimizer

@@ -105,9 +105,9 @@ struct ShardOptions {
   // Disjoint [start, end) element ranges of the flat buffer this rank steps, ascending.
   std::vector<std::pair<int64_t, int64_t>> ranges;
   comm::ProcessGroupPtr group;  // the ranks whose ranges partition the buffer (dp-cp)
-  // FSDP with expert parallelism: the expert data-parallel group whose ranks partition the expert
-  // buckets (null: expert parameters are not sharded apart). The grad norm of expert pieces sums
-  // over it before the expert group.
+  // Expert groups (EP, or TP with whole experts): the expert data-parallel group whose ranks
+  // partition the expert buckets (null: expert parameters are not sharded apart). The grad norm
+  // and zero count of expert pieces sum over it before the expert group.
   comm::ProcessGroupPtr expert_group;
   std::function<void()> gather_params;  // after a successful step: all-gather the model weights
 };
@@ -180,6 +180,11 @@ class MegatronOptimizer {
   // Construction: Megatron's get_main_grads_for_grad_norm into State (clip_grads.cpp).
   void select_main_grads_for_grad_norm();
   ops::GradNormArgs grad_norm_args() const;
+  // The expert data-parallel group when expert pieces are sharded over it (else null), and
+  // whether a parameter's statistics are gathered apart from the dense ones (a routed expert
+  // with an expert group, or sharded over the expert data-parallel group).
+  comm::ProcessGroup* expert_shard_group() const;
+  bool experts_apart(const transformer::Parameter& p) const;
   // A host scalar reduced over the grad-stats groups (shards, TP, PP, in that order).
   double reduce_over_grad_stats_groups(double x, comm::ReduceOp op) const;
 

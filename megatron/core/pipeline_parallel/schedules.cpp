@@ -26,10 +26,11 @@ double loss_backward_seed(const ForwardBackwardConfig& config, double num_tokens
   return dloss;
 }
 
-double aux_loss_scale(const ForwardBackwardConfig& config, int64_t num_microbatches) {
-  return config.calculate_per_token_loss
-             ? config.loss_scale
-             : config.loss_scale / static_cast<double>(num_microbatches);
+double aux_loss_scale(const ForwardBackwardConfig& config, int64_t num_microbatches,
+                      int64_t cp_size) {
+  if (config.calculate_per_token_loss) return config.loss_scale;
+  const double scale = config.loss_scale / static_cast<double>(num_microbatches);
+  return cp_size > 1 ? scale * static_cast<double>(cp_size) : scale;  // CP 1: bit-identical
 }
 
 ForwardBackwardResult forward_backward_no_pipelining(models::LanguageModule& model,

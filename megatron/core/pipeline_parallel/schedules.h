@@ -88,8 +88,12 @@ using NextBatchFn = std::function<models::Batch()>;
 double loss_backward_seed(const ForwardBackwardConfig& config, double num_tokens,
                           int64_t num_microbatches, int64_t microbatch);
 // The scale of the MoE auxiliary losses' gradients (Megatron's MoEAuxLossAutoScaler): the seed
-// without the token division, loss_scale / num_microbatches (loss_scale under per-token loss).
-double aux_loss_scale(const ForwardBackwardConfig& config, int64_t num_microbatches);
+// without the token division, loss_scale * cp_size / num_microbatches (loss_scale under per-token
+// loss). cp_size (--context-parallel-size): the gradients are averaged over dp-cp while each CP
+// rank's aux-loss gradient is already its share of the whole sequence's (Megatron's fix of
+// NVIDIA/Megatron-LM#2217).
+double aux_loss_scale(const ForwardBackwardConfig& config, int64_t num_microbatches,
+                      int64_t cp_size = 1);
 
 // Runs num_microbatches micro-batches through `model` (one chunk holding the whole model);
 // micro-batch i uses StepRng{rng.seed, rng.iteration, i}. Gradients accumulate (+=) into the

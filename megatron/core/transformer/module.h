@@ -45,6 +45,9 @@ struct ModuleContext {
   // Context parallelism (context_parallel.h): this rank holds sequence chunks r and 2 CP - 1 - r;
   // core attention runs across the CP group. Inactive by default.
   ContextParallel cp;
+  // TP x CP (the tp-cp group): the MoE aux losses' sequence partition under sequence parallelism
+  // with CP (moe/moe_layer.h); null otherwise.
+  comm::ProcessGroup* tp_cp_group = nullptr;
   // Expert parallelism (moe/): the expert-model-parallel group the routed experts are spread
   // over (null: one rank holds every expert).
   comm::ProcessGroup* ep_group = nullptr;

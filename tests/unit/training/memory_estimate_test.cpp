@@ -137,6 +137,40 @@ TEST(MemoryEstimate, StateBytesFollowDtypesAndTheDistributedOptimizer) {
   EXPECT_DOUBLE_EQ(e3.fsdp_gradient_bytes, 2 * 1000 * 4.0 * 7 / 8 + 4 * n / 8);
 }
 
+// MoE under the distributed optimizer: routed experts are sharded over the expert data-parallel
+// group (world / EP at expert TP 1), the rest over dp-cp.
+TEST(MemoryEstimate, ExpertsShardOverTheExpertDataParallelGroup) {
+  const std::vector<std::string> moe = {"--bf16",
+                                        "--num-experts",
+                                        "4",
+                                        "--moe-ffn-hidden-size",
+                                        "32",
+                                        "--disable-bias-linear",
+                                        "--use-distributed-optimizer"};
+  std::vector<std::string> ep2 = moe;
+  ep2.insert(ep2.end(), {"--expert-model-parallel-size", "2"});
+  const Arguments a = parse(ep2);
+  const MemoryLayout l4 = memory_layout(a, 4);  // DP 4, EP 2: expert data-parallel 2
+  const ShardingDivisors d = sharding_divisors(a, l4);
+  EXPECT_EQ(d.optimizer_state, 4);
+  EXPECT_EQ(d.expert_optimizer_state, 2);
+  EXPECT_EQ(d.expert_gradients, 1);
+  const MemoryEstimate e = estimate_memory(a, kVocab, l4, 0);
+  // 4 MoE layers x 2 local experts x (fc1 32 x 64 + fc2 64 x 32).
+  const double ne = 4 * 2 * (32.0 * 64 + 64.0 * 32);
+  const double n = e.num_parameters;
+  EXPECT_DOUBLE_EQ(e.optimizer_bytes, 12 * ((n - ne) / 4 + ne / 2));
+  EXPECT_DOUBLE_EQ(e.parameter_bytes, 2 * n);
+  // TP 2 on 2 ranks: data-parallel size 1, but the whole experts are sharded over the 2 TP ranks.
+  std::vector<std::string> tp2 = moe;
+  tp2.insert(tp2.end(), {"--tensor-model-parallel-size", "2", "--sequence-parallel",
+                         "--expert-tensor-parallel-size", "1"});
+  const Arguments t = parse(tp2);
+  const ShardingDivisors dt = sharding_divisors(t, memory_layout(t, 2));
+  EXPECT_EQ(dt.optimizer_state, 1);
+  EXPECT_EQ(dt.expert_optimizer_state, 2);
+}
+
 TEST(MemoryEstimate, ActivationsScaleWithTokensAndParallelism) {
   auto act = [](std::vector<std::string> f, int world = 1) {
     const Arguments a = parse(f);

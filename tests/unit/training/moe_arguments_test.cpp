@@ -109,6 +109,25 @@ TEST(MoEArguments, FlagsAndMegatronDefaults) {
   EXPECT_FALSE(p.model.is_moe_layer(3));
 }
 
+// The layouts of Mixtral / DeepSeek-V3 are accepted: the distributed optimizer with EP and with
+// TP (experts sharded over the expert data-parallel group), context parallelism with MoE.
+TEST(MoEArguments, DistributedOptimizerAndContextParallelism) {
+  const Arguments d = parse_args(with(
+      {"--num-experts", "4", "--expert-model-parallel-size", "2", "--use-distributed-optimizer"}));
+  EXPECT_TRUE(d.ddp.use_distributed_optimizer);
+  EXPECT_EQ(d.parallel.expert_model_parallel_size, 2);
+  const Arguments t = parse_args(
+      with({"--num-experts", "4", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+            "--expert-tensor-parallel-size", "1", "--use-distributed-optimizer"}));
+  EXPECT_TRUE(t.ddp.use_distributed_optimizer);
+  for (const char* comm : {"p2p", "a2a", "allgather"}) {
+    const Arguments c = parse_args(with({"--num-experts", "4", "--expert-model-parallel-size", "2",
+                                         "--context-parallel-size", "2", "--cp-comm-type", comm}));
+    EXPECT_EQ(c.parallel.context_parallel_size, 2);
+    EXPECT_EQ(c.parallel.cp_comm_type, comm);
+  }
+}
+
 TEST(MoEArguments, ErrorsNameTheValues) {
   auto has = [](const std::string& msg, const std::string& part) {
     return msg.find(part) != std::string::npos;
@@ -130,9 +149,6 @@ TEST(MoEArguments, ErrorsNameTheValues) {
                   "one per layer (num_layers 4)"));
   EXPECT_TRUE(has(error_of(with({"--num-experts", "4", "--moe-layer-freq", "x"})),
                   "--moe-layer-freq x: expected an integer or a list"));
-  EXPECT_TRUE(has(error_of(with({"--num-experts", "4", "--expert-model-parallel-size", "2",
-                                 "--use-distributed-optimizer"})),
-                  "--use-distributed-optimizer with --num-experts"));
   std::vector<std::string> bias = with({"--num-experts", "4"});
   bias.erase(std::find(bias.begin(), bias.end(), "--disable-bias-linear"));
   EXPECT_TRUE(has(error_of(bias), "pass --disable-bias-linear"));

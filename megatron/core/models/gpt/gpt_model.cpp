@@ -193,6 +193,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   m.ctx.ep_group = parallel.ep_group;
   m.ctx.inference_only = parallel.inference_only;
   m.ctx.cp = parallel.cp;
+  m.ctx.tp_cp_group = parallel.tp_cp_group;
   if (c.fp8.enabled()) {
     m.fp8 = std::make_unique<fp8::Fp8State>(c.fp8, ops, device);
     m.ctx.fp8 = m.fp8.get();

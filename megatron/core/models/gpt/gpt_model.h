@@ -85,6 +85,9 @@ struct GPTModelParallel {
   // position ids), only core attention crosses the group, and forward reports num_tokens as the
   // whole sequence's count / CP (see LossSums).
   transformer::ContextParallel cp;
+  // MoE with sequence parallelism and CP: the tp-cp group, over which the aux losses' token
+  // counts are summed (Megatron's tp_cp_group; null otherwise).
+  comm::ProcessGroup* tp_cp_group = nullptr;
   // The chunks this rank builds, in virtual-stage order (chunk v of pipeline rank p is virtual
   // stage v * PP + p); only the first may be pre_process, only the last post_process; layer ranges
   // ascending and disjoint. Empty: one chunk with every layer, pre_process and post_process (no

@@ -90,6 +90,9 @@ MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string
                                           << "--expert-model-parallel-size " << ep);
   MG_CHECK(ctx.tp_size() == 1 || ctx.sequence_parallel || ctx.inference_only,
            "MoE with tensor parallelism needs --sequence-parallel (Megatron's rule)");
+  MG_CHECK(!(ctx.sequence_parallel && ctx.tp_size() > 1 && ctx.cp.active()) || ctx.tp_cp_group,
+           "MoE with sequence parallelism and context parallelism needs the tp-cp group "
+           "(GPTModelParallel::tp_cp_group)");
   local_ = e_ / ep;
   first_ = (ctx.ep_group ? ctx.ep_group->rank() : 0) * local_;
   // The router sees this rank's sequence shard under SP: its grad is summed over TP.
@@ -260,6 +263,12 @@ void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
   for (std::size_t i = 0; i < mine.size(); ++i) y[i] += mine[i];
 }
 
+comm::ProcessGroup* MoELayer::seq_partition_group() const {
+  const bool sp = ctx_.sequence_parallel && ctx_.tp_size() > 1;
+  if (ctx_.cp.active()) return sp ? ctx_.tp_cp_group : ctx_.cp.group;
+  return sp ? ctx_.tp_group : nullptr;
+}
+
 Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   const TransformerConfig& c = *ctx_.config;
   s = Saved{};
@@ -282,14 +291,14 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
     s.aux_dscores.assign(s.aux_scores.size(), 0.0);
     if (c.moe_router_load_balancing_type == MoeLoadBalancingType::aux_loss) {
       std::vector<double> tpe = s.routing.tokens_per_expert;
-      if (nss > 1) all_reduce_host(ctx_, *ctx_.tp_group, tpe);
+      if (nss > 1) all_reduce_host(ctx_, *seq_partition_group(), tpe);
       s.lb_loss =
           switch_load_balancing_loss(s.aux_scores, T, e_, tpe, k_, nss, 1.0, &s.aux_dscores);
     } else {
       const int64_t seq = x.size(0), b = x.size(1);
       std::vector<double> counts(static_cast<std::size_t>(b * e_), 0.0);
       for (int64_t i = 0; i < T * k_; ++i) counts[(i / k_) % b * e_ + s.routing.expert[i]] += 1.0;
-      if (nss > 1) all_reduce_host(ctx_, *ctx_.tp_group, counts);
+      if (nss > 1) all_reduce_host(ctx_, *seq_partition_group(), counts);
       s.lb_loss = sequence_load_balancing_loss(s.aux_scores, seq, b, e_, counts, k_, nss, 1.0,
                                                &s.aux_dscores);
     }

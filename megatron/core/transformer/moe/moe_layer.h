@@ -31,12 +31,13 @@
 // routes its own sequence shard), as Megatron requires.
 //
 // Aux losses (training only): the load-balancing loss (aux_loss / seq_aux_loss) over the scores
-// of aux_loss_scores, with tokens per expert summed over the sequence partition (the TP group
-// under SP), and the z-loss (coeff / partition size, Megatron's). They add nothing to forward's
-// output; backward adds their gradient times the model's aux-loss scale to the router logits'
-// (Megatron's MoEAuxLossAutoScaler), and records their values (without coefficients) and the
-// tokens per expert in the model's MoEMetricsTracker: both are the model's MoEState
-// (moe_utils.h), reached through ModuleContext::moe.
+// of aux_loss_scores, with tokens per expert summed over the sequence partition (Megatron's
+// tp_cp_group: TP under SP, times CP; each CP rank routes its own tokens), and the z-loss (coeff /
+// partition size, Megatron's). They add nothing to forward's output; backward adds their gradient
+// times the model's aux-loss scale to the router logits' (Megatron's MoEAuxLossAutoScaler), and
+// records their values (without coefficients) and the tokens per expert in the model's
+// MoEMetricsTracker: both are the model's MoEState (moe_utils.h), reached through
+// ModuleContext::moe.
 //
 // Token-level work (router softmax/top-k, permutation, probability weighting) runs on the host in
 // f64; the expert and router GEMMs and activations go through the op table.
@@ -95,7 +96,13 @@ class MoELayer {
     Weight fc1, fc2;
   };
   int64_t ep_size() const { return ctx_.ep_group ? ctx_.ep_group->size() : 1; }
-  int64_t seq_partition() const { return ctx_.sequence_parallel ? ctx_.tp_size() : 1; }
+  // The ranks that share one sequence (Megatron's tp_cp_group: TP under SP, times CP), over which
+  // the aux losses' token counts are summed; null: this rank holds whole sequences.
+  comm::ProcessGroup* seq_partition_group() const;
+  int64_t seq_partition() const {
+    const comm::ProcessGroup* g = seq_partition_group();
+    return g ? g->size() : 1;
+  }
   // Rows [R, H] grouped by local expert (counts) -> expert outputs [R, H]; saves activations.
   Tensor experts_forward(const Tensor& rows, Saved& s) const;
   Tensor experts_backward(const Tensor& drows, Saved& s);

@@ -146,6 +146,9 @@ TEST(LanguageModule, MeanLossSemanticsOnAModelThatIsNotAGpt) {
   EXPECT_DOUBLE_EQ(g[2], w1);
   EXPECT_DOUBLE_EQ(g[3], 0.0);
   EXPECT_DOUBLE_EQ(pipeline_parallel::aux_loss_scale(cfg, 2), 1.0);
+  // Context parallelism: x CP (the gradients are averaged over dp-cp while each CP rank's aux-loss
+  // gradient is its share of the whole sequence's already).
+  EXPECT_DOUBLE_EQ(pipeline_parallel::aux_loss_scale(cfg, 2, 4), 4.0);
 }
 
 TEST(LanguageModule, PerTokenDivisionIsFinalizeModelGradsAlone) {
@@ -163,6 +166,7 @@ TEST(LanguageModule, PerTokenDivisionIsFinalizeModelGradsAlone) {
   g = m.buffer().grads.to_vector<double>();
   EXPECT_EQ(g, (std::vector<double>{0.25, 0.5, 0.25, 0.0}));
   EXPECT_DOUBLE_EQ(pipeline_parallel::aux_loss_scale(cfg, 2), 1.0);
+  EXPECT_DOUBLE_EQ(pipeline_parallel::aux_loss_scale(cfg, 2, 4), 1.0);
   // A global batch without an unmasked token is an error under per-token loss.
   EXPECT_THROW(distributed::finalize_model_grads(m, fin, {0.0, 0.0}), Error);
 }
