@@ -51,13 +51,13 @@ comm::ProcessGroupPtr single_group() {
   return c->world();
 }
 
-struct Run {
+struct OffloadRunResult {
   std::vector<double> norms;
   std::vector<std::vector<double>> masters, model;
   std::size_t device_bytes = 0;  // the optimizer's device allocations
 };
 
-Run train(DType dtype, bool sharded, std::optional<double> fraction) {
+OffloadRunResult train(DType dtype, bool sharded, std::optional<double> fraction) {
   const Device dev = device_for("cuda");
   plugin::Platform& platform = plugin::global_registry().platform(dev.type);
   auto m = make_model(dtype, DType::f32, dev);
@@ -75,7 +75,7 @@ Run train(DType dtype, bool sharded, std::optional<double> fraction) {
     shard->ranges = {{3, 15}, {16, 30}};
     shard->group = single_group();
   }
-  Run r;
+  OffloadRunResult r;
   platform.synchronize(dev.index);
   const std::size_t before = platform.memory_stats(dev.index).allocated_bytes;
   MegatronOptimizer opt(cfg, m.params, m.buffer, ops_on("cuda"), {}, std::move(shard));
@@ -96,11 +96,12 @@ Run train(DType dtype, bool sharded, std::optional<double> fraction) {
   else
     r.masters = {opt.state_dict().tensor("optimizer.shard.fp32_param").to_vector<double>()};
   // The model weights are the model-dtype rounding of the masters.
-  if (!sharded)
+  if (!sharded) {
     for (std::size_t i = 0; i < m.params.size(); ++i)
       EXPECT_EQ(m.params[i].param.to_vector<double>(),
                 opt.master_param(i).to(dtype).to_vector<double>())
           << m.params[i].name;
+  }
   return r;
 }
 
@@ -111,11 +112,13 @@ class CudaOptimizerOffloadTest : public ::testing::TestWithParam<std::tuple<DTyp
 
 TEST_P(CudaOptimizerOffloadTest, MatchesDeviceAdam) {
   const auto [dtype, sharded, fraction] = GetParam();
-  const Run dev = train(dtype, sharded, std::nullopt);
-  const Run off = train(dtype, sharded, fraction);
+  const OffloadRunResult dev = train(dtype, sharded, std::nullopt);
+  const OffloadRunResult off = train(dtype, sharded, fraction);
   EXPECT_EQ(off.norms, dev.norms);
   EXPECT_LT(off.device_bytes, dev.device_bytes);
-  if (fraction == 1.0) EXPECT_LE(off.device_bytes, 4096u) << "only found_inf is left";
+  if (fraction == 1.0) {
+    EXPECT_LE(off.device_bytes, 4096u) << "only found_inf is left";
+  }
   int64_t differing = 0, worst = 0;
   const auto& a = off.masters;
   const auto& b = dev.masters;
