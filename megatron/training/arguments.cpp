@@ -525,8 +525,8 @@ constexpr const char* kMemory =
     "a PyTorch memory-management knob; memory here is the platform allocator's";
 const NoEffectFlag kNoEffectFlags[] = {
     {"--use-precision-aware-optimizer", ArgParser::Nargs::zero,
-     "the master weights, gradients and Adam moments are f32 here, what its default dtypes give "
-     "(Megatron asks for it with --optimizer-cpu-offload)"},
+     "the master weights, gradients and Adam moments are f32 here, what its default dtypes "
+     "give; Megatron asks for it with --optimizer-cpu-offload"},
     {"--no-pin-cpu-grads", ArgParser::Nargs::zero,
      "--optimizer-cpu-offload's host staging is pinned where the platform can pin; pageable "
      "memory gives the same numbers"},

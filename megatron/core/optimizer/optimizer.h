@@ -40,8 +40,10 @@
 // unscale / found-inf / grad norm / clipping / zero count on the device gradients (unchanged), the
 // host pieces' gradients are copied to the host, stepped with the CPU platform's kernels (the same
 // adamw_step arithmetic, vectorised and threaded) while the device steps its own pieces, and the
-// updated weights copied back in the model dtype. With the buffers on the host it is the identity
-// (the state is in host memory already), unless OptimizerConfig::offload_engine_on_host (tests).
+// updated weights copied back in the model dtype (--overlap-cpu-optimizer-d2h-h2d: the copies on
+// threads of their own, pipelined run by run with the host update). With the buffers on the host
+// it is the identity (the state is in host memory already), unless
+// OptimizerConfig::offload_engine_on_host (tests).
 #pragma once
 
 #include <cstdint>
