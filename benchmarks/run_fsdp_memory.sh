@@ -8,7 +8,8 @@
 # Per run, from rank 0's log: the engine's measured parameter + gradient + optimizer bytes
 # (flat buffers resident at their peak + optimizer state) vs the estimate (memory_estimate.h),
 # the process's peak resident set (getrusage), the mean step time of iterations 2..N, and the
-# last lm loss / grad norm (equal to the DP 1 run's within f32 round-off).
+# last lm loss / grad norm (equal to the DP 1 run's within f32 round-off). Two rows at DP 4 add
+# --optimizer-cpu-offload (fractions 1.0 and 0.5, overlapped copies) to ZeRO-3.
 # usage: benchmarks/run_fsdp_memory.sh <build dir> <out.md> [iterations (4)]
 set -eu
 build=$1; out=$2; iters=${3:-4}
@@ -54,12 +55,22 @@ for dp in 1 2 4 8; do
   done
 done
 run "$work/zero1.log" 4 --use-distributed-optimizer --overlap-grad-reduce
+# Optimizer CPU offload at DP 4 under ZeRO-3: on CPU ranks the identity (the start-up line says
+# so; the row must equal ZeRO-3's); on a device the estimate's host part is printed at start-up.
+for f in 1.0 0.5; do
+  run "$work/offload_$f.log" 4 --use-megatron-fsdp --data-parallel-sharding-strategy \
+    optim_grads_params --overlap-grad-reduce --overlap-param-gather --optimizer-cpu-offload \
+    --optimizer-offload-fraction "$f" --overlap-cpu-optimizer-d2h-h2d
+  row "$work/offload_$f.log" 4 "optim_grads_params + --optimizer-cpu-offload --optimizer-offload-fraction $f" >> "$out"
+done
 {
   echo
   echo "Step time at DP 4 vs plain ZeRO-1 (--use-distributed-optimizer --overlap-grad-reduce):"
   echo "$(step_ms "$work/zero1.log") ms per iteration; the FSDP strategies' are in the table."
   echo
   echo "Start-up estimate of the DP 1 run: $(cat "$work/estimate.txt")"
+  echo
+  echo "Offload start-up line (DP 4): $(grep -m1 "^optimizer CPU offload" "$work/offload_1.0.log")"
   echo
   echo "Engine lines at DP 4:"
   for s in optim_grads optim_grads_params; do

@@ -322,6 +322,8 @@ void add_optimizer_flags(ArgParser& p, optimizer::OptimizerConfig& o, optimizer:
                "optimizer state and update in host memory (the identity on the CPU platform)");
   p.add("--optimizer-offload-fraction", o.optimizer_offload_fraction,
         "fraction of the optimizer state offloaded (1.0)");
+  p.add_switch("--overlap-cpu-optimizer-d2h-h2d", o.overlap_cpu_optimizer_d2h_h2d, true,
+               "pipeline the offloaded part's copies with its host update");
   p.add("--clip-grad", o.clip_grad, "clip the global grad norm to this (1.0; 0 disables)");
   p.add_switch("--bf16", x.bf16, true, "bf16 weights, fp32 master weights and grads");
   p.add_switch("--fp16", x.fp16, true, "fp16 weights with dynamic loss scaling");
@@ -522,6 +524,15 @@ constexpr const char* kNccl = "an NCCL/communicator tuning knob; it does not cha
 constexpr const char* kMemory =
     "a PyTorch memory-management knob; memory here is the platform allocator's";
 const NoEffectFlag kNoEffectFlags[] = {
+    {"--use-precision-aware-optimizer", ArgParser::Nargs::zero,
+     "the master weights, gradients and Adam moments are f32 here, what its default dtypes "
+     "give; Megatron asks for it with --optimizer-cpu-offload"},
+    {"--no-pin-cpu-grads", ArgParser::Nargs::zero,
+     "--optimizer-cpu-offload's host staging is pinned where the platform can pin; pageable "
+     "memory gives the same numbers"},
+    {"--no-pin-cpu-params", ArgParser::Nargs::zero,
+     "--optimizer-cpu-offload's host staging is pinned where the platform can pin; pageable "
+     "memory gives the same numbers"},
     {"--use-mcore-models", ArgParser::Nargs::zero,
      "deprecated in Megatron-LM too: Megatron-Core models are the only ones here"},
     {"--no-gradient-accumulation-fusion", ArgParser::Nargs::zero,
@@ -623,6 +634,9 @@ struct RefusedFlag {
   const char* feature;
 };
 const RefusedFlag kRefusedFlags[] = {
+    {"--use-torch-optimizer-for-cpu-offload", ArgParser::Nargs::zero,
+     "torch.optim as the host optimizer (the host update here is the CPU platform's adamw_step, "
+     "which --optimizer-cpu-offload uses)"},
     {"--use-legacy-models", ArgParser::Nargs::zero,
      "Megatron-LM's legacy (non-Core) models; this build has the Megatron-Core GPTModel only"},
     {"--rampup-batch-size", ArgParser::Nargs::many, "batch-size ramp-up"},

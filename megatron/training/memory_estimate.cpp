@@ -192,6 +192,15 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
   const double moments = args.optimizer.optimizer == "sgd" ? 1.0 : 2.0;
   e.optimizer_bytes = sharded(dv.optimizer_state, dv.expert_optimizer_state) *
                       ((mixed ? 4.0 : 0.0) + moments * master_bytes);
+  if (layout.optimizer_offload) {
+    // The offloaded fraction of this rank's optimizer elements: their masters (f32/f64 models
+    // keep a host copy too), moments, and the gradient (and model-weight) staging.
+    const double f = args.optimizer.optimizer_offload_fraction;
+    const double owned = sharded(dv.optimizer_state, dv.expert_optimizer_state);
+    e.host_optimizer_bytes =
+        f * (owned * (master_bytes + moments * master_bytes + g_bytes + (mixed ? p_bytes : 0.0)));
+    e.optimizer_bytes *= 1.0 - f;
+  }
   // FSDP's unsharded copies in flight (DistributedDataParallel): ZeRO-3 gathers a bucket (about
   // a layer, the embeddings alone; bounded here by the largest unit, or --ddp-bucket-size) and
   // prefetches the next under
@@ -289,6 +298,9 @@ std::string MemoryEstimate::str() const {
     << ", gradients " << format_bytes(gradient_bytes) << per(divisors.gradients, "FSDP")
     << ", optimizer state " << format_bytes(optimizer_bytes)
     << per(divisors.optimizer_state, "distributed optimizer")
+    << (host_optimizer_bytes > 0
+            ? " (+ " + format_bytes(host_optimizer_bytes) + " in host memory, offloaded)"
+            : std::string())
     << (fsdp_parameter_bytes + fsdp_gradient_bytes > 0
             ? ", FSDP in flight " + format_bytes(fsdp_parameter_bytes + fsdp_gradient_bytes) +
                   " (gathered parameters " + format_bytes(fsdp_parameter_bytes) +

@@ -10,7 +10,10 @@
 //                params dtype, / ShardingDivisors::parameters;
 //   gradients    the same elements x the grad dtype (f32 under bf16/fp16), / ::gradients;
 //   optimizer    f32 master weights (bf16/fp16 only) + Adam's two moments (SGD: one momentum
-//                buffer), / ::optimizer_state (dp under --use-distributed-optimizer);
+//                buffer), / ::optimizer_state (dp under --use-distributed-optimizer); with
+//                MemoryLayout::optimizer_offload, --optimizer-offload-fraction of it (and of
+//                f32/f64 models' masters, and the gradient / weight staging) is host memory
+//                (host_optimizer_bytes), not counted in the device total;
 //   activations  what a micro-batch keeps between forward and backward, per layer and per token of
 //                the S / CP local tokens x micro-batch: layer input, norm outputs, QKV, attention
 //                context and log-sum-exp (no S x S probabilities: attention is tiled), fc1 and
@@ -38,6 +41,9 @@ struct MemoryLayout {
   int64_t tp = 1, pp = 1, vp = 1, cp = 1, ep = 1, dp = 1;
   bool sequence_parallel = false;
   int64_t num_microbatches = 1;  // M = gbs / (mbs x dp)
+  // --optimizer-cpu-offload with the model on a device (the trainer sets it; on the CPU platform
+  // the offload is the identity and everything is host memory anyway).
+  bool optimizer_offload = false;
 };
 
 // The layout of `args` on `world_size` ranks (dp = world / (tp x pp x cp); M from the batch sizes;
@@ -66,7 +72,8 @@ struct MemoryEstimate {
   ShardingDivisors divisors;
   // Bytes on this rank.
   double parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
-  double activation_bytes = 0;  // all micro-batches in flight, logits included
+  double host_optimizer_bytes = 0;  // --optimizer-cpu-offload: pinned host memory, not in total
+  double activation_bytes = 0;      // all micro-batches in flight, logits included
   // FSDP (optim_grads / optim_grads_params): unsharded copies held at the peak on top of the
   // shards: gathered parameter buckets (ZeRO-3) and gradients not yet reduce-scattered plus the
   // shard accumulator (memory_estimate.cpp says which).

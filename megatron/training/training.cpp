@@ -325,10 +325,17 @@ std::string data_parallel_summary(const Run& r) {
       << (d.overlap_param_gather ? ", overlap-param-gather" : "") << "\n";
   if (r.args.use_torch_fsdp2)
     s << "note: --use-torch-fsdp2 runs the Megatron FSDP engine with optim_grads_params\n";
-  if (r.args.optimizer.optimizer_cpu_offload)
+  if (r.args.optimizer.optimizer_cpu_offload && r.opt->offloaded_numel() == 0)
     s << "optimizer CPU offload (fraction " << r.args.optimizer.optimizer_offload_fraction
       << "): the identity on " << r.rt->platform->name()
       << ", whose optimizer state and update are in host memory already\n";
+  else if (r.args.optimizer.optimizer_cpu_offload)
+    s << "optimizer CPU offload (fraction " << r.args.optimizer.optimizer_offload_fraction
+      << "): " << r.opt->offloaded_numel() << " optimizer elements of this rank in "
+      << format_bytes(static_cast<double>(r.opt->host_state_bytes()))
+      << " of pinned host memory, stepped by the cpu platform's adamw_step; "
+      << format_bytes(static_cast<double>(r.opt->state_bytes())) << " of optimizer state on "
+      << r.rt->platform->name() << "\n";
   return s.str();
 }
 
@@ -790,9 +797,12 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   data.validate();
 
   // Up front, before allocating: this rank's memory estimate against what it may use.
+  MemoryLayout mem_layout = memory_layout(args, r.ps.world->size());
+  mem_layout.optimizer_offload = args.optimizer.optimizer_cpu_offload &&
+                                 args.optimizer.optimizer_offload_fraction > 0.0 &&
+                                 !r.rt->device.is_host();
   const MemoryEstimate estimate =
-      estimate_memory(args, tokenizer->vocab_size(), memory_layout(args, r.ps.world->size()),
-                      r.ps.pp ? r.ps.pp->rank() : 0);
+      estimate_memory(args, tokenizer->vocab_size(), mem_layout, r.ps.pp ? r.ps.pp->rank() : 0);
   const AvailableMemory available = available_memory(*r.rt->platform, r.rt->device.index);
   check_memory_fits(estimate, available, args);
 

@@ -71,10 +71,15 @@ double MegatronOptimizer::params_norm() const {
   for (const Piece& pc : s.pieces) {
     const transformer::Parameter& p = params_[pc.param];
     if (pc.master.numel() == 0 || p.shared) continue;
+    // Offloaded masters: the model weights are the same values for f32/f64 models; separate
+    // (f32) masters are copied to the device for the norm (transient, with --log-params-norm).
+    Tensor master = pc.master;
+    if (pc.on_host)
+      master = s.separate_master ? pc.master.to(buffer_.params.device()) : pc.model_param;
     if (experts_apart(p))
-      expert.push_back(pc.master);
+      expert.push_back(master);
     else if (counted_on_this_tp_rank(p, tp_.get()))
-      dense.push_back(pc.master);
+      dense.push_back(master);
   }
   ops::GradNormArgs args = grad_norm_args();
   args.expert_grads = expert;

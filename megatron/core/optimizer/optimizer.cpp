@@ -9,12 +9,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/optimizer/optimizer_state.h"
+#include "megatron/plugin/registry.h"
 
 namespace mg::optimizer {
 
@@ -44,6 +49,15 @@ void check_view(const Parameter& p, const char* field, const Tensor& t, const Te
                                     << " of " << flat_name << " (numel " << flat.numel()
                                     << "), but its buffer_offset is " << p.buffer_offset
                                     << " and numel " << t.numel());
+}
+
+Piece make_piece(std::size_t param, int64_t offset, Tensor grad, Tensor model_param) {
+  Piece pc;
+  pc.param = param;
+  pc.offset = offset;
+  pc.grad = std::move(grad);
+  pc.model_param = std::move(model_param);
+  return pc;
 }
 
 // The group when it has more than one rank, else null (a size-1 group reduces nothing).
@@ -91,14 +105,6 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
   MG_CHECK(buffer_.params.device() == buffer_.grads.device(),
            "optimizer: params on " << buffer_.params.device() << " but grads on "
                                    << buffer_.grads.device());
-  // --optimizer-cpu-offload: on the host the state is in host memory already (the identity).
-  MG_CHECK(!config_.optimizer_cpu_offload || config_.optimizer_offload_fraction == 0.0 ||
-               buffer_.params.device().is_host(),
-           "--optimizer-cpu-offload with the model on "
-               << buffer_.params.device()
-               << " is not built yet (the host-side update exists only as the CPU platform's "
-                  "identity); drop the flag or pass --optimizer-offload-fraction 0");
-
   // Each Parameter exactly once: unique names, disjoint ranges (a tied weight listed twice would
   // be stepped twice and counted twice in the grad norm).
   std::set<std::string> names;
@@ -154,7 +160,7 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
   if (!shard_) {
     for (std::size_t i = 0; i < params_.size(); ++i)
       s.pieces.push_back(
-          {i, params_[i].buffer_offset, {}, params_[i].main_grad, {}, {}, {}, params_[i].param});
+          make_piece(i, params_[i].buffer_offset, params_[i].main_grad, params_[i].param));
   } else {
     const int64_t total = buffer_.params.numel();
     int64_t prev_end = 0;
@@ -177,14 +183,8 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
         const int64_t lo = std::max(a, p.buffer_offset);
         const int64_t hi = std::min(b, p.buffer_offset + p.param.numel());
         if (lo >= hi) continue;
-        s.pieces.push_back({i,
-                            lo,
-                            {},
-                            buffer_.grads.slice(lo, hi - lo),
-                            {},
-                            {},
-                            {},
-                            buffer_.params.slice(lo, hi - lo)});
+        s.pieces.push_back(
+            make_piece(i, lo, buffer_.grads.slice(lo, hi - lo), buffer_.params.slice(lo, hi - lo)));
       }
   }
   // Piece k sits at element `pos[k]` of the state buffers (the flat buffer offset unsharded).
@@ -196,31 +196,119 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
   } else {
     for (const Piece& pc : s.pieces) pos.push_back(pc.offset);
   }
+  // --optimizer-cpu-offload: Megatron's HybridDeviceOptimizer takes whole parameters (here:
+  // pieces) for the host while fewer than `fraction` of this rank's optimizer elements are there,
+  // in buffer order; they are the positions [0, split) of the state buffers.
+  s.offload = config_.optimizer_cpu_offload && config_.optimizer_offload_fraction > 0.0 &&
+              (!dev.is_host() || config_.offload_engine_on_host);
+  if (s.offload) {
+    std::vector<std::size_t> by_pos(s.pieces.size());
+    for (std::size_t k = 0; k < by_pos.size(); ++k) by_pos[k] = k;
+    std::sort(by_pos.begin(), by_pos.end(),
+              [&](std::size_t x, std::size_t y) { return pos[x] < pos[y]; });
+    int64_t total = 0;
+    for (const Piece& pc : s.pieces) total += pc.grad.numel();
+    const double threshold = config_.optimizer_offload_fraction * static_cast<double>(total);
+    for (std::size_t k : by_pos) {
+      Piece& pc = s.pieces[k];
+      if (pc.grad.numel() == 0) continue;
+      if (static_cast<double>(s.host_numel) >= threshold) break;
+      pc.on_host = true;
+      s.host_numel += pc.grad.numel();
+      s.split = pos[k] + pc.grad.numel();
+    }
+    s.host_ops = &plugin::ops_for(Device::cpu());
+  }
+  const int64_t split = s.split;
+  const int64_t dn = n - split;  // device state: positions [split, n)
   if (s.separate_master) {
-    s.master_flat = Tensor::empty({n}, DType::f32, dev);
-    if (!shard_) s.master_flat.copy_(buffer_.params);
+    s.master_flat = Tensor::empty({dn}, DType::f32, dev);
+    if (!shard_) s.master_flat.copy_(buffer_.params.slice(split, dn));
   } else if (!shard_) {
-    s.master_flat = buffer_.params;
+    s.master_flat = split == 0 ? buffer_.params : buffer_.params.slice(split, dn);
   }
   if (type_ == OptimizerType::adam) {
-    s.exp_avg_flat = Tensor::zeros({n}, master_dtype, dev);
-    s.exp_avg_sq_flat = Tensor::zeros({n}, master_dtype, dev);
+    s.exp_avg_flat = Tensor::zeros({dn}, master_dtype, dev);
+    s.exp_avg_sq_flat = Tensor::zeros({dn}, master_dtype, dev);
   } else {
-    s.momentum_flat = Tensor::zeros({n}, master_dtype, dev);
+    s.momentum_flat = Tensor::zeros({dn}, master_dtype, dev);
+  }
+  if (s.offload) {
+    // Host memory pinned for the copies (the CPU platform's is ordinary host memory).
+    auto host_zeros = [&](DType dt) {
+      Tensor t = Tensor::empty_pinned({split}, dt, dev);
+      t.zero_();
+      return t;
+    };
+    s.host_master_flat = host_zeros(master_dtype);
+    if (type_ == OptimizerType::adam) {
+      s.host_exp_avg_flat = host_zeros(master_dtype);
+      s.host_exp_avg_sq_flat = host_zeros(master_dtype);
+    } else {
+      s.host_momentum_flat = host_zeros(master_dtype);
+    }
+    s.host_grad_flat = host_zeros(buffer_.grads.dtype());
+    if (s.separate_master) s.host_model_flat = host_zeros(buffer_.params.dtype());
   }
   for (std::size_t k = 0; k < s.pieces.size(); ++k) {
     Piece& pc = s.pieces[k];
     const Shape shape = pc.grad.shape();
+    if (pc.on_host) {
+      pc.master = view_of(s.host_master_flat, pos[k], shape);
+      pc.master.copy_(pc.model_param);
+      pc.host_grad = view_of(s.host_grad_flat, pos[k], shape);
+      if (s.separate_master) pc.host_model = view_of(s.host_model_flat, pos[k], shape);
+      if (s.host_exp_avg_flat.defined()) {
+        pc.exp_avg = view_of(s.host_exp_avg_flat, pos[k], shape);
+        pc.exp_avg_sq = view_of(s.host_exp_avg_sq_flat, pos[k], shape);
+      }
+      if (s.host_momentum_flat.defined())
+        pc.momentum = view_of(s.host_momentum_flat, pos[k], shape);
+      continue;
+    }
+    const int64_t at = pos[k] - split;
     if (s.separate_master || !shard_)
-      pc.master = view_of(s.master_flat, pos[k], shape);
+      pc.master = view_of(s.master_flat, at, shape);
     else
       pc.master = pc.model_param;  // f32/f64 model sharded: the params are their own master
     if (shard_ && s.separate_master) pc.master.copy_(pc.model_param);
     if (s.exp_avg_flat.defined()) {
-      pc.exp_avg = view_of(s.exp_avg_flat, pos[k], shape);
-      pc.exp_avg_sq = view_of(s.exp_avg_sq_flat, pos[k], shape);
+      pc.exp_avg = view_of(s.exp_avg_flat, at, shape);
+      pc.exp_avg_sq = view_of(s.exp_avg_sq_flat, at, shape);
     }
-    if (s.momentum_flat.defined()) pc.momentum = view_of(s.momentum_flat, pos[k], shape);
+    if (s.momentum_flat.defined()) pc.momentum = view_of(s.momentum_flat, at, shape);
+  }
+  // The copies of the host pieces: runs adjacent both in the state buffers and the flat buffer.
+  std::vector<std::size_t> run_of_piece;
+  if (s.offload) {
+    std::vector<std::size_t> host;
+    for (std::size_t k = 0; k < s.pieces.size(); ++k)
+      if (s.pieces[k].on_host) host.push_back(k);
+    std::sort(host.begin(), host.end(),
+              [&](std::size_t x, std::size_t y) { return pos[x] < pos[y]; });
+    run_of_piece.assign(s.pieces.size(), 0);
+    int64_t run_pos = 0, run_offset = 0, run_numel = 0;
+    auto close_run = [&] {
+      if (run_numel == 0) return;
+      OffloadRun r;
+      r.device_grad = buffer_.grads.slice(run_offset, run_numel);
+      r.host_grad = s.host_grad_flat.slice(run_pos, run_numel);
+      r.device_param = buffer_.params.slice(run_offset, run_numel);
+      r.host_master = s.host_master_flat.slice(run_pos, run_numel);
+      if (s.separate_master) r.host_model = s.host_model_flat.slice(run_pos, run_numel);
+      s.offload_runs.push_back(std::move(r));
+    };
+    for (std::size_t k : host) {
+      const Piece& pc = s.pieces[k];
+      if (run_numel > 0 && pos[k] == run_pos + run_numel && pc.offset == run_offset + run_numel) {
+        run_numel += pc.grad.numel();
+      } else {
+        close_run();
+        run_pos = pos[k], run_offset = pc.offset, run_numel = pc.grad.numel();
+      }
+      run_of_piece[k] = s.offload_runs.size();  // the run being built
+    }
+    close_run();
   }
   std::vector<std::size_t> group_of_param(params_.size());
   for (std::size_t g = 0; g < groups_.size(); ++g)
@@ -228,6 +316,17 @@ MegatronOptimizer::MegatronOptimizer(const OptimizerConfig& config, std::vector<
   s.group_pieces.resize(groups_.size());
   for (std::size_t k = 0; k < s.pieces.size(); ++k)
     s.group_pieces[group_of_param[s.pieces[k].param]].push_back(k);
+  if (s.offload) {  // the same split per offload run, and the device pieces apart
+    s.device_group_pieces.resize(groups_.size());
+    for (OffloadRun& r : s.offload_runs) r.group_pieces.resize(groups_.size());
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      for (std::size_t k : s.group_pieces[g]) {
+        if (s.pieces[k].on_host)
+          s.offload_runs[run_of_piece[k]].group_pieces[g].push_back(k);
+        else
+          s.device_group_pieces[g].push_back(k);
+      }
+  }
   s.found_inf = Tensor::zeros({1}, DType::f32, dev);
   scaler_ = make_grad_scaler(config_);
 
@@ -263,6 +362,19 @@ int64_t MegatronOptimizer::state_bytes() const {
   if (s.separate_master)
     bytes += s.master_flat.numel() * static_cast<int64_t>(dtype_size(s.master_flat.dtype()));
   return bytes;
+}
+
+int64_t MegatronOptimizer::host_state_bytes() const {
+  const State& s = *state_;
+  int64_t bytes = 0;
+  for (const Tensor* t : {&s.host_master_flat, &s.host_exp_avg_flat, &s.host_exp_avg_sq_flat,
+                          &s.host_momentum_flat, &s.host_grad_flat, &s.host_model_flat})
+    if (t->defined()) bytes += static_cast<int64_t>(t->nbytes());
+  return bytes;
+}
+
+int64_t MegatronOptimizer::offloaded_numel() const {
+  return state_->host_numel;
 }
 
 void MegatronOptimizer::zero_grad() {
@@ -305,18 +417,27 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
 
   const int64_t step = step_ + 1;
   std::optional<ScopedTimer> inner(std::in_place, timers_, "optimizer-inner-step", 1);
-  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-    ParamGroup& g = groups_[gi];
+  for (ParamGroup& g : groups_) {
     g.lr = lr * g.lr_mult;
     g.weight_decay = weight_decay * g.wd_mult;
+  }
+  const UpdateFn update = [&](std::size_t gi, std::span<const std::size_t> pieces) {
     switch (type_) {
       case OptimizerType::adam:
-        adam_update(g, state_->group_pieces[gi], step);
+        adam_update(groups_[gi], pieces, step);
         break;
       case OptimizerType::sgd:
-        sgd_update(g, state_->group_pieces[gi]);
+        sgd_update(groups_[gi], pieces);
         break;
     }
+  };
+  if (state_->offload && config_.overlap_cpu_optimizer_d2h_h2d) {
+    step_offloaded_overlapped(update);
+  } else {
+    if (state_->offload) offload_grads_to_host();
+    for (std::size_t gi = 0; gi < groups_.size(); ++gi) update(gi, state_->group_pieces[gi]);
+    // The host pieces' updated weights (Adam: the model-dtype staging it wrote) to the device.
+    if (state_->offload) copy_offloaded_params_to_device(type_ == OptimizerType::sgd);
   }
   inner.reset();
   if (type_ == OptimizerType::sgd) {
@@ -353,17 +474,117 @@ bool MegatronOptimizer::unscale_and_check_for_nan() {
   return any_inf > 0.0;
 }
 
+// --optimizer-cpu-offload: the host pieces' gradients (unscaled and clipped on the device) into
+// their host staging, one copy per run.
+void MegatronOptimizer::offload_grads_to_host() {
+  for (OffloadRun& r : state_->offload_runs) r.host_grad.copy_(r.device_grad);
+}
+
+// --optimizer-cpu-offload: the host pieces' updated weights to the model's, one copy per run: the
+// model-dtype staging adamw_step wrote (Adam with separate master weights), else the masters
+// (converted on the host, as SGD's copy_main_params_to_model_params does).
+void MegatronOptimizer::copy_offloaded_params_to_device(bool from_master) {
+  for (OffloadRun& r : state_->offload_runs)
+    r.device_param.copy_(!from_master && r.host_model.defined() ? r.host_model : r.host_master);
+}
+
+// --overlap-cpu-optimizer-d2h-h2d: the offloaded update as a pipeline over the runs. One thread
+// copies the runs' gradients to the host in turn, another copies each updated run's weights back,
+// and this thread steps the device pieces (asynchronous on a GPU) and then each run as soon as its
+// gradients are there: run r's update overlaps run r+1's gradient copy and run r-1's weight copy.
+// Each element is updated by the same kernel arithmetic as without the overlap.
+void MegatronOptimizer::step_offloaded_overlapped(const UpdateFn& update) {
+  State& s = *state_;
+  const Device dev = buffer_.params.device();
+  plugin::Platform& platform = plugin::global_registry().platform(dev.type);
+  // The clipped gradients must be complete before another thread's stream reads them.
+  platform.synchronize(dev.index);
+  const std::size_t runs = s.offload_runs.size();
+  const bool from_master = type_ == OptimizerType::sgd || !s.separate_master;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::size_t copied_in = 0, updated = 0;
+  bool abort = false;
+  std::exception_ptr error;
+  auto fail = [&](std::exception_ptr e) {
+    std::lock_guard lock(mu);
+    if (!error) error = e;
+    abort = true;
+    cv.notify_all();
+  };
+  std::thread d2h([&] {
+    try {
+      platform.set_device(dev.index);
+      for (std::size_t r = 0; r < runs; ++r) {
+        {
+          std::lock_guard lock(mu);
+          if (abort) return;
+        }
+        OffloadRun& run = s.offload_runs[r];
+        run.host_grad.copy_(run.device_grad);
+        std::lock_guard lock(mu);
+        ++copied_in;
+        cv.notify_all();
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  });
+  std::thread h2d([&] {
+    try {
+      platform.set_device(dev.index);
+      for (std::size_t r = 0; r < runs; ++r) {
+        {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return updated > r || abort; });
+          if (abort) return;
+        }
+        OffloadRun& run = s.offload_runs[r];
+        run.device_param.copy_(!from_master && run.host_model.defined() ? run.host_model
+                                                                        : run.host_master);
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  });
+  try {
+    for (std::size_t gi = 0; gi < groups_.size(); ++gi) update(gi, s.device_group_pieces[gi]);
+    for (std::size_t r = 0; r < runs; ++r) {
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return copied_in > r || abort; });
+        if (abort) break;
+      }
+      for (std::size_t gi = 0; gi < groups_.size(); ++gi)
+        update(gi, s.offload_runs[r].group_pieces[gi]);
+      std::lock_guard lock(mu);
+      ++updated;
+      cv.notify_all();
+    }
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  d2h.join();
+  h2d.join();
+  if (error) std::rethrow_exception(error);
+}
+
 // Adam / AdamW (apex FusedAdam, bias correction) over one param group's pieces: one adamw_step
-// call, which also writes the bf16/fp16 model weights from the f32 master weights.
+// call, which also writes the bf16/fp16 model weights from the f32 master weights. Offloaded
+// pieces: a second call through the CPU platform's op table on their host state (the device's
+// call is asynchronous on a GPU, so the two updates overlap), writing the host staging.
 void MegatronOptimizer::adam_update(const ParamGroup& g, std::span<const std::size_t> pieces,
                                     int64_t step) {
   State& s = *state_;
-  std::vector<ops::AdamParam> list;
+  std::vector<ops::AdamParam> list, host_list;
   for (std::size_t k : pieces) {
     Piece& pc = s.pieces[k];
     if (pc.master.numel() == 0) continue;
-    list.push_back({pc.master, pc.grad, pc.exp_avg, pc.exp_avg_sq,
-                    s.separate_master ? pc.model_param : Tensor()});
+    if (pc.on_host)
+      host_list.push_back({pc.master, pc.host_grad, pc.exp_avg, pc.exp_avg_sq, pc.host_model});
+    else
+      list.push_back({pc.master, pc.grad, pc.exp_avg, pc.exp_avg_sq,
+                      s.separate_master ? pc.model_param : Tensor()});
   }
   ops::AdamArgs a;
   a.lr = static_cast<float>(g.lr);
@@ -375,6 +596,7 @@ void MegatronOptimizer::adam_update(const ParamGroup& g, std::span<const std::si
   a.bias_correction = true;
   a.decoupled_weight_decay = config_.decoupled_weight_decay;
   if (!list.empty()) ops_.adamw_step(list, a);
+  if (!host_list.empty()) s.host_ops->adamw_step(host_list, a);
 }
 
 // torch.optim.SGD (dampening 0, no nesterov) over one param group's pieces: d = g + wd p; buf = d
@@ -387,8 +609,10 @@ void MegatronOptimizer::sgd_update(const ParamGroup& g, std::span<const std::siz
   for (std::size_t k : pieces) {
     Piece& pc = s.pieces[k];
     if (pc.master.numel() == 0) continue;
-    Tensor& grad = pc.grad;
-    if (g.weight_decay != 0.0) ops_.axpy(grad, pc.master, static_cast<float>(g.weight_decay));
+    // Offloaded pieces: their host state and gradient copy, through the CPU platform's kernels.
+    const ops::OpTable& o = pc.on_host ? *s.host_ops : ops_;
+    Tensor& grad = pc.on_host ? pc.host_grad : pc.grad;
+    if (g.weight_decay != 0.0) o.axpy(grad, pc.master, static_cast<float>(g.weight_decay));
     if (momentum != 0.0) {
       Tensor& buf = pc.momentum;
       if (!s.momentum_initialized) {
@@ -396,12 +620,12 @@ void MegatronOptimizer::sgd_update(const ParamGroup& g, std::span<const std::siz
       } else {
         std::vector<Tensor> one{buf};
         Tensor none;
-        ops_.multi_tensor_scale(one, momentum, none);
-        ops_.axpy(buf, grad, 1.0f);
+        o.multi_tensor_scale(one, momentum, none);
+        o.axpy(buf, grad, 1.0f);
       }
-      ops_.axpy(pc.master, buf, static_cast<float>(-g.lr));
+      o.axpy(pc.master, buf, static_cast<float>(-g.lr));
     } else {
-      ops_.axpy(pc.master, grad, static_cast<float>(-g.lr));
+      o.axpy(pc.master, grad, static_cast<float>(-g.lr));
     }
   }
 }
@@ -409,22 +633,30 @@ void MegatronOptimizer::sgd_update(const ParamGroup& g, std::span<const std::siz
 // Megatron's _copy_main_params_to_model_params: the f32 master weights rounded into the bf16/fp16
 // model weights (this rank's pieces when sharded; gather_params then spreads them). No-op when the
 // params are their own master weights.
+// Offloaded pieces were copied by the step already (copy_offloaded_params_to_device).
 void MegatronOptimizer::copy_main_params_to_model_params() {
   State& s = *state_;
   if (!s.separate_master) return;
-  if (!shard_)
-    buffer_.params.copy_(s.master_flat);
-  else
-    for (Piece& pc : s.pieces) pc.model_param.copy_(pc.master);
+  if (!shard_) {
+    buffer_.params.slice(s.split, buffer_.params.numel() - s.split).copy_(s.master_flat);
+  } else {
+    for (Piece& pc : s.pieces)
+      if (!pc.on_host) pc.model_param.copy_(pc.master);
+  }
 }
 
+// Offloaded pieces keep master copies of their own in host memory even for f32/f64 models, so
+// they are refreshed from the model here too.
 void MegatronOptimizer::reload_model_params() {
   State& s = *state_;
+  for (Piece& pc : s.pieces)
+    if (pc.on_host) pc.master.copy_(pc.model_param);
   if (!s.separate_master) return;
   if (!shard_) {
-    s.master_flat.copy_(buffer_.params);
+    s.master_flat.copy_(buffer_.params.slice(s.split, buffer_.params.numel() - s.split));
   } else {
-    for (Piece& pc : s.pieces) pc.master.copy_(pc.model_param);
+    for (Piece& pc : s.pieces)
+      if (!pc.on_host) pc.master.copy_(pc.model_param);
   }
 }
 

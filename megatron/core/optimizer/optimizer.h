@@ -32,8 +32,18 @@
 // Model parallelism (GradStatsGroups): the same statistics also reduce over TP, PP and the expert
 // group. The grad norm always goes through the op table's slots, whatever the layout, so a
 // plugin's override applies at scale (ops::GradNormArgs carries the groups).
-// Checkpoints: optimizer_state_dict.cpp. CPU offload (--optimizer-cpu-offload): the identity for a
-// host buffer; refused for a device buffer (not built yet).
+// Checkpoints: optimizer_state_dict.cpp (the same keys and shapes with CPU offload).
+// CPU offload (--optimizer-cpu-offload, --optimizer-offload-fraction f; Megatron's
+// HybridDeviceOptimizer): with the buffers on a device, whole pieces in buffer order are taken
+// for the host while fewer than f of this rank's optimizer elements are there; their master
+// weights (also for f32 models), moments / momentum live in pinned host memory. Each step, after
+// unscale / found-inf / grad norm / clipping / zero count on the device gradients (unchanged), the
+// host pieces' gradients are copied to the host, stepped with the CPU platform's kernels (the same
+// adamw_step arithmetic, vectorised and threaded) while the device steps its own pieces, and the
+// updated weights copied back in the model dtype (--overlap-cpu-optimizer-d2h-h2d: the copies on
+// threads of their own, pipelined run by run with the host update). With the buffers on the host
+// it is the identity (the state is in host memory already), unless
+// OptimizerConfig::offload_engine_on_host (tests).
 #pragma once
 
 #include <cstdint>
@@ -151,8 +161,13 @@ class MegatronOptimizer {
   // tied embedding's pipeline replica nowhere, routed experts over the expert group), through the
   // grad_norm op. A collective over the grad-stats groups: every rank calls it.
   double params_norm() const;
-  // Bytes of optimizer state this rank holds (separate master weights and moments / momentum).
+  // Bytes of optimizer state this rank holds in device memory (separate master weights and
+  // moments / momentum); the whole state on the CPU platform.
   int64_t state_bytes() const;
+  // --optimizer-cpu-offload: bytes of host memory the offloaded state takes (masters, moments,
+  // and the gradient / model-weight staging), and the optimizer elements offloaded (0: off).
+  int64_t host_state_bytes() const;
+  int64_t offloaded_numel() const;
   // Tensors "optimizer.state.{exp_avg,exp_avg_sq,fp32_param,momentum_buffer}.<param name>"
   // (fp32_param only when the master weights are separate; views of live state, see
   // state_dict.h); sharded: the flat shards "optimizer.shard.{exp_avg,...}" instead, with string
@@ -177,6 +192,14 @@ class MegatronOptimizer {
   void adam_update(const ParamGroup& g, std::span<const std::size_t> pieces, int64_t step);
   void sgd_update(const ParamGroup& g, std::span<const std::size_t> pieces);
   void copy_main_params_to_model_params();
+  // --optimizer-cpu-offload (State::offload_runs): device -> host gradients, host -> device
+  // weights (the masters when from_master, else the model-dtype staging Adam wrote).
+  void offload_grads_to_host();
+  void copy_offloaded_params_to_device(bool from_master);
+  // One param group's update over some of its pieces (adam_update / sgd_update).
+  using UpdateFn = std::function<void(std::size_t group, std::span<const std::size_t> pieces)>;
+  // --overlap-cpu-optimizer-d2h-h2d: the copies pipelined with the host update, run by run.
+  void step_offloaded_overlapped(const UpdateFn& update);
   // Construction: Megatron's get_main_grads_for_grad_norm into State (clip_grads.cpp).
   void select_main_grads_for_grad_norm();
   ops::GradNormArgs grad_norm_args() const;

@@ -64,6 +64,9 @@ void OptimizerConfig::validate() const {
   MG_CHECK(hysteresis > 0, "OptimizerConfig: hysteresis must be > 0, got " << hysteresis);
   MG_CHECK(optimizer_offload_fraction >= 0.0 && optimizer_offload_fraction <= 1.0,
            "--optimizer-offload-fraction must be in [0, 1], got " << optimizer_offload_fraction);
+  MG_CHECK(!overlap_cpu_optimizer_d2h_h2d || optimizer_cpu_offload,
+           "--overlap-cpu-optimizer-d2h-h2d overlaps the copies of --optimizer-cpu-offload; pass "
+           "that too, or drop it");
 }
 
 }  // namespace mg::optimizer

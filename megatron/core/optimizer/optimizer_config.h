@@ -4,7 +4,7 @@
 // Precision: fp16 -> Float16 optimizer with a dynamic loss scaler (or a constant one when
 // loss_scale is set); bf16 -> Float16 optimizer with fp32 master weights and no scaler (a constant
 // one when loss_scale is set); neither -> FP32 optimizer (params are their own master weights).
-// Not here: distributed-optimizer, offload and precision-aware-optimizer options.
+// Not here: distributed-optimizer and precision-aware-optimizer options.
 #pragma once
 
 #include <cstdint>
@@ -47,11 +47,16 @@ struct OptimizerConfig {
   double clip_grad = 1.0;              // --clip-grad (0 disables clipping)
   bool log_num_zeros_in_grad = false;  // --log-num-zeros-in-grad
   // --optimizer-cpu-offload / --optimizer-offload-fraction (Megatron's): master weights and
-  // moments (that fraction of them) in host memory, the update on the host. On the CPU platform
-  // they are there already: the identity (the trainer says so); on a device not built yet (an
-  // error at construction naming the device).
+  // moments (that fraction of them) in host memory, the update on the host (optimizer.h). On the
+  // CPU platform they are there already: the identity (the trainer says so).
   bool optimizer_cpu_offload = false;
   double optimizer_offload_fraction = 1.0;
+  // --overlap-cpu-optimizer-d2h-h2d: the gradient and weight copies of the offloaded part run on
+  // threads of their own, pipelined with the host update (same results).
+  bool overlap_cpu_optimizer_d2h_h2d = false;
+  // Tests only (no flag): run the offload engine although the buffers are host memory (the
+  // copies are then memcpy), to compare it with the normal optimizer on the CPU platform.
+  bool offload_engine_on_host = false;
 
   OptimizerType type() const { return parse_optimizer_type(optimizer); }
 

@@ -28,6 +28,16 @@ std::string ranges_str(const std::vector<std::pair<int64_t, int64_t>>& ranges) {
   return out;
 }
 
+// --optimizer-cpu-offload, sharded: a shard's state is the host flat (positions [0, split)) then
+// the device flat; the checkpoint holds it whole (a host copy), as without offload.
+Tensor whole_shard(const Tensor& host, const Tensor& device, int64_t split) {
+  if (split == 0) return device;
+  Tensor out = Tensor::empty({split + device.numel()}, device.dtype());
+  out.slice(0, split).copy_(host);
+  out.slice(split, device.numel()).copy_(device);
+  return out;
+}
+
 }  // namespace
 
 StateDict MegatronOptimizer::state_dict() const {
@@ -38,12 +48,15 @@ StateDict MegatronOptimizer::state_dict() const {
   if (shard_) {
     const std::string prefix = "optimizer.shard.";
     if (type_ == OptimizerType::adam) {
-      sd.tensors[prefix + "exp_avg"] = s.exp_avg_flat;
-      sd.tensors[prefix + "exp_avg_sq"] = s.exp_avg_sq_flat;
+      sd.tensors[prefix + "exp_avg"] = whole_shard(s.host_exp_avg_flat, s.exp_avg_flat, s.split);
+      sd.tensors[prefix + "exp_avg_sq"] =
+          whole_shard(s.host_exp_avg_sq_flat, s.exp_avg_sq_flat, s.split);
     } else if (s.momentum_initialized) {
-      sd.tensors[prefix + "momentum_buffer"] = s.momentum_flat;
+      sd.tensors[prefix + "momentum_buffer"] =
+          whole_shard(s.host_momentum_flat, s.momentum_flat, s.split);
     }
-    if (s.separate_master) sd.tensors[prefix + "fp32_param"] = s.master_flat;
+    if (s.separate_master)
+      sd.tensors[prefix + "fp32_param"] = whole_shard(s.host_master_flat, s.master_flat, s.split);
     sd.strings["shard.ranges"] = ranges_str(shard_->ranges);
     sd.numbers["shard.rank"] = shard_->group->rank();
     sd.numbers["shard.size"] = shard_->group->size();
@@ -99,13 +112,21 @@ void MegatronOptimizer::load_state_dict(const StateDict& sd) {
                  << " of " << shard_->group->size() << " owns " << mine
                  << " (load with the same data-parallel size and --ddp-bucket-size)");
     const std::string prefix = "optimizer.shard.";
+    // Offloaded: the shard's first `split` elements go to the host flat, the rest to the device.
+    auto copy_in_shard = [&](const std::string& key, Tensor& host, Tensor& device) {
+      if (s.split == 0) return copy_in(key, device);
+      Tensor whole = Tensor::empty({s.split + device.numel()}, device.dtype());
+      copy_in(key, whole);
+      host.copy_(whole.slice(0, s.split));
+      device.copy_(whole.slice(s.split, device.numel()));
+    };
     if (type_ == OptimizerType::adam) {
-      copy_in(prefix + "exp_avg", s.exp_avg_flat);
-      copy_in(prefix + "exp_avg_sq", s.exp_avg_sq_flat);
+      copy_in_shard(prefix + "exp_avg", s.host_exp_avg_flat, s.exp_avg_flat);
+      copy_in_shard(prefix + "exp_avg_sq", s.host_exp_avg_sq_flat, s.exp_avg_sq_flat);
     } else if (has_momentum) {
-      copy_in(prefix + "momentum_buffer", s.momentum_flat);
+      copy_in_shard(prefix + "momentum_buffer", s.host_momentum_flat, s.momentum_flat);
     }
-    if (s.separate_master) copy_in(prefix + "fp32_param", s.master_flat);
+    if (s.separate_master) copy_in_shard(prefix + "fp32_param", s.host_master_flat, s.master_flat);
   } else {
     MG_CHECK(!sd.has_string("shard.ranges"),
              "optimizer: the checkpoint holds distributed-optimizer shards ("
@@ -122,6 +143,10 @@ void MegatronOptimizer::load_state_dict(const StateDict& sd) {
       if (s.separate_master) copy_in(kStatePrefix + std::string("fp32_param.") + name, pc.master);
     }
   }
+  // Offloaded pieces of an f32/f64 model: their host masters from the (just loaded) model.
+  if (!s.separate_master)
+    for (Piece& pc : s.pieces)
+      if (pc.on_host) pc.master.copy_(pc.model_param);
   s.momentum_initialized = has_momentum;
   step_ = static_cast<int64_t>(step);
   // Megatron: a checkpoint without scaler state keeps the current scaler; scaler state without a

@@ -445,6 +445,19 @@ TEST(Arguments, MegatronFsdpFlags) {
   e = parse_error(with({"--optimizer-offload-fraction", "1.5"}));
   EXPECT_NE(e.find("--optimizer-offload-fraction must be in [0, 1], got 1.5"), std::string::npos)
       << e;
+  // Megatron's offload companions: the overlap (needs the offload), precision-aware (no effect:
+  // the default dtypes), torch.optim on the host (refused).
+  a = parse_args(with({"--optimizer-cpu-offload", "--overlap-cpu-optimizer-d2h-h2d",
+                       "--use-precision-aware-optimizer", "--no-pin-cpu-grads"}));
+  EXPECT_TRUE(a.optimizer.overlap_cpu_optimizer_d2h_h2d);
+  e = parse_error(with({"--overlap-cpu-optimizer-d2h-h2d"}));
+  EXPECT_NE(
+      e.find("--overlap-cpu-optimizer-d2h-h2d overlaps the copies of --optimizer-cpu-offload"),
+      std::string::npos)
+      << e;
+  e = parse_error(with({"--optimizer-cpu-offload", "--use-torch-optimizer-for-cpu-offload"}));
+  EXPECT_NE(e.find("--use-torch-optimizer-for-cpu-offload"), std::string::npos) << e;
+  EXPECT_NE(e.find("not implemented"), std::string::npos) << e;
 }
 
 // The trainer's flags: each kind alone, its settings reach the model config, errors name flags.

@@ -171,6 +171,25 @@ TEST(MemoryEstimate, ExpertsShardOverTheExpertDataParallelGroup) {
   EXPECT_EQ(dt.expert_optimizer_state, 2);
 }
 
+// --optimizer-cpu-offload on a device: the fraction's masters, moments and staging are host
+// memory, outside the device total; on the CPU platform (optimizer_offload off) nothing moves.
+TEST(MemoryEstimate, OptimizerOffloadMovesTheFractionToHostMemory) {
+  const Arguments a = parse({"--bf16", "--use-distributed-optimizer", "--optimizer-cpu-offload",
+                             "--optimizer-offload-fraction", "0.25"});
+  MemoryLayout l = memory_layout(a, 2);
+  const MemoryEstimate host = estimate_memory(a, kVocab, l, 0);
+  const double n = host.num_parameters;
+  EXPECT_DOUBLE_EQ(host.optimizer_bytes, 12 * n / 2);
+  EXPECT_EQ(host.host_optimizer_bytes, 0.0);
+  l.optimizer_offload = true;
+  const MemoryEstimate dev = estimate_memory(a, kVocab, l, 0);
+  EXPECT_DOUBLE_EQ(dev.optimizer_bytes, 0.75 * 12 * n / 2);
+  // f32 master + 2 moments + f32 gradient staging + bf16 weight staging, of a quarter of the shard.
+  EXPECT_DOUBLE_EQ(dev.host_optimizer_bytes, 0.25 * (n / 2) * (4 + 8 + 4 + 2));
+  EXPECT_DOUBLE_EQ(host.total_bytes() - dev.total_bytes(), 0.25 * 12 * n / 2);
+  EXPECT_NE(dev.str().find("in host memory, offloaded"), std::string::npos) << dev.str();
+}
+
 TEST(MemoryEstimate, ActivationsScaleWithTokensAndParallelism) {
   auto act = [](std::vector<std::string> f, int world = 1) {
     const Arguments a = parse(f);
