@@ -482,7 +482,9 @@ TEST(Fp8WeightCache, DelayedLaterMicroBatchesRecordNoWeightAmax) {
     }
     EXPECT_EQ(recorded, col % 2 == 0 ? 3 : 1) << "column " << col;
     EXPECT_EQ(recorded_every, 3) << "column " << col;
-    if (col % 2 == 1) EXPECT_EQ(at(cached, 1, col), at(every, 1, col)) << "column " << col;
+    if (col % 2 == 1) {
+      EXPECT_EQ(at(cached, 1, col), at(every, 1, col)) << "column " << col;
+    }
   }
   // The first micro-batch casts with the same scales either way.
   EXPECT_EQ(cached.losses[0], every.losses[0]);
