@@ -89,6 +89,10 @@ Tensor fp8_forward(const ModuleContext& ctx, int id, const Tensor& x2, const Ten
   const fp8::WeightFp8* cached = ctx.fp8->cached_weight(id, ctx.fp8_training);
   const fp8::WeightFp8 wf =
       cached ? *cached : ctx.fp8->cast_weight(id, w, {}, ctx.fp8_training, ctx.tp_group);
+  MG_CHECK(wf.q.size() == 1 && wf.q[0].size(0) == w.size(0),
+           "FP8 linear " << ctx.fp8->names()[static_cast<std::size_t>(id)]
+                         << ": its cached weight was cast in " << wf.q.size()
+                         << " part(s) by forward_split; forward needs the whole weight");
   sv.weight_t = wf.qt[0];
   sv.weight_scale_inv = wf.scale_inv;
   Tensor y = ctx.empty({x2.size(0), w.size(0)});
@@ -234,6 +238,14 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
         cached ? *cached
                : ctx_.fp8->cast_weight(fp8_id_, regroup(w_.value, split), split.part_rows,
                                        ctx_.fp8_training, ctx_.tp_group);
+    MG_CHECK(wf.q.size() == split.part_rows.size(),
+             "FP8 linear " << ctx_.fp8->names()[static_cast<std::size_t>(fp8_id_)]
+                           << ": its cached weight holds " << wf.q.size() << " part(s), the split "
+                           << split.part_rows.size());
+    for (std::size_t p = 0; p < wf.q.size(); ++p)
+      MG_CHECK(wf.q[p].size(0) == split.part_rows[p],
+               "FP8 linear: cached weight part " << p << " has " << wf.q[p].size(0)
+                                                 << " rows, the split " << split.part_rows[p]);
     saved.fp8.weight_scale_inv = wf.scale_inv;
     saved.fp8.weight_parts_t = wf.qt;
     for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
