@@ -94,8 +94,10 @@ void check_fp8_flags(ArgParser& p, fp8::Fp8Config& f, const Pending& x) {
     f.format = old;
   }
   MG_CHECK(!x.fp8_param_gather,
-           "--fp8-param-gather: not built yet (FP8 parameters and their all-gather); FP8 GEMMs "
-           "with high-precision parameters run without it");
+           "--fp8-param-gather: not built yet (it needs the FP8 linears' weights stored as FP8 "
+           "with their scales and the distributed optimizer's all-gather of buckets that mix FP8 "
+           "and model-dtype parameters); FP8 GEMMs with high-precision parameters, cast once per "
+           "forward-backward call, run without it");
   MG_CHECK(x.fp8_interval == 1, "--fp8-interval " << x.fp8_interval
                                                   << ": deprecated (Megatron and Transformer "
                                                      "Engine ignore it; scales update every "

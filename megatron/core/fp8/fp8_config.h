@@ -26,9 +26,12 @@ struct Fp8Config {
   int64_t margin = 0;                     // --fp8-margin: scale /= 2^margin
   int64_t amax_history_len = 1;           // --fp8-amax-history-len
   AmaxComputeAlgo amax_compute_algo = AmaxComputeAlgo::most_recent;  // --fp8-amax-compute-algo
-  bool wgrad = true;                    // --no-fp8-wgrad: weight-gradient GEMM in high precision
-  bool tp_only_amax_red = false;        // --tp-only-amax-red: amax over TP(-CP) only
-  bool first_last_layers_bf16 = false;  // --first-last-layers-bf16
+  bool wgrad = true;  // --no-fp8-wgrad: weight-gradient GEMM in high precision
+  // Megatron-Core's TransformerConfig.disable_parameter_transpose_cache (no flag): cast the weights
+  // in every micro-batch instead of once per forward-backward call.
+  bool disable_parameter_transpose_cache = false;
+  bool tp_only_amax_red = false;            // --tp-only-amax-red: amax over TP(-CP) only
+  bool first_last_layers_bf16 = false;      // --first-last-layers-bf16
   int64_t num_layers_at_start_in_bf16 = 1;  // --num-layers-at-start-in-bf16
   int64_t num_layers_at_end_in_bf16 = 1;    // --num-layers-at-end-in-bf16
 

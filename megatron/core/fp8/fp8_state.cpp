@@ -1,10 +1,12 @@
 #include "megatron/core/fp8/fp8_state.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/fp8/fp8_math.h"
 
 namespace mg::fp8 {
 
@@ -31,36 +33,30 @@ std::vector<float> from_bits(const nlohmann::json& a, std::size_t n, const std::
 
 }  // namespace
 
+void all_reduce_max(comm::ProcessGroup* group, Tensor& x) {
+  if (!group || group->size() <= 1) return;
+  if (x.is_host() || group->backend() != "mpi") {
+    group->all_reduce(x, comm::ReduceOp::max)->wait();
+    return;
+  }
+  Tensor h = x.to(Device::cpu());
+  group->all_reduce(h, comm::ReduceOp::max)->wait();
+  x.copy_(h);
+}
+
 float current_scale(float amax, float fp8_max) {
-  if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
-  const float s = fp8_max / amax;
-  return std::isinf(s) ? std::numeric_limits<float>::max() : s;
+  float h = amax, sc = 1.0f, si = 1.0f;
+  math::scale_update_slot(&h, &sc, &si, 1, 1, 0, fp8_max, 1.0f, false, true);
+  return sc;
 }
 
 void delayed_update(std::vector<float>& history, std::vector<float>& scale,
                     std::vector<float>& scale_inv, int64_t len, int64_t slots, float fp8_max,
                     int64_t margin, AmaxComputeAlgo algo) {
   const float pow2 = std::ldexp(1.0f, static_cast<int>(margin));
-  std::vector<float> rolled(history.size());
-  for (int64_t j = 0; j < slots; ++j) {
-    float amax = history[static_cast<std::size_t>(j)];
-    if (algo == AmaxComputeAlgo::max)
-      for (int64_t i = 1; i < len; ++i) {
-        const float h = history[static_cast<std::size_t>(i * slots + j)];
-        if (h > amax || h != h) amax = h;  // torch.max: NaN wins
-      }
-    // torch.roll(history, -1, 0): row i takes row i + 1, the last row takes row 0; then row 0 = 0.
-    for (int64_t i = 0; i < len; ++i)
-      rolled[static_cast<std::size_t>(i * slots + j)] =
-          i == 0 ? 0.0f : history[static_cast<std::size_t>(((i + 1) % len) * slots + j)];
-    const auto sj = static_cast<std::size_t>(j);
-    float sf = (fp8_max / amax) / pow2;
-    if (!(amax > 0.0f) || !std::isfinite(amax)) sf = scale[sj];
-    if (std::isinf(sf)) sf = std::numeric_limits<float>::max();
-    scale[sj] = sf;
-    scale_inv[sj] = 1.0f / sf;
-  }
-  history = rolled;
+  for (int64_t j = 0; j < slots; ++j)
+    math::scale_update_slot(history.data(), scale.data(), scale_inv.data(), len, slots, j, fp8_max,
+                            pow2, algo == AmaxComputeAlgo::max, false);
 }
 
 Fp8State::Fp8State(const Fp8Config& config, const ops::OpTable& ops, Device device)
@@ -85,6 +81,9 @@ void Fp8State::finalize() {
     b.scale = host_f32(std::vector<float>(static_cast<std::size_t>(n), 1.0f), {n}).to(device_);
     b.scale_inv = b.scale.clone();
   }
+  one_ = host_f32({1.0f}, {1}).to(device_);
+  weights_.assign(names_.size(), WeightFp8{});
+  weight_valid_.assign(names_.size(), 0);
 }
 
 Scaling Fp8State::scaling(int id, Role role, std::span<const Tensor> xs, bool training,
@@ -103,20 +102,67 @@ Scaling Fp8State::scaling(int id, Role role, std::span<const Tensor> xs, bool tr
         training ? b.history.select(0).slice(slot, 1) : Tensor::zeros({1}, DType::f32, device_);
     return s;
   }
-  // Tensorwise: amax of the tensors, reduced over the group, then the scale.
-  Tensor amax = Tensor::zeros({1}, DType::f32, device_);
-  const Tensor one = host_f32({1.0f}, {1}).to(device_);
+  // Tensorwise: amax of the tensors, reduced over the group, then the scale, all on the device.
+  Tensor amax = Tensor::zeros({1, 1}, DType::f32, device_);
+  Tensor amax1 = amax.view({1});
   for (const Tensor& x : xs) {
     Tensor none, none2;
-    ops_->fp8_cast_transpose(none, none2, amax, x, one);
+    ops_->fp8_cast_transpose(none, none2, amax1, x, one_);
   }
-  Tensor h = amax.to(Device::cpu());
-  if (group && group->size() > 1) group->all_reduce(h, comm::ReduceOp::max)->wait();
-  const float sc = current_scale(h.data<float>()[0], fp8_max(s.dtype));
-  s.scale = host_f32({sc}, {1}).to(device_);
-  s.scale_inv = host_f32({1.0f / sc}, {1}).to(device_);
+  all_reduce_max(group, amax);
+  s.scale = Tensor::empty({1}, DType::f32, device_);
+  s.scale_inv = Tensor::empty({1}, DType::f32, device_);
+  ops_->fp8_scale_update(amax, s.scale, s.scale_inv,
+                         ops::Fp8ScaleUpdateArgs{.fp8_max = fp8_max(s.dtype), .current = true});
   s.amax = Tensor::zeros({1}, DType::f32, device_);
   return s;
+}
+
+const WeightFp8* Fp8State::cached_weight(int id, bool training) const {
+  MG_CHECK(finalized_ && id >= 0 && id < num_linears(),
+           "Fp8State::cached_weight: linear id " << id << " of " << num_linears());
+  const auto i = static_cast<std::size_t>(id);
+  return training && cache_open_ && weight_valid_[i] ? &weights_[i] : nullptr;
+}
+
+WeightFp8 Fp8State::cast_weight(int id, const Tensor& w, std::span<const int64_t> part_rows,
+                                bool training, comm::ProcessGroup* group) {
+  const Scaling sw = scaling(id, Role::weight, std::span<const Tensor>(&w, 1), training, group);
+  WeightFp8 out;
+  out.scale_inv = sw.scale_inv;
+  const std::vector<int64_t> whole{w.size(0)};
+  const std::span<const int64_t> parts =
+      part_rows.empty() ? std::span<const int64_t>(whole) : part_rows;
+  int64_t base = 0;
+  for (int64_t r : parts) {
+    Tensor q, qt;
+    cast(sw, parts.size() == 1 ? w : w.slice(base, r), &q, &qt);
+    out.q.push_back(q);
+    out.qt.push_back(qt);
+    base += r;
+  }
+  ++weight_casts_;
+  if (training && cache_open_ && !cfg_.disable_parameter_transpose_cache) {
+    const auto i = static_cast<std::size_t>(id);
+    weights_[i] = out;
+    weight_valid_[i] = 1;
+  }
+  return out;
+}
+
+Fp8State::WeightCacheScope::WeightCacheScope(Fp8State* s) : s_(s) {
+  if (!s_) return;
+  MG_CHECK(!s_->cache_open_,
+           "Fp8State: the weight cache is already open (nested forward-backward)");
+  s_->cache_open_ = true;
+  std::fill(s_->weight_valid_.begin(), s_->weight_valid_.end(), 0);
+}
+
+Fp8State::WeightCacheScope::~WeightCacheScope() {
+  if (!s_) return;
+  s_->cache_open_ = false;
+  std::fill(s_->weight_valid_.begin(), s_->weight_valid_.end(), 0);
+  for (WeightFp8& w : s_->weights_) w = WeightFp8{};
 }
 
 void Fp8State::cast(const Scaling& s, const Tensor& x, Tensor* q, Tensor* qt) const {
@@ -133,20 +179,14 @@ void Fp8State::cast(const Scaling& s, const Tensor& x, Tensor* q, Tensor* qt) co
 void Fp8State::update(bool forward, comm::ProcessGroup* group) {
   if (cfg_.recipe != Fp8Recipe::delayed || num_linears() == 0) return;
   Buffers& b = buffers(forward);
-  const int64_t len = cfg_.amax_history_len, n = slots(forward);
-  Tensor h = b.history.to(Device::cpu()).clone();
-  if (group && group->size() > 1) {
-    Tensor row0 = h.select(0);
-    group->all_reduce(row0, comm::ReduceOp::max)->wait();
-  }
-  std::vector<float> hist = h.to_vector<float>();
-  std::vector<float> sc = b.scale.to_vector<float>(), si = b.scale_inv.to_vector<float>();
-  delayed_update(hist, sc, si, len, n,
-                 fp8_max(forward ? cfg_.forward_dtype() : cfg_.backward_dtype()), cfg_.margin,
-                 cfg_.amax_compute_algo);
-  b.history.copy_(host_f32(hist, {len, n}));
-  b.scale.copy_(host_f32(sc, {n}));
-  b.scale_inv.copy_(host_f32(si, {n}));
+  Tensor row0 = b.history.select(0);  // every linear's amaxes of this pass: one all-reduce
+  all_reduce_max(group, row0);
+  ops_->fp8_scale_update(
+      b.history, b.scale, b.scale_inv,
+      ops::Fp8ScaleUpdateArgs{
+          .fp8_max = fp8_max(forward ? cfg_.forward_dtype() : cfg_.backward_dtype()),
+          .margin = cfg_.margin,
+          .max_history = cfg_.amax_compute_algo == AmaxComputeAlgo::max});
 }
 
 std::vector<float> Fp8State::history(bool forward) const {

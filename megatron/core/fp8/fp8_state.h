@@ -6,6 +6,12 @@
 // running pass record their amax. update() after a training pass reduces row 0 over the amax group
 // (max), takes amax (max of the history or row 0), rolls the history (row 0 zeroed) and sets
 // scale = fp8_max / amax / 2^margin (kept when amax is 0 or not finite), scale_inv = 1 / scale.
+// The weights' FP8 copies (Transformer Engine's weight workspace, is_first_microbatch): inside a
+// forward-backward call the schedules open the cache (WeightCacheScope); a training pass casts a
+// weight (and its transpose, recording its amax) on its first use and reuses those bytes and their
+// scale_inv for the call's later micro-batches, which record no weight amax -- TE's semantics, the
+// weights change only at the optimizer step. Outside a scope, in evaluation and with
+// disable_parameter_transpose_cache every pass casts.
 // Tensorwise (current) scaling keeps no history: each cast first takes its tensor's amax, reduced
 // over the tensor-parallel group, and scale = fp8_max / amax.
 // Not training (evaluation, inference): delayed casts use the scales as they are and record
@@ -26,6 +32,13 @@
 namespace mg::fp8 {
 
 enum class Role : uint8_t { input = 0, weight = 1, grad_output = 2 };
+
+// A weight's FP8 copy: per part (one unless the linear splits its output) q [rows, in] and
+// qt [in, rows], and the scale_inv they were cast with.
+struct WeightFp8 {
+  std::vector<Tensor> q, qt;
+  Tensor scale_inv;
+};
 
 // How one operand is quantised: the scale to multiply by, the amax the cast records into, and
 // scale_inv (a copy of its own, kept by the backward that uses the quantised tensor later).
@@ -56,8 +69,30 @@ class Fp8State {
   // The quantised x (q: like x, qt: [C, R] of x viewed as [R, C]); either may be skipped.
   void cast(const Scaling& s, const Tensor& x, Tensor* q, Tensor* qt) const;
 
+  // The FP8 copy of linear `id`'s weight w [out, in] cut into parts of `part_rows` rows (empty:
+  // one part), its scaling as scaling(id, Role::weight, ...). cached_weight: the copy of this
+  // forward-backward call (null when none is cached or the pass does not train).
+  const WeightFp8* cached_weight(int id, bool training) const;
+  WeightFp8 cast_weight(int id, const Tensor& w, std::span<const int64_t> part_rows, bool training,
+                        comm::ProcessGroup* group);
+  // Opens the weight cache for one forward-backward call (every weight is cast again on its first
+  // use; Megatron's set_is_first_microbatch), closes and empties it at the end.
+  class WeightCacheScope {
+   public:
+    explicit WeightCacheScope(Fp8State* s);
+    ~WeightCacheScope();
+    WeightCacheScope(const WeightCacheScope&) = delete;
+    WeightCacheScope& operator=(const WeightCacheScope&) = delete;
+
+   private:
+    Fp8State* s_;
+  };
+  // Weight casts so far (one per weight tensor cast; tests).
+  int64_t weight_casts() const { return weight_casts_; }
+
   // After a training forward (forward = true) or backward pass: delayed scaling's amax reduction
-  // over `group` (max; null: none) and scale update. Nothing for tensorwise.
+  // over `group` (max; null: none; one all-reduce of every linear's amaxes) and the scale update
+  // (the fp8_scale_update op: no host copy). Nothing for tensorwise.
   void update(bool forward, comm::ProcessGroup* group);
 
   // The host values (tests, checkpoints): history [len, slots], scale and scale_inv [slots].
@@ -83,7 +118,12 @@ class Fp8State {
   Device device_;
   std::vector<std::string> names_;
   Buffers fwd_, bwd_;
+  Tensor one_;  // f32 [1] = 1 on the device (amax-only casts)
   bool finalized_ = false;
+  bool cache_open_ = false;
+  std::vector<WeightFp8> weights_;  // [linear] the cached copies
+  std::vector<char> weight_valid_;  // [linear]
+  int64_t weight_casts_ = 0;
 };
 
 // Delayed scaling's update on host values (Transformer Engine's
@@ -92,6 +132,9 @@ class Fp8State {
 void delayed_update(std::vector<float>& history, std::vector<float>& scale,
                     std::vector<float>& scale_inv, int64_t len, int64_t slots, float fp8_max,
                     int64_t margin, AmaxComputeAlgo algo);
+// max-all-reduces x over group (null or size 1: nothing); a device tensor is staged through the
+// host only when the group's backend carries host tensors alone (MPI).
+void all_reduce_max(comm::ProcessGroup* group, Tensor& x);
 // Current scaling's scale from an amax: fp8_max / amax (1 when amax is 0 or not finite; the f32
 // maximum when the quotient overflows).
 float current_scale(float amax, float fp8_max);

@@ -70,6 +70,21 @@ struct Fp8GemmArgs {
   float beta = 0.0f;
 };
 
+// fp8_scale_update (docs/fp8.md): per slot j of history [L, S]
+//   delayed (current = false): amax = max over rows (max_history) or row 0; the history rolled
+//     (row i takes row i + 1, the last row the old row 0) and row 0 zeroed; scale = (fp8_max /
+//     amax) / 2^margin, kept when amax is 0 or not finite, the f32 maximum if it overflows;
+//   current (true; L = 1): scale = fp8_max / amax, 1 when amax is 0 or not finite, the f32
+//     maximum on overflow; the history untouched;
+// then scale_inv = 1 / scale. Transformer Engine's _default_get_amax_and_update_history and
+// _default_sf_compute, and Float8CurrentScaling's scale.
+struct Fp8ScaleUpdateArgs {
+  float fp8_max = 448.0f;
+  int64_t margin = 0;
+  bool max_history = false;  // --fp8-amax-compute-algo max (else most_recent)
+  bool current = false;      // tensorwise (current) scaling
+};
+
 // LayerNorm / RMSNorm. zero_centered_gamma: the weight is stored as (gamma - 1) and applied as
 // (1 + w) (Megatron's apply_layernorm_1p / Gemma-style RMSNorm).
 struct NormArgs {

@@ -29,6 +29,10 @@
   X(fp8_gemm, op, "",                                                                             \
     void(Tensor & c, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv,                 \
          const Tensor& b_scale_inv, const Fp8GemmArgs& args))                                     \
+  /* FP8 scaling update on the device: history [L,S] f32 (row 0 the pass's amaxes), scale and     \
+     scale_inv [S] f32, in place (delayed: roll + scale from the history; current: from row 0) */ \
+  X(fp8_scale_update, op, "",                                                                     \
+    void(Tensor & history, Tensor & scale, Tensor & scale_inv, const Fp8ScaleUpdateArgs& args))   \
   /* y[N,F] += bias[F] */                                                                         \
   X(bias_add, op, "bias_grad", void(Tensor & y, const Tensor& bias))                              \
   /* dbias[F] += sum_n dy[N,F] */                                                                 \

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/ops/rope_scaling.h"
@@ -213,6 +214,37 @@ GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a
               << "] must be multiples of 16 (cuBLASLt's FP8 GEMM; Transformer Engine asserts the "
                  "same): for FP8 training, hidden, FFN and per-rank projection sizes and "
                  "sequence length x micro-batch size must be multiples of 16");
+  return d;
+}
+
+GemmDims validate_fp8_scale_update(const Placement& on, const Tensor& history, const Tensor& scale,
+                                   const Tensor& scale_inv, const Fp8ScaleUpdateArgs& args) {
+  const char* op = "fp8_scale_update";
+  on.check(op, "history", history);
+  on.check(op, "scale", scale);
+  on.check(op, "scale_inv", scale_inv);
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"history", &history},
+                                {"scale", &scale},
+                                {"scale_inv", &scale_inv}})
+    MG_CHECK(t->dtype() == DType::f32,
+             op << ": " << name << " is " << t->str() << ", expected f32");
+  MG_CHECK(history.dim() == 2 && history.size(0) >= 1,
+           op << ": history " << shape_str(history.shape()) << ", expected [L >= 1, slots]");
+  GemmDims d{.batch = 1, .m = history.size(0), .n = history.size(1), .k = 0};
+  MG_CHECK(
+      scale.dim() == 1 && scale.size(0) == d.n && scale_inv.dim() == 1 && scale_inv.size(0) == d.n,
+      op << ": scale " << shape_str(scale.shape()) << " and scale_inv "
+         << shape_str(scale_inv.shape()) << " must be [" << d.n << "] (history "
+         << shape_str(history.shape()) << ")");
+  MG_CHECK(!args.current || d.m == 1,
+           op << ": current scaling takes a [1, slots] amax row, got history "
+              << shape_str(history.shape()));
+  MG_CHECK(args.margin >= 0 && args.margin < 127,
+           op << ": margin " << args.margin << ", expected 0 <= margin < 127");
+  MG_CHECK(args.fp8_max > 0.0f, op << ": fp8_max " << args.fp8_max << ", expected > 0");
+  MG_CHECK(
+      !overlaps(scale, scale_inv) && !overlaps(history, scale) && !overlaps(history, scale_inv),
+      op << ": history, scale and scale_inv overlap");
   return d;
 }
 

@@ -90,6 +90,10 @@ GemmDims validate_fp8_cast_transpose(const Placement& on, const Tensor& q, const
 GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,
                            const Tensor& a_scale_inv, const Tensor& b_scale_inv,
                            const Fp8GemmArgs& args);
+// fp8_scale_update: history [L, S], scale and scale_inv [S], all f32, not overlapping, L >= 1 (1
+// when current), margin >= 0, fp8_max > 0. Returns {L, S} as {m, n}.
+GemmDims validate_fp8_scale_update(const Placement& on, const Tensor& history, const Tensor& scale,
+                                   const Tensor& scale_inv, const Fp8ScaleUpdateArgs& args);
 // y [N, F] += bias [F]; returns F.
 int64_t validate_bias_add(const Placement& on, const Tensor& y, const Tensor& bias);
 // dbias [F] += sum_n dy [N, F]; returns F.

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/pipeline_parallel/p2p_communication.h"
 
 namespace mg::pipeline_parallel {
@@ -43,6 +44,9 @@ ForwardBackwardResult forward_backward_no_pipelining(models::LanguageModule& mod
            "forward_backward_no_pipelining runs the whole model; this one is a pipeline stage ("
                << model.num_chunks() << " chunk(s)): use a pipelined schedule");
   ForwardBackwardResult r;
+  // FP8 weights cast on their first use in this call, reused by the later micro-batches (TE's
+  // is_first_microbatch).
+  const fp8::Fp8State::WeightCacheScope fp8_weights(model.fp8_state());
   const std::unique_ptr<models::ForwardState> state = model.new_forward_state();
   for (int64_t i = 0; i < num_microbatches; ++i) {
     const models::Batch batch = next_batch();
@@ -237,6 +241,7 @@ ForwardBackwardResult run_model_pipeline(models::LanguageModule& model,
                << config.seq_length << " and " << config.micro_batch_size);
   const int chunks = model.num_chunks();
   const bool training = !config.forward_only;
+  const fp8::Fp8State::WeightCacheScope fp8_weights(model.fp8_state());  // as above
   ForwardBackwardResult r;
   std::map<int64_t, models::Batch> batches;
   int64_t fetched = 0;

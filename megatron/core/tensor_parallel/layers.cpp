@@ -84,14 +84,19 @@ void fp8_cast_input(const ModuleContext& ctx, int id, const Tensor& x2, Tensor& 
 // y [N, out] = x_q w_q^T in the model dtype; fills sv.
 Tensor fp8_forward(const ModuleContext& ctx, int id, const Tensor& x2, const Tensor& w,
                    Fp8Saved& sv) {
-  Tensor xq, wq;
+  Tensor xq;
   fp8_cast_input(ctx, id, x2, xq, sv);
-  const fp8::Scaling sw = ctx.fp8->scaling(id, fp8::Role::weight, std::span<const Tensor>(&w, 1),
-                                           ctx.fp8_training, ctx.tp_group);
-  ctx.fp8->cast(sw, w, &wq, &sv.weight_t);
-  sv.weight_scale_inv = sw.scale_inv;
+  const fp8::WeightFp8* cached = ctx.fp8->cached_weight(id, ctx.fp8_training);
+  const fp8::WeightFp8 wf =
+      cached ? *cached : ctx.fp8->cast_weight(id, w, {}, ctx.fp8_training, ctx.tp_group);
+  MG_CHECK(wf.q.size() == 1 && wf.q[0].size(0) == w.size(0),
+           "FP8 linear " << ctx.fp8->names()[static_cast<std::size_t>(id)]
+                         << ": its cached weight was cast in " << wf.q.size()
+                         << " part(s) by forward_split; forward needs the whole weight");
+  sv.weight_t = wf.qt[0];
+  sv.weight_scale_inv = wf.scale_inv;
   Tensor y = ctx.empty({x2.size(0), w.size(0)});
-  ctx.op().fp8_gemm(y, xq, wq, sv.input_scale_inv, sv.weight_scale_inv, ops::Fp8GemmArgs{});
+  ctx.op().fp8_gemm(y, xq, wf.q[0], sv.input_scale_inv, sv.weight_scale_inv, ops::Fp8GemmArgs{});
   return y;
 }
 
@@ -223,29 +228,36 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
   const int64_t n = total.numel() / in;
   const Tensor x2 = total.view({n, in});
   const std::vector<int64_t> base = part_offsets(split);
-  const Tensor w = regroup(w_.value, split);
   const Tensor bias = b_.defined() ? regroup(b_.value, split) : Tensor();
   std::vector<Tensor> parts;
   if (fp8_id_ >= 0) {  // one cast of x and of the (regrouped) weight, one FP8 GEMM per part
     Tensor xq;
     fp8_cast_input(ctx_, fp8_id_, x2, xq, saved.fp8);
-    const fp8::Scaling sw =
-        ctx_.fp8->scaling(fp8_id_, fp8::Role::weight, std::span<const Tensor>(&w, 1),
-                          ctx_.fp8_training, ctx_.tp_group);
-    saved.fp8.weight_scale_inv = sw.scale_inv;
-    saved.fp8.weight_parts_t.clear();
+    const fp8::WeightFp8* cached = ctx_.fp8->cached_weight(fp8_id_, ctx_.fp8_training);
+    const fp8::WeightFp8 wf =
+        cached ? *cached
+               : ctx_.fp8->cast_weight(fp8_id_, regroup(w_.value, split), split.part_rows,
+                                       ctx_.fp8_training, ctx_.tp_group);
+    MG_CHECK(wf.q.size() == split.part_rows.size(),
+             "FP8 linear " << ctx_.fp8->names()[static_cast<std::size_t>(fp8_id_)]
+                           << ": its cached weight holds " << wf.q.size() << " part(s), the split "
+                           << split.part_rows.size());
+    for (std::size_t p = 0; p < wf.q.size(); ++p)
+      MG_CHECK(wf.q[p].size(0) == split.part_rows[p],
+               "FP8 linear: cached weight part " << p << " has " << wf.q[p].size(0)
+                                                 << " rows, the split " << split.part_rows[p]);
+    saved.fp8.weight_scale_inv = wf.scale_inv;
+    saved.fp8.weight_parts_t = wf.qt;
     for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
-      const int64_t r = split.part_rows[p];
-      Tensor wq, wqt;
-      ctx_.fp8->cast(sw, w.slice(base[p], r), &wq, &wqt);
-      saved.fp8.weight_parts_t.push_back(wqt);
-      Tensor y = ctx_.empty({n, r});
-      ctx_.op().fp8_gemm(y, xq, wq, saved.fp8.input_scale_inv, sw.scale_inv, ops::Fp8GemmArgs{});
-      if (b_.defined()) ctx_.op().bias_add(y, bias.slice(base[p], r));
+      Tensor y = ctx_.empty({n, split.part_rows[p]});
+      ctx_.op().fp8_gemm(y, xq, wf.q[p], saved.fp8.input_scale_inv, wf.scale_inv,
+                         ops::Fp8GemmArgs{});
+      if (b_.defined()) ctx_.op().bias_add(y, bias.slice(base[p], split.part_rows[p]));
       parts.push_back(y);
     }
     return parts;
   }
+  const Tensor w = regroup(w_.value, split);
   for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
     const int64_t r = split.part_rows[p];
     const Tensor wp = w.slice(base[p], r);

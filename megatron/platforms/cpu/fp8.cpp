@@ -6,6 +6,8 @@
 // transpose qt; amax = max(amax, max |f32(x)|), a NaN anywhere makes it NaN (the recipe then keeps
 // the old scale). Per-thread maxima over fixed row blocks, combined in order: independent of the
 // thread count (max is exact anyway).
+// fp8_scale_update: fp8/fp8_math.h's slot update over the slots (the reference, also the CUDA
+// kernel's per-thread code).
 // fp8_gemm: the FP8 values widened to f32 (exact), c = s * (A @ B^T) + beta c with the product in
 // f32 by OpenBLAS sgemm (products of FP8 values are exact in f32; only the sums round), s =
 // a_scale_inv * b_scale_inv, each output rounded once to C's dtype. Split over the OpenMP threads
@@ -18,6 +20,7 @@
 #include <cmath>
 #include <vector>
 
+#include "megatron/core/fp8/fp8_math.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/dtype_math.h"
 #include "megatron/platforms/cpu/kernel_util.h"
@@ -116,9 +119,20 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
   });
 }
 
+void fp8_scale_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
+                      const ops::Fp8ScaleUpdateArgs& args) {
+  const ops::GemmDims d = ops::validate_fp8_scale_update(kOnHost, history, scale, scale_inv, args);
+  const float pow2 = std::ldexp(1.0f, static_cast<int>(args.margin));
+  for (int64_t j = 0; j < d.n; ++j)
+    fp8::math::scale_update_slot(history.data<float>(), scale.data<float>(),
+                                 scale_inv.data<float>(), d.m, d.n, j, args.fp8_max, pow2,
+                                 args.max_history, args.current);
+}
+
 }  // namespace
 
 void register_fp8_kernels(plugin::Registry& r) {
+  r.register_op<ops::OpId::fp8_scale_update>("cpu", &fp8_scale_update, "cpu:host");
   r.register_op<ops::OpId::fp8_cast_transpose>("cpu", &fp8_cast_transpose, "cpu:omp");
   r.register_op<ops::OpId::fp8_gemm>("cpu", &fp8_gemm, "cpu:openblas");
 }

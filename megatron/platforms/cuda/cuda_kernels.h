@@ -26,7 +26,14 @@ void register_rope_kernels(plugin::Registry& r);         // rope_fwd/bwd
 void register_cross_entropy_kernels(plugin::Registry& r);  // cross_entropy_*, ce_*
 void register_optimizer_kernels(plugin::Registry& r);  // adamw_step, l2_norm_sq, multi_tensor_scale
 void register_init_kernels(plugin::Registry& r);       // init_normal, init_uniform
-void register_fp8_kernels(plugin::Registry& r);        // fp8_cast_transpose, fp8_gemm (cuBLASLt)
+void register_fp8_kernels(plugin::Registry& r);  // fp8_cast_transpose, fp8_scale_update, fp8_gemm
+// Counters of fp8.cu's cuBLASLt FP8 plan cache since process start: lookups that found a plan
+// (hits) or built one (misses), and the plans cached now (all devices). Also exported as the C
+// symbol mg_cuda_fp8_gemm_plan_cache_stats (dlsym from tests built without CUDA).
+struct Fp8GemmPlanCacheStats {
+  uint64_t hits = 0, misses = 0, plans = 0;
+};
+Fp8GemmPlanCacheStats fp8_gemm_plan_cache_stats();
 
 // Counters of gemm.cu's cuBLASLt plan cache since process start: lookups that found a plan
 // (hits) or built one (misses), gemm_epilogue calls run as a fused cuBLASLt epilogue or as the

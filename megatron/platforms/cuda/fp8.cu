@@ -1,29 +1,40 @@
-// CUDA FP8 kernels (docs/fp8.md): fp8_cast_transpose and fp8_gemm (cuBLASLt), the CPU emulation's
-// (platforms/cpu/fp8.cpp) counterparts.
+// CUDA FP8 kernels (docs/fp8.md): fp8_cast_transpose, fp8_scale_update and fp8_gemm (cuBLASLt),
+// the CPU emulation's (platforms/cpu/fp8.cpp) counterparts.
 //
-// fp8_cast_transpose: one 32 x 32 tile per block: x read coalesced, q = the saturating RNE cast of
-// f32(x) * scale (dtype_math.h, the same code as the CPU: bit-identical), q written coalesced and
-// the tile transposed through shared memory so qt is written coalesced too (Transformer Engine's
-// fused cast-transpose). Each block writes its tile's max |x| to a partial; one block then folds
-// the partials in index order into amax (no atomics; max is exact, so equal to the CPU's).
+// fp8_cast_transpose: one kernel, one pass over x. One 32 x 32 tile per block: x read coalesced,
+// q = the saturating RNE cast of f32(x) * scale (dtype_math.h, the same code as the CPU:
+// bit-identical), q written coalesced and the tile transposed through shared memory so qt is
+// written coalesced too (Transformer Engine's fused cast-transpose); the block's max |x| goes into
+// amax by one atomicMax on its bit pattern (amax and |x| are >= +0 or a positive NaN, whose bit
+// patterns order as the values do, a NaN above every number: max is exact, so equal to the CPU's).
+// fp8_scale_update: one thread per slot running fp8/fp8_math.h's update (the CPU kernel's code,
+// IEEE divisions): the amax history roll and the scales stay on the device, no host read.
 // fp8_gemm: cuBLASLt with A/B CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2, CUBLAS_COMPUTE_32F, the scale
 // inverses as CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER (device pointers: no host sync), FAST_ACCUM
 // off (TE's split accumulator: partial sums promoted to f32), C = D (beta 1 accumulates into the
 // f32 main_grad). Row-major c = a b^T is column-major c^T = b a^T: cuBLAS's A is our b with
 // TRANSA = T, its B our a with TRANSB = N -- the "TN" layout, the only one Hopper's FP8 tensor
 // cores take, which is why the op takes both operands K-contiguous. Compute capability 8.9 or 9.0
-// only, else an error naming the device. Not yet: a plan cache (the heuristic runs per call),
-// FP8 outputs with an amax epilogue (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER), fast accumulation for
-// the forward GEMM.
+// only, else an error naming the device. Plan cache (as gemm.cu's): per device a map from the
+// problem (M, N, K, the three dtypes, beta, the pointers' alignments) to the matmul descriptor, the
+// layouts, the preference and the heuristic's algorithm, built once; a call sets its scale
+// pointers on the cached descriptor and launches under the plan's mutex
+// (fp8_gemm_plan_cache_stats() counts). Not yet: FP8 outputs with an amax epilogue
+// (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER), fast accumulation for the forward GEMM.
 // Gradient rule: fp8_gemm with beta = 1 accumulates (weight gradients); the rest writes.
 #include <cublasLt.h>
 
 #include <array>
+#include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 
+#include "megatron/core/fp8/fp8_math.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/platforms/cuda/cuda_common.h"
@@ -44,9 +55,8 @@ __device__ __forceinline__ float nan_max(float m, float a) {
 }
 
 // Block (tile_c, tile_r) of a [rows, cols] x; blockDim (32, 8), each thread 4 rows of the tile.
-__global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, float* partial, const void* x,
-                                      DType tx, const float* scale, bool e4m3, int64_t rows,
-                                      int64_t cols, int64_t tiles_c) {
+__global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, float* amax, const void* x, DType tx,
+                                      const float* scale, bool e4m3, int64_t rows, int64_t cols) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   __shared__ float warp_max[8];
   const int64_t tr = blockIdx.y, tc = blockIdx.x;
@@ -79,21 +89,8 @@ __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, float* partial, c
   if (threadIdx.x == 0 && threadIdx.y == 0) {
     float b = warp_max[0];
     for (int w = 1; w < static_cast<int>(blockDim.y); ++w) b = nan_max(b, warp_max[w]);
-    partial[tr * tiles_c + tc] = b;
-  }
-}
-
-// amax = max(amax, partials...) folded in index order by one block.
-__global__ void fold_amax_kernel(float* amax, const float* partial, int64_t n) {
-  __shared__ float part[kThreads];
-  float m = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = nan_max(m, partial[i]);
-  part[threadIdx.x] = m;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float b = *amax;
-    for (int t = 0; t < static_cast<int>(blockDim.x); ++t) b = nan_max(b, part[t]);
-    *amax = b;
+    // Non-negative floats (and positive NaNs) order as their bit patterns do.
+    if (b != 0.0f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(fabsf(b)));
   }
 }
 
@@ -107,16 +104,37 @@ void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x, co
   const int64_t tiles_r = (rows + kTile - 1) / kTile, tiles_c = (cols + kTile - 1) / kTile;
   MG_CHECK(tiles_r <= 65535,
            "fp8_cast_transpose: " << rows << " rows exceed the grid limit of " << 65535 * kTile);
-  Scratch partial(dev, static_cast<std::size_t>(tiles_r * tiles_c) * sizeof(float));
   const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
   cast_transpose_kernel<<<dim3(static_cast<unsigned>(tiles_c), static_cast<unsigned>(tiles_r)),
                           dim3(kTile, 8), 0, s>>>(
       q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr,
-      qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr, partial.as<float>(),
-      x.raw_data(), x.dtype(), scale.data<float>(), qd == DType::fp8_e4m3, rows, cols, tiles_c);
+      qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr, amax.data<float>(),
+      x.raw_data(), x.dtype(), scale.data<float>(), qd == DType::fp8_e4m3, rows, cols);
   MG_CUDA_CHECK_LAUNCH();
-  fold_amax_kernel<<<1, kThreads, 0, s>>>(amax.data<float>(), partial.as<float>(),
-                                          tiles_r * tiles_c);
+}
+
+__global__ void scale_update_kernel(float* history, float* scale, float* scale_inv, int64_t len,
+                                    int64_t slots, float fp8_max, float pow2, bool max_history,
+                                    bool current) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j < slots)
+    fp8::math::scale_update_slot(history, scale, scale_inv, len, slots, j, fp8_max, pow2,
+                                 max_history, current);
+}
+
+void fp8_scale_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
+                      const ops::Fp8ScaleUpdateArgs& args) {
+  const ops::GemmDims d =
+      ops::validate_fp8_scale_update(OnCudaDevice{}, history, scale, scale_inv, args);
+  if (d.n == 0) return;
+  const int dev = history.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  const float pow2 = std::ldexp(1.0f, static_cast<int>(args.margin));
+  const auto blocks = static_cast<unsigned>((d.n + kThreads - 1) / kThreads);
+  scale_update_kernel<<<blocks, kThreads, 0, s>>>(history.data<float>(), scale.data<float>(),
+                                                  scale_inv.data<float>(), d.m, d.n, args.fp8_max,
+                                                  pow2, args.max_history, args.current);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -143,12 +161,43 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-// Owns the cuBLASLt descriptors of one call.
-struct LtFp8Call {
+// ---- cuBLASLt FP8 plans ------------------------------------------------------------------------
+
+constexpr std::size_t kMaxFp8Plans = 1024;  // per device; emptied when full
+
+struct Fp8PlanKey {
+  int64_t m, n, k;
+  int32_t ta, tb, tc;
+  bool accumulate;
+  uint32_t align_a, align_b, align_c;
+  bool operator==(const Fp8PlanKey&) const = default;
+};
+
+struct Fp8PlanKeyHash {
+  std::size_t operator()(const Fp8PlanKey& k) const {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    for (int64_t v :
+         {k.m, k.n, k.k, int64_t{k.ta}, int64_t{k.tb}, int64_t{k.tc}, int64_t{k.accumulate},
+          int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}})
+      mix(static_cast<uint64_t>(v));
+    return static_cast<std::size_t>(h);
+  }
+};
+
+// The descriptors of one FP8 problem and the heuristic's algorithm (RAII).
+struct Fp8Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
-  ~LtFp8Call() {
+  cublasLtMatmulAlgo_t algo{};
+  std::size_t workspace = 0;
+  bool found = false;
+  std::mutex mu;  // held while a call sets its scale pointers on `op` and launches
+  Fp8Plan() = default;
+  Fp8Plan(const Fp8Plan&) = delete;
+  Fp8Plan& operator=(const Fp8Plan&) = delete;
+  ~Fp8Plan() {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
@@ -156,6 +205,76 @@ struct LtFp8Call {
     if (op) cublasLtMatmulDescDestroy(op);
   }
 };
+
+struct Fp8PlanCache {
+  std::mutex mu;
+  std::unordered_map<Fp8PlanKey, std::shared_ptr<Fp8Plan>, Fp8PlanKeyHash> plans;
+};
+
+Fp8PlanCache& fp8_plan_cache(int device) {
+  static std::array<Fp8PlanCache, kMaxDevices> caches;  // process lifetime
+  return caches[static_cast<std::size_t>(device)];
+}
+
+std::atomic<uint64_t> g_fp8_plan_hits{0}, g_fp8_plan_misses{0};
+
+// The largest power of two <= 256 dividing the address (cuBLASLt's alignment preference).
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
+
+void set_scale_pointers(cublasLtMatmulDesc_t op, const void* sa, const void* sb) {
+  MG_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+  MG_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+}
+
+// Column-major: D [N, M] = op(A_lt) op(B_lt) with A_lt = our b ([K, N] col-major, ld K, op T) and
+// B_lt = our a ([K, M] col-major, ld K, op N). sa / sb: cuBLAS's A / B scale pointers.
+std::shared_ptr<Fp8Plan> make_fp8_plan(const Fp8PlanKey& key, DType ta, DType tb, DType tc,
+                                       const void* sa, const void* sb, cublasLtHandle_t h) {
+  auto p = std::make_shared<Fp8Plan>();
+  MG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
+  MG_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  MG_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  set_scale_pointers(p->op, sa, sb);
+  const int8_t fast_accum = 0;
+  MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                                                 &fast_accum, sizeof(fast_accum)));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, cuda_type(tb), key.k, key.n, key.k));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, cuda_type(ta), key.k, key.m, key.k));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, cuda_type(tc), key.n, key.m, key.n));
+  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p->pref));
+  const std::size_t ws = kFp8WorkspaceBytes;
+  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_b, sizeof(key.align_b)));
+  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_a, sizeof(key.align_a)));
+  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_c, sizeof(key.align_c)));
+  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof(key.align_c)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, p->op, p->la, p->lb, p->lc, p->lc,
+                                                           p->pref, 1, &result, &found);
+  if (hs == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
+      result.workspaceSize <= kFp8WorkspaceBytes) {
+    p->algo = result.algo;
+    p->workspace = result.workspaceSize;
+    p->found = true;
+  }
+  return p;
+}
 
 void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv,
               const Tensor& b_scale_inv, const ops::Fp8GemmArgs& args) {
@@ -173,47 +292,49 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
                << dev << " (" << p.name << ") has compute capability " << p.major << "." << p.minor
                << " (run without --fp8-format, or on the CPU platform's emulation)");
   if (d.m * d.n == 0) return;
+  MG_CHECK(dev >= 0 && dev < kMaxDevices, "fp8_gemm: device index " << dev);
   DeviceGuard guard(dev);
   cudaStream_t s = current_stream(dev);
   cublasLtHandle_t h = fp8_lt_handle(dev);
-  // Column-major: D [N, M] = op(B_lt) op(A_lt) with A_lt = our b ([K, N] col-major, ld K, op T)
-  // and B_lt = our a ([K, M] col-major, ld K, op N).
-  LtFp8Call x;
-  MG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  MG_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-  MG_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   const void* sa = b_scale_inv.raw_data();  // cuBLAS's A is our b
   const void* sb = a_scale_inv.raw_data();
-  MG_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
-  MG_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
-  const int8_t fast_accum = 0;
-  MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
-                                                 sizeof(fast_accum)));
-  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.la, cuda_type(b.dtype()), d.k, d.n, d.k));
-  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.lb, cuda_type(a.dtype()), d.k, d.m, d.k));
-  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&x.lc, cuda_type(c.dtype()), d.n, d.m, d.n));
-  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&x.pref));
-  const std::size_t ws = kFp8WorkspaceBytes;
-  MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  MG_CUBLAS_CHECK(
-      cublasLtMatmulAlgoGetHeuristic(h, x.op, x.la, x.lb, x.lc, x.lc, x.pref, 1, &result, &found));
-  MG_CHECK(found > 0, "fp8_gemm: cuBLASLt has no FP8 algorithm for [M, N, K] = ["
-                          << d.m << ", " << d.n << ", " << d.k << "], A " << dtype_name(a.dtype())
-                          << ", B " << dtype_name(b.dtype()) << ", C " << dtype_name(c.dtype()));
+  const Fp8PlanKey key{.m = d.m,
+                       .n = d.n,
+                       .k = d.k,
+                       .ta = static_cast<int32_t>(a.dtype()),
+                       .tb = static_cast<int32_t>(b.dtype()),
+                       .tc = static_cast<int32_t>(c.dtype()),
+                       .accumulate = args.beta != 0.0f,
+                       .align_a = alignment(a.raw_data()),
+                       .align_b = alignment(b.raw_data()),
+                       .align_c = alignment(c.raw_data())};
+  Fp8PlanCache& cache = fp8_plan_cache(dev);
+  std::shared_ptr<Fp8Plan> plan;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.plans.find(key);
+    if (it != cache.plans.end()) plan = it->second;
+  }
+  if (plan) {
+    g_fp8_plan_hits.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    g_fp8_plan_misses.fetch_add(1, std::memory_order_relaxed);
+    plan = make_fp8_plan(key, a.dtype(), b.dtype(), c.dtype(), sa, sb, h);  // the slow part
+    std::lock_guard<std::mutex> lock(cache.mu);
+    if (cache.plans.size() >= kMaxFp8Plans) cache.plans.clear();
+    plan = cache.plans.emplace(key, plan).first->second;  // another thread's if it won the race
+  }
+  MG_CHECK(plan->found, "fp8_gemm: cuBLASLt has no FP8 algorithm for [M, N, K] = ["
+                            << d.m << ", " << d.n << ", " << d.k << "], A " << dtype_name(a.dtype())
+                            << ", B " << dtype_name(b.dtype()) << ", C " << dtype_name(c.dtype()));
   Scratch workspace;
-  if (result.workspaceSize > 0) workspace = Scratch(dev, result.workspaceSize);
+  if (plan->workspace > 0) workspace = Scratch(dev, plan->workspace);
   const float alpha = 1.0f, beta = args.beta;
-  MG_CUBLAS_CHECK(cublasLtMatmul(h, x.op, &alpha, b.raw_data(), x.la, a.raw_data(), x.lb, &beta,
-                                 c.raw_data(), x.lc, c.raw_data(), x.lc, &result.algo,
-                                 workspace.get(), result.workspaceSize, s));
+  std::lock_guard<std::mutex> lock(plan->mu);
+  set_scale_pointers(plan->op, sa, sb);
+  MG_CUBLAS_CHECK(cublasLtMatmul(h, plan->op, &alpha, b.raw_data(), plan->la, a.raw_data(),
+                                 plan->lb, &beta, c.raw_data(), plan->lc, c.raw_data(), plan->lc,
+                                 &plan->algo, workspace.get(), plan->workspace, s));
 }
 
 }  // namespace
@@ -221,7 +342,24 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
 void register_fp8_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::fp8_cast_transpose>(kPlatformName, &fp8_cast_transpose,
                                                "cuda:cast-transpose");
+  r.register_op<ops::OpId::fp8_scale_update>(kPlatformName, &fp8_scale_update, "cuda:scale-update");
   r.register_op<ops::OpId::fp8_gemm>(kPlatformName, &fp8_gemm, "cuda:cublaslt-fp8");
 }
 
+Fp8GemmPlanCacheStats fp8_gemm_plan_cache_stats() {
+  Fp8GemmPlanCacheStats st;
+  st.hits = g_fp8_plan_hits.load();
+  st.misses = g_fp8_plan_misses.load();
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    Fp8PlanCache& cache = fp8_plan_cache(dev);
+    std::lock_guard<std::mutex> lock(cache.mu);
+    st.plans += cache.plans.size();
+  }
+  return st;
+}
+
 }  // namespace mg::platforms::cuda
+
+extern "C" mg::platforms::cuda::Fp8GemmPlanCacheStats mg_cuda_fp8_gemm_plan_cache_stats() {
+  return mg::platforms::cuda::fp8_gemm_plan_cache_stats();
+}

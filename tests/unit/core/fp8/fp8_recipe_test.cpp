@@ -8,6 +8,13 @@
 //     weight) and backward (gradient) slots; the state survives state_json / load_state_json.
 //   - Tensorwise (current) scaling: current_scale and Fp8State::scaling's scale / scale_inv.
 //   - fp8_gemm on the CPU against an f64 reference within the derived f32 accumulation bound.
+//   - fp8_scale_update (the op Fp8State::update runs) against delayed_update / current_scale on
+//     random histories with zeros, NaN and Inf; bad shapes refused.
+//   - The weight cache (TE's is_first_microbatch) on a 2-layer LLaMA through
+//     forward_backward_no_pipelining: each FP8 weight cast once per call, not once per micro-batch;
+//     losses and every gradient bit-identical to casting in every micro-batch where TE's semantics
+//     give the same bytes (tensorwise scaling; delayed with one micro-batch); under delayed scaling
+//     the later micro-batches record no weight amax (TE), the inputs' amaxes every time.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -18,7 +25,10 @@
 #include <vector>
 
 #include "megatron/core/fp8/fp8_state.h"
+#include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/pipeline_parallel/schedules.h"
 #include "megatron/core/tensor/dtype_math.h"
+#include "tests/unit/core/models/gpt_test_util.h"
 #include "tests/unit/test_util.h"
 
 namespace mg {
@@ -318,6 +328,172 @@ TEST(Fp8Gemm, RefusesBadShapesAndDtypes) {
   EXPECT_THROW(ops.fp8_gemm(c, e5, e5, s, s, {}), Error);  // e5m2 x e5m2
   const Tensor bf = Tensor::zeros({16, 16}, DType::bf16);
   EXPECT_THROW(ops.fp8_gemm(c, bf, bf, s, s, {}), Error);  // not FP8
+}
+
+TEST(Fp8ScaleUpdate, OpEqualsTheReference) {
+  const auto& ops = test::ops_on("cpu");
+  const float special[] = {0.0f, std::nanf(""), INFINITY, 1e-30f, 3.0e38f, 448.0f, 0.02f};
+  for (bool current : {false, true})
+    for (int64_t len : {int64_t{1}, int64_t{2}, int64_t{5}})
+      for (bool max_history : {false, true})
+        for (int64_t margin : {int64_t{0}, int64_t{2}}) {
+          if (current && (len != 1 || margin != 0)) continue;
+          const int64_t slots = 9;
+          auto h = test::random_values(static_cast<std::size_t>(len * slots), 31, 0.0, 50.0);
+          std::vector<float> hist(h.begin(), h.end());
+          for (std::size_t i = 0; i < 7; ++i) hist[i] = special[i];
+          std::vector<float> sc(static_cast<std::size_t>(slots), 0.5f), si(sc.size(), 2.0f);
+          Tensor th = Tensor::from_vector(hist, {len, slots}),
+                 ts = Tensor::from_vector(sc, {slots}), tsi = Tensor::from_vector(si, {slots});
+          const float fmax = 57344.0f;
+          ops.fp8_scale_update(th, ts, tsi,
+                               ops::Fp8ScaleUpdateArgs{.fp8_max = fmax,
+                                                       .margin = margin,
+                                                       .max_history = max_history,
+                                                       .current = current});
+          if (current) {
+            for (int64_t j = 0; j < slots; ++j) {
+              const float want = fp8::current_scale(hist[static_cast<std::size_t>(j)], fmax);
+              EXPECT_EQ(bits(ts.data<float>()[j]), bits(want)) << "slot " << j;
+              EXPECT_EQ(bits(tsi.data<float>()[j]), bits(1.0f / want)) << "slot " << j;
+            }
+            const auto gh = th.to_vector<float>();  // current scaling leaves the amaxes
+            for (std::size_t i = 0; i < hist.size(); ++i) EXPECT_EQ(bits(gh[i]), bits(hist[i]));
+            continue;
+          }
+          fp8::delayed_update(
+              hist, sc, si, len, slots, fmax, margin,
+              max_history ? fp8::AmaxComputeAlgo::max : fp8::AmaxComputeAlgo::most_recent);
+          const auto gh = th.to_vector<float>(), gs = ts.to_vector<float>(),
+                     gsi = tsi.to_vector<float>();
+          for (std::size_t i = 0; i < hist.size(); ++i)
+            EXPECT_EQ(bits(gh[i]), bits(hist[i])) << "len " << len << " h" << i;
+          for (std::size_t i = 0; i < sc.size(); ++i) {
+            EXPECT_EQ(bits(gs[i]), bits(sc[i])) << "len " << len << " slot " << i;
+            EXPECT_EQ(bits(gsi[i]), bits(si[i])) << "len " << len << " slot " << i;
+          }
+        }
+  Tensor h = Tensor::zeros({2, 3}, DType::f32), s = Tensor::zeros({2}, DType::f32),
+         si = Tensor::zeros({3}, DType::f32);
+  EXPECT_THROW(ops.fp8_scale_update(h, s, si, {}), Error);
+  Tensor s3 = Tensor::zeros({3}, DType::f32);
+  EXPECT_THROW(ops.fp8_scale_update(h, s3, si, {.current = true}), Error);  // current: [1, S]
+}
+
+// A 2-layer LLaMA whose linears all run in FP8 (sizes multiples of 16).
+transformer::TransformerConfig fp8_llama(fp8::Fp8Recipe recipe, int64_t history, bool cache) {
+  transformer::TransformerConfig c = test::tiny_llama_config();
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 64;
+  c.seq_length = 16;
+  c.fp8.format = fp8::Fp8Format::hybrid;
+  c.fp8.recipe = recipe;
+  c.fp8.amax_history_len = history;
+  c.fp8.disable_parameter_transpose_cache = !cache;
+  return c;
+}
+
+struct FbRun {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> grads;
+  std::vector<float> fwd_history;
+  int64_t casts = 0;  // weight casts per forward-backward call
+  int64_t linears = 0;
+};
+
+// `calls` forward-backward calls of `micro` micro-batches (batch 1, seq 16), the weights moved
+// between calls (as an optimizer step would).
+FbRun run_fb(const transformer::TransformerConfig& c, int64_t micro, int calls, bool forward_only) {
+  const auto& ops = test::ops_on("cpu");
+  models::GPTModel m(c, 64, ops, Device::cpu());
+  m.init_weights(3);
+  const models::GPTBatch full = test::random_batch(micro, 16, 64, 11);
+  FbRun r;
+  r.linears = m.fp8_state()->num_linears();
+  for (int call = 0; call < calls; ++call) {
+    int64_t next = 0;
+    const pipeline_parallel::NextBatchFn feed = [&] { return test::batch_rows(full, next++, 1); };
+    pipeline_parallel::ForwardBackwardConfig cfg;
+    cfg.forward_only = forward_only;
+    m.zero_grad();
+    const int64_t before = m.fp8_state()->weight_casts();
+    const auto res = pipeline_parallel::forward_backward_no_pipelining(m, feed, micro, cfg,
+                                                                       models::StepRng{1, call, 0});
+    r.casts = m.fp8_state()->weight_casts() - before;
+    for (const auto& mb : res.microbatches) r.losses.push_back(mb.loss_sum);
+    for (auto& p : m.parameters()) {
+      r.grads.push_back(p.main_grad.to_vector<float>());
+      std::vector<float> w = p.param.to_vector<float>();
+      for (float& v : w) v *= 1.01f;  // the "optimizer step": new weights, new amaxes
+      p.param.copy_(Tensor::from_vector(w, p.param.shape()));
+    }
+  }
+  r.fwd_history = m.fp8_state()->history(true);
+  return r;
+}
+
+void expect_same(const FbRun& a, const FbRun& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  for (std::size_t i = 0; i < a.losses.size(); ++i)
+    EXPECT_EQ(a.losses[i], b.losses[i]) << what << " micro-batch " << i;
+  ASSERT_EQ(a.grads.size(), b.grads.size()) << what;
+  for (std::size_t i = 0; i < a.grads.size(); ++i)
+    EXPECT_EQ(a.grads[i], b.grads[i]) << what << " gradient " << i;
+}
+
+TEST(Fp8WeightCache, TensorwiseCastsOncePerCallWithTheSameNumbers) {
+  const FbRun cached = run_fb(fp8_llama(fp8::Fp8Recipe::tensorwise, 1, true), 3, 2, false);
+  const FbRun every = run_fb(fp8_llama(fp8::Fp8Recipe::tensorwise, 1, false), 3, 2, false);
+  ASSERT_EQ(cached.linears, 8);  // qkv, proj, fc1, fc2 of 2 layers
+  EXPECT_EQ(cached.casts, cached.linears);
+  EXPECT_EQ(every.casts, 3 * every.linears);
+  expect_same(cached, every, "tensorwise, 3 micro-batches");
+}
+
+TEST(Fp8WeightCache, DelayedOneMicroBatchSameNumbers) {
+  for (int64_t len : {int64_t{1}, int64_t{4}}) {
+    const FbRun cached = run_fb(fp8_llama(fp8::Fp8Recipe::delayed, len, true), 1, 3, false);
+    const FbRun every = run_fb(fp8_llama(fp8::Fp8Recipe::delayed, len, false), 1, 3, false);
+    EXPECT_EQ(cached.casts, cached.linears);
+    EXPECT_EQ(every.casts, every.linears);
+    expect_same(cached, every, "delayed, history " + std::to_string(len));
+    EXPECT_EQ(cached.fwd_history, every.fwd_history);
+  }
+}
+
+TEST(Fp8WeightCache, DelayedLaterMicroBatchesRecordNoWeightAmax) {
+  // History 4, one call of 3 micro-batches: 3 forward updates. Each roll moves row 0 (the pass's
+  // amaxes) to the last row, so after them rows 1..3 hold the passes' amaxes (row 1 the first
+  // pass's). Inputs (even columns) record in every pass; the cached weights (odd columns) only in
+  // the first, casting in every micro-batch records them 3 times.
+  const FbRun cached = run_fb(fp8_llama(fp8::Fp8Recipe::delayed, 4, true), 3, 1, false);
+  const FbRun every = run_fb(fp8_llama(fp8::Fp8Recipe::delayed, 4, false), 3, 1, false);
+  EXPECT_EQ(cached.casts, cached.linears);
+  EXPECT_EQ(every.casts, 3 * every.linears);
+  const int64_t slots = 2 * cached.linears;
+  auto at = [&](const FbRun& r, int64_t row, int64_t col) {
+    return r.fwd_history[static_cast<std::size_t>(row * slots + col)];
+  };
+  for (int64_t col = 0; col < slots; ++col) {
+    int recorded = 0, recorded_every = 0;
+    for (int64_t row = 1; row < 4; ++row) {
+      recorded += at(cached, row, col) > 0.0f;
+      recorded_every += at(every, row, col) > 0.0f;
+    }
+    EXPECT_EQ(recorded, col % 2 == 0 ? 3 : 1) << "column " << col;
+    EXPECT_EQ(recorded_every, 3) << "column " << col;
+    if (col % 2 == 1) {
+      EXPECT_EQ(at(cached, 1, col), at(every, 1, col)) << "column " << col;
+    }
+  }
+  // The first micro-batch casts with the same scales either way.
+  EXPECT_EQ(cached.losses[0], every.losses[0]);
+}
+
+TEST(Fp8WeightCache, EvaluationCastsEveryMicroBatch) {
+  const FbRun eval = run_fb(fp8_llama(fp8::Fp8Recipe::delayed, 1, true), 2, 1, true);
+  EXPECT_EQ(eval.casts, 2 * eval.linears);
+  for (float h : eval.fwd_history) EXPECT_EQ(h, 0.0f);  // evaluation records nothing
 }
 
 }  // namespace

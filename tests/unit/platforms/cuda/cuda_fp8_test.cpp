@@ -8,7 +8,18 @@
 //     rounding of C's dtype on each side (2 u_C |c|) + the f32 rounding of s (2^-24 s sum |ab|),
 //     gamma_K(u) = K u / (1 - K u).
 //   - on a GPU other than sm_89 / sm_90 fp8_gemm throws naming the device's compute capability.
-// Every test skips without a GPU (printing the platform's reason). UNVERIFIED: never run on a GPU.
+//   - the one-pass cast-transpose's amax (atomicMax on the bit patterns): keeps a larger earlier
+//     amax, takes a NaN.
+//   - fp8_scale_update: history, scale and scale_inv bit for bit against the CPU (the same
+//     fp8_math.h code; zeros, NaN, Inf, overflowing quotients), delayed and current.
+//   - the FP8 plan cache: a repeated problem is a hit and gives the same bytes, a new shape a miss;
+//     the cached descriptor takes each call's scale pointers (a scale doubled doubles C exactly).
+// Every test skips without a GPU (printing the platform's reason). The cast-transpose and GEMM
+// bound tests passed on an H200; the amax, scale-update and plan-cache tests are UNVERIFIED (not
+// yet run on a GPU).
+#include <dlfcn.h>
+
+#include <bit>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -21,6 +32,14 @@ namespace mg {
 namespace {
 
 const Device kGpu = Device::cuda(0);
+
+// fp8.cu's plan cache counters (looked up by their C name: this file also builds without CUDA).
+platforms::cuda::Fp8GemmPlanCacheStats fp8_plan_stats() {
+  using Fn = platforms::cuda::Fp8GemmPlanCacheStats (*)();
+  const auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "mg_cuda_fp8_gemm_plan_cache_stats"));
+  MG_CHECK(fn != nullptr, "mg_cuda_fp8_gemm_plan_cache_stats is not in the process");
+  return fn();
+}
 
 std::vector<uint8_t> bytes_of(const Tensor& t) {
   const Tensor h = t.to(Device::cpu());
@@ -101,6 +120,101 @@ TEST(CudaFp8, GemmWithinTheDerivedBound) {
         EXPECT_EQ(bad, 0) << dtype_name(ta) << " x " << dtype_name(tb) << " -> " << dtype_name(cd)
                           << " beta " << beta;
       }
+}
+
+TEST(CudaFp8, CastTransposeAmaxKeepsLargerAndTakesNaN) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto& gpu = test::ops_on("cuda");
+  const Tensor scale = Tensor::from_vector(std::vector<float>{1.0f}, {1}).to(kGpu);
+  std::vector<float> v(64 * 40, 0.5f);
+  v[777] = -3.0f;
+  for (float prior : {1.0f, 7.0f}) {
+    Tensor amax = Tensor::from_vector(std::vector<float>{prior}, {1}).to(kGpu);
+    Tensor q = Tensor::empty({64, 40}, DType::fp8_e4m3, kGpu), none;
+    gpu.fp8_cast_transpose(q, none, amax, Tensor::from_vector(v, {64, 40}).to(kGpu), scale);
+    EXPECT_EQ(amax.to(Device::cpu()).data<float>()[0], std::max(prior, 3.0f));
+  }
+  v[1000] = std::nanf("");
+  Tensor amax = Tensor::from_vector(std::vector<float>{1.0f}, {1}).to(kGpu);
+  Tensor none, none2;
+  gpu.fp8_cast_transpose(none, none2, amax, Tensor::from_vector(v, {64, 40}).to(kGpu), scale);
+  EXPECT_TRUE(std::isnan(amax.to(Device::cpu()).data<float>()[0]));
+}
+
+TEST(CudaFp8, ScaleUpdateEqualsCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto& cpu = test::ops_on("cpu");
+  const auto& gpu = test::ops_on("cuda");
+  const float special[] = {0.0f, std::nanf(""), INFINITY, 1e-30f, 3.0e38f, 448.0f, 0.02f};
+  for (bool current : {false, true})
+    for (int64_t len : {int64_t{1}, int64_t{3}, int64_t{16}})
+      for (bool max_history : {false, true}) {
+        if (current && len != 1) continue;
+        const int64_t slots = 300;  // more than one block
+        const auto r = test::random_values(static_cast<std::size_t>(len * slots), 41, 0.0, 900.0);
+        std::vector<float> h(r.begin(), r.end());
+        for (std::size_t i = 0; i < 7; ++i) h[i * 13] = special[i];
+        const auto sr = test::random_values(static_cast<std::size_t>(slots), 42, 0.1, 4.0);
+        std::vector<float> sc(sr.begin(), sr.end()), si(sc.size(), 0.0f);
+        Tensor ch = Tensor::from_vector(h, {len, slots}), cs = Tensor::from_vector(sc, {slots}),
+               csi = Tensor::from_vector(si, {slots});
+        Tensor gh = ch.to(kGpu), gs = cs.to(kGpu), gsi = csi.to(kGpu);
+        const ops::Fp8ScaleUpdateArgs args{
+            .fp8_max = 448.0f, .margin = 1, .max_history = max_history, .current = current};
+        cpu.fp8_scale_update(ch, cs, csi, args);
+        gpu.fp8_scale_update(gh, gs, gsi, args);
+        auto same_bits = [](const Tensor& a, const Tensor& b) {
+          const auto x = a.to(Device::cpu()).to_vector<float>(), y = b.to_vector<float>();
+          for (std::size_t i = 0; i < x.size(); ++i)
+            if (std::bit_cast<uint32_t>(x[i]) != std::bit_cast<uint32_t>(y[i])) return false;
+          return x.size() == y.size();
+        };
+        EXPECT_TRUE(same_bits(gh, ch)) << "history, len " << len << " current " << current;
+        EXPECT_TRUE(same_bits(gs, cs)) << "scale, len " << len << " current " << current;
+        EXPECT_TRUE(same_bits(gsi, csi)) << "scale_inv, len " << len << " current " << current;
+      }
+}
+
+TEST(CudaFp8, GemmPlanCacheReusesPlansAndTakesEachCallsScales) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto& gpu = test::ops_on("cuda");
+  auto fp8 = [](int64_t r, int64_t c, uint64_t seed) {
+    return Tensor::from_vector(
+               test::random_values(static_cast<std::size_t>(r * c), seed, -100.0, 100.0), {r, c},
+               DType::fp8_e4m3)
+        .to(kGpu);
+  };
+  const Tensor a = fp8(48, 64, 51), b = fp8(80, 64, 52);
+  const Tensor s1 = Tensor::from_vector(std::vector<float>{0.37f}, {1}).to(kGpu);
+  const Tensor s2 = Tensor::from_vector(std::vector<float>{2.0f * 0.37f}, {1}).to(kGpu);
+  Tensor c1 = Tensor::zeros({48, 80}, DType::f32, kGpu);
+  try {
+    gpu.fp8_gemm(c1, a, b, s1, s1, {});
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    ASSERT_NE(what.find("compute capability"), std::string::npos) << what;
+    GTEST_SKIP() << "not an sm_89 / sm_90 GPU: " << what;
+  }
+  const auto st0 = fp8_plan_stats();
+  Tensor c2 = Tensor::zeros({48, 80}, DType::f32, kGpu);
+  gpu.fp8_gemm(c2, a, b, s1, s1, {});
+  const auto st1 = fp8_plan_stats();
+  EXPECT_EQ(st1.misses, st0.misses);
+  EXPECT_EQ(st1.hits, st0.hits + 1);
+  EXPECT_EQ(st1.plans, st0.plans);
+  const auto v1 = c1.to(Device::cpu()).to_vector<float>(),
+             v2 = c2.to(Device::cpu()).to_vector<float>();
+  EXPECT_EQ(v1, v2);
+  Tensor c3 = Tensor::zeros({48, 80}, DType::f32, kGpu);
+  gpu.fp8_gemm(c3, a, b, s2, s1, {});  // same plan, a's scale doubled
+  EXPECT_EQ(fp8_plan_stats().misses, st0.misses);
+  const auto v3 = c3.to(Device::cpu()).to_vector<float>();
+  for (std::size_t i = 0; i < v1.size(); ++i) ASSERT_EQ(v3[i], 2.0f * v1[i]) << i;
+  Tensor c4 = Tensor::zeros({32, 80}, DType::f32, kGpu);
+  gpu.fp8_gemm(c4, fp8(32, 64, 53), b, s1, s1, {});  // a new shape: a new plan
+  const auto st4 = fp8_plan_stats();
+  EXPECT_EQ(st4.misses, st0.misses + 1);
+  EXPECT_EQ(st4.plans, st0.plans + 1);
 }
 
 }  // namespace
