@@ -10,6 +10,7 @@
 // group. The slots are called on every layout, one rank or many, so a platform's or plugin's
 // override always applies; the groups travel in ops::GradNormArgs.
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer/optimizer_state.h"
 
@@ -81,7 +82,7 @@ int64_t MegatronOptimizer::count_zeros() const {
   for (const Piece& pc : s.pieces) {
     const transformer::Parameter& p = params_[pc.param];
     if (pc.grad.numel() == 0 || p.shared || !counted_on_this_tp_rank(p, tp_.get())) continue;
-    for (float v : pc.grad.to_vector<float>()) zeros += v == 0.0f;
+    for (float v : host_read<float>(pc.grad, HostSync::num_zeros)) zeros += v == 0.0f;
   }
   return static_cast<int64_t>(
       reduce_over_grad_stats_groups(static_cast<double>(zeros), comm::ReduceOp::sum));

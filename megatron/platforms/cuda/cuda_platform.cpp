@@ -20,6 +20,9 @@
 // Not here: kernels (one family per .cu file), the allocator policy (cuda_allocator.h).
 #include "megatron/platforms/cuda/cuda_platform.h"
 
+#include <cuda_profiler_api.h>
+#include <nvtx3/nvToolsExt.h>
+
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -29,6 +32,7 @@
 #include <string>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 #include "megatron/platforms/cuda/cuda_allocator.h"
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/platforms/cuda/cuda_common.h"
@@ -307,6 +311,16 @@ class CudaPlatform final : public plugin::Platform {
     MG_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
+  // NVTX 3 (header-only in the toolkit; it loads the tool's injection library only under a tool
+  // such as nsys, otherwise each call is a no-op) and the CUDA profiler API.
+  std::string_view profiling_tool() const override {
+    return "NVTX ranges + cudaProfilerStart/Stop (nsys --capture-range=cudaProfilerApi)";
+  }
+  void range_push(const char* name) override { nvtxRangePushA(name); }
+  void range_pop() override { nvtxRangePop(); }
+  void profiler_start() override { MG_CUDA_CHECK(cudaProfilerStart()); }
+  void profiler_stop() override { MG_CUDA_CHECK(cudaProfilerStop()); }
+
   void manual_seed(uint64_t seed) override { seed_.store(seed); }
   uint64_t seed() const override { return seed_.load(); }
 
@@ -334,6 +348,9 @@ class CudaPlatform final : public plugin::Platform {
                                                          : cudaMemcpyDeviceToDevice;
       MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
     }
+    // Device-to-host waits are counted by Tensor::copy_ / host_read (named sites).
+    if (src_device.is_host()) count_host_sync(HostSync::upload);
+    if (!src_device.is_host() && !dst_device.is_host()) count_host_sync(HostSync::device_copy);
     MG_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
@@ -398,6 +415,7 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, int device) {
   DeviceGuard guard(device);
   cudaStream_t s = current_stream(device);
   MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  count_host_sync(HostSync::kernel);
   MG_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -406,6 +424,7 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes, int device) {
   DeviceGuard guard(device);
   cudaStream_t s = current_stream(device);
   MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+  count_host_sync(HostSync::kernel);
   MG_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
