@@ -4,7 +4,8 @@
 # f32) on the King James Bible data `make demo` prepares, on the CPU platform.
 #   bash benchmarks/run_cpu_profile.sh [build-dir]     (default build; runs scripts/demo.sh first
 #                                                       when <build>/demo has no data)
-# Iterations [START, END) (default 5..15, after warm-up) are profiled; THREADS (default 2) is
+# Iterations [START, END) (default 5..15, after warm-up) of the demo's schedule (330 iterations,
+# stopped by --exit-interval END) are profiled; THREADS (default 2) is
 # OMP_NUM_THREADS. Writes benchmarks/results/<date>-cpu-demo-op-profile.md with the command, the
 # load average before and after (the machine may be shared) and the table.
 set -euo pipefail
@@ -22,7 +23,7 @@ cmd=("$build/bin/pretrain_gpt" --platform cpu
   --clip-grad 1.0 --hidden-dropout 0 --attention-dropout 0 --seed 1234
   --data-path "$work/kjv_text_document" --split 98,2,0 --data-cache-path "$work/cache"
   --tokenizer-type SentencePieceTokenizer --tokenizer-model "$work/kjv_spm.model"
-  --train-iters "$end" --log-interval 5 --eval-iters 0
+  --train-iters 330 --exit-interval "$end" --log-interval 5 --eval-iters 0
   --profile-op-table --profile-step-start "$start" --profile-step-end "$end")
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 log=$(OMP_NUM_THREADS=$threads "${cmd[@]}")
