@@ -123,7 +123,9 @@ class Platform {
   virtual uint64_t seed() const = 0;
 
   // Raw memory movement between this platform's devices and the host, on the current stream;
-  // returns when the copy is complete (synchronous). dst_device/src_device pick the devices.
+  // returns when the copy is complete, except that a host-to-device copy may return queued on
+  // the current stream (CUDA does): the source may then be dropped but not written again.
+  // dst_device/src_device pick the devices.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device,
                     std::size_t bytes) = 0;
   virtual void memset_zero(void* dst, int device, std::size_t bytes) = 0;

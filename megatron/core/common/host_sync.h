@@ -27,7 +27,7 @@ enum class HostSync : int {
   vocab_targets,  // the vocab-parallel cross entropy's range check of the targets
   moe,            // MoE routing on the host (per MoE layer and micro-batch)
   // Device platforms only (the CPU has no such wait):
-  upload,       // a blocking host-to-device copy (CUDA Platform::copy: the batch upload)
+  upload,       // a host-to-device copy that waits (CUDA: from inside a pinned block)
   device_copy,  // a device-to-device copy, which Platform::copy also waits for on CUDA
   kernel,       // a kernel's own round trip (CUDA: cross-entropy target check, embedding_bwd's
                 // id sort, attention's cu_seqlens)

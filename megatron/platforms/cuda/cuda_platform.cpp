@@ -13,10 +13,12 @@
 //     the legacy stream 0, so that other libraries' work on stream 0 does not serialise with ours).
 //     The current stream is per thread and per device; set_current_stream(d, nullptr) restores the
 //     default. Every op launches on the current stream of its tensors' device.
-//   - copy() is synchronous (cudaMemcpyAsync on the current stream, then a stream synchronize);
-//     memset_zero() and convert() are stream-ordered and return before completion. Host buffers
-//     from pinned_host_allocator() (Tensor::empty_pinned) make the copy a direct DMA; pageable
-//     ones are staged by the driver.
+//   - copy() is cudaMemcpyAsync on the current stream, then a stream synchronize, except uploads
+//     (host to device) from the start of a pinned block (Tensor::empty_pinned: a direct DMA; the
+//     block is not reused before the copy completes, CudaPinnedAllocator::read_by_stream) or from
+//     pageable memory (staged by the driver before the call returns): they return queued, and
+//     the stream's later work is ordered after them. memset_zero() and convert() are
+//     stream-ordered and return before completion.
 // Not here: kernels (one family per .cu file), the allocator policy (cuda_allocator.h).
 #include "megatron/platforms/cuda/cuda_platform.h"
 
@@ -348,8 +350,19 @@ class CudaPlatform final : public plugin::Platform {
                                                          : cudaMemcpyDeviceToDevice;
       MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
     }
-    // Device-to-host waits are counted by Tensor::copy_ / host_read (named sites).
-    if (src_device.is_host()) count_host_sync(HostSync::upload);
+    // Uploads do not wait: a source block of the pinned allocator is kept from reuse until the
+    // copy completes (CudaPinnedAllocator::read_by_stream), and a pageable source has been staged
+    // by the driver when cudaMemcpyAsync returns. Work on this stream is ordered after the copy,
+    // the NCCL stream waits for this one. Other copies wait; device-to-host waits are counted by
+    // Tensor::copy_ / host_read (named sites).
+    if (src_device.is_host() && !dst_device.is_host()) {
+      if (pinned_allocator().read_by_stream(src, s)) return;
+      cudaPointerAttributes attr{};
+      const cudaError_t err = cudaPointerGetAttributes(&attr, src);
+      if (err == cudaSuccess && attr.type == cudaMemoryTypeUnregistered) return;
+      (void)cudaGetLastError();
+      count_host_sync(HostSync::upload);  // inside a pinned block, or not known: wait
+    }
     if (!src_device.is_host() && !dst_device.is_host()) count_host_sync(HostSync::device_copy);
     MG_CUDA_CHECK(cudaStreamSynchronize(s));
   }
