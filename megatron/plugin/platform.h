@@ -108,12 +108,24 @@ class Platform {
   virtual void set_current_stream(int device, Stream* s) = 0;
   virtual void synchronize(int device) = 0;
 
+  // Profiling (--profile): a named range around host-issued work, shown by the vendor's timeline
+  // tool (CUDA: NVTX push / pop, seen by nsys), and the capture range of such a tool (CUDA:
+  // cudaProfilerStart / Stop, nsys --capture-range=cudaProfilerApi). The defaults do nothing (the
+  // CPU platform has no such tool); profiling_tool() names what they drive ("" for none).
+  virtual std::string_view profiling_tool() const { return {}; }
+  virtual void range_push(const char* /*name*/) {}
+  virtual void range_pop() {}
+  virtual void profiler_start() {}
+  virtual void profiler_stop() {}
+
   // Seeds the platform's default generator (Philox key) on every device.
   virtual void manual_seed(uint64_t seed) = 0;
   virtual uint64_t seed() const = 0;
 
   // Raw memory movement between this platform's devices and the host, on the current stream;
-  // returns when the copy is complete (synchronous). dst_device/src_device pick the devices.
+  // returns when the copy is complete, except that a host-to-device copy may return queued on
+  // the current stream (CUDA does): the source may then be dropped but not written again.
+  // dst_device/src_device pick the devices.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device,
                     std::size_t bytes) = 0;
   virtual void memset_zero(void* dst, int device, std::size_t bytes) = 0;

@@ -501,6 +501,33 @@ void add_training_flags(ArgParser& p, TrainingConfig& tr, CheckpointConfig& c, L
   p.add("--log-interval", l.log_interval, "iterations between log lines (100)");
   p.add("--peak-tflops", l.peak_tflops, "device peak dense TFLOP/s for MFU");
   p.add_switch("--log-params-norm", l.log_params_norm, true, "log the parameters' L2 norm");
+  p.add_switch("--profile", l.profile, true,
+               "nsys profiling: NVTX ranges around every op and cudaProfilerStart/Stop around "
+               "iterations [--profile-step-start, --profile-step-end) on --profile-ranks (run "
+               "under nsys --capture-range=cudaProfilerApi); no such tool on the CPU platform");
+  p.add_switch("--profile-op-table", l.profile_op_table, true,
+               "time every op of the profiled iterations (device events, one wait at the end) "
+               "and print a table: calls, ms, share of the step, TFLOP/s, GB/s, host syncs");
+  p.add("--profile-step-start", l.profile_step_start, "first profiled iteration, 0-based (10)");
+  p.add("--profile-step-end", l.profile_step_end, "iteration profiling stops before (12)");
+  p.add(
+      "--profile-ranks", ArgParser::Nargs::many,
+      [&l](const auto& v) {
+        l.profile_ranks.clear();
+        for (const auto& x : v) {
+          std::size_t used = 0;
+          int64_t r = -1;
+          try {
+            r = std::stoll(x, &used);
+          } catch (const std::exception&) {
+            used = 0;
+          }
+          MG_CHECK(used == x.size() && !x.empty(),
+                   "--profile-ranks: '" << x << "' is not an integer rank");
+          l.profile_ranks.push_back(r);
+        }
+      },
+      "global ranks to profile (0)");
   p.add_choice(
       "--platform", {"cuda", "musa", "txda", "cpu"},
       [&platform](const std::string& v) { platform = v; }, "platform (default MG_PLATFORM, auto)");

@@ -60,6 +60,18 @@ void LoggingConfig::validate() const {
   if (peak_tflops)
     MG_CHECK(*peak_tflops > 0 && std::isfinite(*peak_tflops),
              "--peak-tflops must be > 0, got " << *peak_tflops);
+  if (profiling()) {
+    const char* flag = profile ? "--profile" : "--profile-op-table";
+    MG_CHECK(profile_step_start >= 0,
+             flag << ": --profile-step-start must be >= 0, got " << profile_step_start);
+    MG_CHECK(profile_step_end > profile_step_start,
+             flag << ": --profile-step-end (" << profile_step_end
+                  << ") must be greater than --profile-step-start (" << profile_step_start
+                  << "): the profiled iterations are [start, end)");
+    MG_CHECK(!profile_ranks.empty(), flag << ": --profile-ranks names no rank");
+    for (int64_t r : profile_ranks)
+      MG_CHECK(r >= 0, flag << ": --profile-ranks " << r << " is not a rank (must be >= 0)");
+  }
 }
 
 }  // namespace mg::training

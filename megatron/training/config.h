@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mg::training {
 
@@ -74,6 +75,17 @@ struct LoggingConfig {
   std::optional<double> peak_tflops;  // --peak-tflops: MFU denominator per device; unset ->
                                       // 989 on H100/H200 (dense bf16), none elsewhere
   bool log_params_norm = false;       // --log-params-norm
+  // Megatron's --profile: on the ranks of --profile-ranks, iterations [profile_step_start,
+  // profile_step_end) (0-based: the steps numbered start + 1 .. end in the log) run inside the
+  // platform's capture range with a named range around every op (CUDA: cudaProfilerStart / Stop
+  // and NVTX, for nsys --capture-range=cudaProfilerApi). --profile-op-table (ours) times every op
+  // of the same steps and prints the table (docs/profiling.md).
+  bool profile = false;
+  bool profile_op_table = false;
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::vector<int64_t> profile_ranks{0};
+  bool profiling() const { return profile || profile_op_table; }
   void validate() const;
 };
 

@@ -15,12 +15,14 @@
 
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 #include "megatron/core/common/progress.h"
 #include "megatron/core/datasets/data_samplers.h"
 #include "megatron/core/distributed/finalize_model_grads.h"
 #include "megatron/core/distributed/parallelize.h"
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_flops.h"
+#include "megatron/core/ops/op_profiler.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer/optimizer_param_scheduler.h"
 #include "megatron/core/optimizer/optimizer_state.h"
@@ -78,6 +80,11 @@ struct Run {
   std::string attention_backend_line;  // --attention-backend: what runs (start-up summary)
   // Declared before the model and its wrappers: their collectives need the groups until the end.
   ParallelState ps;
+  // --profile / --profile-op-table on this rank: the model and optimizer call its table (declared
+  // before them: it outlives them). profile_out: this rank's log (a profiled rank may not be 0).
+  std::unique_ptr<ops::OpProfiler> profiler;
+  std::ostream* profile_out = nullptr;
+  HostSyncCounts profile_syncs;                   // host round-trips inside the profiled steps
   std::unique_ptr<models::LanguageModule> model;  // the schedules' and DDP's interface
   distributed::DataParallelModel dp_model;        // DDP (and the ZeRO shard) around `model`
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
@@ -99,6 +106,9 @@ struct Run {
   AsyncCheckpointSaver checkpoint_saver;  // --async-save: the save being written in the background
   std::unique_ptr<Monitoring> monitor;    // TensorBoard, timers, signals, stragglers
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  // The op table the model and optimizer call: the profiler's on a profiled rank.
+  const ops::OpTable& ops() const { return profiler ? profiler->table() : *rt->ops; }
 };
 
 std::unique_ptr<DataIterator> make_iterator(const Run& r, datasets::Split split, int64_t consumed,
@@ -459,7 +469,7 @@ std::optional<double> evaluate(Run& r, DataIterator* it, int64_t* consumed) {
     auto fb =
         forward_backward(r)(*r.model, next, n_mb, cfg, models::StepRng{r.rng_seed, r.iteration, 0});
     const models::LossSums global =
-        distributed::reduce_loss_sums({fb.loss_sum, fb.num_tokens}, r.ps.dp.get());
+        distributed::reduce_loss_sums({fb.loss_sum, fb.num_tokens, nullptr}, r.ps.dp.get());
     loss_sum += global.loss_sum;
     tokens += global.num_tokens;
     if (consumed) *consumed += r.args.training.global_batch_size;
@@ -524,7 +534,7 @@ StepOutcome train_step(Run& r) {
   fin.calculate_per_token_loss = cfg.calculate_per_token_loss;
   fin.timers = &mon.timers();
   const models::LossSums global =
-      distributed::finalize_model_grads(*r.model, fin, {fb.loss_sum, fb.num_tokens});
+      distributed::finalize_model_grads(*r.model, fin, {fb.loss_sum, fb.num_tokens, nullptr});
   out.lm_loss = global.num_tokens > 0.0 ? global.loss_sum / global.num_tokens : 0.0;
   if (r.hooks.after_forward_backward)
     r.hooks.after_forward_backward(r.iteration, out.lm_loss, *r.model);
@@ -578,6 +588,62 @@ std::optional<double> mem_mb(Run& r, bool peak) {
   return b / (1024.0 * 1024.0);
 }
 
+// --profile / --profile-op-table: a profiler on the ranks of --profile-ranks, wrapping the run's op
+// table (so the model and optimizer are built on its table), and a start-up line saying what runs.
+void setup_profiler(Run& r, std::ostream& out_log) {
+  const LoggingConfig& lg = r.args.logging;
+  if (!lg.profiling()) return;
+  const int world = r.ps.world->size(), rank = r.ps.world->rank();
+  bool mine = false;
+  std::ostringstream ranks;
+  for (int64_t p : lg.profile_ranks) {
+    MG_CHECK(p < world, "--profile-ranks " << p << " is not a rank of this run (world size "
+                                           << world << ": 0.." << world - 1 << ")");
+    mine = mine || p == rank;
+    ranks << (ranks.tellp() > 0 ? " " : "") << p;
+  }
+  const std::string_view tool = r.rt->platform->profiling_tool();
+  r.log << "profiling: iterations [" << lg.profile_step_start << ", " << lg.profile_step_end
+        << ") on rank(s) " << ranks.str() << ":"
+        << (lg.profile ? std::string(" --profile ") +
+                             (tool.empty() ? std::string("(platform ") +
+                                                 std::string(r.rt->platform->name()) +
+                                                 " has no timeline tool: no ranges recorded)"
+                                           : std::string(tool))
+                       : std::string())
+        << (lg.profile_op_table
+                ? " --profile-op-table (each op timed by platform events, read once at the end; "
+                  "the table and the host round-trips per step are printed by each profiled rank)"
+                : "")
+        << std::endl;
+  if (!mine) return;
+  r.profiler = std::make_unique<ops::OpProfiler>(
+      *r.rt->ops, *r.rt->platform, r.rt->device,
+      ops::OpProfilerOptions{.time_ops = lg.profile_op_table, .ranges = lg.profile});
+  std::array<std::string, ops::kNumOps> providers;
+  const auto res = r.rt->resolutions();
+  for (std::size_t i = 0; i < providers.size() && i < res.size(); ++i)
+    providers[i] = res[i].provider;
+  r.profiler->set_providers(std::move(providers));
+  r.profile_out = &out_log;
+}
+
+// The end of the profiled window: the capture range closes; with --profile-op-table this rank
+// prints the table (one wait for the device here) and its host round-trips per step.
+void finish_profile(Run& r) {
+  r.profiler->stop();
+  if (!r.profiler->options().time_ops) return;
+  const ops::OpProfileReport rep = r.profiler->report();
+  std::ostream& os = *r.profile_out;
+  const double steps = static_cast<double>(std::max<int64_t>(rep.steps, 1));
+  os << "op profile (--profile-op-table), rank " << r.ps.world->rank() << ", platform "
+     << rep.platform << ", " << rep.steps << " step(s) ending at iteration " << r.iteration << ", "
+     << std::fixed << std::setprecision(3) << rep.step_ms / steps << " ms/step:\n"
+     << std::defaultfloat << ops::format_op_profile(rep)
+     << "host round-trips per step: " << r.profile_syncs.str(steps) << std::endl;
+  r.profile_syncs = HostSyncCounts{};
+}
+
 void train(Run& r) {
   const auto& a = r.args;
   const auto& tr = a.training;
@@ -594,9 +660,23 @@ void train(Run& r) {
   double last_lr = 0.0;
   r.timers.start("interval-time");
   r.timers.start("train");
+  const auto& lg = a.logging;
   while (r.iteration < r.train_iters) {
+    // --profile / --profile-op-table: iterations [start, end) (Megatron's window).
+    const bool profiled =
+        r.profiler && r.iteration >= lg.profile_step_start && r.iteration < lg.profile_step_end;
+    if (profiled) {
+      r.profiler->start();
+      r.profiler->begin_step();
+    }
+    const HostSyncCounts syncs_before = host_sync_counts();
     StepOutcome o = train_step(r);
+    if (profiled) {
+      r.profiler->end_step();
+      r.profile_syncs = r.profile_syncs + (host_sync_counts() - syncs_before);
+    }
     ++r.iteration;
+    if (profiled && r.iteration == lg.profile_step_end) finish_profile(r);
     r.consumed_train += tr.global_batch_size;
     r.flops_so_far += r.flops_per_iter;
     r.result.train_losses.push_back(o.lm_loss);
@@ -638,6 +718,7 @@ void train(Run& r) {
         interval_iters);
 
     if (r.iteration % a.logging.log_interval == 0) {
+      count_host_sync(HostSync::log_interval);
       r.rt->platform->synchronize(r.rt->device.index);
       const double secs = r.timers.elapsed("interval-time");
       IntervalStats s;
@@ -716,6 +797,7 @@ void train(Run& r) {
       break;
     }
   }
+  if (r.profiler && r.profiler->started()) finish_profile(r);  // training ended inside the window
   r.timers.stop("interval-time");
   r.result.train_seconds = r.timers.stop("train");
   if (r.result.exit_reason.empty()) r.result.exit_reason = "train-iters";
@@ -766,6 +848,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   }
   if (args.deterministic_mode)
     check_deterministic_mode(r.ps.world->backend(), r.ps.world->size(), std::getenv("NCCL_ALGO"));
+  setup_profiler(r, out_log);
   r.rng_seed = args.training.seed;
   r.train_iters = args.training.total_iters();
   r.monitor = std::make_unique<Monitoring>(args, r.ps.world, *r.rt, log);
@@ -808,7 +891,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
 
   // 2. The model: this rank's share of it, initialised from --seed.
   naming_allocation("the model's parameters (model_provider)", [&] {
-    r.model = model_provider(args.model, tokenizer->vocab_size(), *r.rt->ops, r.rt->device,
+    r.model = model_provider(args.model, tokenizer->vocab_size(), r.ops(), r.rt->device,
                              model_parallel_options(args, r.ps));
     r.model->init_weights(args.training.seed);
   });
@@ -820,7 +903,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   // 4. The optimizer and the LR scheduler.
   naming_allocation("the optimizer state (MegatronOptimizer)", [&] {
     r.opt = std::make_unique<optimizer::MegatronOptimizer>(
-        args.optimizer, r.model->parameters(), r.model->buffer(), *r.rt->ops,
+        args.optimizer, r.model->parameters(), r.model->buffer(), r.ops(),
         optimizer::ParamGroupOptions{}, std::move(r.dp_model.optimizer_shard),
         optimizer::GradStatsGroups{.tp = r.ps.tp, .pp = r.ps.pp, .expert = r.ps.expert_mp});
   });

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 
 namespace mg::distributed {
 
@@ -251,7 +252,7 @@ void DistributedDataParallel::launch(std::size_t bi) {
   if (config_.check_for_nan_in_grad) {
     Tensor out = Tensor::empty({1}, DType::f64, grads.device());
     ops_.l2_norm_sq(out, std::span<const Tensor>(&grads, 1));
-    const double norm = std::sqrt(out.to_vector<double>()[0]);
+    const double norm = std::sqrt(host_read<double>(out, HostSync::nan_check)[0]);
     MG_CHECK(std::isfinite(norm),
              "Rank " << dp_group_->ranks()[dp_group_->rank()] << ": found NaN in local grad norm ("
                      << norm << ") of bucket " << bi << " (elements [" << b.start << ", " << b.end

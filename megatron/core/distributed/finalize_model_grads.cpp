@@ -15,7 +15,7 @@ models::LossSums reduce_loss_sums(const models::LossSums& local, comm::ProcessGr
       Tensor::from_vector(std::vector<double>{local.loss_sum, local.num_tokens}, {2}, DType::f64);
   dp_group->all_reduce(t, comm::ReduceOp::sum)->wait();
   const auto v = t.to_vector<double>();
-  return {v[0], v[1]};
+  return {v[0], v[1], nullptr};
 }
 
 models::LossSums finalize_model_grads(models::LanguageModule& model,

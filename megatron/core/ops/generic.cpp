@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/common/host_sync.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/plugin/registry.h"
 
@@ -37,7 +38,7 @@ double local_sum_sq(std::span<const Tensor> ts) {
     const Device dev = device_of(key);
     Tensor out = Tensor::empty({1}, DType::f64, dev);
     plugin::ops_for(dev).l2_norm_sq(out, list);
-    sum_sq += out.to_vector<double>()[0];
+    sum_sq += host_read<double>(out, HostSync::grad_norm)[0];
   }
   return sum_sq;
 }

@@ -10,6 +10,7 @@
 // group. The slots are called on every layout, one rank or many, so a platform's or plugin's
 // override always applies; the groups travel in ops::GradNormArgs.
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 #include "megatron/core/optimizer/optimizer.h"
 #include "megatron/core/optimizer/optimizer_state.h"
 
@@ -99,7 +100,7 @@ int64_t MegatronOptimizer::count_zeros() const {
     const bool apart = experts_apart(p);
     if (!apart && !counted_on_this_tp_rank(p, tp_.get())) continue;
     int64_t& n = apart ? expert_zeros : zeros;
-    for (float v : pc.grad.to_vector<float>()) n += v == 0.0f;
+    for (float v : host_read<float>(pc.grad, HostSync::num_zeros)) n += v == 0.0f;
   }
   double experts = static_cast<double>(expert_zeros);
   for (comm::ProcessGroup* g : {expert_shard_group(), expert_.get()})

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 #include "megatron/core/optimizer/optimizer_state.h"
 #include "megatron/plugin/registry.h"
 
@@ -467,7 +468,7 @@ bool MegatronOptimizer::unscale_and_check_for_nan() {
   ops_.fill(s.found_inf, 0.0);
   if (!s.grads.empty())
     ops_.multi_tensor_scale(s.grads, static_cast<double>(scaler_->inv_scale()), s.found_inf);
-  const double local_inf = s.found_inf.to_vector<float>()[0] > 0.0f ? 1.0 : 0.0;
+  const double local_inf = host_read<float>(s.found_inf, HostSync::found_inf)[0] > 0.0f ? 1.0 : 0.0;
   const double any_inf = detail::all_reduce_scalar(
       expert_.get(), reduce_over_grad_stats_groups(local_inf, comm::ReduceOp::max),
       comm::ReduceOp::max);

@@ -57,7 +57,6 @@ ForwardBackwardResult forward_backward_no_pipelining(models::LanguageModule& mod
       model.forward_chunk(0, batch, Tensor(), *state, mb_rng, !config.forward_only, &sums);
     }
     r.microbatches.push_back(sums);
-    r.loss_sum += sums.loss_sum;
     r.num_tokens += sums.num_tokens;
     if (config.forward_only) {
       state->clear();
@@ -68,6 +67,11 @@ ForwardBackwardResult forward_backward_no_pipelining(models::LanguageModule& mod
     ScopedTimer t(config.timers, "backward-compute", 2);
     model.backward_chunk(*state, Tensor(), dloss);
   }
+  // The step's losses, read once (they stayed on the device), summed in micro-batch order.
+  std::vector<models::LossSums*> pending;
+  for (auto& m : r.microbatches) pending.push_back(&m);
+  models::resolve_loss_sums(pending);
+  for (const auto& m : r.microbatches) r.loss_sum += m.loss_sum;
   r.lm_loss = r.num_tokens > 0.0 ? r.loss_sum / r.num_tokens : 0.0;
   return r;
 }
@@ -261,7 +265,6 @@ ForwardBackwardResult run_model_pipeline(models::LanguageModule& model,
         model.forward_chunk(v, b, input, *st, {rng.seed, rng.iteration, mb}, training, &ls);
     if (model.chunk(v).post_process) {
       sums[mb] = ls;
-      r.loss_sum += ls.loss_sum;
       r.num_tokens += ls.num_tokens;
     }
     if (v == chunks - 1) batches.erase(mb);  // the last use of the batch on this rank
@@ -290,7 +293,15 @@ ForwardBackwardResult run_model_pipeline(models::LanguageModule& model,
                                                      << "backward");
   r.max_in_flight = training ? stats.max_in_flight : 0;
   r.peak_activation_bytes = stats.peak_bytes;
-  for (const auto& [mb, ls] : sums) r.microbatches.push_back(ls);
+  // The last stage's losses, read once (they stayed on the device), summed in micro-batch order
+  // (the order its forwards ran in).
+  std::vector<models::LossSums*> pending;
+  for (auto& [mb, ls] : sums) pending.push_back(&ls);
+  models::resolve_loss_sums(pending);
+  for (const auto& [mb, ls] : sums) {
+    r.loss_sum += ls.loss_sum;
+    r.microbatches.push_back(ls);
+  }
   // The loss lives on the last stage: its sums, summed over the pipeline group, on every stage.
   Tensor t = Tensor::from_vector(std::vector<double>{r.loss_sum, r.num_tokens}, {2}, DType::f64);
   config.pp_group->all_reduce(t, comm::ReduceOp::sum)->wait();

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "megatron/core/common/host_sync.h"
 #include "megatron/plugin/registry.h"
 
 namespace mg {
@@ -179,6 +180,8 @@ void Tensor::copy_(const Tensor& src) {
       plugin::Platform& p = platform_of(device_.is_host() ? src.device_ : device_);
       MG_CHECK(device_.is_host() || src.device_.is_host() || device_.type == src.device_.type,
                "copy_ between " << src.device_ << " and " << device_ << " needs a host hop");
+      if (device_.is_host() && !src.device_.is_host() && !detail::in_counted_host_read())
+        count_host_sync(HostSync::other);  // a device-to-host copy outside host_read
       p.copy(raw_data(), device_, src.raw_data(), src.device_, nbytes());
     }
     return;

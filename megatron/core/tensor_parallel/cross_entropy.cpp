@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 #include "megatron/core/tensor_parallel/mappings.h"
 
 namespace mg::tensor_parallel {
@@ -30,7 +31,7 @@ Tensor vocab_parallel_cross_entropy(const ops::OpTable& ops, const Tensor& logit
   // refuse it (one host copy of the ids, as the serial op's own check).
   if (vocab_end_of_all < 0) vocab_end_of_all = vl * tp.size();
   const int64_t v = vocab_end_of_all;
-  const std::vector<int64_t> t = targets.to_vector<int64_t>();
+  const std::vector<int64_t> t = host_read<int64_t>(targets, HostSync::vocab_targets);
   for (std::size_t i = 0; i < t.size(); ++i)
     MG_CHECK(t[i] >= 0 && t[i] < v, "vocab_parallel_cross_entropy: target "
                                         << t[i] << " at row " << i << " outside [0, " << v

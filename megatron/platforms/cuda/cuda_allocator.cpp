@@ -148,6 +148,7 @@ void CudaAllocator::reset_peak() {
 void* CudaPinnedAllocator::allocate(std::size_t bytes) {
   const std::size_t size = CudaAllocator::block_size(bytes);
   std::lock_guard lock(mu_);
+  reclaim_locked(false);
   void* ptr = nullptr;
   auto it = cache_.lower_bound(size);
   if (it != cache_.end() && it->first * kMaxSlackDen <= size * kMaxSlackNum) {
@@ -195,6 +196,15 @@ void CudaPinnedAllocator::deallocate(void* ptr, std::size_t) {
   std::lock_guard lock(mu_);
   std::size_t block = 0;
   if (!ledger_.taken_back(ptr, block)) return;  // not ours; never throw from a destructor path
+  if (auto it = reading_.find(ptr); it != reading_.end()) {  // an upload may still read it
+    pending_.push_back({it->second, ptr, block});
+    reading_.erase(it);
+    return;
+  }
+  cache_locked(ptr, block);
+}
+
+void CudaPinnedAllocator::cache_locked(void* ptr, std::size_t block) {
   if (cached_bytes_ + block > kMaxCachedBytes) {
     detail::cuda_ok_or_ignore(cudaFreeHost(ptr));
     ledger_.stats.reserved_bytes -= block;
@@ -204,7 +214,40 @@ void CudaPinnedAllocator::deallocate(void* ptr, std::size_t) {
   cached_bytes_ += block;
 }
 
+bool CudaPinnedAllocator::read_by_stream(const void* ptr, cudaStream_t stream) {
+  std::lock_guard lock(mu_);
+  if (ledger_.live.find(const_cast<void*>(ptr)) == ledger_.live.end()) return false;
+  cudaEvent_t& ev = reading_[ptr];
+  if (!ev) {
+    if (event_pool_.empty()) {
+      cudaEvent_t e = nullptr;
+      MG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      event_pool_.push_back(e);
+    }
+    ev = event_pool_.back();
+    event_pool_.pop_back();
+  }
+  MG_CUDA_CHECK(cudaEventRecord(ev, stream));  // after the copy: a later one supersedes
+  return true;
+}
+
+void CudaPinnedAllocator::reclaim_locked(bool wait) {
+  std::size_t kept = 0;
+  for (Pending& p : pending_) {
+    const cudaError_t st = wait ? cudaEventSynchronize(p.done) : cudaEventQuery(p.done);
+    if (st == cudaErrorNotReady) {
+      pending_[kept++] = p;
+      continue;
+    }
+    if (st != cudaSuccess) (void)cudaGetLastError();  // a failed copy no longer reads the block
+    event_pool_.push_back(p.done);
+    cache_locked(p.ptr, p.block);
+  }
+  pending_.resize(kept);
+}
+
 void CudaPinnedAllocator::release_cached_locked() {
+  reclaim_locked(true);
   for (auto& [size, p] : cache_) {
     detail::cuda_ok_or_ignore(cudaFreeHost(p));
     ledger_.stats.reserved_bytes -= size;

@@ -21,11 +21,15 @@
 // context) for the staging buffers of host<->device copies: the per-step batch upload and
 // checkpoint staging. cudaHostAlloc is slow (it pins pages: ~ms per MB), so freed blocks are kept
 // in the same size classes as device blocks and reused, up to kMaxCachedBytes in all (a block that
-// would exceed it is freed at once). Reuse needs no event: the platform's copy() is synchronous,
-// so no copy reads or writes a block after its tensor died (an asynchronous user must synchronise
-// before dropping the tensor). When cudaHostAlloc fails, or the pinned total would pass
-// max_reserved_bytes(), the cache is released and the call retried once; a second failure throws
-// with the statistics (Tensor::empty_pinned then stages in pageable memory). Stats as
+// would exceed it is freed at once). Uploads are asynchronous (CudaPlatform::copy from a block's
+// start to a device does not wait): the copy marks the block with read_by_stream, and a block freed
+// while such a copy may still read it waits in a pending list until its event completes, then
+// joins the cache. So the staging buffers of consecutive uploads are distinct (double-buffered, or
+// more when the host runs further ahead), and the host may drop a staged tensor right after
+// queueing its upload; it must not write into it again (every upload here stages into a fresh
+// tensor). Device-to-host copies still wait. When cudaHostAlloc fails, or the pinned total would
+// pass max_reserved_bytes(), the cache is released and the call retried once; a second failure
+// throws with the statistics (Tensor::empty_pinned then stages in pageable memory). Stats as
 // CudaAllocator's.
 #pragma once
 
@@ -96,11 +100,26 @@ class CudaPinnedAllocator final : public plugin::Allocator {
   void deallocate(void* ptr, std::size_t bytes) override;
   plugin::MemoryStats stats() const override;
   void reset_peak() override;
-  void release_cached();  // frees every cached block (cudaFreeHost)
+  void release_cached();  // frees every cached block (cudaFreeHost), pending ones after their copy
   std::size_t cached_bytes() const;
+  // A copy queued on `stream` reads the live block starting at `ptr`: the block is not reused
+  // before that copy completes. False (nothing recorded) when ptr is not the start of a live
+  // block of this allocator.
+  bool read_by_stream(const void* ptr, cudaStream_t stream);
 
  private:
   void release_cached_locked();
+  void cache_locked(void* ptr, std::size_t block);
+  void reclaim_locked(bool wait);  // pending blocks whose copy completed (all with wait) -> cache
+
+  struct Pending {
+    cudaEvent_t done;
+    void* ptr;
+    std::size_t block;
+  };
+  std::unordered_map<const void*, cudaEvent_t> reading_;  // live blocks with a copy in flight
+  std::vector<Pending> pending_;                          // freed, a copy maybe still reading
+  std::vector<cudaEvent_t> event_pool_;
 
   mutable std::mutex mu_;
   std::multimap<std::size_t, void*> cache_;  // block size -> cached blocks

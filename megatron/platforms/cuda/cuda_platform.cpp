@@ -13,12 +13,17 @@
 //     the legacy stream 0, so that other libraries' work on stream 0 does not serialise with ours).
 //     The current stream is per thread and per device; set_current_stream(d, nullptr) restores the
 //     default. Every op launches on the current stream of its tensors' device.
-//   - copy() is synchronous (cudaMemcpyAsync on the current stream, then a stream synchronize);
-//     memset_zero() and convert() are stream-ordered and return before completion. Host buffers
-//     from pinned_host_allocator() (Tensor::empty_pinned) make the copy a direct DMA; pageable
-//     ones are staged by the driver.
+//   - copy() is cudaMemcpyAsync on the current stream, then a stream synchronize, except uploads
+//     (host to device) from the start of a pinned block (Tensor::empty_pinned: a direct DMA; the
+//     block is not reused before the copy completes, CudaPinnedAllocator::read_by_stream) or from
+//     pageable memory (staged by the driver before the call returns): they return queued, and
+//     the stream's later work is ordered after them. memset_zero() and convert() are
+//     stream-ordered and return before completion.
 // Not here: kernels (one family per .cu file), the allocator policy (cuda_allocator.h).
 #include "megatron/platforms/cuda/cuda_platform.h"
+
+#include <cuda_profiler_api.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <array>
 #include <atomic>
@@ -29,6 +34,7 @@
 #include <string>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 #include "megatron/platforms/cuda/cuda_allocator.h"
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/platforms/cuda/cuda_common.h"
@@ -307,6 +313,16 @@ class CudaPlatform final : public plugin::Platform {
     MG_CUDA_CHECK(cudaDeviceSynchronize());
   }
 
+  // NVTX 3 (header-only in the toolkit; it loads the tool's injection library only under a tool
+  // such as nsys, otherwise each call is a no-op) and the CUDA profiler API.
+  std::string_view profiling_tool() const override {
+    return "NVTX ranges + cudaProfilerStart/Stop (nsys --capture-range=cudaProfilerApi)";
+  }
+  void range_push(const char* name) override { nvtxRangePushA(name); }
+  void range_pop() override { nvtxRangePop(); }
+  void profiler_start() override { MG_CUDA_CHECK(cudaProfilerStart()); }
+  void profiler_stop() override { MG_CUDA_CHECK(cudaProfilerStop()); }
+
   void manual_seed(uint64_t seed) override { seed_.store(seed); }
   uint64_t seed() const override { return seed_.load(); }
 
@@ -334,6 +350,20 @@ class CudaPlatform final : public plugin::Platform {
                                                          : cudaMemcpyDeviceToDevice;
       MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
     }
+    // Uploads do not wait: a source block of the pinned allocator is kept from reuse until the
+    // copy completes (CudaPinnedAllocator::read_by_stream), and a pageable source has been staged
+    // by the driver when cudaMemcpyAsync returns. Work on this stream is ordered after the copy,
+    // the NCCL stream waits for this one. Other copies wait; device-to-host waits are counted by
+    // Tensor::copy_ / host_read (named sites).
+    if (src_device.is_host() && !dst_device.is_host()) {
+      if (pinned_allocator().read_by_stream(src, s)) return;
+      cudaPointerAttributes attr{};
+      const cudaError_t err = cudaPointerGetAttributes(&attr, src);
+      if (err == cudaSuccess && attr.type == cudaMemoryTypeUnregistered) return;
+      (void)cudaGetLastError();
+      count_host_sync(HostSync::upload);  // inside a pinned block, or not known: wait
+    }
+    if (!src_device.is_host() && !dst_device.is_host()) count_host_sync(HostSync::device_copy);
     MG_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
@@ -398,6 +428,7 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, int device) {
   DeviceGuard guard(device);
   cudaStream_t s = current_stream(device);
   MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  count_host_sync(HostSync::kernel);
   MG_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -406,6 +437,7 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes, int device) {
   DeviceGuard guard(device);
   cudaStream_t s = current_stream(device);
   MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+  count_host_sync(HostSync::kernel);
   MG_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <vector>
 
+#include "megatron/core/common/host_sync.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/ops/rope_scaling.h"
 #include "megatron/platforms/cuda/cuda_common.h"
@@ -116,6 +117,7 @@ void rope_apply(Tensor& y, const Tensor& x, const RopePlan& p, const RopeArgs& a
       freq = Scratch(dev, inv.size() * sizeof(double));
       MG_CUDA_CHECK(cudaMemcpyAsync(freq.get(), inv.data(), inv.size() * sizeof(double),
                                     cudaMemcpyHostToDevice, s));
+      count_host_sync(HostSync::kernel);
       MG_CUDA_CHECK(cudaStreamSynchronize(s));  // `inv` is pageable and dies here
       scaled = freq.as<double>();
     }

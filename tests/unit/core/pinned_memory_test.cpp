@@ -1,7 +1,8 @@
 // Pinned host tensors (Tensor::empty_pinned, to_pinned_host, from_vector onto a device) on every
 // platform: host tensors from the platform's pinned_host_allocator() (the CPU platform's is the
 // ordinary host allocator), with its statistics, alignment, and exact copies to and from the
-// device. On CUDA also: freed blocks are cached and reused (cudaHostAlloc is slow). Skips with
+// device. On CUDA also: freed blocks are cached and reused (cudaHostAlloc is slow), uploads do not
+// wait and their staging blocks are not reused before the copy has read them. Skips with
 // the platform's reason where it is unavailable.
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "megatron/core/common/host_sync.h"
 #include "tests/unit/test_util.h"
 
 namespace mg::test {
@@ -92,6 +94,34 @@ TEST_P(PinnedMemory, DevicePlatformsCacheFreedPinnedBlocks) {
   Tensor again = Tensor::empty_pinned({3 << 20}, DType::u8, device());
   EXPECT_EQ(again.raw_data(), first);  // the cached block, no new cudaHostAlloc
   EXPECT_EQ(a.stats().reserved_bytes, cached.reserved_bytes);
+}
+
+// Uploads return queued on a device platform (no host wait: no HostSync::upload counted) and a
+// staging block dropped right after its upload is not reused before the copy has read it: many
+// large uploads from fresh pinned buffers, each with its own pattern, all arrive intact. Pageable
+// sources do not wait either.
+TEST_P(PinnedMemory, UploadsDoNotWaitAndStagingIsNotReusedEarly) {
+  MG_SKIP_IF_UNAVAILABLE(GetParam());
+  if (device().is_host()) GTEST_SKIP() << "the CPU platform has no uploads";
+  const int64_t n = int64_t{8} << 20;  // 32 MiB of f32 per upload
+  const HostSyncCounts before = host_sync_counts();
+  std::vector<Tensor> on_device;
+  for (int i = 0; i < 12; ++i) {
+    Tensor h = Tensor::empty_pinned({n}, DType::f32, device());
+    ASSERT_TRUE(h.is_pinned());
+    float* p = h.data<float>();
+    for (int64_t j = 0; j < n; ++j) p[j] = static_cast<float>(i * 7 + (j % 1000));
+    on_device.push_back(h.to(device()));  // h dies here, its copy maybe still queued
+  }
+  on_device.push_back(Tensor::from_vector(std::vector<float>(1000, 5.0f), {1000}).to(device()));
+  EXPECT_EQ((host_sync_counts() - before)[HostSync::upload], 0);
+  for (int i = 0; i < 12; ++i) {
+    const std::vector<float> v = on_device[static_cast<std::size_t>(i)].to_vector<float>();
+    for (int64_t j = 0; j < n; j += 4099)
+      ASSERT_EQ(v[static_cast<std::size_t>(j)], static_cast<float>(i * 7 + (j % 1000)))
+          << "upload " << i << " element " << j;
+  }
+  EXPECT_EQ(on_device.back().to_vector<float>(), std::vector<float>(1000, 5.0f));
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPlatforms, PinnedMemory, ::testing::ValuesIn(op_test_platforms()),

@@ -59,10 +59,24 @@ struct StepRng {
 // mean-loss gradient (loss_sum / num_tokens) is then Megatron's local sum x CP / global count (DDP
 // averages over dp-cp), sums over dp-cp stay exact, and a rank whose tokens are all masked is no
 // error.
+//
+// A model may leave loss_sum pending on the device (`pending`: the token losses and their host
+// weights), so that a step reads its losses once, not once per micro-batch: the schedules call
+// resolve_loss_sums before they use loss_sum.
+struct PendingLoss {
+  Tensor loss;               // [N] token losses (f32, f64 for f64), on the model's device
+  std::vector<double> mask;  // [N] loss_mask weights (host)
+};
 struct LossSums {
   double loss_sum = 0.0;
   double num_tokens = 0.0;
+  std::shared_ptr<const PendingLoss> pending;  // loss_sum not read yet
 };
+
+// Completes every pending loss_sum in `sums` with one device-to-host read (HostSync::loss) of all
+// their token losses: loss_sum = sum over tokens in order of loss * mask, masked tokens skipped (a
+// masked NaN must not poison the sum), in f64 on the host.
+void resolve_loss_sums(std::span<LossSums* const> sums);
 
 // One model chunk (virtual pipeline stage): layers [layer_offset, layer_offset + num_layers) of the
 // global decoder; pre_process: it holds the embedding (the first virtual stage); post_process:

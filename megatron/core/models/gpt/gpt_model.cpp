@@ -541,12 +541,10 @@ LossSums GPTModel::Impl::head(const Tensor& x, detail::GPTSaved& st) {
       st.sum_exp = Tensor::empty({n}, stat, ctx.device);
       ops.cross_entropy_fwd(st.loss, st.max, st.sum_exp, st.logits, st.labels);
     }
-    const std::vector<double> loss = st.loss.to_pinned_host().to_vector<double>();
-    for (int64_t i = 0; i < n; ++i) {
-      if (st.mask[i] == 0.0) continue;  // a masked NaN loss must not poison the sum
-      sums.loss_sum += loss[i] * st.mask[i];
-      sums.num_tokens += st.mask[i];
-    }
+    // The loss sum stays pending on the device (the schedule reads a step's losses at once).
+    for (int64_t i = 0; i < n; ++i)
+      if (st.mask[i] != 0.0) sums.num_tokens += st.mask[i];
+    sums.pending = std::make_shared<const PendingLoss>(PendingLoss{st.loss, st.mask});
     if (ctx.cp.active()) {  // the whole sequence's count / CP (LossSums, gpt_model.h)
       Tensor t = Tensor::from_vector(std::vector<double>{sums.num_tokens}, {1}, DType::f64);
       ctx.cp.group->all_reduce(t, comm::ReduceOp::sum)->wait();
@@ -564,6 +562,8 @@ LossSums GPTModel::forward(const GPTBatch& batch, GPTForwardState& state, const 
                << m.chunks.size() << " chunk(s)): use forward_chunk");
   LossSums sums;
   forward_chunk(0, batch, Tensor(), state, rng, training, &sums);
+  LossSums* one = &sums;
+  resolve_loss_sums(std::span<LossSums* const>(&one, 1));
   return sums;
 }
 

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 
 namespace mg::transformer::moe {
 
@@ -20,7 +21,7 @@ void all_reduce_host(const ModuleContext& ctx, comm::ProcessGroup& g, std::vecto
   if (g.size() == 1 || v.empty()) return;
   Tensor t = device_tensor(ctx, v, {static_cast<int64_t>(v.size())}, DType::f64);
   g.all_reduce(t, comm::ReduceOp::sum)->wait();
-  v = t.to_vector<double>();
+  v = host_read<double>(t, HostSync::moe);
 }
 
 // Received rows are laid out [source rank j][local expert i]; the experts want [i][j]. Returns,
@@ -67,7 +68,7 @@ std::vector<double> exchange_rows(const ModuleContext& ctx, comm::ProcessGroup& 
   Tensor in = device_tensor(ctx, rows, {n_in * h}, ctx.dtype);
   Tensor out = Tensor::empty({n_out * h}, ctx.dtype, ctx.device);
   g.all_to_all_v(out, in, sc, rc)->wait();
-  return out.to_vector<double>();
+  return host_read<double>(out, HostSync::moe);
 }
 
 }  // namespace
@@ -190,7 +191,7 @@ void MoELayer::dispatch_alltoall(const std::vector<double>& xh, Saved& s,
     Tensor cin = Tensor::from_vector(p.expert_counts, {e_}, DType::i64).to(ctx_.device);
     Tensor cout = Tensor::empty({e_}, DType::i64, ctx_.device);
     ctx_.ep_group->all_to_all(cout, cin)->wait();
-    s.recv_expert_counts = cout.to_vector<int64_t>();
+    s.recv_expert_counts = host_read<int64_t>(cout, HostSync::moe);
     s.recv_counts.assign(static_cast<std::size_t>(ep), 0);
     for (int64_t j = 0; j < ep; ++j)
       for (int64_t i = 0; i < local_; ++i) s.recv_counts[j] += s.recv_expert_counts[j * local_ + i];
@@ -202,7 +203,7 @@ void MoELayer::dispatch_alltoall(const std::vector<double>& xh, Saved& s,
   const std::vector<int64_t> order = chunk_order(s.recv_expert_counts, ep, local_);
   const int64_t r = static_cast<int64_t>(order.size());
   const Tensor in = device_tensor(ctx_, permute_rows(recv, order, h_, false), {r, h_}, ctx_.dtype);
-  const std::vector<double> out = experts_forward(in, s).to_vector<double>();
+  const std::vector<double> out = host_read<double>(experts_forward(in, s), HostSync::moe);
   std::vector<double> back = permute_rows(out, order, h_, true);
   if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, h_, s.recv_counts, s.send_counts);
   // Combine on the token's rank: y[t] += prob[t, k] * expert output.
@@ -219,7 +220,7 @@ void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
   const int64_t ep = g.size(), t_local = s.x.size(0);
   Tensor xg = Tensor::empty({ep * t_local * h_}, ctx_.dtype, ctx_.device);
   g.all_gather(xg, s.x.view({t_local * h_}))->wait();
-  const std::vector<double> xall = xg.to_vector<double>();
+  const std::vector<double> xall = host_read<double>(xg, HostSync::moe);
   std::vector<double> info(static_cast<std::size_t>(t_local * k_ * 3));
   for (int64_t i = 0; i < t_local * k_; ++i) {
     info[i * 3] = static_cast<double>(s.routing.expert[i]);
@@ -229,7 +230,7 @@ void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
   Tensor info_t = device_tensor(ctx_, info, {t_local * k_ * 3}, DType::f64);
   Tensor info_all = Tensor::empty({ep * t_local * k_ * 3}, DType::f64, ctx_.device);
   g.all_gather(info_all, info_t)->wait();
-  const std::vector<double> iall = info_all.to_vector<double>();
+  const std::vector<double> iall = host_read<double>(info_all, HostSync::moe);
   // Rows for this rank's experts: expert-major, then gathered token order, then choice.
   s.local_counts.assign(static_cast<std::size_t>(local_), 0);
   std::vector<std::vector<int64_t>> per(static_cast<std::size_t>(local_));
@@ -249,8 +250,8 @@ void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
     }
   }
   const int64_t r = static_cast<int64_t>(s.row_token.size());
-  s.out_rows =
-      experts_forward(device_tensor(ctx_, rows_h, {r, h_}, ctx_.dtype), s).to_vector<double>();
+  s.out_rows = host_read<double>(
+      experts_forward(device_tensor(ctx_, rows_h, {r, h_}, ctx_.dtype), s), HostSync::moe);
   std::vector<double> yall(static_cast<std::size_t>(ep * t_local * h_), 0.0);
   for (int64_t i = 0; i < r; ++i) {
     const int64_t t = s.row_token[i];
@@ -259,7 +260,7 @@ void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
   Tensor yin = device_tensor(ctx_, yall, {ep * t_local * h_}, ctx_.dtype);
   Tensor yout = Tensor::empty({t_local * h_}, ctx_.dtype, ctx_.device);
   g.reduce_scatter(yout, yin, comm::ReduceOp::sum)->wait();
-  const std::vector<double> mine = yout.to_vector<double>();
+  const std::vector<double> mine = host_read<double>(yout, HostSync::moe);
   for (std::size_t i = 0; i < mine.size(); ++i) y[i] += mine[i];
 }
 
@@ -283,7 +284,7 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   // Router: logits in f32 (f64 for f64), then top-k (with capacity) on the host.
   Tensor lg = Tensor::empty({T, e_}, ctx_.stat_dtype(), ctx_.device);
   if (T > 0) ctx_.op().gemm(lg, s.x, router_w_.value, ops::GemmArgs{.trans_b = true});
-  s.logits = lg.to_vector<double>();
+  s.logits = host_read<double>(lg, HostSync::moe);
   s.routing = topk_routing(s.logits, T, router_);
 
   if (training && c.moe_router_load_balancing_type != MoeLoadBalancingType::none) {
@@ -308,14 +309,14 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
 
   std::vector<double> y(static_cast<std::size_t>(T * h_), 0.0);
   if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall)
-    dispatch_alltoall(s.x.to_vector<double>(), s, y);
+    dispatch_alltoall(host_read<double>(s.x, HostSync::moe), s, y);
   else
     dispatch_allgather(s, y);
   if (shared_ && c.moe_shared_expert_gate) {
     // y += sigmoid(x . gate_weight) * shared(x), per token, on the host in f64.
-    s.shared_out = shared_->forward(x, s.shared).to_vector<double>();
-    const std::vector<double> xh = s.x.to_vector<double>(),
-                              w = shared_gate_w_.value.to_vector<double>();
+    s.shared_out = host_read<double>(shared_->forward(x, s.shared), HostSync::moe);
+    const std::vector<double> xh = host_read<double>(s.x, HostSync::moe),
+                              w = host_read<double>(shared_gate_w_.value, HostSync::moe);
     s.shared_gate.assign(static_cast<std::size_t>(T), 0.0);
     for (int64_t t = 0; t < T; ++t) {
       double g = 0.0;
@@ -356,8 +357,8 @@ void MoELayer::combine_backward_alltoall(const std::vector<double>& dy, Saved& s
   const int64_t r = static_cast<int64_t>(order.size());
   const Tensor din_rows =
       device_tensor(ctx_, permute_rows(recv, order, h_, false), {r, h_}, ctx_.dtype);
-  std::vector<double> back =
-      permute_rows(experts_backward(din_rows, s).to_vector<double>(), order, h_, true);
+  std::vector<double> back = permute_rows(
+      host_read<double>(experts_backward(din_rows, s), HostSync::moe), order, h_, true);
   if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, h_, s.recv_counts, s.send_counts);
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t t = s.row_token[i];
@@ -372,7 +373,7 @@ void MoELayer::combine_backward_allgather(const Tensor& dy, Saved& s, std::vecto
   Tensor dyc = dy.view({t_local * h_}).clone();
   Tensor dyg = Tensor::empty({ep * t_local * h_}, ctx_.dtype, ctx_.device);
   g.all_gather(dyg, dyc)->wait();
-  const std::vector<double> dyall = dyg.to_vector<double>();
+  const std::vector<double> dyall = host_read<double>(dyg, HostSync::moe);
   const int64_t r = static_cast<int64_t>(s.row_token.size());
   std::vector<double> drows(static_cast<std::size_t>(r * h_));
   std::vector<double> dprob_all(static_cast<std::size_t>(ep * t_local * k_), 0.0);
@@ -385,15 +386,15 @@ void MoELayer::combine_backward_allgather(const Tensor& dy, Saved& s, std::vecto
     }
     dprob_all[t * k_ + s.row_slot[i]] += dot;
   }
-  const std::vector<double> din =
-      experts_backward(device_tensor(ctx_, drows, {r, h_}, ctx_.dtype), s).to_vector<double>();
+  const std::vector<double> din = host_read<double>(
+      experts_backward(device_tensor(ctx_, drows, {r, h_}, ctx_.dtype), s), HostSync::moe);
   std::vector<double> dxall(static_cast<std::size_t>(ep * t_local * h_), 0.0);
   for (int64_t i = 0; i < r; ++i)
     for (int64_t j = 0; j < h_; ++j) dxall[s.row_token[i] * h_ + j] += din[i * h_ + j];
   Tensor xin = device_tensor(ctx_, dxall, {ep * t_local * h_}, ctx_.dtype);
   Tensor xout = Tensor::empty({t_local * h_}, ctx_.dtype, ctx_.device);
   g.reduce_scatter(xout, xin, comm::ReduceOp::sum)->wait();
-  const std::vector<double> mine = xout.to_vector<double>();
+  const std::vector<double> mine = host_read<double>(xout, HostSync::moe);
   for (std::size_t i = 0; i < mine.size(); ++i) dx[i] += mine[i];
   all_reduce_host(ctx_, g, dprob_all);
   const int64_t base = static_cast<int64_t>(g.rank()) * t_local * k_;
@@ -407,7 +408,7 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
   std::vector<double> dx(static_cast<std::size_t>(T * h_), 0.0);
   std::vector<double> dprob(static_cast<std::size_t>(T * k_), 0.0);
   if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall)
-    combine_backward_alltoall(dy.to_vector<double>(), s, dx, dprob);
+    combine_backward_alltoall(host_read<double>(dy, HostSync::moe), s, dx, dprob);
   else
     combine_backward_allgather(dy, s, dx, dprob);
 
@@ -433,8 +434,9 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
   Tensor out = dxt.view(s.shape);
   if (shared_ && c.moe_shared_expert_gate) {
     // z' = sig * z: dz = sig * dy; dg = (dy . z) sig (1 - sig); dw += dg x; dx += dg w.
-    const std::vector<double> dyh = dy.to_vector<double>(), xh = s.x.to_vector<double>(),
-                              w = shared_gate_w_.value.to_vector<double>();
+    const std::vector<double> dyh = host_read<double>(dy, HostSync::moe),
+                              xh = host_read<double>(s.x, HostSync::moe),
+                              w = host_read<double>(shared_gate_w_.value, HostSync::moe);
     std::vector<double> dz(dyh.size()), dw(static_cast<std::size_t>(h_), 0.0),
         dxg(static_cast<std::size_t>(T * h_));
     for (int64_t t = 0; t < T; ++t) {

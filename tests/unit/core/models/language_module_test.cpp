@@ -161,14 +161,15 @@ TEST(LanguageModule, PerTokenDivisionIsFinalizeModelGradsAlone) {
   EXPECT_EQ(g, (std::vector<double>{1, 2, 1, 0}));
   distributed::FinalizeModelGradsConfig fin;
   fin.calculate_per_token_loss = true;
-  const LossSums global = distributed::finalize_model_grads(m, fin, {r.loss_sum, r.num_tokens});
+  const LossSums global =
+      distributed::finalize_model_grads(m, fin, {r.loss_sum, r.num_tokens, nullptr});
   EXPECT_DOUBLE_EQ(global.num_tokens, 4.0);
   g = m.buffer().grads.to_vector<double>();
   EXPECT_EQ(g, (std::vector<double>{0.25, 0.5, 0.25, 0.0}));
   EXPECT_DOUBLE_EQ(pipeline_parallel::aux_loss_scale(cfg, 2), 1.0);
   EXPECT_DOUBLE_EQ(pipeline_parallel::aux_loss_scale(cfg, 2, 4), 1.0);
   // A global batch without an unmasked token is an error under per-token loss.
-  EXPECT_THROW(distributed::finalize_model_grads(m, fin, {0.0, 0.0}), Error);
+  EXPECT_THROW(distributed::finalize_model_grads(m, fin, {0.0, 0.0, nullptr}), Error);
 }
 
 TEST(LanguageModule, LossSeedRejectsAMicroBatchWithoutTokens) {
