@@ -74,6 +74,9 @@ struct LoggingConfig {
   std::optional<double> peak_tflops;  // --peak-tflops: MFU denominator per device; unset ->
                                       // 989 on H100/H200 (dense bf16), none elsewhere
   bool log_params_norm = false;       // --log-params-norm
+  // --moe-per-layer-logging: each MoE layer's load-balancing / z loss and tokens per expert on the
+  // log line's following lines, and Megatron's moe/<name>_layer_<l> TensorBoard scalars.
+  bool moe_per_layer_logging = false;
   void validate() const;
 };
 

@@ -105,6 +105,12 @@ MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string
     pb.add(x.fc2, p + "linear_fc2.weight", {h_, f_}, InitRule::scaled_normal);
     pb.set_expert(x.fc2);
   }
+  if (c.moe_router_enable_expert_bias) {
+    // Megatron's TopKRouter buffers: expert_bias (zeros, f32) and local_tokens_per_expert.
+    ExpertBiasState& b = ctx.moe->expert_bias[layer_];
+    b.expert_bias.assign(static_cast<std::size_t>(e_), 0.0f);
+    b.local_tokens_per_expert.assign(static_cast<std::size_t>(e_), 0.0);
+  }
   if (c.moe_shared_expert_intermediate_size > 0)
     shared_ = std::make_unique<MLP>(ctx, pb, prefix + "shared_experts.", shared_experts,
                                     c.moe_shared_expert_intermediate_size);
@@ -275,7 +281,9 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   Tensor lg = Tensor::empty({T, e_}, ctx_.stat_dtype(), ctx_.device);
   if (T > 0) ctx_.op().gemm(lg, s.x, router_w_.value, ops::GemmArgs{.trans_b = true});
   s.logits = lg.to_vector<double>();
-  s.routing = topk_routing(s.logits, T, router_);
+  const std::vector<float>* bias =
+      c.moe_router_enable_expert_bias ? &ctx_.moe->expert_bias.at(layer_).expert_bias : nullptr;
+  s.routing = topk_routing(s.logits, T, router_, bias);
 
   if (training && c.moe_router_load_balancing_type != MoeLoadBalancingType::none) {
     s.aux_scores = aux_loss_scores(s.logits, T, e_, c.moe_router_score_function);
@@ -416,6 +424,13 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
     z_loss(s.logits, T, e_, c.moe_z_loss_coeff / static_cast<double>(nss), scale, &dlogits);
   if (s.training)
     ctx_.moe->metrics_tracker.add(layer_, s.lb_loss, s.z_loss, s.routing.tokens_per_expert);
+  if (s.training && c.moe_router_enable_expert_bias) {
+    // Megatron's local_tokens_per_expert += routing_map.sum(0): the kept choices.
+    std::vector<double>& tokens = ctx_.moe->expert_bias.at(layer_).local_tokens_per_expert;
+    for (int64_t i = 0; i < T * k_; ++i)
+      if (s.routing.kept[static_cast<std::size_t>(i)])
+        tokens[static_cast<std::size_t>(s.routing.expert[static_cast<std::size_t>(i)])] += 1.0;
+  }
   Tensor dxt = device_tensor(ctx_, dx, {T, h_}, ctx_.dtype);
   if (T > 0) {
     const Tensor dl = device_tensor(ctx_, dlogits, {T, e_}, ctx_.dtype);
