@@ -5,8 +5,7 @@
 # 1e-3) plus a small sequence-level aux loss, one shared expert, the first 3 layers dense,
 # alltoall dispatcher, EP 64 x PP 16.
 # Left out: multi-latent attention and multi-token prediction (refused here: docs/flags.md), so the
-# attention is GQA; --moe-router-dtype fp32 is what runs here (router logits in fp32) and is not
-# passed; --moe-layer-freq is given as a list instead of Megatron's Python expression.
+# attention is GQA; --moe-layer-freq is given as a list instead of Megatron's Python expression.
 # TOY=1 keeps every routing flag: 2 ranks = EP 2, 16 experts top-4 in 4 groups (2 chosen), 3 layers
 # (the first dense), hidden 64; it saves at the end, so the expert biases reach the checkpoint.
 #   examples/deepseek_v3/pretrain_deepseek_v3.sh [extra pretrain_gpt flags...]
@@ -36,7 +35,8 @@ MOE_ARGS=(
   --moe-router-group-topk $GROUP_TOPK --moe-router-topk-scaling-factor 2.5
   --moe-router-enable-expert-bias --moe-router-bias-update-rate 1e-3
   --moe-router-load-balancing-type seq_aux_loss --moe-aux-loss-coeff 1e-4
-  --moe-token-dispatcher-type alltoall --moe-grouped-gemm --moe-per-layer-logging
+  --moe-router-dtype fp32 --moe-token-dispatcher-type alltoall --moe-grouped-gemm
+  --moe-per-layer-logging
 )
 DATA_ARGS=(--mock-data --tokenizer-type NullTokenizer --vocab-size $VOCAB --split 99990,8,2)
 TRAINING_ARGS=(

@@ -160,6 +160,10 @@ void add_moe_flags(ArgParser& p, transformer::TransformerConfig& m, Arguments& a
   p.add_switch("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias, true,
                "aux-loss-free load balancing: per-expert bias on the scores for the top-k choice "
                "(sigmoid scores)");
+  p.add_choice(
+      "--moe-router-dtype", {"fp32", "fp64"},
+      [&m](const std::string& v) { m.moe_router_dtype = v; },
+      "router logits' dtype (fp32 is what runs; fp64 with an fp64 model)");
   p.add("--moe-router-bias-update-rate", m.moe_router_bias_update_rate,
         "expert bias step per iteration: bias += rate * sign(mean - count) (1e-3)");
   p.add("--moe-ffn-hidden-size", m.moe_ffn_hidden_size,
@@ -651,8 +655,6 @@ const RefusedFlag kRefusedFlags[] = {
     {"--v-head-dim", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
     {"--mtp-num-layers", ArgParser::Nargs::one, "multi-token prediction (MTP)"},
     {"--mtp-loss-scaling-factor", ArgParser::Nargs::one, "multi-token prediction (MTP)"},
-    {"--moe-router-dtype", ArgParser::Nargs::one,
-     "a separate MoE routing dtype (routing here runs in the model's compute precision)"},
     {"--moe-input-jitter-eps", ArgParser::Nargs::one, "MoE input jitter"},
     {"--moe-pad-expert-input-to-capacity", ArgParser::Nargs::zero,
      "padding expert inputs to capacity"},

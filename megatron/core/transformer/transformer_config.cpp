@@ -223,6 +223,11 @@ void TransformerConfig::validate() const {
         "--moe-router-enable-expert-bias (aux-loss-free routing) needs "
         "--moe-router-score-function sigmoid (Megatron's rule), got "
             << to_string(moe_router_score_function));
+    MG_CHECK(moe_router_dtype.empty() || moe_router_dtype == "fp32" ||
+                 (moe_router_dtype == "fp64" && params_dtype == DType::f64),
+             "--moe-router-dtype " << moe_router_dtype
+                                   << ": the router logits are computed in fp32 here (fp64 for an "
+                                      "fp64 model); valid: fp32, or fp64 with an fp64 model");
     MG_CHECK(moe_router_bias_update_rate >= 0.0 && std::isfinite(moe_router_bias_update_rate),
              "--moe-router-bias-update-rate must be finite and >= 0, got "
                  << moe_router_bias_update_rate);

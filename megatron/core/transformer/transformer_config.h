@@ -116,6 +116,9 @@ struct TransformerConfig {
   std::optional<double> moe_router_topk_scaling_factor;
   bool moe_router_enable_expert_bias = false;
   double moe_router_bias_update_rate = 1e-3;
+  // --moe-router-dtype fp32|fp64 ("": unset). The router logits here are computed in fp32 (fp64
+  // for an fp64 model) whatever the flag: fp32 is accepted, fp64 only for an fp64 model.
+  std::string moe_router_dtype;
   MoeTokenDispatcherType moe_token_dispatcher_type = MoeTokenDispatcherType::allgather;
   int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
   bool moe_shared_expert_gate = false;  // --moe-shared-expert-gate: sigmoid gate on their output
