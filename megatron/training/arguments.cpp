@@ -153,6 +153,21 @@ void add_moe_flags(ArgParser& p, transformer::TransformerConfig& m, Arguments& a
             v == "alltoall" ? MoeTokenDispatcherType::alltoall : MoeTokenDispatcherType::allgather;
       },
       "token dispatcher over the expert-parallel group (allgather)");
+  p.add("--moe-router-num-groups", m.moe_router_num_groups,
+        "expert groups for group-limited routing (0: off; DeepSeek's n_group)");
+  p.add("--moe-router-group-topk", m.moe_router_group_topk,
+        "groups each token may route to (0: off; DeepSeek's topk_group)");
+  p.add("--moe-router-topk-scaling-factor", m.moe_router_topk_scaling_factor,
+        "routing probabilities times this factor (None)");
+  p.add_switch("--moe-router-enable-expert-bias", m.moe_router_enable_expert_bias, true,
+               "aux-loss-free load balancing: per-expert bias on the scores for the top-k choice "
+               "(sigmoid scores)");
+  p.add_choice(
+      "--moe-router-dtype", {"fp32", "fp64"},
+      [&m](const std::string& v) { m.moe_router_dtype = v; },
+      "router logits' dtype (fp32 is what runs; fp64 with an fp64 model)");
+  p.add("--moe-router-bias-update-rate", m.moe_router_bias_update_rate,
+        "expert bias step per iteration: bias += rate * sign(mean - count) (1e-3)");
   p.add("--moe-ffn-hidden-size", m.moe_ffn_hidden_size,
         "routed experts' FFN size (--ffn-hidden-size)");
   p.add_switch("--moe-shared-expert-gate", m.moe_shared_expert_gate, true,
@@ -161,6 +176,8 @@ void add_moe_flags(ArgParser& p, transformer::TransformerConfig& m, Arguments& a
         "shared experts' FFN size (0: none)");
   p.add("--moe-layer-freq", x.moe_layer_freq,
         "every N-th layer is MoE, or a pattern [1,0,...] (1)");
+  p.add_switch("--moe-per-layer-logging", a.logging.moe_per_layer_logging, true,
+               "log each MoE layer's losses and tokens per expert (stdout, TensorBoard)");
   p.add_switch("--moe-grouped-gemm", m.moe_grouped_gemm, true,
                "grouped expert GEMMs (no effect here yet: a loop of GEMMs, the same numbers)");
   p.add("--expert-model-parallel-size", a.parallel.expert_model_parallel_size,
@@ -681,15 +698,6 @@ const RefusedFlag kRefusedFlags[] = {
     {"--v-head-dim", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
     {"--mtp-num-layers", ArgParser::Nargs::one, "multi-token prediction (MTP)"},
     {"--mtp-loss-scaling-factor", ArgParser::Nargs::one, "multi-token prediction (MTP)"},
-    {"--moe-router-enable-expert-bias", ArgParser::Nargs::zero,
-     "aux-loss-free load balancing (expert bias)"},
-    {"--moe-router-bias-update-rate", ArgParser::Nargs::one,
-     "aux-loss-free load balancing (expert bias)"},
-    {"--moe-router-num-groups", ArgParser::Nargs::one, "group-limited MoE routing"},
-    {"--moe-router-group-topk", ArgParser::Nargs::one, "group-limited MoE routing"},
-    {"--moe-router-topk-scaling-factor", ArgParser::Nargs::one, "MoE top-k score scaling"},
-    {"--moe-router-dtype", ArgParser::Nargs::one,
-     "a separate MoE routing dtype (routing here runs in the model's compute precision)"},
     {"--moe-input-jitter-eps", ArgParser::Nargs::one, "MoE input jitter"},
     {"--moe-pad-expert-input-to-capacity", ArgParser::Nargs::zero,
      "padding expert inputs to capacity"},

@@ -7,6 +7,7 @@
 #include "megatron/core/common/error.h"
 #include "megatron/core/dist_checkpointing/storage.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/training/model_provider.h"
 
 namespace mg::training {
@@ -88,6 +89,10 @@ CheckpointModel load_model_from_checkpoint(const std::string& root, const ops::O
   o.iteration = iteration;
   o.vocab_size = cm.model->vocab_size();  // the padding may differ from the saved layout's
   cm.state = load_checkpoint(root, cm.model->parameters(), o, ranks);
+  // The routers' expert biases (--moe-router-enable-expert-bias) route inference too.
+  if (cm.args.model.moe_router_enable_expert_bias && cm.state.extra.contains("moe_expert_bias"))
+    cm.model->moe_state().load_expert_bias_state(
+        cm.state.extra.at("moe_expert_bias").get<std::map<std::string, std::vector<float>>>());
   return cm;
 }
 

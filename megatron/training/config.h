@@ -86,6 +86,9 @@ struct LoggingConfig {
   int64_t profile_step_end = 12;
   std::vector<int64_t> profile_ranks{0};
   bool profiling() const { return profile || profile_op_table; }
+  // --moe-per-layer-logging: each MoE layer's load-balancing / z loss and tokens per expert on the
+  // log line's following lines, and Megatron's moe/<name>_layer_<l> TensorBoard scalars.
+  bool moe_per_layer_logging = false;
   void validate() const;
 };
 

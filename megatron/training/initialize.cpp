@@ -59,6 +59,9 @@ ParallelState initialize_model_parallel(const Arguments& args) {
         args.model.fp8.tp_only_amax_red ? groups.tp_cp : groups.tp_dp_cp;
     if (g && g->size() > 1) ps.amax = g;
   }
+  if (moe && args.model.moe_router_enable_expert_bias && groups.tp_dp_cp &&
+      groups.tp_dp_cp->size() > 1)
+    ps.expert_bias = groups.tp_dp_cp;
   return ps;
 }
 

@@ -45,6 +45,9 @@ struct ParallelState {
   // FP8 delayed scaling: Megatron's amax reduction group, tp-dp-cp (tp-cp with --tp-only-amax-red);
   // null without FP8 or when it is this rank alone.
   comm::ProcessGroupPtr amax;
+  // --moe-router-enable-expert-bias: Megatron's tp-dp-cp group, over which the tokens per expert
+  // that move the expert bias are summed; null otherwise or when it is this rank alone.
+  comm::ProcessGroupPtr expert_bias;
   pipeline_parallel::PipelineLayout layout;
 
   // The data iterator's group: the pure data-parallel ranks (dp without CP).

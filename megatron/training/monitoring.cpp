@@ -155,6 +155,12 @@ int Monitoring::signal_received() {
   return signals_ ? signals_->received_any(world_.get()) : 0;
 }
 
+void Monitoring::moe_scalars(int64_t iteration,
+                             const std::vector<std::pair<std::string, double>>& scalars) {
+  if (!tb_) return;
+  for (const auto& [name, v] : scalars) tb_->add_scalar(name, v, iteration);
+}
+
 void Monitoring::flush() {
   if (tb_) tb_->flush();
 }

@@ -21,6 +21,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatron/training/arguments.h"
@@ -70,6 +71,8 @@ class Monitoring {
                   double lm_loss);
   // Collective: the signal any rank received (--exit-signal-handler), 0 if none or no handler.
   int signal_received();
+  // Megatron's MoE TensorBoard scalars (moe_utils.h MoELogLines::scalars) at `iteration`.
+  void moe_scalars(int64_t iteration, const std::vector<std::pair<std::string, double>>& scalars);
   void flush();
 
  private:

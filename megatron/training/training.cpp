@@ -203,6 +203,37 @@ nlohmann::json gather_fp8_state(Run& r) {
   return merged;
 }
 
+// Every rank's router expert biases (--moe-router-enable-expert-bias) by Megatron's name
+// ("decoder.layers.N.mlp.router.expert_bias"): the pipeline stages hold other layers, the other
+// ranks of a stage the same values (the update sums over tp-dp-cp), the lowest rank's kept.
+// Collective over the world.
+nlohmann::json gather_expert_bias(Run& r) {
+  nlohmann::json mine = nlohmann::json::object();
+  for (const auto& [name, v] : r.model->moe_state().expert_bias_state()) mine[name] = v;
+  comm::ProcessGroup& w = *r.ps.world;
+  if (w.size() == 1) return mine;
+  const std::string text = mine.dump();
+  const auto ws = static_cast<int64_t>(w.size());
+  Tensor len = Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1});
+  Tensor lens = Tensor::empty({ws}, DType::i64);
+  w.all_gather(lens, len)->wait();
+  int64_t longest = 0;
+  for (int64_t l : lens.to_vector<int64_t>()) longest = std::max(longest, l);
+  Tensor buf = Tensor::zeros({longest}, DType::u8);
+  std::copy(text.begin(), text.end(), buf.data<uint8_t>());
+  Tensor all = Tensor::empty({ws * longest}, DType::u8);
+  w.all_gather(all, buf)->wait();
+  nlohmann::json merged = nlohmann::json::object();
+  const std::vector<int64_t> l = lens.to_vector<int64_t>();
+  for (int64_t k = 0; k < ws; ++k) {
+    const char* p = reinterpret_cast<const char*>(all.data<uint8_t>() + k * longest);
+    const nlohmann::json j = nlohmann::json::parse(std::string(p, static_cast<std::size_t>(l[k])));
+    for (auto& [name, v] : j.items())
+      if (!merged.contains(name)) merged[name] = v;
+  }
+  return merged;
+}
+
 void save(Run& r) {
   const auto& c = r.args.checkpoint;
   CheckpointState st;
@@ -222,6 +253,8 @@ void save(Run& r) {
   st.extra = r.checkpoint_extra;  // the HF identity of an imported model travels on
   check_finite_before_save(r, st);
   if (r.model->fp8_state()) st.extra["fp8"] = gather_fp8_state(r);  // amax histories and scales
+  if (r.args.model.moe_router_enable_expert_bias)
+    st.extra["moe_expert_bias"] = gather_expert_bias(r);
   r.timers.start("save-checkpoint");
   SaveOptions so;
   so.format = c.ckpt_format;
@@ -288,6 +321,19 @@ void load(Run& r) {
   // checkpoint without them starts FP8 from fresh state, as Transformer Engine does).
   if (r.model->fp8_state() && st.extra.contains("fp8"))
     r.model->fp8_state()->load_state_json(st.extra.at("fp8"));
+  // Router expert biases (a checkpoint without them, e.g. one trained without the flag, starts
+  // them at zero, said once).
+  if (r.args.model.moe_router_enable_expert_bias) {
+    const int64_t n =
+        st.extra.contains("moe_expert_bias")
+            ? r.model->moe_state().load_expert_bias_state(
+                  st.extra.at("moe_expert_bias").get<std::map<std::string, std::vector<float>>>())
+            : 0;
+    if (n < static_cast<int64_t>(r.model->moe_state().expert_bias.size()))
+      r.log << "WARNING: --moe-router-enable-expert-bias: " << *c.load << " holds "
+            << (st.extra.contains("moe_expert_bias") ? "not every" : "no")
+            << " router expert bias of this stage; the missing ones start at zero" << std::endl;
+  }
   if (st.rng) r.rng_seed = (*st.rng).at("seed").get<uint64_t>();
   r.checkpoint_extra = st.extra;
   if (!c.finetune) {
@@ -535,6 +581,10 @@ StepOutcome train_step(Run& r) {
   fin.timers = &mon.timers();
   const models::LossSums global =
       distributed::finalize_model_grads(*r.model, fin, {fb.loss_sum, fb.num_tokens, nullptr});
+  // Megatron's _update_router_expert_bias (in its finalize_model_grads): aux-loss-free balancing.
+  if (a.model.moe_router_enable_expert_bias)
+    r.model->moe_state().update_expert_biases(r.ps.expert_bias.get(),
+                                              a.model.moe_router_bias_update_rate);
   out.lm_loss = global.num_tokens > 0.0 ? global.loss_sum / global.num_tokens : 0.0;
   if (r.hooks.after_forward_backward)
     r.hooks.after_forward_backward(r.iteration, out.lm_loss, *r.model);
@@ -747,7 +797,8 @@ void train(Run& r) {
           r.model->moe_state().metrics_tracker, r.ps.world.get(), r.model->config(),
           (a.parallel.sequence_parallel ? a.parallel.tensor_model_parallel_size : 1) *
               a.parallel.context_parallel_size,
-          interval_iters);
+          interval_iters, a.logging.moe_per_layer_logging);
+      r.monitor->moe_scalars(r.iteration, moe.scalars);
       r.log_last << format_training_log(s) << moe.inline_part << "\n"
                  << moe.layer_lines << std::flush;
       r.monitor->at_log_interval(r.iteration, interval_iters, secs / interval_iters,
@@ -931,6 +982,21 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
                       transformer::to_string(m.moe_token_drop_policy) + ")"
                 : std::string(", dropless"))
         << std::endl;
+    // DeepSeek-style routing, when asked for (moe_utils.h topk_routing).
+    if (m.moe_router_group_topk > 0 || m.moe_router_topk_scaling_factor ||
+        m.moe_router_enable_expert_bias) {
+      log << "moe router:";
+      if (m.moe_router_group_topk > 0)
+        log << " group-limited, " << m.moe_router_num_groups << " groups ("
+            << m.moe_router_group_topk << " chosen per token);";
+      if (m.moe_router_topk_scaling_factor)
+        log << " probabilities x " << *m.moe_router_topk_scaling_factor << ";";
+      if (m.moe_router_enable_expert_bias)
+        log << " expert bias (aux-loss-free), update rate " << m.moe_router_bias_update_rate
+            << ", tokens summed over " << (r.ps.expert_bias ? r.ps.expert_bias->size() : 1)
+            << " ranks (tp-dp-cp);";
+      log << std::endl;
+    }
   }
   // 5. The checkpoint (model; optimizer, scheduler, RNG and data position unless told not to).
   load(r);

@@ -124,6 +124,20 @@
   X(cross_entropy_bwd, op, "",                                                                    \
     void(Tensor & dlogits, const Tensor& dloss, const Tensor& logits, const Tensor& max,          \
          const Tensor& sum_exp, const Tensor& targets, int64_t vocab_start))                      \
+  /* ---- MoE token permutation (transformer/moe): rows [R, H] of tokens x [T, H] and back. ----  \
+     rows[i] = x[index[i]] (index [R] i64 in [0, T)): an exact copy. */                           \
+  X(moe_permute, op, "moe_unpermute", void(Tensor & rows, const Tensor& x, const Tensor& index))  \
+  /* out[t] = sum over i in token_rows[offsets[t] .. offsets[t + 1]) (in that order) of prob[i] * \
+     rows[i] (prob [R] f64, optional: 1), summed in f64 and rounded once to out's dtype; written. \
+     offsets [T + 1], token_rows [R] i64. */                                                      \
+  X(moe_unpermute, op, "moe_unpermute_bwd",                                                       \
+    void(Tensor & out, const Tensor& rows, const Tensor& prob, const Tensor& offsets,             \
+         const Tensor& token_rows))                                                               \
+  /* drows[i] = prob[i] * dout[index[i]] (f64, rounded once; prob optional: 1); dprob [R] f64     \
+     (optional) = sum_j dout[index[i], j] * rows[i, j] in f64, j ascending; both written. */      \
+  X(moe_unpermute_bwd, op, "",                                                                    \
+    void(Tensor & drows, Tensor & dprob, const Tensor& dout, const Tensor& rows,                  \
+         const Tensor& prob, const Tensor& index))                                                \
   /* ---- optimizer and multi-tensor utilities ---- */                                            \
   X(adamw_step, op, "", void(std::span<const AdamParam> params, const AdamArgs& args))            \
   /* out [1] f32 or f64 (caller's choice) = sum of squares of all elements of all xs */           \

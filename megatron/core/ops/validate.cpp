@@ -1009,4 +1009,96 @@ void validate_softmax_bwd(const Placement& on, const char* op, const Tensor& dx,
   validate_scale(op, scale);
 }
 
+// ---- MoE token permutation ---------------------------------------------------------------------
+
+namespace {
+
+void check_i64_vector(const Placement& on, const char* op, const char* name, const Tensor& t,
+                      int64_t n) {
+  on.check(op, name, t);
+  MG_CHECK(t.dtype() == DType::i64 && t.dim() == 1 && t.size(0) == n,
+           op << ": " << name << " is " << t.str() << ", expected [" << n << "] i64");
+}
+
+void check_matrix(const Placement& on, const char* op, const char* name, const Tensor& t) {
+  on.check(op, name, t);
+  check_float_dtype(op, name, t);
+  MG_CHECK(t.dim() == 2, op << ": " << name << " is " << t.str() << ", expected [rows, hidden]");
+}
+
+void check_prob(const Placement& on, const char* op, const Tensor& prob, int64_t r) {
+  if (!prob.defined()) return;
+  on.check(op, "prob", prob);
+  MG_CHECK(prob.dtype() == DType::f64 && prob.dim() == 1 && prob.size(0) == r,
+           op << ": prob is " << prob.str() << ", expected [" << r << "] f64");
+}
+
+}  // namespace
+
+MoePermuteDims validate_moe_permute(const Placement& on, const Tensor& rows, const Tensor& x,
+                                    const Tensor& index) {
+  const char* op = "moe_permute";
+  check_matrix(on, op, "x", x);
+  check_matrix(on, op, "rows", rows);
+  check_same_dtype(op, "rows", rows, "x", x);
+  MG_CHECK(rows.size(1) == x.size(1),
+           op << ": rows " << rows.str() << " and x " << x.str() << " differ in hidden size");
+  check_i64_vector(on, op, "index", index, rows.size(0));
+  MG_CHECK(!overlaps(rows, x), op << ": rows must not alias x");
+  return {x.size(0), rows.size(0), x.size(1)};
+}
+
+MoePermuteDims validate_moe_unpermute(const Placement& on, const Tensor& out, const Tensor& rows,
+                                      const Tensor& prob, const Tensor& offsets,
+                                      const Tensor& token_rows) {
+  const char* op = "moe_unpermute";
+  check_matrix(on, op, "rows", rows);
+  check_matrix(on, op, "out", out);
+  MG_CHECK(rows.size(1) == out.size(1),
+           op << ": rows " << rows.str() << " and out " << out.str() << " differ in hidden size");
+  check_prob(on, op, prob, rows.size(0));
+  check_i64_vector(on, op, "offsets", offsets, out.size(0) + 1);
+  check_i64_vector(on, op, "token_rows", token_rows, rows.size(0));
+  MG_CHECK(!overlaps(out, rows), op << ": out must not alias rows");
+  return {out.size(0), rows.size(0), out.size(1)};
+}
+
+MoePermuteDims validate_moe_unpermute_bwd(const Placement& on, const Tensor& drows,
+                                          const Tensor& dprob, const Tensor& dout,
+                                          const Tensor& rows, const Tensor& prob,
+                                          const Tensor& index) {
+  const char* op = "moe_unpermute_bwd";
+  check_matrix(on, op, "dout", dout);
+  MG_CHECK(drows.defined() || dprob.defined(), op << ": needs drows, dprob or both");
+  int64_t r = 0;
+  if (drows.defined()) {
+    check_matrix(on, op, "drows", drows);
+    MG_CHECK(drows.size(1) == dout.size(1), op << ": drows " << drows.str() << " and dout "
+                                               << dout.str() << " differ in hidden size");
+    r = drows.size(0);
+  }
+  if (dprob.defined()) {
+    MG_CHECK(rows.defined(), op << ": dprob needs the forward's rows");
+    check_matrix(on, op, "rows", rows);
+    MG_CHECK(rows.size(1) == dout.size(1), op << ": rows " << rows.str() << " and dout "
+                                              << dout.str() << " differ in hidden size");
+    MG_CHECK(!drows.defined() || rows.size(0) == r,
+             op << ": rows " << rows.str() << " and drows " << drows.str() << " differ in rows");
+    r = rows.size(0);
+    on.check(op, "dprob", dprob);
+    MG_CHECK(dprob.dtype() == DType::f64 && dprob.dim() == 1 && dprob.size(0) == r,
+             op << ": dprob is " << dprob.str() << ", expected [" << r << "] f64");
+  }
+  check_prob(on, op, prob, r);
+  check_i64_vector(on, op, "index", index, r);
+  MG_CHECK(!drows.defined() || !overlaps(drows, dout), op << ": drows must not alias dout");
+  return {dout.size(0), r, dout.size(1)};
+}
+
+void validate_moe_indices(const char* op, const char* name, std::span<const int64_t> v, int64_t n) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    MG_CHECK(v[i] >= 0 && v[i] < n,
+             op << ": " << name << "[" << i << "] = " << v[i] << " is outside [0, " << n << ")");
+}
+
 }  // namespace mg::ops

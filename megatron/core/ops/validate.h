@@ -255,4 +255,25 @@ void validate_softmax_fwd(const Placement& on, const char* op, const Tensor& y, 
 void validate_softmax_bwd(const Placement& on, const char* op, const Tensor& dx, const Tensor& dy,
                           const Tensor& y, float scale);
 
+// ---- MoE token permutation ---------------------------------------------------------------------
+struct MoePermuteDims {
+  int64_t t = 0, r = 0, h = 0;  // tokens, rows, hidden
+};
+// rows [R, H] like x [T, H] (a kernel float), index [R] i64.
+MoePermuteDims validate_moe_permute(const Placement& on, const Tensor& rows, const Tensor& x,
+                                    const Tensor& index);
+// out [T, H], rows [R, H] (kernel floats, any mix), prob [R] f64 (optional), offsets [T + 1] and
+// token_rows [R] i64.
+MoePermuteDims validate_moe_unpermute(const Placement& on, const Tensor& out, const Tensor& rows,
+                                      const Tensor& prob, const Tensor& offsets,
+                                      const Tensor& token_rows);
+// drows [R, H] like rows (optional when dprob is given and rows too), dprob [R] f64 (optional,
+// needs rows), dout [T, H] a kernel float, prob [R] f64 (optional), index [R] i64.
+MoePermuteDims validate_moe_unpermute_bwd(const Placement& on, const Tensor& drows,
+                                          const Tensor& dprob, const Tensor& dout,
+                                          const Tensor& rows, const Tensor& prob,
+                                          const Tensor& index);
+// Index values (a host copy): each in [0, n).
+void validate_moe_indices(const char* op, const char* name, std::span<const int64_t> v, int64_t n);
+
 }  // namespace mg::ops

@@ -192,6 +192,45 @@ void TransformerConfig::validate() const {
                "(Megatron's rule), got "
                    << to_string(moe_token_dispatcher_type));
     }
+    if (moe_router_group_topk > 0 || moe_router_num_groups > 0) {
+      MG_CHECK(moe_router_num_groups > 0 && moe_router_group_topk > 0,
+               "group-limited routing needs both --moe-router-num-groups and "
+               "--moe-router-group-topk, got "
+                   << moe_router_num_groups << " and " << moe_router_group_topk);
+      MG_CHECK(num_moe_experts % moe_router_num_groups == 0,
+               "--num-experts " << num_moe_experts
+                                << " must be divisible by --moe-router-num-groups "
+                                << moe_router_num_groups);
+      MG_CHECK(moe_router_group_topk <= moe_router_num_groups,
+               "--moe-router-group-topk " << moe_router_group_topk
+                                          << " must be <= --moe-router-num-groups "
+                                          << moe_router_num_groups);
+      MG_CHECK(moe_router_topk % moe_router_group_topk == 0 &&
+                   moe_router_topk / moe_router_group_topk <=
+                       num_moe_experts / moe_router_num_groups,
+               "--moe-router-topk "
+                   << moe_router_topk << " must be a multiple of --moe-router-group-topk "
+                   << moe_router_group_topk << " with at most "
+                   << num_moe_experts / moe_router_num_groups << " (experts per group) per group");
+    }
+    if (moe_router_topk_scaling_factor)
+      MG_CHECK(
+          *moe_router_topk_scaling_factor > 0.0 && std::isfinite(*moe_router_topk_scaling_factor),
+          "--moe-router-topk-scaling-factor must be finite and > 0, got "
+              << *moe_router_topk_scaling_factor);
+    MG_CHECK(
+        !moe_router_enable_expert_bias || moe_router_score_function == MoeScoreFunction::sigmoid,
+        "--moe-router-enable-expert-bias (aux-loss-free routing) needs "
+        "--moe-router-score-function sigmoid (Megatron's rule), got "
+            << to_string(moe_router_score_function));
+    MG_CHECK(moe_router_dtype.empty() || moe_router_dtype == "fp32" ||
+                 (moe_router_dtype == "fp64" && params_dtype == DType::f64),
+             "--moe-router-dtype " << moe_router_dtype
+                                   << ": the router logits are computed in fp32 here (fp64 for an "
+                                      "fp64 model); valid: fp32, or fp64 with an fp64 model");
+    MG_CHECK(moe_router_bias_update_rate >= 0.0 && std::isfinite(moe_router_bias_update_rate),
+             "--moe-router-bias-update-rate must be finite and >= 0, got "
+                 << moe_router_bias_update_rate);
     MG_CHECK(!add_bias_linear,
              "MoE experts have no biases here (Megatron's grouped experts neither): pass "
              "--disable-bias-linear with --num-experts "
@@ -306,6 +345,14 @@ std::string TransformerConfig::str() const {
        << "\nmoe_token_dispatcher_type " << to_string(moe_token_dispatcher_type)
        << "\nmoe_shared_expert_intermediate_size " << moe_shared_expert_intermediate_size
        << "\nmoe_layer_freq " << moe_layer_freq << "\nmoe_grouped_gemm " << moe_grouped_gemm;
+    if (moe_router_group_topk > 0)
+      os << "\nmoe_router_num_groups " << moe_router_num_groups << "\nmoe_router_group_topk "
+         << moe_router_group_topk;
+    if (moe_router_topk_scaling_factor)
+      os << "\nmoe_router_topk_scaling_factor " << *moe_router_topk_scaling_factor;
+    if (moe_router_enable_expert_bias)
+      os << "\nmoe_router_enable_expert_bias 1\nmoe_router_bias_update_rate "
+         << moe_router_bias_update_rate;
   }
   return os.str();
 }

@@ -105,6 +105,20 @@ struct TransformerConfig {
   // micro-batch's T local tokens, choosing by --moe-token-drop-policy; nullopt: dropless.
   std::optional<double> moe_expert_capacity_factor;
   MoeTokenDropPolicy moe_token_drop_policy = MoeTokenDropPolicy::probs;
+  // DeepSeek-style routing (moe_utils.h topk_routing): --moe-router-num-groups G and
+  // --moe-router-group-topk g (0: off) route each token within its g best groups of E / G experts;
+  // --moe-router-topk-scaling-factor multiplies the routing probabilities (nullopt: none);
+  // --moe-router-enable-expert-bias adds a per-expert bias (sigmoid scores only) to the scores for
+  // the top-k choice, moved by --moe-router-bias-update-rate after each step (aux-loss-free
+  // load balancing).
+  int64_t moe_router_num_groups = 0;
+  int64_t moe_router_group_topk = 0;
+  std::optional<double> moe_router_topk_scaling_factor;
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  // --moe-router-dtype fp32|fp64 ("": unset). The router logits here are computed in fp32 (fp64
+  // for an fp64 model) whatever the flag: fp32 is accepted, fp64 only for an fp64 model.
+  std::string moe_router_dtype;
   MoeTokenDispatcherType moe_token_dispatcher_type = MoeTokenDispatcherType::allgather;
   int64_t moe_shared_expert_intermediate_size = 0;  // 0: no shared experts
   bool moe_shared_expert_gate = false;  // --moe-shared-expert-gate: sigmoid gate on their output

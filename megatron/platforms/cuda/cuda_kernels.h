@@ -27,6 +27,7 @@ void register_cross_entropy_kernels(plugin::Registry& r);  // cross_entropy_*, c
 void register_optimizer_kernels(plugin::Registry& r);  // adamw_step, l2_norm_sq, multi_tensor_scale
 void register_init_kernels(plugin::Registry& r);       // init_normal, init_uniform
 void register_fp8_kernels(plugin::Registry& r);  // fp8_cast_transpose, fp8_scale_update, fp8_gemm
+void register_moe_kernels(plugin::Registry& r);  // moe_permute, moe_unpermute(_bwd)
 // Counters of fp8.cu's cuBLASLt FP8 plan cache since process start: lookups that found a plan
 // (hits) or built one (misses), and the plans cached now (all devices). Also exported as the C
 // symbol mg_cuda_fp8_gemm_plan_cache_stats (dlsym from tests built without CUDA).

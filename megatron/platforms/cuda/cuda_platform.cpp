@@ -458,6 +458,7 @@ void register_cuda(plugin::Registry& r) {
   register_optimizer_kernels(r);
   register_init_kernels(r);
   register_fp8_kernels(r);
+  register_moe_kernels(r);
 #if MG_WITH_CUDNN
   register_cudnn_attention_kernels(r);
 #endif

@@ -38,12 +38,40 @@ single() {  # single <log> <extra args...>
 mpi=$1; shift; mpi_args="$*"
 
 single "$work/single8.log" --num-experts 8
-grep -q "tokens per expert: \[" "$work/single8.log" || { echo "FAIL: no expert load logged"; cat "$work/single8.log"; exit 1; }
 if [ "$np" -eq 2 ]; then
   for d in alltoall allgather; do
     run "$work/ep2.log" 2 --num-experts 8 --expert-model-parallel-size 2 --moe-token-dispatcher-type $d
     compare "$work/single8.log" "$work/ep2.log" "EP 2 ($d)"
+    if grep -q "tokens per expert" "$work/ep2.log"; then
+      echo "FAIL: per-layer MoE lines without --moe-per-layer-logging"; exit 1
+    fi
   done
+  # DeepSeek-V3 routing: sigmoid, group-limited top-2 (4 groups, 2 chosen), scaling, expert bias
+  # (tokens summed over the 2 data-parallel ranks: the same biases as one rank's 4 micro-batches),
+  # seq aux loss. Then the biases survive a checkpoint: resuming at iteration 2 prints what the
+  # uninterrupted run printed.
+  ds="--num-experts 8 --moe-router-score-function sigmoid --moe-router-num-groups 4
+    --moe-router-group-topk 2 --moe-router-topk-scaling-factor 2.5 --moe-router-enable-expert-bias
+    --moe-router-bias-update-rate 1e-2 --moe-router-load-balancing-type seq_aux_loss
+    --moe-token-dispatcher-type alltoall --moe-per-layer-logging"
+  single "$work/single_ds.log" $ds
+  grep -q "^ moe layer 1 | load_balancing_loss: .* tokens per expert: \[" "$work/single_ds.log" \
+    || { echo "FAIL: no per-layer MoE log (--moe-per-layer-logging)"; cat "$work/single_ds.log"; exit 1; }
+  run "$work/ep2_ds.log" 2 $ds --expert-model-parallel-size 2 --save "$work/ck_ds" --save-interval 2
+  compare "$work/single_ds.log" "$work/ep2_ds.log" "EP 2 DeepSeek routing"
+  expect_line "$work/ep2_ds.log" "EP 2 DeepSeek routing" \
+    "^moe router: group-limited, 4 groups \(2 chosen per token\); probabilities x 2.5; expert bias \(aux-loss-free\), update rate 0.01, tokens summed over 2 ranks"
+  if [ "$(values "$work/single_ds.log" "lm loss" | tail -1)" = "$(values "$work/single8.log" "lm loss" | tail -1)" ]; then
+    echo "FAIL: DeepSeek routing trained as the softmax router"; exit 1
+  fi
+  grep -q '"decoder.layers.1.mlp.router.expert_bias"' "$work/ck_ds/iter_0000004/metadata.json" \
+    || { echo "FAIL: no expert bias in the checkpoint"; exit 1; }
+  printf 2 > "$work/ck_ds/latest_checkpointed_iteration.txt"
+  run "$work/ep2_ds_resume.log" 2 $ds --expert-model-parallel-size 2 --load "$work/ck_ds"
+  values "$work/ep2_ds.log" "lm loss" | tail -2 > "$work/ds_a"
+  values "$work/ep2_ds_resume.log" "lm loss" > "$work/ds_b"
+  cmp -s "$work/ds_a" "$work/ds_b" || { echo "FAIL: resumed DeepSeek routing differs"; paste "$work/ds_a" "$work/ds_b"; exit 1; }
+  echo "ok expert bias: resuming at iteration 2 repeats iterations 3-4"
 else
   for d in alltoall allgather; do
     run "$work/ep4.log" "$np" --num-experts 8 --expert-model-parallel-size 4 --moe-token-dispatcher-type $d

@@ -42,33 +42,56 @@ std::vector<int64_t> chunk_order(const std::vector<int64_t>& counts, int64_t ep,
   return order;
 }
 
-// rows (row-major [n, h]) gathered: out[r] = in[order[r]]; or scattered: out[order[r]] = in[r].
-std::vector<double> permute_rows(const std::vector<double>& in, const std::vector<int64_t>& order,
-                                 int64_t h, bool scatter) {
-  std::vector<double> out(in.size());
-  for (std::size_t r = 0; r < order.size(); ++r) {
-    const int64_t a = scatter ? order[r] : static_cast<int64_t>(r);
-    const int64_t b = scatter ? static_cast<int64_t>(r) : order[r];
-    std::copy_n(in.begin() + b * h, h, out.begin() + a * h);
-  }
-  return out;
+Tensor index_tensor(const ModuleContext& ctx, const std::vector<int64_t>& v) {
+  return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::i64).to(ctx.device);
 }
 
-// all_to_all_v of rows [*, h] (in the params dtype on the device): send_counts[j] rows to member
-// j, recv_counts[j] rows from it.
-std::vector<double> exchange_rows(const ModuleContext& ctx, comm::ProcessGroup& g,
-                                  const std::vector<double>& rows, int64_t h,
-                                  const std::vector<int64_t>& send_counts,
-                                  const std::vector<int64_t>& recv_counts) {
-  const int64_t n_in = static_cast<int64_t>(rows.size()) / h;
+// rows [index.size(), H] = x[index] on the device (moe_permute: an exact copy).
+Tensor gather_rows(const ModuleContext& ctx, const Tensor& x, const std::vector<int64_t>& index) {
+  Tensor rows =
+      Tensor::empty({static_cast<int64_t>(index.size()), x.size(1)}, x.dtype(), ctx.device);
+  ctx.op().moe_permute(rows, x, index_tensor(ctx, index));
+  return rows;
+}
+
+// The inverse of a permutation: inv[order[r]] = r.
+std::vector<int64_t> inverse(const std::vector<int64_t>& order) {
+  std::vector<int64_t> inv(order.size());
+  for (std::size_t r = 0; r < order.size(); ++r)
+    inv[static_cast<std::size_t>(order[r])] = static_cast<int64_t>(r);
+  return inv;
+}
+
+// all_to_all_v of rows [*, h] on the device: send_counts[j] rows to member j, recv_counts[j]
+// rows from it.
+Tensor exchange_rows(const ModuleContext& ctx, comm::ProcessGroup& g, const Tensor& rows,
+                     const std::vector<int64_t>& send_counts,
+                     const std::vector<int64_t>& recv_counts) {
+  const int64_t h = rows.size(1);
   const int64_t n_out = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
   std::vector<int64_t> sc, rc;
   for (int64_t c : send_counts) sc.push_back(c * h);
   for (int64_t c : recv_counts) rc.push_back(c * h);
-  Tensor in = device_tensor(ctx, rows, {n_in * h}, ctx.dtype);
-  Tensor out = Tensor::empty({n_out * h}, ctx.dtype, ctx.device);
-  g.all_to_all_v(out, in, sc, rc)->wait();
-  return host_read<double>(out, HostSync::moe);
+  Tensor out = Tensor::empty({n_out, h}, rows.dtype(), ctx.device);
+  Tensor in = rows.view({rows.numel()});
+  Tensor flat = out.view({out.numel()});
+  g.all_to_all_v(flat, in, sc, rc)->wait();
+  return out;
+}
+
+// Each token's rows in row order (a counting sort of row_token): moe_unpermute's offsets [T + 1]
+// and token_rows [R], on the device.
+void token_rows(const ModuleContext& ctx, const std::vector<int64_t>& row_token, int64_t t,
+                Tensor& offsets, Tensor& rows) {
+  std::vector<int64_t> off(static_cast<std::size_t>(t + 1), 0), list(row_token.size());
+  for (int64_t tok : row_token) ++off[static_cast<std::size_t>(tok + 1)];
+  for (int64_t i = 0; i < t; ++i) off[i + 1] += off[i];
+  std::vector<int64_t> fill(off.begin(), off.end() - 1);
+  for (std::size_t i = 0; i < row_token.size(); ++i)
+    list[static_cast<std::size_t>(fill[static_cast<std::size_t>(row_token[i])]++)] =
+        static_cast<int64_t>(i);
+  offsets = index_tensor(ctx, off);
+  rows = index_tensor(ctx, list);
 }
 
 }  // namespace
@@ -108,6 +131,12 @@ MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string
     pb.set_expert(x.fc1);
     pb.add(x.fc2, p + "linear_fc2.weight", {h_, f_}, InitRule::scaled_normal);
     pb.set_expert(x.fc2);
+  }
+  if (c.moe_router_enable_expert_bias) {
+    // Megatron's TopKRouter buffers: expert_bias (zeros, f32) and local_tokens_per_expert.
+    ExpertBiasState& b = ctx.moe->expert_bias[layer_];
+    b.expert_bias.assign(static_cast<std::size_t>(e_), 0.0f);
+    b.local_tokens_per_expert.assign(static_cast<std::size_t>(e_), 0.0);
   }
   if (c.moe_shared_expert_intermediate_size > 0)
     shared_ = std::make_unique<MLP>(ctx, pb, prefix + "shared_experts.", shared_experts,
@@ -170,24 +199,30 @@ Tensor MoELayer::experts_backward(const Tensor& drows, Saved& s) {
   return din;
 }
 
-void MoELayer::dispatch_alltoall(const std::vector<double>& xh, Saved& s,
-                                 std::vector<double>& y) const {
-  const int64_t ep = ep_size();
+Tensor MoELayer::dispatch_alltoall(Saved& s, DType out_dtype) const {
+  const int64_t ep = ep_size(), T = s.x.size(0);
   const Permutation p = permutation(s.routing);
   s.row_token = p.row_token;
   s.row_slot = p.row_slot;
   const int64_t rows = static_cast<int64_t>(p.row_token.size());
-  std::vector<double> send(static_cast<std::size_t>(rows * h_));
-  for (int64_t i = 0; i < rows; ++i)
-    std::copy_n(xh.begin() + p.row_token[i] * h_, h_, send.begin() + i * h_);
+  // Per row: its token's probability for that choice; the token sums' index lists.
+  std::vector<double> prob(static_cast<std::size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) prob[i] = s.routing.prob[s.row_token[i] * k_ + s.row_slot[i]];
+  s.row_prob_t = Tensor::from_vector(prob, {rows}, DType::f64).to(ctx_.device);
+  s.row_token_t = index_tensor(ctx_, s.row_token);
+  token_rows(ctx_, s.row_token, T, s.token_offsets_t, s.token_rows_t);
+  Tensor send = Tensor::empty({rows, h_}, ctx_.dtype, ctx_.device);
+  ctx_.op().moe_permute(send, s.x, s.row_token_t);
   s.send_counts.assign(static_cast<std::size_t>(ep), 0);
   for (int64_t e = 0; e < e_; ++e) s.send_counts[e / local_] += p.expert_counts[e];
-  std::vector<double> recv;
+  Tensor recv;
   if (ep == 1) {
     s.recv_counts = s.send_counts;
     s.recv_expert_counts = p.expert_counts;
-    recv = std::move(send);
+    recv = send;
   } else {
+    // The all-to-all split sizes: the one host synchronisation of the dispatch (Megatron's too
+    // when no capacity is set).
     Tensor cin = Tensor::from_vector(p.expert_counts, {e_}, DType::i64).to(ctx_.device);
     Tensor cout = Tensor::empty({e_}, DType::i64, ctx_.device);
     ctx_.ep_group->all_to_all(cout, cin)->wait();
@@ -195,24 +230,20 @@ void MoELayer::dispatch_alltoall(const std::vector<double>& xh, Saved& s,
     s.recv_counts.assign(static_cast<std::size_t>(ep), 0);
     for (int64_t j = 0; j < ep; ++j)
       for (int64_t i = 0; i < local_; ++i) s.recv_counts[j] += s.recv_expert_counts[j * local_ + i];
-    recv = exchange_rows(ctx_, *ctx_.ep_group, send, h_, s.send_counts, s.recv_counts);
+    recv = exchange_rows(ctx_, *ctx_.ep_group, send, s.send_counts, s.recv_counts);
   }
   s.local_counts.assign(static_cast<std::size_t>(local_), 0);
   for (int64_t j = 0; j < ep; ++j)
     for (int64_t i = 0; i < local_; ++i) s.local_counts[i] += s.recv_expert_counts[j * local_ + i];
-  const std::vector<int64_t> order = chunk_order(s.recv_expert_counts, ep, local_);
-  const int64_t r = static_cast<int64_t>(order.size());
-  const Tensor in = device_tensor(ctx_, permute_rows(recv, order, h_, false), {r, h_}, ctx_.dtype);
-  const std::vector<double> out = host_read<double>(experts_forward(in, s), HostSync::moe);
-  std::vector<double> back = permute_rows(out, order, h_, true);
-  if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, h_, s.recv_counts, s.send_counts);
-  // Combine on the token's rank: y[t] += prob[t, k] * expert output.
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t t = s.row_token[i];
-    const double pr = s.routing.prob[t * k_ + s.row_slot[i]];
-    for (int64_t j = 0; j < h_; ++j) y[t * h_ + j] += pr * back[i * h_ + j];
-  }
-  s.out_rows = std::move(back);
+  s.order = chunk_order(s.recv_expert_counts, ep, local_);
+  const Tensor out = experts_forward(gather_rows(ctx_, recv, s.order), s);
+  Tensor back = gather_rows(ctx_, out, inverse(s.order));
+  if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, s.recv_counts, s.send_counts);
+  // Combine on the token's rank: y[t] = sum_k prob[t, k] * expert output (f64, rounded once).
+  Tensor y = Tensor::empty({T, h_}, out_dtype, ctx_.device);
+  ctx_.op().moe_unpermute(y, back, s.row_prob_t, s.token_offsets_t, s.token_rows_t);
+  s.out_rows_t = back;
+  return y;
 }
 
 void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
@@ -285,7 +316,9 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   Tensor lg = Tensor::empty({T, e_}, ctx_.stat_dtype(), ctx_.device);
   if (T > 0) ctx_.op().gemm(lg, s.x, router_w_.value, ops::GemmArgs{.trans_b = true});
   s.logits = host_read<double>(lg, HostSync::moe);
-  s.routing = topk_routing(s.logits, T, router_);
+  const std::vector<float>* bias =
+      c.moe_router_enable_expert_bias ? &ctx_.moe->expert_bias.at(layer_).expert_bias : nullptr;
+  s.routing = topk_routing(s.logits, T, router_, bias);
 
   if (training && c.moe_router_load_balancing_type != MoeLoadBalancingType::none) {
     s.aux_scores = aux_loss_scores(s.logits, T, e_, c.moe_router_score_function);
@@ -307,12 +340,17 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   if (training && c.moe_z_loss_coeff > 0.0)
     s.z_loss = z_loss(s.logits, T, e_, 1.0 / static_cast<double>(nss), 0.0, nullptr);
 
-  std::vector<double> y(static_cast<std::size_t>(T * h_), 0.0);
-  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall)
-    dispatch_alltoall(host_read<double>(s.x, HostSync::moe), s, y);
-  else
+  const bool gated = shared_ && c.moe_shared_expert_gate;
+  std::vector<double> y;
+  Tensor yt;  // alltoall: [T, H] on the device (f64 when the gate adds to it on the host)
+  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall) {
+    yt = dispatch_alltoall(s, gated ? DType::f64 : ctx_.dtype);
+    if (gated) y = host_read<double>(yt, HostSync::moe);
+  } else {
+    y.assign(static_cast<std::size_t>(T * h_), 0.0);
     dispatch_allgather(s, y);
-  if (shared_ && c.moe_shared_expert_gate) {
+  }
+  if (gated) {
     // y += sigmoid(x . gate_weight) * shared(x), per token, on the host in f64.
     s.shared_out = host_read<double>(shared_->forward(x, s.shared), HostSync::moe);
     const std::vector<double> xh = host_read<double>(s.x, HostSync::moe),
@@ -327,7 +365,7 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
     }
     return device_tensor(ctx_, y, s.shape, ctx_.dtype);
   }
-  Tensor out = device_tensor(ctx_, y, s.shape, ctx_.dtype);
+  Tensor out = yt.defined() ? yt.view(s.shape) : device_tensor(ctx_, y, s.shape, ctx_.dtype);
   if (shared_) {
     Tensor z = shared_->forward(x, s.shared);
     ctx_.op().axpy(out, z, 1.0f);
@@ -335,35 +373,25 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   return out;
 }
 
-void MoELayer::combine_backward_alltoall(const std::vector<double>& dy, Saved& s,
-                                         std::vector<double>& dx, std::vector<double>& dprob) {
-  const int64_t ep = ep_size();
+Tensor MoELayer::combine_backward_alltoall(const Tensor& dy, Saved& s, std::vector<double>& dprob) {
+  const int64_t ep = ep_size(), T = s.x.size(0);
   const int64_t rows = static_cast<int64_t>(s.row_token.size());
-  std::vector<double> drows(static_cast<std::size_t>(rows * h_));
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t t = s.row_token[i], slot = t * k_ + s.row_slot[i];
-    const double pr = s.routing.prob[slot];
-    double dot = 0.0;
-    for (int64_t j = 0; j < h_; ++j) {
-      drows[i * h_ + j] = pr * dy[t * h_ + j];
-      dot += dy[t * h_ + j] * s.out_rows[i * h_ + j];
-    }
-    dprob[slot] += dot;
-  }
-  std::vector<double> recv =
-      ep > 1 ? exchange_rows(ctx_, *ctx_.ep_group, drows, h_, s.send_counts, s.recv_counts)
-             : std::move(drows);
-  const std::vector<int64_t> order = chunk_order(s.recv_expert_counts, ep, local_);
-  const int64_t r = static_cast<int64_t>(order.size());
-  const Tensor din_rows =
-      device_tensor(ctx_, permute_rows(recv, order, h_, false), {r, h_}, ctx_.dtype);
-  std::vector<double> back = permute_rows(
-      host_read<double>(experts_backward(din_rows, s), HostSync::moe), order, h_, true);
-  if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, h_, s.recv_counts, s.send_counts);
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t t = s.row_token[i];
-    for (int64_t j = 0; j < h_; ++j) dx[t * h_ + j] += back[i * h_ + j];
-  }
+  // d(rows) = prob * dy[t] (rounded once); d(prob) = dy[t] . expert output (f64).
+  Tensor drows = Tensor::empty({rows, h_}, ctx_.dtype, ctx_.device);
+  Tensor dp = Tensor::empty({rows}, DType::f64, ctx_.device);
+  ctx_.op().moe_unpermute_bwd(drows, dp, dy.view({T, h_}), s.out_rows_t, s.row_prob_t,
+                              s.row_token_t);
+  const std::vector<double> dpv = host_read<double>(dp, HostSync::moe);
+  for (int64_t i = 0; i < rows; ++i) dprob[s.row_token[i] * k_ + s.row_slot[i]] += dpv[i];
+  Tensor recv =
+      ep > 1 ? exchange_rows(ctx_, *ctx_.ep_group, drows, s.send_counts, s.recv_counts) : drows;
+  const Tensor din = experts_backward(gather_rows(ctx_, recv, s.order), s);
+  Tensor back = gather_rows(ctx_, din, inverse(s.order));
+  if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, s.recv_counts, s.send_counts);
+  // dx[t] = sum of its rows' input gradients (moe_permute's backward: f64, rounded once).
+  Tensor dx = ctx_.empty({T, h_});
+  ctx_.op().moe_unpermute(dx, back, Tensor(), s.token_offsets_t, s.token_rows_t);
+  return dx;
 }
 
 void MoELayer::combine_backward_allgather(const Tensor& dy, Saved& s, std::vector<double>& dx,
@@ -405,12 +433,15 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
   const TransformerConfig& c = *ctx_.config;
   const int64_t T = s.x.size(0);
   const int64_t nss = seq_partition();
-  std::vector<double> dx(static_cast<std::size_t>(T * h_), 0.0);
   std::vector<double> dprob(static_cast<std::size_t>(T * k_), 0.0);
-  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall)
-    combine_backward_alltoall(host_read<double>(dy, HostSync::moe), s, dx, dprob);
-  else
+  Tensor dxt;
+  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall) {
+    dxt = combine_backward_alltoall(dy, s, dprob);
+  } else {
+    std::vector<double> dx(static_cast<std::size_t>(T * h_), 0.0);
     combine_backward_allgather(dy, s, dx, dprob);
+    dxt = device_tensor(ctx_, dx, {T, h_}, ctx_.dtype);
+  }
 
   // Router: the routing's backward, plus the aux and z losses' (MoEAuxLossAutoScaler's seed).
   std::vector<double> dlogits(static_cast<std::size_t>(T * e_), 0.0);
@@ -426,7 +457,13 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
     z_loss(s.logits, T, e_, c.moe_z_loss_coeff / static_cast<double>(nss), scale, &dlogits);
   if (s.training)
     ctx_.moe->metrics_tracker.add(layer_, s.lb_loss, s.z_loss, s.routing.tokens_per_expert);
-  Tensor dxt = device_tensor(ctx_, dx, {T, h_}, ctx_.dtype);
+  if (s.training && c.moe_router_enable_expert_bias) {
+    // Megatron's local_tokens_per_expert += routing_map.sum(0): the kept choices.
+    std::vector<double>& tokens = ctx_.moe->expert_bias.at(layer_).local_tokens_per_expert;
+    for (int64_t i = 0; i < T * k_; ++i)
+      if (s.routing.kept[static_cast<std::size_t>(i)])
+        tokens[static_cast<std::size_t>(s.routing.expert[static_cast<std::size_t>(i)])] += 1.0;
+  }
   if (T > 0) {
     const Tensor dl = device_tensor(ctx_, dlogits, {T, e_}, ctx_.dtype);
     linear_bwd(ctx_, dxt, router_w_.grad, dl, s.x, router_w_.value, /*accumulate=*/true);

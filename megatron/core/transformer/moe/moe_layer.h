@@ -39,8 +39,13 @@
 // MoEMetricsTracker: both are the model's MoEState (moe_utils.h), reached through
 // ModuleContext::moe.
 //
-// Token-level work (router softmax/top-k, permutation, probability weighting) runs on the host in
-// f64; the expert and router GEMMs and activations go through the op table.
+// Routing (router softmax/top-k) runs on the host in f64. The alltoall dispatcher (and EP 1) moves
+// the tokens on the device: moe_permute gathers the rows, all-to-all-v exchanges them, moe_permute
+// orders them per expert and back, moe_unpermute sums prob * expert output per token in f64 (its
+// backward moe_unpermute_bwd); the host builds the index lists from the routing and reads the
+// all-to-all split sizes (one synchronisation, as Megatron's dropless dispatcher) and d(prob).
+// The allgather dispatcher still combines on the host in f64. The expert and router GEMMs and
+// activations go through the op table.
 #pragma once
 
 #include <memory>
@@ -69,7 +74,12 @@ class MoELayer {
     std::vector<double> row_prob;              // per row (allgather)
     std::vector<int64_t> send_counts, recv_counts;  // alltoall, per EP rank (rows)
     std::vector<int64_t> recv_expert_counts;        // alltoall, [EP][L] rows received
-    std::vector<double> out_rows;  // [rows, H] expert outputs (host, f64) for d(prob)
+    std::vector<double> out_rows;  // allgather: [rows, H] expert outputs (host, f64) for d(prob)
+    // alltoall, on the device: per row its token (i64) and probability (f64), each token's rows
+    // (moe_unpermute's offsets / token_rows), the expert outputs back on this rank [rows, H];
+    // order: the received rows in [local expert][source rank] order.
+    Tensor row_token_t, row_prob_t, token_offsets_t, token_rows_t, out_rows_t;
+    std::vector<int64_t> order;
     // The experts: input rows per local expert and their activations.
     std::vector<int64_t> local_counts;  // [L]
     std::vector<Tensor> expert_in, fc1_out, act_out;
@@ -106,10 +116,12 @@ class MoELayer {
   // Rows [R, H] grouped by local expert (counts) -> expert outputs [R, H]; saves activations.
   Tensor experts_forward(const Tensor& rows, Saved& s) const;
   Tensor experts_backward(const Tensor& drows, Saved& s);
-  void dispatch_alltoall(const std::vector<double>& xh, Saved& s, std::vector<double>& y) const;
+  // Token rows to their experts and back (moe_permute / moe_unpermute on the device) -> y [T, H]
+  // in out_dtype; the host sees the routing and the all-to-all split sizes only.
+  Tensor dispatch_alltoall(Saved& s, DType out_dtype) const;
   void dispatch_allgather(Saved& s, std::vector<double>& y) const;
-  void combine_backward_alltoall(const std::vector<double>& dy, Saved& s, std::vector<double>& dx,
-                                 std::vector<double>& dprob);
+  // dy -> dx [T, H] (written); dprob [T, K] += d(prob).
+  Tensor combine_backward_alltoall(const Tensor& dy, Saved& s, std::vector<double>& dprob);
   void combine_backward_allgather(const Tensor& dy, Saved& s, std::vector<double>& dx,
                                   std::vector<double>& dprob);
 

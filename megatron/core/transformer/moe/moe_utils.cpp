@@ -43,13 +43,71 @@ RouterOptions RouterOptions::from_config(const TransformerConfig& c) {
   o.pre_softmax = c.moe_router_pre_softmax;
   o.capacity_factor = c.moe_expert_capacity_factor;
   o.drop_policy = c.moe_token_drop_policy;
+  o.num_groups = c.moe_router_group_topk > 0 ? c.moe_router_num_groups : 0;
+  o.group_topk = c.moe_router_group_topk;
+  o.scaling_factor = c.moe_router_topk_scaling_factor;
   return o;
 }
 
-Routing topk_routing(const std::vector<double>& logits, int64_t T, const RouterOptions& o) {
-  const int64_t E = o.num_experts, K = o.topk;
+namespace {
+
+// Descending by value, ties to the lower index.
+struct ByValueDesc {
+  const double* v;
+  bool operator()(int64_t a, int64_t b) const { return v[a] > v[b] || (v[a] == v[b] && a < b); }
+};
+
+// Megatron's group_limited_topk over one token's selection values v [E]: the k chosen experts
+// (descending v) within the g best groups (group score: the sum of its k / g largest v).
+void group_limited_topk(const double* v, int64_t E, int64_t K, int64_t G, int64_t g, int64_t* out,
+                        std::vector<int64_t>& order, std::vector<double>& gscore,
+                        std::vector<int64_t>& gorder) {
+  const int64_t per = E / G, take = K / g;
+  for (int64_t grp = 0; grp < G; ++grp) {
+    int64_t* first = order.data() + grp * per;
+    std::iota(first, first + per, grp * per);
+    std::partial_sort(first, first + take, first + per, ByValueDesc{v});
+    double sum = 0.0;
+    for (int64_t j = 0; j < take; ++j) sum += v[first[j]];
+    gscore[static_cast<std::size_t>(grp)] = sum;
+  }
+  std::iota(gorder.begin(), gorder.end(), 0);
+  std::partial_sort(gorder.begin(), gorder.begin() + g, gorder.end(), ByValueDesc{gscore.data()});
+  // Candidates: the experts of the chosen groups, ascending, so ties go to the lower expert.
+  std::sort(gorder.begin(), gorder.begin() + g);
+  std::vector<int64_t> cand;
+  cand.reserve(static_cast<std::size_t>(g * per));
+  for (int64_t j = 0; j < g; ++j)
+    for (int64_t e = 0; e < per; ++e) cand.push_back(gorder[static_cast<std::size_t>(j)] * per + e);
+  std::partial_sort(cand.begin(), cand.begin() + K, cand.end(), ByValueDesc{v});
+  std::copy_n(cand.begin(), K, out);
+}
+
+}  // namespace
+
+Routing topk_routing(const std::vector<double>& logits, int64_t T, const RouterOptions& o,
+                     const std::vector<float>* expert_bias) {
+  const int64_t E = o.num_experts, K = o.topk, G = o.num_groups, g = o.group_topk;
   MG_CHECK(E >= 1 && K >= 1 && K <= E, "topk_routing: topk " << K << " of " << E << " experts");
   check_sizes(logits, T, E, "topk_routing logits");
+  const bool grouped = g > 0;
+  if (grouped)
+    MG_CHECK(G >= 1 && E % G == 0 && g <= G && K % g == 0 && K / g <= E / G,
+             "topk_routing: group-limited routing of topk "
+                 << K << " over " << G << " groups (" << g << " chosen) of " << E << " experts");
+  if (expert_bias) {
+    MG_CHECK(static_cast<int64_t>(expert_bias->size()) == E,
+             "topk_routing: expert bias has " << expert_bias->size() << " entries for " << E
+                                              << " experts");
+    MG_CHECK(o.score_function == MoeScoreFunction::sigmoid,
+             "topk_routing: an expert bias needs sigmoid scores");
+  }
+  // Selection values other than the logits: groups or an expert bias.
+  const bool by_value = grouped || expert_bias;
+  const bool on_logits = o.score_function == MoeScoreFunction::softmax && !o.pre_softmax;
+  std::vector<double> v(by_value ? static_cast<std::size_t>(E) : 0);
+  std::vector<double> gscore(static_cast<std::size_t>(std::max<int64_t>(G, 0)));
+  std::vector<int64_t> gorder(gscore.size());
   Routing r;
   r.num_tokens = T;
   r.num_experts = E;
@@ -68,16 +126,29 @@ Routing topk_routing(const std::vector<double>& logits, int64_t T, const RouterO
       softmax_row(l, E, s);
     else
       for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(l[e]);
-    // Top-k by logit (softmax and sigmoid are monotonic): descending, ties to the lower expert.
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                      [l](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
     int64_t* ex = r.expert.data() + t * K;
     double* p = r.prob.data() + t * K;
-    for (int64_t k = 0; k < K; ++k) {
-      ex[k] = order[static_cast<std::size_t>(k)];
-      r.tokens_per_expert[static_cast<std::size_t>(ex[k])] += 1.0;
+    if (!by_value) {
+      // Top-k by logit (softmax and sigmoid are monotonic): descending, ties to the lower expert.
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [l](int64_t a, int64_t b) {
+        return l[a] > l[b] || (l[a] == l[b] && a < b);
+      });
+      std::copy_n(order.begin(), K, ex);
+    } else {
+      for (int64_t e = 0; e < E; ++e)
+        v[e] =
+            (on_logits ? l[e] : s[e]) +
+            (expert_bias ? static_cast<double>((*expert_bias)[static_cast<std::size_t>(e)]) : 0.0);
+      if (grouped) {
+        group_limited_topk(v.data(), E, K, G, g, ex, order, gscore, gorder);
+      } else {
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + K, order.end(), ByValueDesc{v.data()});
+        std::copy_n(order.begin(), K, ex);
+      }
     }
+    for (int64_t k = 0; k < K; ++k) r.tokens_per_expert[static_cast<std::size_t>(ex[k])] += 1.0;
     if (o.score_function == MoeScoreFunction::softmax) {
       if (o.pre_softmax) {
         for (int64_t k = 0; k < K; ++k) p[k] = s[ex[k]];
@@ -91,6 +162,8 @@ Routing topk_routing(const std::vector<double>& logits, int64_t T, const RouterO
       if (K > 1)
         for (int64_t k = 0; k < K; ++k) p[k] /= sum + kSigmoidNormEps;
     }
+    if (o.scaling_factor)
+      for (int64_t k = 0; k < K; ++k) p[k] *= *o.scaling_factor;
   }
   if (o.capacity_factor) {
     r.capacity = static_cast<int64_t>(
@@ -116,6 +189,7 @@ void topk_routing_backward(const Routing& r, const std::vector<double>& logits,
   check_sizes(dprob, T, K, "topk_routing_backward dprob");
   check_sizes(dlogits, T, E, "topk_routing_backward dlogits");
   std::vector<double> g(static_cast<std::size_t>(K)), ds(static_cast<std::size_t>(E));
+  std::vector<double> sel(static_cast<std::size_t>(K)), unscaled(static_cast<std::size_t>(K));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t* ex = r.expert.data() + t * K;
     const double* p = r.prob.data() + t * K;
@@ -124,9 +198,16 @@ void topk_routing_backward(const Routing& r, const std::vector<double>& logits,
     bool any = false;
     for (int64_t k = 0; k < K; ++k) {
       g[k] = r.kept[t * K + k] ? dprob[t * K + k] : 0.0;
+      if (o.scaling_factor) g[k] *= *o.scaling_factor;
       any |= g[k] != 0.0;
     }
     if (!any) continue;
+    if (o.scaling_factor && o.score_function == MoeScoreFunction::softmax && !o.pre_softmax) {
+      // The unscaled softmax over the chosen logits, recomputed as forward computed it.
+      for (int64_t k = 0; k < K; ++k) sel[k] = logits[t * E + ex[k]];
+      softmax_row(sel.data(), K, unscaled.data());
+      p = unscaled.data();
+    }
     if (o.score_function == MoeScoreFunction::softmax) {
       if (o.pre_softmax) {
         std::fill(ds.begin(), ds.end(), 0.0);
@@ -146,7 +227,6 @@ void topk_routing_backward(const Routing& r, const std::vector<double>& logits,
         gq += g[k] * s[ex[k]];
       }
       const double den = sum + kSigmoidNormEps;
-      (void)logits;
       for (int64_t k = 0; k < K; ++k) {
         const double q = s[ex[k]];
         const double dq = K > 1 ? g[k] / den - gq / (den * den) : g[k];
@@ -291,6 +371,67 @@ Permutation permutation(const Routing& r) {
   return p;
 }
 
+void update_expert_bias(std::vector<float>& bias, const std::vector<double>& tokens, double rate) {
+  MG_CHECK(bias.size() == tokens.size(),
+           "update_expert_bias: " << bias.size() << " biases for " << tokens.size() << " counts");
+  if (bias.empty()) return;
+  // f32 as Megatron's buffers: the mean of the counts, then bias + sign(mean - count) * rate.
+  float sum = 0.0f;
+  for (double c : tokens) sum += static_cast<float>(c);
+  const float mean = sum / static_cast<float>(tokens.size());
+  const auto step = static_cast<float>(rate);
+  for (std::size_t e = 0; e < bias.size(); ++e) {
+    const float off = mean - static_cast<float>(tokens[e]);
+    const float sign = off > 0.0f ? 1.0f : (off < 0.0f ? -1.0f : 0.0f);
+    bias[e] = bias[e] + sign * step;
+  }
+}
+
+void MoEState::update_expert_biases(comm::ProcessGroup* group, double rate) {
+  if (expert_bias.empty()) return;
+  std::vector<double> all;
+  for (const auto& [layer, st] : expert_bias)
+    all.insert(all.end(), st.local_tokens_per_expert.begin(), st.local_tokens_per_expert.end());
+  if (group && group->size() > 1) {
+    Tensor t = Tensor::from_vector(all, {static_cast<int64_t>(all.size())}, DType::f64);
+    group->all_reduce(t, comm::ReduceOp::sum)->wait();
+    all = t.to_vector<double>();
+  }
+  std::size_t off = 0;
+  for (auto& [layer, st] : expert_bias) {
+    const std::size_t n = st.local_tokens_per_expert.size();
+    const std::vector<double> tokens(all.begin() + static_cast<std::ptrdiff_t>(off),
+                                     all.begin() + static_cast<std::ptrdiff_t>(off + n));
+    update_expert_bias(st.expert_bias, tokens, rate);
+    std::fill(st.local_tokens_per_expert.begin(), st.local_tokens_per_expert.end(), 0.0);
+    off += n;
+  }
+}
+
+static std::string expert_bias_name(int64_t layer) {
+  return "decoder.layers." + std::to_string(layer) + ".mlp.router.expert_bias";
+}
+
+std::map<std::string, std::vector<float>> MoEState::expert_bias_state() const {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [layer, st] : expert_bias) out[expert_bias_name(layer)] = st.expert_bias;
+  return out;
+}
+
+int64_t MoEState::load_expert_bias_state(const std::map<std::string, std::vector<float>>& state) {
+  int64_t n = 0;
+  for (auto& [layer, st] : expert_bias) {
+    const auto it = state.find(expert_bias_name(layer));
+    if (it == state.end()) continue;
+    MG_CHECK(it->second.size() == st.expert_bias.size(),
+             it->first << ": " << it->second.size() << " values in the checkpoint, the model has "
+                       << st.expert_bias.size() << " experts");
+    st.expert_bias = it->second;
+    ++n;
+  }
+  return n;
+}
+
 void MoEMetricsTracker::add(int64_t layer, double lb_loss, double z,
                             const std::vector<double>& tokens) {
   MoELayerMetrics& m = layers_[layer];
@@ -302,7 +443,8 @@ void MoEMetricsTracker::add(int64_t layer, double lb_loss, double z,
 }
 
 MoELogLines moe_metrics_log(MoEMetricsTracker& tracker, comm::ProcessGroup* world,
-                            const TransformerConfig& c, int64_t seq_partition, int64_t iterations) {
+                            const TransformerConfig& c, int64_t seq_partition, int64_t iterations,
+                            bool per_layer) {
   MoELogLines out;
   const int64_t L = c.num_layers, E = c.num_moe_experts, w = 3 + E;
   if (E <= 0) return out;
@@ -340,6 +482,9 @@ MoELogLines moe_metrics_log(MoEMetricsTracker& tracker, comm::ProcessGroup* worl
     lb_sum += lbv;
     z_sum += zv;
     ++n;
+    if (!per_layer) continue;
+    if (lb) out.scalars.emplace_back("moe/load_balancing_loss_layer_" + std::to_string(l), lbv);
+    if (z) out.scalars.emplace_back("moe/z_loss_layer_" + std::to_string(l), zv);
     lines << " moe layer " << l << " |";
     if (lb) lines << " load_balancing_loss: " << sci(lbv) << " |";
     if (z) lines << " z_loss: " << sci(zv) << " |";
@@ -356,6 +501,12 @@ MoELogLines moe_metrics_log(MoEMetricsTracker& tracker, comm::ProcessGroup* worl
   if (z) in << " z_loss: " << sci(z_sum / static_cast<double>(n)) << " |";
   out.inline_part = in.str();
   out.layer_lines = lines.str();
+  if (lb)
+    out.scalars.emplace(out.scalars.begin(), "load_balancing_loss",
+                        lb_sum / static_cast<double>(n));
+  if (z)
+    out.scalars.emplace(out.scalars.begin() + (lb ? 1 : 0), "z_loss",
+                        z_sum / static_cast<double>(n));
   return out;
 }
 

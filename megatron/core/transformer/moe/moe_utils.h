@@ -27,6 +27,8 @@ struct RouterOptions {
   bool pre_softmax = false;
   std::optional<double> capacity_factor;  // nullopt: dropless
   MoeTokenDropPolicy drop_policy = MoeTokenDropPolicy::probs;
+  int64_t num_groups = 0, group_topk = 0;  // group-limited routing (0: off)
+  std::optional<double> scaling_factor;    // probabilities times this (nullopt: none)
   static RouterOptions from_config(const TransformerConfig& c);
 };
 
@@ -45,9 +47,18 @@ struct Routing {
 //   softmax            : top-k of l; prob = softmax over the k chosen logits
 //   sigmoid            : s = sigmoid(l); top-k of s; prob = s / (sum of the k chosen + 1e-20)
 //                        (k > 1; k = 1 keeps s)
+// Megatron's topk_routing_with_score_function: the choice is made on the selection values v
+// (l for softmax without pre-softmax, else s; sigmoid with an expert bias: s + bias, the bias
+// never reaching the probabilities). Group-limited routing (num_groups G, group_topk g): each
+// group of E / G consecutive experts scores the sum of its k / g largest v, the g best groups
+// (ties: lower group) are kept and the top k of v is taken among their experts only. Without
+// groups or bias the top k of the logits is taken (the same order, the score functions being
+// monotonic). scaling_factor multiplies the probabilities last.
 // Capacity c = ceil(T k / E * factor) per expert: policy probs keeps each expert's c chosen tokens
 // with the highest probabilities (ties: lower token), position its first c chosen tokens.
-Routing topk_routing(const std::vector<double>& logits, int64_t num_tokens, const RouterOptions& o);
+// expert_bias (optional, [E]): sigmoid only (the caller checks).
+Routing topk_routing(const std::vector<double>& logits, int64_t num_tokens, const RouterOptions& o,
+                     const std::vector<float>* expert_bias = nullptr);
 // d(prob) [T, K] (dropped entries ignored) -> d(logits) [T, E] += the routing's backward.
 void topk_routing_backward(const Routing& r, const std::vector<double>& logits,
                            const std::vector<double>& dprob, const RouterOptions& o,
@@ -93,6 +104,10 @@ struct Permutation {
 };
 Permutation permutation(const Routing& r);
 
+// Megatron's get_updated_expert_bias in f32: bias[e] += sign(mean - tokens[e]) * rate, mean the
+// average of tokens (already summed over the tp-dp-cp group).
+void update_expert_bias(std::vector<float>& bias, const std::vector<double>& tokens, double rate);
+
 // Megatron's MoEAuxLossAutoScaler: the aux and z losses' backward seed, which must match the lm
 // loss's: loss_scale / num_microbatches (loss_scale alone under calculate_per_token_loss). Set by
 // the training step before the backward passes; 1 by default. One per model (MoEState), not
@@ -128,9 +143,30 @@ class MoEMetricsTracker {
 
 // The MoE state of one model, mutated by its MoE layers: owned by the GPTModel
 // (GPTModel::moe_state()), reached by its layers through ModuleContext::moe.
+// --moe-router-enable-expert-bias: a router's buffers (Megatron's TopKRouter.expert_bias, f32,
+// saved in checkpoints, and local_tokens_per_expert, the kept choices per expert of the training
+// micro-batches since the last update, counted in backward so a recomputed forward is not counted
+// twice).
+struct ExpertBiasState {
+  std::vector<float> expert_bias;
+  std::vector<double> local_tokens_per_expert;
+};
+
 struct MoEState {
   MoEAuxLossAutoScaler aux_loss_auto_scaler;
   MoEMetricsTracker metrics_tracker;
+  // Per MoE layer (global number) under --moe-router-enable-expert-bias; filled by the layers.
+  std::map<int64_t, ExpertBiasState> expert_bias;
+
+  // Megatron's _update_router_expert_bias (finalize_model_grads): the local tokens per expert of
+  // every layer summed over `group` (tp-dp-cp; null: this rank alone), each bias moved by
+  // update_expert_bias, the counts zeroed. Collective over `group` (its ranks hold the same
+  // layers).
+  void update_expert_biases(comm::ProcessGroup* group, double rate);
+  // The biases by Megatron's name "decoder.layers.N.mlp.router.expert_bias" -> [E] values, and
+  // back (names this model does not hold are ignored; returns how many were loaded).
+  std::map<std::string, std::vector<float>> expert_bias_state() const;
+  int64_t load_expert_bias_state(const std::map<std::string, std::vector<float>>& state);
 };
 
 // The training log's MoE part, Megatron's track_moe_metrics: a collective over `world` (every rank
@@ -140,11 +176,14 @@ struct MoEState {
 // iteration (the whole batch), from `tracker` (the model's), which it clears.
 struct MoELogLines {
   std::string inline_part;  // " load_balancing_loss: 1.000123E+00 | z_loss: ... |" (layer mean)
-  std::string layer_lines;  // one " moe layer N | load_balancing_loss: ... | tokens per expert:
-                            // [...]" line per MoE layer, each ending in "\n"
+  std::string layer_lines;  // per_layer: one " moe layer N | load_balancing_loss: ... | tokens
+                            // per expert: [...]" line per MoE layer, each ending in "\n"
+  // Megatron's TensorBoard scalars: "load_balancing_loss", "z_loss" (layer means) and, per_layer,
+  // "moe/load_balancing_loss_layer_<l>", "moe/z_loss_layer_<l>" (l 0-based, global).
+  std::vector<std::pair<std::string, double>> scalars;
 };
 MoELogLines moe_metrics_log(MoEMetricsTracker& tracker, comm::ProcessGroup* world,
                             const TransformerConfig& config, int64_t seq_partition,
-                            int64_t iterations);
+                            int64_t iterations, bool per_layer = true);
 
 }  // namespace mg::transformer::moe

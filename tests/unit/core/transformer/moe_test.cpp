@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "megatron/core/inference/inference_context.h"
@@ -200,6 +202,93 @@ TEST(MoERouter, PermutationIsExpertMajorTokensAscending) {
   EXPECT_EQ(row, p.row_token.size());
 }
 
+// ---- DeepSeek-style routing against tests/fixtures/moe_routing (gen_moe_routing.py: a NumPy
+// transcription of Megatron's topk_routing_with_score_function, group_limited_topk and
+// get_updated_expert_bias; gradients by finite differences of that forward) ----
+nlohmann::json routing_fixture() {
+  std::ifstream in(std::string(MG_TEST_FIXTURES_DIR) + "/moe_routing/moe_routing.json");
+  EXPECT_TRUE(in.good()) << "tests/fixtures/moe_routing/moe_routing.json missing";
+  return nlohmann::json::parse(in);
+}
+
+TEST(MoERouter, GroupLimitedBiasedScaledRoutingMatchesMegatronReference) {
+  const nlohmann::json fx = routing_fixture();
+  ASSERT_GE(fx.at("cases").size(), 7u);
+  for (const auto& c : fx.at("cases")) {
+    SCOPED_TRACE(c.at("name").get<std::string>());
+    RouterOptions o;
+    o.num_experts = c.at("E").get<int64_t>();
+    o.topk = c.at("topk").get<int64_t>();
+    o.score_function =
+        c.at("score_function") == "sigmoid" ? MoeScoreFunction::sigmoid : MoeScoreFunction::softmax;
+    o.pre_softmax = c.at("pre_softmax").get<bool>();
+    o.num_groups = c.at("num_groups").get<int64_t>();
+    o.group_topk = c.at("group_topk").get<int64_t>();
+    if (!c.at("scaling_factor").is_null()) o.scaling_factor = c.at("scaling_factor").get<double>();
+    std::vector<float> bias;
+    if (!c.at("bias").is_null()) bias = c.at("bias").get<std::vector<float>>();
+    const int64_t T = c.at("T").get<int64_t>(), E = o.num_experts;
+    const auto logits = c.at("logits").get<std::vector<double>>();
+    const Routing r = topk_routing(logits, T, o, bias.empty() ? nullptr : &bias);
+    EXPECT_EQ(r.expert, c.at("expert").get<std::vector<int64_t>>());
+    const auto prob = c.at("prob").get<std::vector<double>>();
+    ASSERT_EQ(r.prob.size(), prob.size());
+    for (std::size_t i = 0; i < prob.size(); ++i) EXPECT_NEAR(r.prob[i], prob[i], 1e-14) << i;
+    std::vector<double> grad(static_cast<std::size_t>(T * E), 0.0);
+    topk_routing_backward(r, logits, c.at("w").get<std::vector<double>>(), o, grad);
+    const auto ref = c.at("grad").get<std::vector<double>>();
+    for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(grad[i], ref[i], 1e-8) << i;
+  }
+}
+
+TEST(MoERouter, ExpertBiasUpdateMatchesMegatronReference) {
+  const nlohmann::json u = routing_fixture().at("bias_update");
+  std::vector<float> bias = u.at("bias").get<std::vector<float>>();
+  update_expert_bias(bias, u.at("tokens").get<std::vector<double>>(), u.at("rate").get<double>());
+  const auto want = u.at("updated").get<std::vector<float>>();
+  ASSERT_EQ(bias.size(), want.size());
+  for (std::size_t e = 0; e < want.size(); ++e) EXPECT_EQ(bias[e], want[e]) << "expert " << e;
+  // Counts equal to the mean leave the bias alone; the counts are zeroed by the state's update.
+  MoEState st;
+  st.expert_bias[3] = {{0.5f, 0.5f}, {4.0, 2.0}};
+  st.update_expert_biases(nullptr, 0.25);
+  EXPECT_EQ(st.expert_bias[3].expert_bias, (std::vector<float>{0.25f, 0.75f}));
+  EXPECT_EQ(st.expert_bias[3].local_tokens_per_expert, (std::vector<double>{0.0, 0.0}));
+  const auto saved = st.expert_bias_state();
+  ASSERT_EQ(saved.count("decoder.layers.3.mlp.router.expert_bias"), 1u);
+  MoEState other;
+  other.expert_bias[3] = {{0.0f, 0.0f}, {0.0, 0.0}};
+  EXPECT_EQ(other.load_expert_bias_state(saved), 1);
+  EXPECT_EQ(other.expert_bias[3].expert_bias, st.expert_bias[3].expert_bias);
+}
+
+TEST(MoERouter, GroupLimitedRoutingRefusesBadGroups) {
+  RouterOptions o;
+  o.num_experts = 6;
+  o.topk = 2;
+  o.num_groups = 4;  // 6 experts do not split into 4 groups
+  o.group_topk = 2;
+  const auto logits = randn(12, 1);
+  EXPECT_THROW(topk_routing(logits, 2, o), Error);
+  transformer::TransformerConfig c;
+  c.num_layers = 1;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.seq_length = 4;
+  c.add_bias_linear = false;
+  c.num_moe_experts = 8;
+  c.moe_router_topk = 2;
+  c.moe_router_enable_expert_bias = true;  // softmax scores: Megatron refuses
+  EXPECT_THROW(c.finalize(), Error);
+  c.moe_router_score_function = MoeScoreFunction::sigmoid;
+  c.moe_router_num_groups = 4;  // without --moe-router-group-topk
+  EXPECT_THROW(c.finalize(), Error);
+  c.moe_router_group_topk = 3;  // topk 2 is not a multiple of 3
+  EXPECT_THROW(c.finalize(), Error);
+  c.moe_router_group_topk = 2;
+  EXPECT_NO_THROW(c.finalize());
+}
+
 // ---- MoELayer on one rank, f64 ----
 struct LayerFixture {
   transformer::TransformerConfig c;
@@ -211,7 +300,9 @@ struct LayerFixture {
   transformer::ParamAndGradBuffer buffer;
   std::vector<transformer::ParamDecl> decls;
 
-  explicit LayerFixture(MoeScoreFunction f, bool shared, bool gate = false) {
+  // deepseek: sigmoid scores with an expert bias, 2 groups of 2 experts (1 chosen), probabilities
+  // scaled by 2.5 (DeepSeek-V3's router at toy size).
+  explicit LayerFixture(MoeScoreFunction f, bool shared, bool gate = false, bool deepseek = false) {
     c.num_layers = 1;
     c.hidden_size = 8;
     c.num_attention_heads = 2;
@@ -227,6 +318,14 @@ struct LayerFixture {
     c.moe_shared_expert_intermediate_size = shared ? 5 : 0;
     c.moe_shared_expert_gate = gate;  // Qwen2-MoE's sigmoid gate on the shared experts
     c.params_dtype = DType::f64;
+    if (deepseek) {
+      c.moe_router_score_function = MoeScoreFunction::sigmoid;
+      c.moe_router_enable_expert_bias = true;
+      c.moe_router_num_groups = 2;
+      c.moe_router_group_topk = 1;
+      c.moe_router_topk_scaling_factor = 2.5;
+      c.moe_router_load_balancing_type = transformer::MoeLoadBalancingType::seq_aux_loss;
+    }
     c.finalize();
     ctx.ops = &ops_on("cpu");
     ctx.device = Device::cpu();
@@ -309,9 +408,13 @@ TEST(MoELayer, ForwardMatchesPerTokenExpertLoop) {
 }
 
 TEST(MoELayer, BackwardMatchesFiniteDifferences) {
-  for (int variant : {0, 1, 2}) {  // softmax, sigmoid, softmax with the shared-expert gate
-    const MoeScoreFunction f = variant == 1 ? MoeScoreFunction::sigmoid : MoeScoreFunction::softmax;
-    LayerFixture fx(f, true, variant == 2);
+  // softmax, sigmoid, softmax with the shared-expert gate, DeepSeek-V3 routing (bias, groups,
+  // scaling)
+  for (int variant : {0, 1, 2, 3}) {
+    const MoeScoreFunction f =
+        variant == 1 || variant == 3 ? MoeScoreFunction::sigmoid : MoeScoreFunction::softmax;
+    LayerFixture fx(f, true, variant == 2, variant == 3);
+    if (variant == 3) fx.state.expert_bias.at(0).expert_bias = {0.05f, -0.1f, 0.2f, 0.0f};
     const int64_t S = 3, B = 2, H = 8;
     const auto xv = randn(static_cast<std::size_t>(S * B * H), 31);
     const auto dyv = randn(xv.size(), 32);
@@ -356,6 +459,44 @@ TEST(MoELayer, BackwardMatchesFiniteDifferences) {
       }
     }
     EXPECT_TRUE(fx.state.metrics_tracker.layers().empty());  // forward alone adds nothing
+  }
+}
+
+// --moe-router-enable-expert-bias: the kept choices of training micro-batches are counted in
+// backward (not by forward alone, not in evaluation), the update moves the bias towards the
+// under-used experts and zeroes the counts, and a large bias steers every token to its expert.
+TEST(MoELayer, ExpertBiasCountsTrainingChoicesAndSteersRouting) {
+  LayerFixture fx(MoeScoreFunction::sigmoid, false, false, true);
+  const int64_t S = 3, B = 2, H = 8, T = S * B;
+  const Tensor x =
+      Tensor::from_vector(randn(static_cast<std::size_t>(T * H), 41), {S, B, H}, DType::f64);
+  const Tensor dy =
+      Tensor::from_vector(randn(static_cast<std::size_t>(T * H), 42), {S, B, H}, DType::f64);
+  ExpertBiasState& eb = fx.state.expert_bias.at(0);
+  MoELayer::Saved s;
+  fx.layer->forward(x, s, false);  // evaluation
+  s = MoELayer::Saved{};
+  fx.layer->forward(x, s, true);
+  EXPECT_EQ(eb.local_tokens_per_expert, std::vector<double>(4, 0.0));  // forward alone: nothing
+  const std::vector<int64_t> chosen = s.routing.expert;
+  fx.layer->backward(dy, s);
+  std::vector<double> want(4, 0.0);
+  for (int64_t e : chosen) want[static_cast<std::size_t>(e)] += 1.0;
+  EXPECT_EQ(eb.local_tokens_per_expert, want);
+  fx.state.update_expert_biases(nullptr, 1e-3);
+  const double mean = static_cast<double>(T * 2) / 4.0;
+  for (std::size_t e = 0; e < 4; ++e)
+    EXPECT_EQ(eb.expert_bias[e], want[e] < mean   ? 1e-3f
+                                 : want[e] > mean ? -1e-3f
+                                                  : 0.0f)
+        << "expert " << e;
+  EXPECT_EQ(eb.local_tokens_per_expert, std::vector<double>(4, 0.0));
+  eb.expert_bias = {0.0f, 0.0f, 0.0f, 5.0f};  // sigmoid scores < 1: expert 3 always wins
+  s = MoELayer::Saved{};
+  fx.layer->forward(x, s, false);
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_EQ(s.routing.expert[t * 2], 3) << "token " << t;
+    EXPECT_EQ(s.routing.expert[t * 2 + 1], 2) << "token " << t;  // the same group (2 of 2)
   }
 }
 
