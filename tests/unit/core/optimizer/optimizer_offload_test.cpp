@@ -144,6 +144,7 @@ TEST_P(OptimizerOffloadTest, BitIdenticalToTheNormalOptimizerForFractionsOneAndH
     EXPECT_EQ(bytes_of(off.model.buffer.params), bytes_of(ref.model.buffer.params));
     EXPECT_TRUE(same_state(off.opt->state_dict(), ref.opt->state_dict()));
     EXPECT_EQ(off.opt->num_steps(), ref.opt->num_steps());
+    EXPECT_EQ(off.opt->params_norm(), ref.opt->params_norm());  // --log-params-norm
   }
 }
 

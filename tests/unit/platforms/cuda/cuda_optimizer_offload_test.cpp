@@ -134,9 +134,16 @@ TEST_P(CudaOptimizerOffloadTest, MatchesDeviceAdam) {
   EXPECT_LE(worst, kMasterUlps);
 }
 
+std::string case_name(const ::testing::TestParamInfo<std::tuple<DType, bool, double>>& info) {
+  return std::string(dtype_name(std::get<0>(info.param))) +
+         (std::get<1>(info.param) ? "_dist_opt" : "") +
+         (std::get<2>(info.param) == 1.0 ? "_fraction_1" : "_fraction_half");
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaOptimizerOffloadTest,
                          ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
-                                            ::testing::Bool(), ::testing::Values(1.0, 0.5)));
+                                            ::testing::Bool(), ::testing::Values(1.0, 0.5)),
+                         case_name);
 
 }  // namespace
 }  // namespace mg::test
