@@ -39,6 +39,7 @@ struct ParallelState {
   // data-parallel group (DDP of expert params) and the expert tp-ep-pp group (grad norm); null
   // otherwise.
   comm::ProcessGroupPtr ep, expert_dp, expert_mp;
+  comm::ProcessGroupPtr expert_tp;  // --expert-tensor-parallel-size > 1: the expert-TP group
   // FP8 delayed scaling: Megatron's amax reduction group, tp-dp-cp (tp-cp with --tp-only-amax-red);
   // null without FP8 or when it is this rank alone.
   comm::ProcessGroupPtr amax;

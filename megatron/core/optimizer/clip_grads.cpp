@@ -22,6 +22,12 @@ bool counted_on_this_tp_rank(const transformer::Parameter& p, const comm::Proces
   return !tp || p.tensor_parallel_dim >= 0 || tp->rank() == 0;
 }
 
+// Expert parameters replicated over the expert-TP group (linear_fc2.bias under ETP) count on ETP
+// rank 0 only.
+bool counted_on_this_etp_rank(const transformer::Parameter& p) {
+  return p.tensor_parallel_dim >= 0 || p.expert_tp_rank == 0;
+}
+
 }  // namespace
 
 void MegatronOptimizer::select_main_grads_for_grad_norm() {
@@ -29,10 +35,11 @@ void MegatronOptimizer::select_main_grads_for_grad_norm() {
   for (const Piece& pc : s.pieces) {
     const transformer::Parameter& p = params_[pc.param];
     if (pc.grad.numel() == 0 || p.shared) continue;
-    if (expert_ && p.is_expert)
-      s.expert_grads_for_norm.push_back(pc.grad);
-    else if (counted_on_this_tp_rank(p, tp_.get()))
+    if (expert_ && p.is_expert) {
+      if (counted_on_this_etp_rank(p)) s.expert_grads_for_norm.push_back(pc.grad);
+    } else if (counted_on_this_tp_rank(p, tp_.get())) {
       s.grads_for_norm.push_back(pc.grad);
+    }
   }
 }
 
@@ -62,9 +69,9 @@ double MegatronOptimizer::params_norm() const {
   for (const Piece& pc : s.pieces) {
     const transformer::Parameter& p = params_[pc.param];
     if (pc.master.numel() == 0 || p.shared) continue;
-    if (expert_ && p.is_expert)
-      expert.push_back(pc.master);
-    else if (counted_on_this_tp_rank(p, tp_.get()))
+    if (expert_ && p.is_expert) {
+      if (counted_on_this_etp_rank(p)) expert.push_back(pc.master);
+    } else if (counted_on_this_tp_rank(p, tp_.get()))
       dense.push_back(pc.master);
   }
   ops::GradNormArgs args = grad_norm_args();
