@@ -21,11 +21,13 @@ void ModelParallelConfig::validate(const transformer::TransformerConfig& model,
                                                                 "--expert-model-parallel-size "
                                                              << ep);
       const int64_t etp = expert_tensor_parallel_size.value_or(tensor_model_parallel_size);
-      MG_CHECK(etp == 1, "--expert-tensor-parallel-size "
-                             << etp
-                             << (expert_tensor_parallel_size ? "" : " (Megatron's default: TP)")
-                             << ": tensor parallelism inside experts is not supported yet; pass "
-                                "--expert-tensor-parallel-size 1");
+      const char* etp_default = expert_tensor_parallel_size ? "" : " (Megatron's default: TP)";
+      MG_CHECK(etp >= 1, "--expert-tensor-parallel-size must be >= 1, got " << etp);
+      MG_CHECK(m.expert_ffn_hidden_size() % etp == 0,
+               "--expert-tensor-parallel-size "
+                   << etp << etp_default << " must divide the experts' hidden size "
+                   << m.expert_ffn_hidden_size()
+                   << " (--moe-ffn-hidden-size, else --ffn-hidden-size)");
       MG_CHECK(tensor_model_parallel_size == 1 || sequence_parallel,
                "MoE with --tensor-model-parallel-size "
                    << tensor_model_parallel_size

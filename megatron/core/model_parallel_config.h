@@ -36,8 +36,9 @@ struct ModelParallelConfig {
   int32_t context_parallel_size = 1;
   std::string cp_comm_type = "p2p";
   // Expert parallelism (MoE, --num-experts): --expert-model-parallel-size EP spreads the experts
-  // over EP ranks carved out of the data-parallel ones; --expert-tensor-parallel-size (default
-  // TP) must be 1 here.
+  // over EP ranks carved out of the data-parallel ones; --expert-tensor-parallel-size ETP (default
+  // TP) splits each expert's linear_fc1 (column) and linear_fc2 (row) over the expert-TP group of
+  // Megatron's expert grid (ETP x EP x expert-DP x PP, parallel_state.h).
   int32_t expert_model_parallel_size = 1;
   std::optional<int64_t> expert_tensor_parallel_size;
 

@@ -179,11 +179,11 @@ void add_moe_flags(ArgParser& p, transformer::TransformerConfig& m, Arguments& a
   p.add_switch("--moe-per-layer-logging", a.logging.moe_per_layer_logging, true,
                "log each MoE layer's losses and tokens per expert (stdout, TensorBoard)");
   p.add_switch("--moe-grouped-gemm", m.moe_grouped_gemm, true,
-               "grouped expert GEMMs (no effect here yet: a loop of GEMMs, the same numbers)");
+               "the local experts' GEMMs as one grouped GEMM each (needs --disable-bias-linear)");
   p.add("--expert-model-parallel-size", a.parallel.expert_model_parallel_size,
         "expert-parallel ranks (1); --num-experts must divide by it");
   p.add("--expert-tensor-parallel-size", a.parallel.expert_tensor_parallel_size,
-        "tensor parallelism inside experts (default TP; only 1 is supported)");
+        "tensor parallelism inside each expert over Megatron's expert-TP group (default TP)");
 }
 
 // --moe-layer-freq: an integer N (every N-th layer) or a list "[1,0,1,...]".
@@ -767,7 +767,7 @@ void add_megatron_compat_flags(ArgParser& p, std::vector<std::string>& notices) 
 
 // Deprecated spellings and the flags that only select what is already the behaviour here; each
 // leaves one start-up line in a.notices.
-void resolve_megatron_aliases(Arguments& a, const Pending& x, bool grouped_gemm, bool fp32_grads) {
+void resolve_megatron_aliases(Arguments& a, const Pending& x, bool fp32_grads) {
   // validate_args: --use-rotary-position-embeddings sets rope; --no-position-embedding is
   // refused unless rope.
   if (x.use_rotary_position_embeddings)
@@ -789,10 +789,6 @@ void resolve_megatron_aliases(Arguments& a, const Pending& x, bool grouped_gemm,
     a.notices.push_back("--transformer-impl " + *x.transformer_impl +
                         ": no effect here (one implementation of each layer: the platform's "
                         "kernels with Megatron-Core's layer math and parameter names)");
-  if (grouped_gemm)
-    a.notices.push_back(
-        "--moe-grouped-gemm: no effect here yet (the local experts run as a loop of GEMMs, "
-        "which computes what a grouped GEMM computes)");
   if (fp32_grads)
     a.notices.push_back(
         "--accumulate-allreduce-grads-in-fp32: already the behaviour here (gradients are "
@@ -918,8 +914,7 @@ Arguments parse_args(const std::vector<std::string>& raw) {
       if (std::find(lines.begin(), lines.end(), n) == lines.end()) lines.push_back(n);
     a.notices = std::move(lines);
   }
-  resolve_megatron_aliases(a, x, p.given("--moe-grouped-gemm"),
-                           p.given("--accumulate-allreduce-grads-in-fp32"));
+  resolve_megatron_aliases(a, x, p.given("--accumulate-allreduce-grads-in-fp32"));
 
   // ---- conflicts (validate_args), before any defaults are derived ----
   check(!(x.fp16 && x.bf16), p, "--fp16", "--bf16");

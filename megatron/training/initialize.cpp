@@ -31,7 +31,12 @@ ParallelState initialize_model_parallel(const Arguments& args) {
   dims.cp = cp;
   if (moe) {
     dims.ep = args.parallel.expert_model_parallel_size;
-    dims.etp = 1;
+    dims.etp = static_cast<int>(args.parallel.expert_tensor_parallel_size.value_or(tp));
+    MG_CHECK(world % (dims.etp * dims.ep * pp) == 0,
+             "world size " << world << " must be divisible by --expert-tensor-parallel-size "
+                           << dims.etp << " x --expert-model-parallel-size " << dims.ep
+                           << " x --pipeline-model-parallel-size " << pp
+                           << " (Megatron's expert grid: ETP x EP x expert-DP x PP)");
   }
   ps.dims = dims.resolved(world);
   auto groups = parallel_state::make_process_groups(*ps.communicator, ps.dims);
@@ -46,12 +51,13 @@ ParallelState initialize_model_parallel(const Arguments& args) {
     ps.pp = groups.pp;
     if (!args.model.untie_embeddings_and_output_weights) ps.embedding = groups.embedding;
   }
-  // Expert groups where experts are not plain data-parallel parameters (EP > 1, or TP > 1, where
-  // experts are not tensor-parallel: expert TP is 1).
-  if (moe && (args.parallel.expert_model_parallel_size > 1 || tp > 1)) {
+  // Expert groups where experts are not plain data-parallel parameters (EP > 1, TP > 1 or ETP > 1:
+  // the expert grid then differs from the dense one).
+  if (moe && (args.parallel.expert_model_parallel_size > 1 || tp > 1 || ps.dims.etp > 1)) {
     ps.ep = groups.ep;
     ps.expert_dp = groups.expert_dp;
     ps.expert_mp = groups.tp_ep_pp;
+    if (ps.dims.etp > 1) ps.expert_tp = groups.expert_tp;
   }
   if (moe && tp > 1 && cp > 1) ps.tp_cp = groups.tp_cp;
   if (args.model.fp8.enabled()) {

@@ -42,6 +42,7 @@ struct ParallelState {
   // MoE with TP (+ SP) and CP: the tp-cp group, the aux losses' sequence partition (null
   // otherwise).
   comm::ProcessGroupPtr tp_cp;
+  comm::ProcessGroupPtr expert_tp;  // --expert-tensor-parallel-size > 1: the expert-TP group
   // FP8 delayed scaling: Megatron's amax reduction group, tp-dp-cp (tp-cp with --tp-only-amax-red);
   // null without FP8 or when it is this rank alone.
   comm::ProcessGroupPtr amax;

@@ -11,6 +11,7 @@ models::GPTModelParallel model_parallel_options(const Arguments& args, const Par
   par.tp_group = ps.tp.get();
   par.sequence_parallel = args.parallel.sequence_parallel;
   if (ps.ep && ps.ep->size() > 1) par.ep_group = ps.ep.get();
+  if (ps.expert_tp && ps.expert_tp->size() > 1) par.expert_tp_group = ps.expert_tp.get();
   if (ps.cp) par.cp = {ps.cp.get(), transformer::parse_cp_comm_type(args.parallel.cp_comm_type)};
   par.tp_cp_group = ps.tp_cp.get();
   if (ps.pp) par.pipeline_chunks = ps.layout.chunks(ps.pp->rank());

@@ -977,6 +977,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
         << m.num_moe_experts / args.parallel.expert_model_parallel_size
         << " experts per rank), expert data parallel "
         << (r.ps.expert_dp ? r.ps.expert_dp->size() : r.ps.dp->size())
+        << ", expert tensor parallel " << (r.ps.expert_tp ? r.ps.expert_tp->size() : 1)
         << (m.moe_expert_capacity_factor
                 ? ", capacity factor " + std::to_string(*m.moe_expert_capacity_factor) + " (" +
                       transformer::to_string(m.moe_token_drop_policy) + ")"

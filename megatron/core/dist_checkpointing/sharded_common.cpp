@@ -22,14 +22,18 @@ Shape global_of(const transformer::Parameter& p) {
 
 std::vector<Box> boxes_of(const transformer::Parameter& p, const CheckpointRanks& r) {
   const int tp = tp_size_of(r);
-  const tensor_parallel::Partition part{p.tensor_parallel_dim, p.partition_stride,
-                                        tp > 1 ? r.tp_group->rank() : 0, tp};
+  // An expert parameter is sharded over the expert-TP group, whose rank it records.
+  const tensor_parallel::Partition part =
+      p.is_expert ? tensor_parallel::Partition{p.tensor_parallel_dim, p.partition_stride,
+                                               p.expert_tp_rank, p.expert_tp_size}
+                  : tensor_parallel::Partition{p.tensor_parallel_dim, p.partition_stride,
+                                               tp > 1 ? r.tp_group->rank() : 0, tp};
   const Shape g = global_of(p);
   const Shape expect = tensor_parallel::local_shape(g, part);
   MG_CHECK(expect == p.param.shape(), "checkpoint: parameter '"
                                           << p.name << "' has shape " << shape_str(p.param.shape())
                                           << " but its global shape " << shape_str(g) << " over TP "
-                                          << tp << " gives " << shape_str(expect)
+                                          << part.size << " gives " << shape_str(expect)
                                           << " (CheckpointRanks::tp_group missing?)");
   return partition_boxes(g, part);
 }

@@ -16,6 +16,12 @@
 #define MG_OP_LIST(X)                                                                             \
   /* ---- linear algebra ---- */                                                                  \
   X(gemm, op, "gemm", void(Tensor & c, const Tensor& a, const Tensor& b, const GemmArgs& args))   \
+  /* grouped GEMM: c[g] = alpha op(a[g]) @ op(b[g]) + beta c[g] for every group g, rank-2         \
+     operands of one dtype set (as gemm's) in all groups, any group may be empty (M, N or K 0):   \
+     the MoE experts' GEMMs (--moe-grouped-gemm) in one call, forward, dgrad and wgrad alike */   \
+  X(grouped_gemm, op, "grouped_gemm",                                                             \
+    void(std::span<Tensor> c, std::span<const Tensor> a, std::span<const Tensor> b,               \
+         const GemmArgs& args))                                                                   \
   /* c [M,N] = epilogue(op(a) @ op(b)) with aux [M,N], bias, dbias: GemmEpilogueArgs */           \
   X(gemm_epilogue, op, "",                                                                        \
     void(Tensor & c, Tensor & aux, Tensor & dbias, const Tensor& a, const Tensor& b,              \

@@ -136,6 +136,27 @@ GemmDims validate_gemm(const Placement& on, const Tensor& c, const Tensor& a, co
   return d;
 }
 
+std::vector<GemmDims> validate_grouped_gemm(const Placement& on, std::span<Tensor> c,
+                                            std::span<const Tensor> a, std::span<const Tensor> b,
+                                            const GemmArgs& args) {
+  MG_CHECK(c.size() == a.size() && b.size() == a.size(),
+           "grouped_gemm: " << c.size() << " C, " << a.size() << " A and " << b.size()
+                            << " B tensors; each group needs one of each");
+  std::vector<GemmDims> dims;
+  dims.reserve(a.size());
+  for (std::size_t g = 0; g < a.size(); ++g) {
+    MG_CHECK(a[g].dim() == 2,
+             "grouped_gemm: group " << g << ": A " << shape_str(a[g].shape()) << " must be rank 2");
+    dims.push_back(validate_gemm(on, c[g], a[g], b[g], args));
+    MG_CHECK(a[g].dtype() == a[0].dtype() && c[g].dtype() == c[0].dtype(),
+             "grouped_gemm: group " << g << " has A " << dtype_name(a[g].dtype()) << ", C "
+                                    << dtype_name(c[g].dtype()) << "; group 0 has A "
+                                    << dtype_name(a[0].dtype()) << ", C "
+                                    << dtype_name(c[0].dtype()) << " (one dtype set for all)");
+  }
+  return dims;
+}
+
 namespace {
 
 bool is_fp8(DType t) {

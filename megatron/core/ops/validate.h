@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "megatron/core/ops/op_args.h"
 #include "megatron/core/tensor/tensor.h"
@@ -73,6 +74,11 @@ struct GemmDims {
 // all rank 3 with a shared batch dim; inner and output dims agree.
 GemmDims validate_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,
                        const GemmArgs& args);
+// grouped_gemm: as many C as A and B (>= 0 groups); each group's C, A, B rank 2 and valid for
+// gemm; every group has group 0's A and C dtypes. Returns the dims of each group.
+std::vector<GemmDims> validate_grouped_gemm(const Placement& on, std::span<Tensor> c,
+                                            std::span<const Tensor> a, std::span<const Tensor> b,
+                                            const GemmArgs& args);
 // gemm_epilogue (op_args.h GemmEpilogueArgs): A, B, C rank 2 as for gemm (C A's dtype or f32);
 // per epilogue: bias [N] (required for bias, optional for bias_gelu, absent otherwise), aux [M, N]
 // of C's dtype (bias_gelu: output, dgelu_bgrad: input), dbias [N] (dgelu_bgrad, optional) or [M]

@@ -23,6 +23,12 @@ bool counted_on_this_tp_rank(const transformer::Parameter& p, const comm::Proces
   return !tp || p.tensor_parallel_dim >= 0 || tp->rank() == 0;
 }
 
+// Expert parameters replicated over the expert-TP group (linear_fc2.bias under ETP) count on ETP
+// rank 0 only.
+bool counted_on_this_etp_rank(const transformer::Parameter& p) {
+  return p.tensor_parallel_dim >= 0 || p.expert_tp_rank == 0;
+}
+
 }  // namespace
 
 comm::ProcessGroup* MegatronOptimizer::expert_shard_group() const {
@@ -40,10 +46,11 @@ void MegatronOptimizer::select_main_grads_for_grad_norm() {
   for (const Piece& pc : s.pieces) {
     const transformer::Parameter& p = params_[pc.param];
     if (pc.grad.numel() == 0 || p.shared) continue;
-    if (experts_apart(p))
-      s.expert_grads_for_norm.push_back(pc.grad);
-    else if (counted_on_this_tp_rank(p, tp_.get()))
+    if (experts_apart(p)) {
+      if (counted_on_this_etp_rank(p)) s.expert_grads_for_norm.push_back(pc.grad);
+    } else if (counted_on_this_tp_rank(p, tp_.get())) {
       s.grads_for_norm.push_back(pc.grad);
+    }
   }
 }
 
@@ -77,9 +84,9 @@ double MegatronOptimizer::params_norm() const {
     Tensor master = pc.master;
     if (pc.on_host)
       master = s.separate_master ? pc.master.to(buffer_.params.device()) : pc.model_param;
-    if (experts_apart(p))
-      expert.push_back(master);
-    else if (counted_on_this_tp_rank(p, tp_.get()))
+    if (experts_apart(p)) {
+      if (counted_on_this_etp_rank(p)) expert.push_back(master);
+    } else if (counted_on_this_tp_rank(p, tp_.get()))
       dense.push_back(master);
   }
   ops::GradNormArgs args = grad_norm_args();

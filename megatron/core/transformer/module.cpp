@@ -33,7 +33,11 @@ void ParamBuilder::add(Weight& w, const std::string& name, const Shape& global_s
 void ParamBuilder::set_expert(const Weight& w) {
   MG_CHECK(w.index >= 0 && w.index < static_cast<int>(params_.size()),
            "ParamBuilder::set_expert: the weight was not declared");
-  params_[static_cast<std::size_t>(w.index)].is_expert = true;
+  Parameter& p = params_[static_cast<std::size_t>(w.index)];
+  p.is_expert = true;
+  const tensor_parallel::Partition& part = decls_[static_cast<std::size_t>(w.index)].partition;
+  p.expert_tp_rank = part.rank;
+  p.expert_tp_size = part.size;
 }
 
 void ParamBuilder::finish(std::vector<Parameter>& params, ParamAndGradBuffer& buffer,

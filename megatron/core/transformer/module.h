@@ -51,6 +51,9 @@ struct ModuleContext {
   // Expert parallelism (moe/): the expert-model-parallel group the routed experts are spread
   // over (null: one rank holds every expert).
   comm::ProcessGroup* ep_group = nullptr;
+  // Expert tensor parallelism (--expert-tensor-parallel-size): the group over which each routed
+  // expert's linear_fc1 is column- and linear_fc2 row-parallel (null: experts whole).
+  comm::ProcessGroup* expert_tp_group = nullptr;
   bool inference_only = false;  // forward only (GPTModelParallel::inference_only)
   // The model's MoE state (aux-loss scale, metrics tracker; moe/moe_utils.h) its MoE layers use;
   // null: the model has no MoE layers.
@@ -62,6 +65,8 @@ struct ModuleContext {
   const ops::OpTable& op() const { return *ops; }
   int64_t tp_rank() const { return tp_group ? tp_group->rank() : 0; }
   int64_t tp_size() const { return tp_group ? tp_group->size() : 1; }
+  int64_t etp_rank() const { return expert_tp_group ? expert_tp_group->rank() : 0; }
+  int64_t etp_size() const { return expert_tp_group ? expert_tp_group->size() : 1; }
   tensor_parallel::Partition tp_partition(int dim, int stride = 1) const {
     return tensor_parallel::Partition{dim, stride, tp_rank(), tp_size()};
   }

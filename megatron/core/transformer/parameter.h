@@ -45,6 +45,11 @@ struct Parameter {
   // expert-data-parallel group, and the grad norm counts it on every rank of the expert model
   // parallel group (each holds other experts). Its name carries the GLOBAL expert index.
   bool is_expert = false;
+  // An expert parameter's shard over the expert-tensor-parallel group (the group its
+  // tensor_parallel_dim refers to, instead of the dense TP group): this rank's index and the
+  // group's size. A replicated one (linear_fc2.bias) is counted by the grad norm on ETP rank 0.
+  int64_t expert_tp_rank = 0;
+  int64_t expert_tp_size = 1;
 };
 
 // The flat value and gradient buffers (1-D tensors) every Parameter views into.

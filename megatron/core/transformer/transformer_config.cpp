@@ -231,10 +231,15 @@ void TransformerConfig::validate() const {
     MG_CHECK(moe_router_bias_update_rate >= 0.0 && std::isfinite(moe_router_bias_update_rate),
              "--moe-router-bias-update-rate must be finite and >= 0, got "
                  << moe_router_bias_update_rate);
-    MG_CHECK(!add_bias_linear,
-             "MoE experts have no biases here (Megatron's grouped experts neither): pass "
-             "--disable-bias-linear with --num-experts "
-                 << num_moe_experts);
+    MG_CHECK(!add_bias_linear || !moe_grouped_gemm,
+             "--moe-grouped-gemm: bias in the expert layer is not supported by the grouped GEMM "
+             "(Megatron's rule); pass --disable-bias-linear, or drop --moe-grouped-gemm to run the "
+             "sequential experts with biases");
+    MG_CHECK(!add_bias_linear || moe_shared_expert_intermediate_size == 0,
+             "--moe-shared-expert-intermediate-size "
+                 << moe_shared_expert_intermediate_size
+                 << ": bias is not supported in the shared experts (Megatron's rule); pass "
+                    "--disable-bias-linear");
     MG_CHECK(moe_layer_freq >= 1, "--moe-layer-freq must be >= 1, got " << moe_layer_freq);
     if (!moe_layer_pattern.empty()) {
       MG_CHECK(static_cast<int64_t>(moe_layer_pattern.size()) == num_layers,

@@ -185,6 +185,15 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmArgs& args) {
   });
 }
 
+// grouped_gemm: the groups one after the other through gemm, so each group's numbers are those of
+// the per-expert loop of gemm calls it replaces (bit-identical).
+void grouped_gemm(std::span<Tensor> c, std::span<const Tensor> a, std::span<const Tensor> b,
+                  const GemmArgs& args) {
+  const std::vector<GemmDims> dims = ops::validate_grouped_gemm(kOnHost, c, a, b, args);
+  for (std::size_t g = 0; g < dims.size(); ++g)
+    if (dims[g].m * dims[g].n > 0) gemm(c[g], a[g], b[g], args);
+}
+
 // ---- gemm_epilogue: the definition the other platforms mirror ---------------------------------
 // P = op(A) @ op(B) (+ beta * C for bgrad) in Acc (f32, f64 for f64), then the epilogue on the
 // unrounded values, each output rounded once (op_args.h GemmEpilogueArgs).
@@ -478,6 +487,7 @@ void register_gemm_kernels(plugin::Registry& r) {
   // cores), so OpenBLAS runs single-threaded and gemm_split threads it with OpenMP.
   openblas_set_num_threads(1);
   r.register_op<ops::OpId::gemm>("cpu", &gemm, "cpu:openblas");
+  r.register_op<ops::OpId::grouped_gemm>("cpu", &grouped_gemm, "cpu:openblas-loop");
   r.register_op<ops::OpId::gemm_epilogue>("cpu", &gemm_epilogue, "cpu:openblas+omp");
   r.register_op<ops::OpId::bias_add>("cpu", &bias_add, "cpu:omp");
   r.register_op<ops::OpId::bias_grad>("cpu", &bias_grad, "cpu:omp");

@@ -40,7 +40,9 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <unordered_map>
+#include <vector>
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_check.h"
@@ -488,6 +490,79 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, const GemmArgs& args) {
           current_stream(dev));
 }
 
+// ---- grouped_gemm -------------------------------------------------------------------------------
+
+// cublasGemmGroupedBatchedEx (cuBLAS 12.5+) takes A, B and C of one dtype: bf16, f16 or f32.
+bool grouped_batched_usable(DType tab, DType tc) {
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120500
+  return tab == tc && (tab == DType::bf16 || tab == DType::f16 || tab == DType::f32);
+#else
+  (void)tab;
+  (void)tc;
+  return false;
+#endif
+}
+
+// All groups in one cublasGemmGroupedBatchedEx call (one cuBLAS group of size 1 per GEMM, f32
+// compute, default math as gemm_ex) where the dtypes allow; otherwise (f64, or bf16/f16 inputs
+// accumulating into an f32 C: the wgrad into main_grad) each group through gemm's own path, in
+// order on the one stream. Groups with M, N or K 0 take gemm's path too (nothing, or C = beta C).
+void grouped_gemm(std::span<Tensor> c, std::span<const Tensor> a, std::span<const Tensor> b,
+                  const GemmArgs& args) {
+  const std::vector<GemmDims> dims = ops::validate_grouped_gemm(OnCudaDevice{}, c, a, b, args);
+  if (dims.empty()) return;
+  const int dev = c[0].device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  const DType tab = a[0].dtype(), tc = c[0].dtype();
+  std::vector<std::size_t> batched;
+  for (std::size_t g = 0; g < dims.size(); ++g) {
+    check_gemm(c[g], a[g], b[g], args);
+    if (dims[g].m * dims[g].n == 0) continue;
+    if (!grouped_batched_usable(tab, tc) || dims[g].k == 0)
+      product(c[g].raw_data(), tc, a[g].raw_data(), b[g].raw_data(), tab, dims[g], args, dev, s);
+    else
+      batched.push_back(g);
+  }
+  if (batched.empty()) return;
+#if defined(CUBLAS_VERSION) && CUBLAS_VERSION >= 120500
+  const std::size_t n = batched.size();
+  std::vector<cublasOperation_t> op_a(n), op_b(n);
+  std::vector<int> m(n), nn(n), k(n), lda(n), ldb(n), ldc(n), size(n, 1);
+  std::vector<float> alpha(n, args.alpha), beta(n, args.beta);
+  std::vector<const void*> ptrs(3 * n);  // cuBLAS's A (our B), B (our A), C: device arrays
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t g = batched[i];
+    const ColMajor cm = col_major(dims[g], args);
+    op_a[i] = cm.op_a;
+    op_b[i] = cm.op_b;
+    m[i] = static_cast<int>(dims[g].n);
+    nn[i] = static_cast<int>(dims[g].m);
+    k[i] = static_cast<int>(dims[g].k);
+    lda[i] = static_cast<int>(cm.rows_a);
+    ldb[i] = static_cast<int>(cm.rows_b);
+    ldc[i] = static_cast<int>(dims[g].n);
+    ptrs[i] = b[g].raw_data();
+    ptrs[n + i] = a[g].raw_data();
+    ptrs[2 * n + i] = c[g].raw_data();
+  }
+  // A pageable source: cudaMemcpyAsync returns once it has staged `ptrs`, so it may go out of
+  // scope; the scratch is freed in stream order after the GEMMs.
+  Scratch dptrs(dev, ptrs.size() * sizeof(void*));
+  MG_CUDA_CHECK(cudaMemcpyAsync(dptrs.get(), ptrs.data(), ptrs.size() * sizeof(void*),
+                                cudaMemcpyHostToDevice, s));
+  const void* const* d = static_cast<const void* const*>(dptrs.get());
+  cublasHandle_t h = cublas_handle(dev);
+  MG_CUBLAS_CHECK(cublasSetStream(h, s));
+  MG_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  MG_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+      h, op_a.data(), op_b.data(), m.data(), nn.data(), k.data(), alpha.data(), d, cuda_type(tab),
+      lda.data(), d + n, cuda_type(tab), ldb.data(), beta.data(),
+      const_cast<void* const*>(d + 2 * n), cuda_type(tc), ldc.data(), static_cast<int>(n),
+      size.data(), CUBLAS_COMPUTE_32F));
+#endif
+}
+
 // ---- gemm_epilogue
 // --------------------------------------------------------------------------------
 
@@ -709,6 +784,8 @@ void gemm_epilogue(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, const
 
 void register_gemm_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::gemm>(kPlatformName, &gemm, "cuda:cublaslt");
+  r.register_op<ops::OpId::grouped_gemm>(kPlatformName, &grouped_gemm,
+                                         "cuda:cublas-grouped-batched");
   r.register_op<ops::OpId::gemm_epilogue>(kPlatformName, &gemm_epilogue, "cuda:cublaslt-epilogue");
 }
 

@@ -276,14 +276,14 @@ TEST(Arguments, NoEffectFlagsAreAcceptedWithOneLine) {
   Arguments a = parse_args(
       with({"--use-mcore-models", "--transformer-impl", "transformer_engine",
             "--no-gradient-accumulation-fusion", "--tp-comm-overlap", "--attention-softmax-in-fp32",
-            "--use-flash-attn", "--moe-grouped-gemm", "--accumulate-allreduce-grads-in-fp32",
+            "--use-flash-attn", "--accumulate-allreduce-grads-in-fp32",
             "--cross-entropy-fusion-impl", "te", "--no-mmap-bin-files"}));
   for (const char* f :
        {"--use-mcore-models: no effect here", "--transformer-impl transformer_engine: no effect",
         "--no-gradient-accumulation-fusion: no effect here", "--tp-comm-overlap: no effect here",
         "--attention-softmax-in-fp32: no effect here",
         "--use-flash-attn: no FlashAttention library here; attention runs --attention-backend auto",
-        "--moe-grouped-gemm: no effect here yet", "--accumulate-allreduce-grads-in-fp32: already",
+        "--accumulate-allreduce-grads-in-fp32: already",
         "--cross-entropy-fusion-impl te: no effect here", "--no-mmap-bin-files: no effect here"})
     EXPECT_TRUE(has_notice(a, f)) << f << "\n" << ::testing::PrintToString(a.notices);
   EXPECT_EQ(a.model.hidden_size, plain.model.hidden_size);

@@ -6,7 +6,7 @@
 # equal those of the saving run, which goes on uninterrupted to iteration 5; its later
 # checkpoints are then skipped by pointing the tracker back at iteration 2). The vocabulary (301) pads to 304 for TP 1, 2 and 4 alike (--make-vocab-size-divisible-by
 # 4), so the loss does not depend on TP.
-# usage: checkpoint_reshard.sh <pretrain_gpt> <source: dopt|nodopt|pp|crash|ep|epdopt|cp|fsdp>
+# usage: checkpoint_reshard.sh <pretrain_gpt> <source: dopt|nodopt|pp|crash|ep|epdopt|etp|cp|fsdp>
 #        <mpiexec> [args...]
 #   dopt:   save TP2xDP2 + distributed optimizer; load TP1, TP4, DP4 (replicated optimizer),
 #           TP2xDP2 (replicated) and TP2xDP2 (distributed, exact)
@@ -18,11 +18,14 @@
 #   crash:  a rank dies in the middle of saving iteration 4 (MG_CHECKPOINT_FAULT_INJECT): the
 #           tracker still names iteration 2, which loads and resumes with the reference losses
 #   ep:     MoE (8 experts, top-2; expert keys per global expert index) saved at EP2 x DP2; load
-#           EP1, EP4, TP2 + SP with EP2, EP2 x DP2 (exact)
+#           EP1, EP4, TP2 + SP with EP2, expert TP 2 x EP2, EP2 x DP2 (exact)
 #   epdopt: the same MoE saved at EP2 x DP2 + distributed optimizer (expert state sharded over
 #           expert-DP); load EP1, EP1 x DP4 + distributed optimizer, TP2 + SP x EP2 + distributed
 #           optimizer, EP2 x DP2 + distributed optimizer (exact); and back: saved at EP1 x DP4 +
 #           distributed optimizer, loaded at EP2 x DP2 + distributed optimizer
+#   etp:    MoE with biases (the experts' linear_fc{1,2}.bias) saved at expert TP 2 x EP2 (fc1 and
+#           its bias split on dim 0, fc2 on dim 1); load EP1, EP2 x DP2, TP2 + SP x EP2 (expert TP
+#           2 by default), ETP2 x EP2 (exact)
 #   cp:     saved at CP2 x TP2 + SP; load CP1, CP2, CP4, CP2 x TP2 (exact)
 #   fsdp:   saved at TP2 x DP2 + FSDP optim_grads_params; load TP1, DP4 + FSDP optim_grads,
 #           TP2 x PP2 + distributed optimizer, TP2 x DP2 + FSDP optim_grads_params (exact); the
@@ -82,6 +85,9 @@ save() {
 if [ "$source" = ep ] || [ "$source" = epdopt ]; then
   args="$args --disable-bias-linear --num-experts 8 --moe-router-topk 2"
 fi
+if [ "$source" = etp ]; then
+  args="$args --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 24"
+fi
 run "$work/single.log" 1
 ck="$work/ckpt"
 save="--tensor-model-parallel-size 2 --sequence-parallel"
@@ -137,6 +143,7 @@ case "$source" in
     load 4 "EP2xDP2 -> EP4" 2e-6 --expert-model-parallel-size 4
     load 4 "EP2xDP2 -> TP2 + SP x EP2" 2e-6 --tensor-model-parallel-size 2 --sequence-parallel \
       --expert-tensor-parallel-size 1 $ep2
+    load 4 "EP2xDP2 -> ETP2 x EP2" 2e-6 --expert-tensor-parallel-size 2 $ep2
     load 4 "EP2xDP2 -> EP2xDP2 (same layout, exact)" 0 $ep2
     ;;
   epdopt)
@@ -151,6 +158,14 @@ case "$source" in
     rm -rf "$ck"
     save 4 $dopt
     load 4 "EP1xDP4 dist-opt -> EP2xDP2 dist-opt" 2e-6 $ep2 $dopt
+  etp)
+    etp2="--expert-tensor-parallel-size 2 --expert-model-parallel-size 2"
+    save 4 $etp2
+    load 1 "ETP2xEP2 -> EP1" 2e-6
+    load 4 "ETP2xEP2 -> EP2xDP2" 2e-6 --expert-model-parallel-size 2
+    load 4 "ETP2xEP2 -> TP2 + SP x EP2 (ETP 2)" 2e-6 --tensor-model-parallel-size 2 \
+      --sequence-parallel --expert-model-parallel-size 2
+    load 4 "ETP2xEP2 -> ETP2xEP2 (same layout, exact)" 0 $etp2
     ;;
   cp)
     cp2="--context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel"
@@ -169,5 +184,5 @@ case "$source" in
     load 4 "TP2xDP2 FSDP optim_grads_params -> TP2xDP2 FSDP (same layout, exact)" 0 $save \
       $fsdp optim_grads_params
     ;;
-  *) echo "unknown source '$source' (dopt, nodopt, pp, crash, ep, epdopt, cp, fsdp)"; exit 2 ;;
+  *) echo "unknown source '$source' (dopt, nodopt, pp, crash, ep, epdopt, etp, cp, fsdp)"; exit 2 ;;
 esac

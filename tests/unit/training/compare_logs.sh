@@ -80,13 +80,14 @@ expect_no_line() {
 expect_layout() {
   _el_log=$1; _el_np=$2; shift 2; _el_quiet=1
   _el_tp=1 _el_pp=1 _el_cp=1 _el_ep=1 _el_vp="" _el_sp=off _el_dopt="" _el_comm=p2p _el_experts=0
-  _el_overlap="" _el_fsdp="" _el_strategy=no_shard
+  _el_overlap="" _el_fsdp="" _el_strategy=no_shard _el_etp=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --tensor-model-parallel-size) _el_tp=$2; shift ;;
       --pipeline-model-parallel-size) _el_pp=$2; shift ;;
       --context-parallel-size) _el_cp=$2; shift ;;
       --expert-model-parallel-size) _el_ep=$2; shift ;;
+      --expert-tensor-parallel-size) _el_etp=$2; shift ;;
       --virtual-pipeline-model-parallel-size) _el_vp=" x VP $2"; shift ;;
       --num-layers-per-virtual-pipeline-stage) _el_vp=" x VP [0-9]+"; shift ;;
       --cp-comm-type) _el_comm=$2; shift ;;
@@ -133,18 +134,19 @@ expect_layout() {
   [ -n "$_el_dopt" ] || expect_no_line "$_el_log" "$_el_what" "^data parallel: .*distributed optimizer"
   [ -n "$_el_fsdp" ] || expect_no_line "$_el_log" "$_el_what" "^data parallel: .*Megatron FSDP"
   if [ "$_el_experts" -gt 0 ]; then
-    if [ "$_el_ep" -gt 1 ] || [ "$_el_tp" -gt 1 ]; then
-      _el_edp=$((_el_np / (_el_ep * _el_pp)))
+    [ -n "$_el_etp" ] || _el_etp=$_el_tp  # Megatron's default: ETP = TP
+    if [ "$_el_ep" -gt 1 ] || [ "$_el_tp" -gt 1 ] || [ "$_el_etp" -gt 1 ]; then
+      _el_edp=$((_el_np / (_el_etp * _el_ep * _el_pp)))
     else
       _el_edp=$((_el_dp * _el_cp))
     fi
-    expect_line "$_el_log" "$_el_what x EP $_el_ep" "^mixture of experts: $_el_experts experts,.*\
+    expect_line "$_el_log" "$_el_what x EP $_el_ep x ETP $_el_etp" "^mixture of experts: $_el_experts experts,.*\
  expert parallel $_el_ep \($((_el_experts / _el_ep)) experts per rank\), expert data parallel\
- $_el_edp[ ,]"
+ $_el_edp, expert tensor parallel $_el_etp[ ,]"
   fi
   if [ "${MG_TEST_PLATFORM:-cpu}" = cuda ]; then
     expect_line "$_el_log" "$_el_what" "^platform: cuda, device"
   fi
   _el_quiet=""
-  echo "ok layout $_el_what$([ "$_el_experts" -gt 0 ] && echo " x EP $_el_ep"): start-up lines agree"
+  echo "ok layout $_el_what$([ "$_el_experts" -gt 0 ] && echo " x EP $_el_ep x ETP $_el_etp"): start-up lines agree"
 }

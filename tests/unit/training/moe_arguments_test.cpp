@@ -137,9 +137,19 @@ TEST(MoEArguments, ErrorsNameTheValues) {
   EXPECT_TRUE(has(error_of(with({"--expert-model-parallel-size", "2"})), "needs --num-experts"));
   EXPECT_TRUE(has(error_of(with({"--num-experts", "6", "--expert-model-parallel-size", "4"})),
                   "--num-experts 6 must be divisible by --expert-model-parallel-size 4"));
-  EXPECT_TRUE(has(error_of(with({"--num-experts", "4", "--tensor-model-parallel-size", "2",
-                                 "--sequence-parallel"})),
-                  "--expert-tensor-parallel-size 2 (Megatron's default: TP)"));
+  // Expert TP: Megatron's default (TP) is accepted; it must divide the experts' hidden size.
+  EXPECT_FALSE(parse_args(with({"--num-experts", "4", "--tensor-model-parallel-size", "2",
+                                "--sequence-parallel"}))
+                   .parallel.expert_tensor_parallel_size.has_value());
+  EXPECT_TRUE(has(error_of(with({"--num-experts", "4", "--moe-ffn-hidden-size", "30",
+                                 "--tensor-model-parallel-size", "4", "--sequence-parallel"})),
+                  "--expert-tensor-parallel-size 4 (Megatron's default: TP) must divide the "
+                  "experts' hidden size 30"));
+  EXPECT_TRUE(has(error_of(with({"--num-experts", "4", "--expert-tensor-parallel-size", "0"})),
+                  "--expert-tensor-parallel-size must be >= 1, got 0"));
+  EXPECT_TRUE(has(error_of(with({"--num-experts", "4", "--expert-tensor-parallel-size", "2",
+                                 "--use-distributed-optimizer"})),
+                  "--use-distributed-optimizer with --expert-tensor-parallel-size 2"));
   EXPECT_TRUE(has(error_of(with({"--num-experts", "4", "--tensor-model-parallel-size", "2",
                                  "--expert-tensor-parallel-size", "1"})),
                   "needs --sequence-parallel"));
@@ -149,9 +159,18 @@ TEST(MoEArguments, ErrorsNameTheValues) {
                   "one per layer (num_layers 4)"));
   EXPECT_TRUE(has(error_of(with({"--num-experts", "4", "--moe-layer-freq", "x"})),
                   "--moe-layer-freq x: expected an integer or a list"));
-  std::vector<std::string> bias = with({"--num-experts", "4"});
-  bias.erase(std::find(bias.begin(), bias.end(), "--disable-bias-linear"));
-  EXPECT_TRUE(has(error_of(bias), "pass --disable-bias-linear"));
+  // Experts take biases (SequentialMLP); the grouped GEMM and the shared experts do not.
+  auto without_disable_bias = [](std::vector<std::string> v) {
+    v.erase(std::find(v.begin(), v.end(), "--disable-bias-linear"));
+    return v;
+  };
+  EXPECT_TRUE(parse_args(without_disable_bias(with({"--num-experts", "4"}))).model.add_bias_linear);
+  EXPECT_TRUE(
+      has(error_of(without_disable_bias(with({"--num-experts", "4", "--moe-grouped-gemm"}))),
+          "--moe-grouped-gemm: bias in the expert layer is not supported"));
+  EXPECT_TRUE(has(error_of(without_disable_bias(
+                      with({"--num-experts", "4", "--moe-shared-expert-intermediate-size", "8"}))),
+                  "bias is not supported in the shared experts"));
 }
 
 }  // namespace

@@ -191,6 +191,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
            "sequence parallelism needs a tensor-parallel group");
   m.ctx.tp_group = parallel.tp_group;
   m.ctx.ep_group = parallel.ep_group;
+  m.ctx.expert_tp_group = parallel.expert_tp_group;
   m.ctx.inference_only = parallel.inference_only;
   m.ctx.cp = parallel.cp;
   m.ctx.tp_cp_group = parallel.tp_cp_group;

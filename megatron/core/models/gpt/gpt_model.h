@@ -77,6 +77,8 @@ struct GPTModelParallel {
   // Expert parallelism (MoE layers, transformer/moe/moe_layer.h): the expert-model-parallel group
   // the routed experts are spread over (null: every expert on this rank).
   comm::ProcessGroup* ep_group = nullptr;
+  // Expert tensor parallelism: the expert-TP group (null: ETP 1).
+  comm::ProcessGroup* expert_tp_group = nullptr;
   // Built for forward-only use (generation, export): MoE layers then accept tensor parallelism
   // without sequence parallelism (router and experts replicated over TP, no gradients).
   bool inference_only = false;

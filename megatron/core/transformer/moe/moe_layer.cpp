@@ -122,15 +122,34 @@ MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string
   // The router sees this rank's sequence shard under SP: its grad is summed over TP.
   pb.add(router_w_, prefix + "router.weight", {e_, h_}, InitRule::normal,
          tensor_parallel::Partition{}, ctx.sequence_parallel && ctx.tp_size() > 1);
-  const int64_t fc1_rows = c.gated_linear_unit() ? 2 * f_ : f_;
+  // Expert TP: fc1 column-parallel (a gated fc1 as the dense MLP's, [gate_r; up_r], stride 2), its
+  // bias with it; fc2 row-parallel, its bias replicated (added once, after the reduction).
+  const int64_t etp = ctx.etp_size();
+  MG_CHECK(f_ % etp == 0, prefix << "experts: the experts' hidden size " << f_
+                                 << " must be divisible by --expert-tensor-parallel-size " << etp);
+  f_local_ = f_ / etp;
+  const int stride = c.gated_linear_unit() ? 2 : 1;
+  const int64_t fc1_rows = stride * f_;
+  using tensor_parallel::Partition;
+  const Partition col = etp > 1 ? Partition{0, stride, ctx.etp_rank(), etp} : Partition{};
+  const Partition row = etp > 1 ? Partition{1, 1, ctx.etp_rank(), etp} : Partition{};
+  const Partition rep = etp > 1 ? Partition{-1, 1, ctx.etp_rank(), etp} : Partition{};
   experts_.resize(static_cast<std::size_t>(local_));
   for (int64_t i = 0; i < local_; ++i) {
     const std::string p = prefix + "experts.local_experts." + std::to_string(first_ + i) + ".";
     Expert& x = experts_[static_cast<std::size_t>(i)];
-    pb.add(x.fc1, p + "linear_fc1.weight", {fc1_rows, h_}, InitRule::normal);
+    pb.add(x.fc1, p + "linear_fc1.weight", {fc1_rows, h_}, InitRule::normal, col);
     pb.set_expert(x.fc1);
-    pb.add(x.fc2, p + "linear_fc2.weight", {h_, f_}, InitRule::scaled_normal);
+    if (c.add_bias_linear) {
+      pb.add(x.fc1_bias, p + "linear_fc1.bias", {fc1_rows}, InitRule::zeros, col);
+      pb.set_expert(x.fc1_bias);
+    }
+    pb.add(x.fc2, p + "linear_fc2.weight", {h_, f_}, InitRule::scaled_normal, row);
     pb.set_expert(x.fc2);
+    if (c.add_bias_linear) {
+      pb.add(x.fc2_bias, p + "linear_fc2.bias", {h_}, InitRule::zeros, rep);
+      pb.set_expert(x.fc2_bias);
+    }
   }
   if (c.moe_router_enable_expert_bias) {
     // Megatron's TopKRouter buffers: expert_bias (zeros, f32) and local_tokens_per_expert.
@@ -146,57 +165,202 @@ MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string
            tensor_parallel::Partition{}, ctx.sequence_parallel && ctx.tp_size() > 1);
 }
 
-Tensor MoELayer::experts_forward(const Tensor& rows, Saved& s) const {
+Tensor MoELayer::experts_compute(const Tensor& rows, const std::vector<int64_t>& counts,
+                                 Saved& s) const {
   const TransformerConfig& c = *ctx_.config;
-  const int64_t total = rows.defined() ? rows.size(0) : 0;
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const int64_t fc1_cols = (c.gated_linear_unit() ? 2 : 1) * f_local_;
   Tensor out = ctx_.empty({total, h_});
+  Tensor u_all = ctx_.empty({total, fc1_cols}), a_all = ctx_.empty({total, f_local_});
   s.expert_in.assign(static_cast<std::size_t>(local_), Tensor());
   s.fc1_out.assign(static_cast<std::size_t>(local_), Tensor());
   s.act_out.assign(static_cast<std::size_t>(local_), Tensor());
   const ops::GeluApprox gelu =
       c.bias_activation_fusion ? ops::GeluApprox::tanh : ops::GeluApprox::none;
+  // The experts with rows: their operand views, for per-expert or grouped GEMMs.
+  std::vector<int64_t> idx;
+  std::vector<Tensor> in, u, a, z, w1, w2;
+  int64_t off = 0;
+  for (int64_t i = 0; i < local_; ++i) {
+    const int64_t n = counts[static_cast<std::size_t>(i)];
+    if (n > 0) {
+      const Expert& x = experts_[static_cast<std::size_t>(i)];
+      idx.push_back(i);
+      in.push_back(rows.slice(off, n));
+      u.push_back(u_all.slice(off, n));
+      a.push_back(a_all.slice(off, n));
+      z.push_back(out.slice(off, n));
+      w1.push_back(x.fc1.value);
+      w2.push_back(x.fc2.value);
+    }
+    off += n;
+  }
+  const ops::GemmArgs fwd{.trans_b = true};  // x W^T, as linear_fwd
+  const auto gemms = [&](std::vector<Tensor>& cs, const std::vector<Tensor>& as,
+                         const std::vector<Tensor>& bs, const ops::GemmArgs& args) {
+    if (c.moe_grouped_gemm)
+      ctx_.op().grouped_gemm(cs, as, bs, args);
+    else
+      for (std::size_t g = 0; g < cs.size(); ++g) ctx_.op().gemm(cs[g], as[g], bs[g], args);
+  };
+  gemms(u, in, w1, fwd);
+  for (std::size_t g = 0; g < idx.size(); ++g) {
+    const Expert& x = experts_[static_cast<std::size_t>(idx[g])];
+    if (x.fc1_bias.defined()) ctx_.op().bias_add(u[g], x.fc1_bias.value);
+    activation_fwd(ctx_, c.activation, gelu, a[g], u[g]);
+    s.expert_in[static_cast<std::size_t>(idx[g])] = in[g];
+    s.fc1_out[static_cast<std::size_t>(idx[g])] = u[g];
+    s.act_out[static_cast<std::size_t>(idx[g])] = a[g];
+  }
+  gemms(z, a, w2, fwd);
+  return out;
+}
+
+Tensor MoELayer::experts_compute_backward(const Tensor& dz, const std::vector<int64_t>& counts,
+                                          Saved& s) {
+  const TransformerConfig& c = *ctx_.config;
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const int64_t fc1_cols = (c.gated_linear_unit() ? 2 : 1) * f_local_;
+  Tensor din = ctx_.empty({total, h_});
+  Tensor da_all = ctx_.empty({total, f_local_}), du_all = ctx_.empty({total, fc1_cols});
+  const ops::GeluApprox gelu =
+      c.bias_activation_fusion ? ops::GeluApprox::tanh : ops::GeluApprox::none;
+  std::vector<int64_t> idx;
+  std::vector<Tensor> dzs, da, du, dx, act, xin, w1, w2, dw1, dw2;
+  int64_t off = 0;
+  for (int64_t i = 0; i < local_; ++i) {
+    const int64_t n = counts[static_cast<std::size_t>(i)];
+    if (n > 0) {
+      Expert& x = experts_[static_cast<std::size_t>(i)];
+      const auto e = static_cast<std::size_t>(i);
+      idx.push_back(i);
+      dzs.push_back(dz.slice(off, n));
+      da.push_back(da_all.slice(off, n));
+      du.push_back(du_all.slice(off, n));
+      dx.push_back(din.slice(off, n));
+      act.push_back(s.act_out[e]);
+      xin.push_back(s.expert_in[e]);
+      w1.push_back(x.fc1.value);
+      w2.push_back(x.fc2.value);
+      dw1.push_back(x.fc1.grad);
+      dw2.push_back(x.fc2.grad);
+    }
+    off += n;
+  }
+  // As linear_bwd: dx = dy W (beta 0), dW += dy^T x.
+  const ops::GemmArgs dgrad{}, wgrad{.trans_a = true, .beta = 1.0f};
+  const auto gemms = [&](std::vector<Tensor>& cs, const std::vector<Tensor>& as,
+                         const std::vector<Tensor>& bs, const ops::GemmArgs& args) {
+    if (c.moe_grouped_gemm)
+      ctx_.op().grouped_gemm(cs, as, bs, args);
+    else
+      for (std::size_t g = 0; g < cs.size(); ++g) ctx_.op().gemm(cs[g], as[g], bs[g], args);
+  };
+  gemms(da, dzs, w2, dgrad);
+  gemms(dw2, dzs, act, wgrad);
+  for (std::size_t g = 0; g < idx.size(); ++g) {
+    const auto e = static_cast<std::size_t>(idx[g]);
+    activation_bwd(ctx_, c.activation, gelu, du[g], da[g], s.fc1_out[e]);
+    Expert& x = experts_[e];
+    if (x.fc1_bias.defined()) ctx_.op().bias_grad(x.fc1_bias.grad, du[g]);
+  }
+  gemms(dx, du, w1, dgrad);
+  gemms(dw1, du, xin, wgrad);
+  return din;
+}
+
+Tensor MoELayer::etp_gather_rows(const Tensor& rows, Saved& s) const {
+  comm::ProcessGroup& g = *ctx_.expert_tp_group;
+  const int64_t etp = g.size();
+  if (s.etp_counts.empty()) {
+    const Tensor cin = Tensor::from_vector(s.local_counts, {local_}, DType::i64).to(ctx_.device);
+    Tensor cout = Tensor::empty({etp * local_}, DType::i64, ctx_.device);
+    g.all_gather(cout, cin)->wait();
+    s.etp_counts = cout.to_vector<int64_t>();
+  }
+  const int64_t mine = std::accumulate(s.local_counts.begin(), s.local_counts.end(), int64_t{0});
+  std::vector<int64_t> send(static_cast<std::size_t>(etp), mine),
+      recv(static_cast<std::size_t>(etp));
+  for (int64_t j = 0; j < etp; ++j)
+    for (int64_t i = 0; i < local_; ++i) recv[j] += s.etp_counts[j * local_ + i];
+  // An all-gather of unequal row counts: this rank's rows to every member (all-to-all-v).
+  const std::vector<double> rh = mine > 0 ? rows.to_vector<double>() : std::vector<double>();
+  std::vector<double> out;
+  out.reserve(rh.size() * static_cast<std::size_t>(etp));
+  for (int64_t j = 0; j < etp; ++j) out.insert(out.end(), rh.begin(), rh.end());
+  const std::vector<double> got = exchange_rows(ctx_, g, out, h_, send, recv);
+  const std::vector<int64_t> order = chunk_order(s.etp_counts, etp, local_);
+  const int64_t r = static_cast<int64_t>(order.size());
+  return device_tensor(ctx_, permute_rows(got, order, h_, false), {r, h_}, ctx_.dtype);
+}
+
+Tensor MoELayer::etp_scatter_rows(const Tensor& rows, const Saved& s) const {
+  comm::ProcessGroup& g = *ctx_.expert_tp_group;
+  const int64_t etp = g.size();
+  const int64_t mine = std::accumulate(s.local_counts.begin(), s.local_counts.end(), int64_t{0});
+  std::vector<int64_t> send(static_cast<std::size_t>(etp)),
+      recv(static_cast<std::size_t>(etp), mine);
+  for (int64_t j = 0; j < etp; ++j)
+    for (int64_t i = 0; i < local_; ++i) send[j] += s.etp_counts[j * local_ + i];
+  const std::vector<int64_t> order = chunk_order(s.etp_counts, etp, local_);
+  const std::vector<double> rh = order.empty() ? std::vector<double>() : rows.to_vector<double>();
+  // A reduce-scatter of unequal row counts: member j's rows to member j, summed here in member
+  // order (f64).
+  const std::vector<double> got =
+      exchange_rows(ctx_, g, permute_rows(rh, order, h_, true), h_, send, recv);
+  std::vector<double> sum(static_cast<std::size_t>(mine * h_), 0.0);
+  for (int64_t j = 0; j < etp; ++j)
+    for (int64_t q = 0; q < mine * h_; ++q) sum[q] += got[j * mine * h_ + q];
+  return device_tensor(ctx_, sum, {mine, h_}, ctx_.dtype);
+}
+
+Tensor MoELayer::experts_forward(const Tensor& rows, Saved& s) const {
+  Tensor out;
+  if (ctx_.etp_size() == 1) {
+    out = experts_compute(rows, s.local_counts, s);
+  } else {
+    const Tensor all = etp_gather_rows(rows, s);
+    std::vector<int64_t> counts(static_cast<std::size_t>(local_), 0);
+    for (int64_t j = 0; j < ctx_.etp_size(); ++j)
+      for (int64_t i = 0; i < local_; ++i) counts[i] += s.etp_counts[j * local_ + i];
+    out = etp_scatter_rows(experts_compute(all, counts, s), s);
+  }
+  // fc2's bias, once per row after the expert-TP reduction.
   int64_t off = 0;
   for (int64_t i = 0; i < local_; ++i) {
     const int64_t n = s.local_counts[static_cast<std::size_t>(i)];
-    if (n == 0) continue;
     const Expert& x = experts_[static_cast<std::size_t>(i)];
-    Tensor in = rows.slice(off, n);
-    Tensor u = linear_fwd(ctx_, in, x.fc1.value);
-    Tensor a = ctx_.empty({n, f_});
-    activation_fwd(ctx_, c.activation, gelu, a, u);
-    Tensor z = linear_fwd(ctx_, a, x.fc2.value);
-    Tensor dst = out.slice(off, n);
-    dst.copy_(z);
-    s.expert_in[static_cast<std::size_t>(i)] = in;
-    s.fc1_out[static_cast<std::size_t>(i)] = u;
-    s.act_out[static_cast<std::size_t>(i)] = a;
+    if (n > 0 && x.fc2_bias.defined()) {
+      Tensor z = out.slice(off, n);
+      ctx_.op().bias_add(z, x.fc2_bias.value);
+    }
     off += n;
   }
   return out;
 }
 
 Tensor MoELayer::experts_backward(const Tensor& drows, Saved& s) {
-  const TransformerConfig& c = *ctx_.config;
-  const int64_t total = drows.size(0);
-  Tensor din = ctx_.empty({total, h_});
-  const ops::GeluApprox gelu =
-      c.bias_activation_fusion ? ops::GeluApprox::tanh : ops::GeluApprox::none;
+  const int64_t etp = ctx_.etp_size();
+  // The gradient of the expert outputs: this rank's rows, or (ETP) the group's rows, gathered
+  // as the forward's reduction's backward.
+  const Tensor dz = etp == 1 ? drows : etp_gather_rows(drows, s);
+  std::vector<int64_t> counts = s.local_counts;
+  if (etp > 1) {
+    std::fill(counts.begin(), counts.end(), 0);
+    for (int64_t j = 0; j < etp; ++j)
+      for (int64_t i = 0; i < local_; ++i) counts[i] += s.etp_counts[j * local_ + i];
+  }
+  // fc2's bias gradient over every row the expert ran on (the whole group's under ETP, so each
+  // member holds the full gradient of the replicated bias).
   int64_t off = 0;
   for (int64_t i = 0; i < local_; ++i) {
-    const int64_t n = s.local_counts[static_cast<std::size_t>(i)];
-    if (n == 0) continue;
+    const int64_t n = counts[static_cast<std::size_t>(i)];
     Expert& x = experts_[static_cast<std::size_t>(i)];
-    const Tensor& u = s.fc1_out[static_cast<std::size_t>(i)];
-    Tensor da = ctx_.empty({n, f_});
-    linear_bwd(ctx_, da, x.fc2.grad, drows.slice(off, n), s.act_out[static_cast<std::size_t>(i)],
-               x.fc2.value);
-    Tensor du = ctx_.empty(u.shape());
-    activation_bwd(ctx_, c.activation, gelu, du, da, u);
-    Tensor dx = din.slice(off, n);
-    linear_bwd(ctx_, dx, x.fc1.grad, du, s.expert_in[static_cast<std::size_t>(i)], x.fc1.value);
+    if (n > 0 && x.fc2_bias.defined()) ctx_.op().bias_grad(x.fc2_bias.grad, dz.slice(off, n));
     off += n;
   }
-  return din;
+  const Tensor din = experts_compute_backward(dz, counts, s);
+  return etp == 1 ? din : etp_scatter_rows(din, s);
 }
 
 Tensor MoELayer::dispatch_alltoall(Saved& s, DType out_dtype) const {

@@ -15,8 +15,12 @@
 //   decoder.layers.N.mlp.shared_experts.linear_fc{1,2}.weight         (as the dense MLP)
 //   decoder.layers.N.mlp.shared_experts.gate_weight [1, H]  (--moe-shared-expert-gate: the shared
 //     experts' output times sigmoid(x . gate_weight) per token, Qwen2-MoE's shared_expert_gate)
-// Experts hold no biases. --moe-grouped-gemm keeps these SequentialMLP names and computes the
-// same loop of per-expert GEMMs (the op table has no grouped GEMM yet).
+//   decoder.layers.N.mlp.experts.local_experts.<e>.linear_fc{1,2}.bias [F_moe (2 F_moe)], [H]
+//     (without --disable-bias-linear, as Megatron's SequentialMLP; the expert output
+//     fc2(act(fc1 x + b1)) + b2 is weighted by the routing probability as a whole)
+// --moe-grouped-gemm keeps these SequentialMLP names and runs each of the experts' GEMMs (fc1, fc2;
+// dgrad and wgrad in backward) as one grouped_gemm op over the local experts (CPU: the same numbers
+// as the per-expert loop; CUDA: cublasGemmGroupedBatchedEx); it needs --disable-bias-linear.
 //
 // Expert parallelism (ctx.ep_group, EP ranks): rank r holds experts [r L, (r + 1) L), L = E / EP.
 //   alltoall : counts per expert exchanged by all-to-all, rows by all-to-all-v (a rank may send
@@ -26,9 +30,18 @@
 //              rows routed to them, weights them by their probabilities and reduce-scatters
 //              the sums back.
 // Both give each expert its rows in (source rank, token, choice) order, so the experts' sums match
-// the single-rank layer's up to f32 round-off. Expert tensor parallelism (ETP > 1) is not here:
-// experts are whole on their rank; with TP > 1 the layer needs sequence parallelism (each TP rank
-// routes its own sequence shard), as Megatron requires.
+// the single-rank layer's up to f32 round-off. With TP > 1 the layer needs sequence parallelism
+// (each TP rank routes its own sequence shard), as Megatron requires.
+//
+// Expert tensor parallelism (ctx.expert_tp_group, ETP ranks, Megatron's expert grid ETP x EP x
+// expert-DP x PP): each expert's linear_fc1 is column-parallel (gated: [gate_r; up_r], stride 2,
+// as the dense MLP; its bias with it) and linear_fc2 row-parallel (dim 1; its bias whole). The rows
+// a rank's dispatcher hands its experts are all-gathered over the expert-TP group, the experts run
+// on the group's rows ([local expert][member] order) with their shards, and the partial outputs
+// are reduce-scattered back (summed in member order, f64), then fc2's bias is added once; backward
+// mirrors it (gather the output grads, scatter-sum the input grads). Parameters keep their global
+// names and shapes; Parameter::expert_tp_rank/size place the shard for checkpoints, so they
+// reshard between EP / ETP layouts.
 //
 // Aux losses (training only): the load-balancing loss (aux_loss / seq_aux_loss) over the scores
 // of aux_loss_scores, with tokens per expert summed over the sequence partition (Megatron's
@@ -83,6 +96,9 @@ class MoELayer {
     // The experts: input rows per local expert and their activations.
     std::vector<int64_t> local_counts;  // [L]
     std::vector<Tensor> expert_in, fc1_out, act_out;
+    // Expert TP (ETP > 1): rows per local expert of every member of the expert-TP group [ETP][L];
+    // the experts ran on all of them (expert_in etc. are the gathered rows).
+    std::vector<int64_t> etp_counts;
     MLP::Saved shared;
     std::vector<double> shared_out, shared_gate;  // --moe-shared-expert-gate: z [T, H], sigmoid [T]
   };
@@ -104,6 +120,7 @@ class MoELayer {
  private:
   struct Expert {
     Weight fc1, fc2;
+    Weight fc1_bias, fc2_bias;  // --add-bias-linear (Megatron's default): SequentialMLP's biases
   };
   int64_t ep_size() const { return ctx_.ep_group ? ctx_.ep_group->size() : 1; }
   // The ranks that share one sequence (Megatron's tp_cp_group: TP under SP, times CP), over which
@@ -114,8 +131,20 @@ class MoELayer {
     return g ? g->size() : 1;
   }
   // Rows [R, H] grouped by local expert (counts) -> expert outputs [R, H]; saves activations.
+  // Under ETP the rows of the expert-TP group are gathered first and the outputs reduce-scattered
+  // back (etp_gather_rows / etp_scatter_rows).
   Tensor experts_forward(const Tensor& rows, Saved& s) const;
   Tensor experts_backward(const Tensor& drows, Saved& s);
+  // The local experts on rows grouped by expert (counts [L]): fc1 (+ bias), activation, fc2 (no
+  // fc2 bias: added by the caller after the ETP reduction). Per-expert gemm calls, or one
+  // grouped_gemm per GEMM under --moe-grouped-gemm (the same numbers).
+  Tensor experts_compute(const Tensor& rows, const std::vector<int64_t>& counts, Saved& s) const;
+  Tensor experts_compute_backward(const Tensor& dz, const std::vector<int64_t>& counts, Saved& s);
+  // ETP: rows [R, H] grouped by local expert (counts [L]) -> the group's rows [sum, H] in
+  // [local expert][member] order (s.etp_counts set), and back: the group's partial outputs summed
+  // over the members into this rank's rows.
+  Tensor etp_gather_rows(const Tensor& rows, Saved& s) const;
+  Tensor etp_scatter_rows(const Tensor& rows, const Saved& s) const;
   // Token rows to their experts and back (moe_permute / moe_unpermute on the device) -> y [T, H]
   // in out_dtype; the host sees the routing and the all-to-all split sizes only.
   Tensor dispatch_alltoall(Saved& s, DType out_dtype) const;
@@ -128,6 +157,7 @@ class MoELayer {
   const ModuleContext& ctx_;
   int64_t layer_;
   int64_t h_, e_, k_, f_, local_, first_;
+  int64_t f_local_;  // F / ETP: this rank's share of each expert's intermediate size
   RouterOptions router_;
   Weight router_w_;
   std::vector<Expert> experts_;

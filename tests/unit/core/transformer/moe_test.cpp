@@ -300,14 +300,16 @@ struct LayerFixture {
   transformer::ParamAndGradBuffer buffer;
   std::vector<transformer::ParamDecl> decls;
 
-  // deepseek: sigmoid scores with an expert bias, 2 groups of 2 experts (1 chosen), probabilities
-  // scaled by 2.5 (DeepSeek-V3's router at toy size).
-  explicit LayerFixture(MoeScoreFunction f, bool shared, bool gate = false, bool deepseek = false) {
+  // bias: the experts' linear_fc{1,2}.bias; grouped: --moe-grouped-gemm; deepseek: sigmoid scores
+  // with an expert bias, 2 groups of 2 experts (1 chosen), probabilities scaled by 2.5 (DeepSeek-V3's
+  // router at toy size).
+  explicit LayerFixture(MoeScoreFunction f, bool shared, bool gate = false, bool bias = false,
+                        bool grouped = false, bool deepseek = false) {
     c.num_layers = 1;
     c.hidden_size = 8;
     c.num_attention_heads = 2;
     c.seq_length = 3;
-    c.add_bias_linear = false;
+    c.add_bias_linear = bias;  // the experts' linear_fc{1,2}.bias (not with shared experts)
     c.activation = transformer::Activation::swiglu;
     c.num_moe_experts = 4;
     c.moe_router_topk = 2;
@@ -317,6 +319,7 @@ struct LayerFixture {
     c.moe_z_loss_coeff = 0.01;
     c.moe_shared_expert_intermediate_size = shared ? 5 : 0;
     c.moe_shared_expert_gate = gate;  // Qwen2-MoE's sigmoid gate on the shared experts
+    c.moe_grouped_gemm = grouped;     // the experts' GEMMs through grouped_gemm
     c.params_dtype = DType::f64;
     if (deepseek) {
       c.moe_router_score_function = MoeScoreFunction::sigmoid;
@@ -351,22 +354,27 @@ std::vector<double> row_of(const Tensor& w, int64_t r) {
   return std::vector<double>(v.begin() + r * n, v.begin() + (r + 1) * n);
 }
 
-// y = W2 swiglu(W1 x) for one token, host f64.
-std::vector<double> mlp_ref(const Tensor& w1, const Tensor& w2, const std::vector<double>& x) {
+// y = W2 swiglu(W1 x + b1) + b2 for one token, host f64 (b1, b2 undefined: no biases).
+std::vector<double> mlp_ref(const Tensor& w1, const Tensor& w2, const std::vector<double>& x,
+                            const Tensor& b1 = Tensor(), const Tensor& b2 = Tensor()) {
   const int64_t f = w2.size(1), h = w2.size(0);
+  const std::vector<double> bv1 =
+      b1.defined() ? b1.to_vector<double>() : std::vector<double>(static_cast<std::size_t>(2 * f));
+  const std::vector<double> bv2 =
+      b2.defined() ? b2.to_vector<double>() : std::vector<double>(static_cast<std::size_t>(h));
   std::vector<double> a(f), y(h, 0.0);
   for (int64_t j = 0; j < f; ++j) {
-    const double g = dot(row_of(w1, j), x), u = dot(row_of(w1, f + j), x);
+    const double g = dot(row_of(w1, j), x) + bv1[j], u = dot(row_of(w1, f + j), x) + bv1[f + j];
     a[j] = g / (1.0 + std::exp(-g)) * u;
   }
-  for (int64_t i = 0; i < h; ++i) y[i] = dot(row_of(w2, i), a);
+  for (int64_t i = 0; i < h; ++i) y[i] = dot(row_of(w2, i), a) + bv2[i];
   return y;
 }
 
 TEST(MoELayer, ForwardMatchesPerTokenExpertLoop) {
-  for (int variant : {0, 1, 2}) {  // no shared experts, shared, shared with its gate
-    const bool shared = variant > 0, gate = variant == 2;
-    LayerFixture fx(MoeScoreFunction::softmax, shared, gate);
+  for (int variant : {0, 1, 2, 3}) {  // no shared experts, shared, shared with its gate, biases
+    const bool shared = variant == 1 || variant == 2, gate = variant == 2, bias = variant == 3;
+    LayerFixture fx(MoeScoreFunction::softmax, shared, gate, bias);
     const int64_t S = 3, B = 2, H = 8, T = S * B;
     const auto xv = randn(static_cast<std::size_t>(T * H), 21);
     const Tensor x = Tensor::from_vector(xv, {S, B, H}, DType::f64);
@@ -388,7 +396,10 @@ TEST(MoELayer, ForwardMatchesPerTokenExpertLoop) {
       for (int64_t k = 0; k < 2; ++k) {
         const std::string p =
             "decoder.layers.0.mlp.experts.local_experts." + std::to_string(r.expert[k]) + ".";
-        const auto ye = mlp_ref(param(p + "linear_fc1.weight"), param(p + "linear_fc2.weight"), xt);
+        const auto ye =
+            bias ? mlp_ref(param(p + "linear_fc1.weight"), param(p + "linear_fc2.weight"), xt,
+                           param(p + "linear_fc1.bias"), param(p + "linear_fc2.bias"))
+                 : mlp_ref(param(p + "linear_fc1.weight"), param(p + "linear_fc2.weight"), xt);
         for (int64_t i = 0; i < H; ++i) ref[i] += r.prob[k] * ye[i];
       }
       if (shared) {
@@ -409,11 +420,11 @@ TEST(MoELayer, ForwardMatchesPerTokenExpertLoop) {
 
 TEST(MoELayer, BackwardMatchesFiniteDifferences) {
   // softmax, sigmoid, softmax with the shared-expert gate, DeepSeek-V3 routing (bias, groups,
-  // scaling)
-  for (int variant : {0, 1, 2, 3}) {
+  // scaling), experts with biases (no shared experts)
+  for (int variant : {0, 1, 2, 3, 4}) {
     const MoeScoreFunction f =
         variant == 1 || variant == 3 ? MoeScoreFunction::sigmoid : MoeScoreFunction::softmax;
-    LayerFixture fx(f, true, variant == 2, variant == 3);
+    LayerFixture fx(f, variant != 4, variant == 2, variant == 4, false, variant == 3);
     if (variant == 3) fx.state.expert_bias.at(0).expert_bias = {0.05f, -0.1f, 0.2f, 0.0f};
     const int64_t S = 3, B = 2, H = 8;
     const auto xv = randn(static_cast<std::size_t>(S * B * H), 31);
@@ -466,7 +477,7 @@ TEST(MoELayer, BackwardMatchesFiniteDifferences) {
 // backward (not by forward alone, not in evaluation), the update moves the bias towards the
 // under-used experts and zeroes the counts, and a large bias steers every token to its expert.
 TEST(MoELayer, ExpertBiasCountsTrainingChoicesAndSteersRouting) {
-  LayerFixture fx(MoeScoreFunction::sigmoid, false, false, true);
+  LayerFixture fx(MoeScoreFunction::sigmoid, false, false, false, false, true);
   const int64_t S = 3, B = 2, H = 8, T = S * B;
   const Tensor x =
       Tensor::from_vector(randn(static_cast<std::size_t>(T * H), 41), {S, B, H}, DType::f64);
@@ -500,6 +511,40 @@ TEST(MoELayer, ExpertBiasCountsTrainingChoicesAndSteersRouting) {
   }
 }
 
+// --moe-grouped-gemm: forward output, input gradient and every parameter gradient are bit-identical
+// to the per-expert GEMM loop's (the CPU grouped_gemm is that loop), with and without shared
+// experts.
+TEST(MoELayer, GroupedGemmIsBitIdenticalToTheExpertLoop) {
+  for (const bool shared : {false, true}) {
+    LayerFixture loop(MoeScoreFunction::softmax, shared),
+        grouped(MoeScoreFunction::softmax, shared, false, false, true);
+    const int64_t S = 3, B = 2, H = 8;
+    const Tensor x =
+        Tensor::from_vector(randn(static_cast<std::size_t>(S * B * H), 41), {S, B, H}, DType::f64);
+    const Tensor dy =
+        Tensor::from_vector(randn(static_cast<std::size_t>(S * B * H), 42), {S, B, H}, DType::f64);
+    std::vector<std::vector<double>> out[2];
+    int i = 0;
+    for (LayerFixture* fx : {&loop, &grouped}) {
+      fx->state.aux_loss_auto_scaler.set_loss_scale(1.0);
+      fx->buffer.grads.zero_();
+      MoELayer::Saved s;
+      out[i].push_back(fx->layer->forward(x, s, true).to_vector<double>());
+      out[i].push_back(fx->layer->backward(dy, s).to_vector<double>());
+      out[i].push_back(fx->buffer.grads.to_vector<double>());
+      out[i].push_back(fx->buffer.params.to_vector<double>());
+      ++i;
+    }
+    EXPECT_EQ(out[0][3], out[1][3]) << "the two layers must start from the same parameters";
+    EXPECT_EQ(out[0][0], out[1][0]) << "forward";
+    EXPECT_EQ(out[0][1], out[1][1]) << "input gradient";
+    EXPECT_EQ(out[0][2], out[1][2]) << "parameter gradients";
+    double norm = 0.0;
+    for (double v : out[1][2]) norm += v * v;
+    EXPECT_GT(norm, 0.0);
+  }
+}
+
 TEST(MoELayer, ExpertParametersAreMarkedWithGlobalNames) {
   LayerFixture fx(MoeScoreFunction::softmax, true);
   int experts = 0;
@@ -509,6 +554,17 @@ TEST(MoELayer, ExpertParametersAreMarkedWithGlobalNames) {
     experts += is_expert;
   }
   EXPECT_EQ(experts, 8);  // 4 experts x (fc1, fc2)
+  // With biases: Megatron's SequentialMLP names, the biases expert parameters as well.
+  LayerFixture fb(MoeScoreFunction::softmax, false, false, true);
+  std::vector<std::string> names;
+  for (const auto& p : fb.params)
+    if (p.name.find(".experts.local_experts.") != std::string::npos) {
+      EXPECT_TRUE(p.is_expert) << p.name;
+      names.push_back(p.name);
+    }
+  ASSERT_EQ(names.size(), 16u);  // 4 experts x (fc1, fc2) x (weight, bias)
+  EXPECT_EQ(names[1], "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.bias");
+  EXPECT_EQ(names[3], "decoder.layers.0.mlp.experts.local_experts.0.linear_fc2.bias");
 }
 
 // The Mixtral-style and DeepSeek-style presets build GPT models whose MoE layers train: expert
