@@ -276,22 +276,22 @@ Tensor MoELayer::etp_gather_rows(const Tensor& rows, Saved& s) const {
     const Tensor cin = Tensor::from_vector(s.local_counts, {local_}, DType::i64).to(ctx_.device);
     Tensor cout = Tensor::empty({etp * local_}, DType::i64, ctx_.device);
     g.all_gather(cout, cin)->wait();
-    s.etp_counts = cout.to_vector<int64_t>();
+    s.etp_counts = host_read<int64_t>(cout, HostSync::moe);
   }
   const int64_t mine = std::accumulate(s.local_counts.begin(), s.local_counts.end(), int64_t{0});
   std::vector<int64_t> send(static_cast<std::size_t>(etp), mine),
       recv(static_cast<std::size_t>(etp));
   for (int64_t j = 0; j < etp; ++j)
     for (int64_t i = 0; i < local_; ++i) recv[j] += s.etp_counts[j * local_ + i];
-  // An all-gather of unequal row counts: this rank's rows to every member (all-to-all-v).
-  const std::vector<double> rh = mine > 0 ? rows.to_vector<double>() : std::vector<double>();
-  std::vector<double> out;
-  out.reserve(rh.size() * static_cast<std::size_t>(etp));
-  for (int64_t j = 0; j < etp; ++j) out.insert(out.end(), rh.begin(), rh.end());
-  const std::vector<double> got = exchange_rows(ctx_, g, out, h_, send, recv);
-  const std::vector<int64_t> order = chunk_order(s.etp_counts, etp, local_);
-  const int64_t r = static_cast<int64_t>(order.size());
-  return device_tensor(ctx_, permute_rows(got, order, h_, false), {r, h_}, ctx_.dtype);
+  // An all-gather of unequal row counts: this rank's rows to every member (all-to-all-v), then
+  // the group's rows ordered [local expert][member] (moe_permute: exact copies).
+  std::vector<int64_t> rep;
+  rep.reserve(static_cast<std::size_t>(mine * etp));
+  for (int64_t j = 0; j < etp; ++j)
+    for (int64_t q = 0; q < mine; ++q) rep.push_back(q);
+  const Tensor got =
+      exchange_rows(ctx_, g, gather_rows(ctx_, rows.view({mine, h_}), rep), send, recv);
+  return gather_rows(ctx_, got, chunk_order(s.etp_counts, etp, local_));
 }
 
 Tensor MoELayer::etp_scatter_rows(const Tensor& rows, const Saved& s) const {
@@ -303,15 +303,18 @@ Tensor MoELayer::etp_scatter_rows(const Tensor& rows, const Saved& s) const {
   for (int64_t j = 0; j < etp; ++j)
     for (int64_t i = 0; i < local_; ++i) send[j] += s.etp_counts[j * local_ + i];
   const std::vector<int64_t> order = chunk_order(s.etp_counts, etp, local_);
-  const std::vector<double> rh = order.empty() ? std::vector<double>() : rows.to_vector<double>();
   // A reduce-scatter of unequal row counts: member j's rows to member j, summed here in member
-  // order (f64).
-  const std::vector<double> got =
-      exchange_rows(ctx_, g, permute_rows(rh, order, h_, true), h_, send, recv);
-  std::vector<double> sum(static_cast<std::size_t>(mine * h_), 0.0);
-  for (int64_t j = 0; j < etp; ++j)
-    for (int64_t q = 0; q < mine * h_; ++q) sum[q] += got[j * mine * h_ + q];
-  return device_tensor(ctx_, sum, {mine, h_}, ctx_.dtype);
+  // order (moe_unpermute without probabilities: f64, rounded once).
+  const Tensor got = exchange_rows(ctx_, g, gather_rows(ctx_, rows, inverse(order)), send, recv);
+  std::vector<int64_t> off(static_cast<std::size_t>(mine + 1)), list;
+  list.reserve(static_cast<std::size_t>(mine * etp));
+  for (int64_t q = 0; q <= mine; ++q) off[static_cast<std::size_t>(q)] = q * etp;
+  for (int64_t q = 0; q < mine; ++q)
+    for (int64_t j = 0; j < etp; ++j) list.push_back(j * mine + q);
+  Tensor sum = Tensor::empty({mine, h_}, ctx_.dtype, ctx_.device);
+  if (mine > 0)
+    ctx_.op().moe_unpermute(sum, got, Tensor(), index_tensor(ctx_, off), index_tensor(ctx_, list));
+  return sum;
 }
 
 Tensor MoELayer::experts_forward(const Tensor& rows, Saved& s) const {

@@ -51,7 +51,7 @@ StepResult run_step(GPTModel& m, const GPTBatch& global, int64_t num_microbatche
   if (!cfg.forward_only) {  // the per-token division is finalize_model_grads' (one rank here)
     distributed::FinalizeModelGradsConfig fin;
     fin.calculate_per_token_loss = cfg.calculate_per_token_loss;
-    distributed::finalize_model_grads(m, fin, {r.loss_sum, r.num_tokens});
+    distributed::finalize_model_grads(m, fin, {r.loss_sum, r.num_tokens, nullptr});
   }
   return {r.lm_loss, m.buffer().grads.to_vector<double>()};
 }

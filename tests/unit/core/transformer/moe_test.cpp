@@ -301,8 +301,8 @@ struct LayerFixture {
   std::vector<transformer::ParamDecl> decls;
 
   // bias: the experts' linear_fc{1,2}.bias; grouped: --moe-grouped-gemm; deepseek: sigmoid scores
-  // with an expert bias, 2 groups of 2 experts (1 chosen), probabilities scaled by 2.5 (DeepSeek-V3's
-  // router at toy size).
+  // with an expert bias, 2 groups of 2 experts (1 chosen), probabilities scaled by 2.5
+  // (DeepSeek-V3's router at toy size).
   explicit LayerFixture(MoeScoreFunction f, bool shared, bool gate = false, bool bias = false,
                         bool grouped = false, bool deepseek = false) {
     c.num_layers = 1;
