@@ -4,7 +4,8 @@
 # global batch, with its layout checked from the start-up lines (expect_layout):
 #   - expert TP 2 x EP 2 (TP 1) with the alltoall and the allgather dispatcher;
 #   - TP 2 + SP x EP 2 with Megatron's default expert TP (= TP = 2);
-#   - experts with biases (linear_fc{1,2}.bias): single rank vs expert TP 2 x EP 2;
+#   - experts with biases (linear_fc{1,2}.bias): single rank vs expert TP 2 x EP 2, and expert TP
+#     2 x expert-DP 2 with the distributed optimizer;
 #   - --moe-grouped-gemm: the single-rank run prints the same values as without it, to the last
 #     digit (the CPU grouped GEMM is the loop of GEMMs), and expert TP 2 x EP 2 with it agrees;
 #   - the MoE command of Megatron's documentation (MEGATRON_WORKFLOWS.md section 3: TP 2, EP 4,
@@ -69,6 +70,10 @@ args="$base"
 single "$work/bias.log"
 run "$work/etpb.log" $etp2
 compare "$work/bias.log" "$work/etpb.log" "experts with biases: ETP 2 x EP 2"
+# The distributed optimizer with expert TP: ETP 2 x EP 1 (expert data-parallel 2: expert shards
+# and their optimizer state split over it, the replicated fc2 bias counted once in the grad norm).
+run "$work/etpd.log" --expert-tensor-parallel-size 2 --use-distributed-optimizer
+compare "$work/bias.log" "$work/etpd.log" "experts with biases: ETP 2 x EP 1 x expert-DP 2, dist-opt"
 
 # MEGATRON_WORKFLOWS.md section 3, shrunk (4 ranks: TP 2 x EP 2, expert TP 2 by default).
 args="--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1 --expert-model-parallel-size 2
