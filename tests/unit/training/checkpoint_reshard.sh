@@ -158,6 +158,7 @@ case "$source" in
     rm -rf "$ck"
     save 4 $dopt
     load 4 "EP1xDP4 dist-opt -> EP2xDP2 dist-opt" 2e-6 $ep2 $dopt
+    ;;
   etp)
     etp2="--expert-tensor-parallel-size 2 --expert-model-parallel-size 2"
     save 4 $etp2
