@@ -32,14 +32,16 @@ double mlp_params(const TransformerConfig& c, int64_t f, int64_t tp) {
 }
 
 // Parameters of the routed experts of decoder layer `layer` (global index) on one rank (E / EP
-// local experts; 0 for a dense layer).
+// local experts, each split over expert TP; 0 for a dense layer).
 double expert_params(const TransformerConfig& c, int64_t layer, const MemoryLayout& l) {
   if (!c.is_moe_layer(layer)) return 0.0;
   const double h = static_cast<double>(c.hidden_size);
   const int64_t fe = c.expert_ffn_hidden_size();
   const double local = static_cast<double>(c.num_moe_experts / std::max<int64_t>(l.ep, 1));
-  return local * (static_cast<double>(c.gated_linear_unit() ? 2 * fe : fe) * h +
-                  h * static_cast<double>(fe));
+  return local *
+         (static_cast<double>(c.gated_linear_unit() ? 2 * fe : fe) * h +
+          h * static_cast<double>(fe)) /
+         static_cast<double>(std::max<int64_t>(l.etp, 1));
 }
 
 // Parameters of decoder layer `layer` (global index) on one rank.
@@ -104,6 +106,9 @@ MemoryLayout memory_layout(const Arguments& args, int64_t world_size) {
   l.pp = p.pipeline_model_parallel_size;
   l.cp = p.context_parallel_size;
   l.ep = p.expert_model_parallel_size;
+  l.etp = args.model.num_moe_experts > 0
+              ? p.expert_tensor_parallel_size.value_or(p.tensor_model_parallel_size)
+              : 1;
   l.sequence_parallel = p.sequence_parallel;
   const int64_t mp = l.tp * l.pp * l.cp;
   MG_CHECK(world_size >= 1 && mp >= 1 && world_size % mp == 0,
@@ -129,8 +134,9 @@ ShardingDivisors sharding_divisors(const Arguments& args, const MemoryLayout& la
   if (args.ddp.shards_grads()) d.gradients = shard;
   if (args.ddp.shards_params()) d.parameters = shard;
   // Routed experts: sharded over the expert data-parallel group, world / (expert TP x EP x PP)
-  // ranks (expert TP 1 here), instead.
-  const int64_t expert_dp = std::max<int64_t>(layout.tp * layout.dp * layout.cp / layout.ep, 1);
+  // ranks, instead.
+  const int64_t expert_dp =
+      std::max<int64_t>(layout.tp * layout.dp * layout.cp / (layout.ep * layout.etp), 1);
   if (args.ddp.use_distributed_optimizer) d.expert_optimizer_state = expert_dp;
   if (args.ddp.shards_grads()) d.expert_gradients = expert_dp;
   if (args.ddp.shards_params()) d.expert_parameters = expert_dp;

@@ -39,6 +39,7 @@ namespace mg::training {
 // The parallel layout an estimate is for (world-size dependent; memory_layout() derives it).
 struct MemoryLayout {
   int64_t tp = 1, pp = 1, vp = 1, cp = 1, ep = 1, dp = 1;
+  int64_t etp = 1;  // expert tensor parallel (--expert-tensor-parallel-size; default TP with MoE)
   bool sequence_parallel = false;
   int64_t num_microbatches = 1;  // M = gbs / (mbs x dp)
   // --optimizer-cpu-offload with the model on a device (the trainer sets it; on the CPU platform

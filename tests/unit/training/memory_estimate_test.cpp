@@ -169,6 +169,21 @@ TEST(MemoryEstimate, ExpertsShardOverTheExpertDataParallelGroup) {
   const ShardingDivisors dt = sharding_divisors(t, memory_layout(t, 2));
   EXPECT_EQ(dt.optimizer_state, 1);
   EXPECT_EQ(dt.expert_optimizer_state, 2);
+  // Expert TP 2 (Megatron's default with TP 2) on 4 ranks, DP 2: each rank holds half of every
+  // local expert, and the expert data-parallel group is world / (ETP x EP) = 2.
+  std::vector<std::string> etp2 = moe;
+  etp2.insert(etp2.end(), {"--tensor-model-parallel-size", "2", "--sequence-parallel"});
+  const Arguments x = parse(etp2);
+  const MemoryLayout lx = memory_layout(x, 4);
+  EXPECT_EQ(lx.etp, 2);
+  EXPECT_EQ(sharding_divisors(x, lx).expert_optimizer_state, 2);
+  std::vector<std::string> etp1 = etp2;
+  etp1.insert(etp1.end(), {"--expert-tensor-parallel-size", "1"});
+  const Arguments y = parse(etp1);
+  const double ex = estimate_memory(x, kVocab, lx, 0).num_parameters,
+               ey = estimate_memory(y, kVocab, memory_layout(y, 4), 0).num_parameters;
+  // The routed experts (4 per layer here, EP 1) lose half their elements per rank under ETP 2.
+  EXPECT_DOUBLE_EQ(ey - ex, 4 * 4 * (32.0 * 64 + 64.0 * 32) / 2);
 }
 
 // --optimizer-cpu-offload on a device: the fraction's masters, moments and staging are host
