@@ -6,8 +6,8 @@
 //
 // What is counted (bytes on one rank):
 //   parameters   this rank's elements (TP shards, its pipeline stage's layers, embedding on the
-//                first stage, output layer / tied copy on the last, E / EP local experts) x the
-//                params dtype, / ShardingDivisors::parameters;
+//                first stage, output layer / tied copy on the last, E / EP local experts split
+//                over expert TP) x the params dtype, / ShardingDivisors::parameters;
 //   gradients    the same elements x the grad dtype (f32 under bf16/fp16), / ::gradients;
 //   optimizer    f32 master weights (bf16/fp16 only) + Adam's two moments (SGD: one momentum
 //                buffer), / ::optimizer_state (dp under --use-distributed-optimizer); with
