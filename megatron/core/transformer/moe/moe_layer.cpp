@@ -196,14 +196,7 @@ Tensor MoELayer::experts_compute(const Tensor& rows, const std::vector<int64_t>&
     off += n;
   }
   const ops::GemmArgs fwd{.trans_b = true};  // x W^T, as linear_fwd
-  const auto gemms = [&](std::vector<Tensor>& cs, const std::vector<Tensor>& as,
-                         const std::vector<Tensor>& bs, const ops::GemmArgs& args) {
-    if (c.moe_grouped_gemm)
-      ctx_.op().grouped_gemm(cs, as, bs, args);
-    else
-      for (std::size_t g = 0; g < cs.size(); ++g) ctx_.op().gemm(cs[g], as[g], bs[g], args);
-  };
-  gemms(u, in, w1, fwd);
+  expert_gemms(u, in, w1, fwd);
   for (std::size_t g = 0; g < idx.size(); ++g) {
     const Expert& x = experts_[static_cast<std::size_t>(idx[g])];
     if (x.fc1_bias.defined()) ctx_.op().bias_add(u[g], x.fc1_bias.value);
@@ -212,8 +205,16 @@ Tensor MoELayer::experts_compute(const Tensor& rows, const std::vector<int64_t>&
     s.fc1_out[static_cast<std::size_t>(idx[g])] = u[g];
     s.act_out[static_cast<std::size_t>(idx[g])] = a[g];
   }
-  gemms(z, a, w2, fwd);
+  expert_gemms(z, a, w2, fwd);
   return out;
+}
+
+void MoELayer::expert_gemms(std::vector<Tensor>& cs, const std::vector<Tensor>& as,
+                            const std::vector<Tensor>& bs, const ops::GemmArgs& args) const {
+  if (ctx_.config->moe_grouped_gemm)
+    ctx_.op().grouped_gemm(cs, as, bs, args);
+  else
+    for (std::size_t g = 0; g < cs.size(); ++g) ctx_.op().gemm(cs[g], as[g], bs[g], args);
 }
 
 Tensor MoELayer::experts_compute_backward(const Tensor& dz, const std::vector<int64_t>& counts,
@@ -249,23 +250,16 @@ Tensor MoELayer::experts_compute_backward(const Tensor& dz, const std::vector<in
   }
   // As linear_bwd: dx = dy W (beta 0), dW += dy^T x.
   const ops::GemmArgs dgrad{}, wgrad{.trans_a = true, .beta = 1.0f};
-  const auto gemms = [&](std::vector<Tensor>& cs, const std::vector<Tensor>& as,
-                         const std::vector<Tensor>& bs, const ops::GemmArgs& args) {
-    if (c.moe_grouped_gemm)
-      ctx_.op().grouped_gemm(cs, as, bs, args);
-    else
-      for (std::size_t g = 0; g < cs.size(); ++g) ctx_.op().gemm(cs[g], as[g], bs[g], args);
-  };
-  gemms(da, dzs, w2, dgrad);
-  gemms(dw2, dzs, act, wgrad);
+  expert_gemms(da, dzs, w2, dgrad);
+  expert_gemms(dw2, dzs, act, wgrad);
   for (std::size_t g = 0; g < idx.size(); ++g) {
     const auto e = static_cast<std::size_t>(idx[g]);
     activation_bwd(ctx_, c.activation, gelu, du[g], da[g], s.fc1_out[e]);
     Expert& x = experts_[e];
     if (x.fc1_bias.defined()) ctx_.op().bias_grad(x.fc1_bias.grad, du[g]);
   }
-  gemms(dx, du, w1, dgrad);
-  gemms(dw1, du, xin, wgrad);
+  expert_gemms(dx, du, w1, dgrad);
+  expert_gemms(dw1, du, xin, wgrad);
   return din;
 }
 

@@ -139,6 +139,10 @@ class MoELayer {
   // fc2 bias: added by the caller after the ETP reduction). Per-expert gemm calls, or one
   // grouped_gemm per GEMM under --moe-grouped-gemm (the same numbers).
   Tensor experts_compute(const Tensor& rows, const std::vector<int64_t>& counts, Saved& s) const;
+  // c[g] = op(a[g]) op(b[g]) for the experts with rows: one grouped_gemm under
+  // --moe-grouped-gemm, else a gemm per group (the same numbers on the CPU).
+  void expert_gemms(std::vector<Tensor>& cs, const std::vector<Tensor>& as,
+                    const std::vector<Tensor>& bs, const ops::GemmArgs& args) const;
   Tensor experts_compute_backward(const Tensor& dz, const std::vector<int64_t>& counts, Saved& s);
   // ETP: rows [R, H] grouped by local expert (counts [L]) -> the group's rows [sum, H] in
   // [local expert][member] order (s.etp_counts set), and back: the group's partial outputs summed
