@@ -91,7 +91,7 @@ fi
 gate_tests=(gpt_flops_test gpt_platforms_test cuda_ops_test)
 
 # ---- binaries ----
-if [ -z "$build" ] && [ -e .gpu_bundle/paths -o -e .gpu_bundle/bundle.tar.gz ]; then
+if [ -z "$build" ] && [ -e .gpu_bundle/paths -o -e .gpu_bundle/bundle.tar.xz ]; then
   source scripts/gpu_env.sh
   bindir=.gpu_bundle/bin
   commit=${MG_BENCH_COMMIT:-$(cat .gpu_bundle/commit 2>/dev/null || echo unknown)}

@@ -2,9 +2,11 @@
 # Packs a CUDA build for the lent GPU machine, which has the CUDA driver but none of our Debian
 # libraries (OpenBLAS, libgomp, GoogleTest, ...): the binaries, our libraries, and every shared
 # library they load except glibc's own, the driver and the CUDA toolkit (cudart, cuBLAS: the device
-# image has CUDA 13), as one gzipped tarball .gpu_bundle/bundle.tar.gz (git-ignored; pass
-# .gpu_bundle in the device tool's `carry`). Unpacked the bundle is ~66 MiB (OpenBLAS alone is 35),
-# over the 64 MiB a device call may carry; packed it is ~22 MiB. gpu_run_tests.sh unpacks it.
+# image has CUDA 13), as one xz tarball .gpu_bundle/bundle.tar.xz (git-ignored; pass .gpu_bundle
+# in the device tool's `carry`). Unpacked the bundle is ~190 MiB (OpenBLAS 35, ICU data 31, the
+# test binaries 70), far over the 64 MiB a device call may carry; gzip packs it into 66 MiB (too
+# much), xz into ~36 MiB (~45 s on 2 cores). scripts/gpu_env.sh unpacks it (tar -J, or Python's
+# tarfile where the device has no xz).
 # On the device: bash scripts/gpu_run_tests.sh, or everything at once: bash scripts/gpu_session.sh
 # (from another checkout than this one: cp -r .gpu_bundle/overlay/. . first)
 # (build the `benchmarks` target too so that the kernel benchmarks travel).
@@ -62,11 +64,11 @@ dirty=""
 echo "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$dirty" > "$stage/commit"
 rm -rf "$dest"
 mkdir -p "$dest"
-tar -C "$stage" -czf "$dest/bundle.tar.gz" .
+tar -C "$stage" -cf - . | xz -T0 -6 > "$dest/bundle.tar.xz"
 # The scripts the device runs, as of this checkout: the device tool sends the checkout its session
 # started in, which may be another branch than the one built here (a helper's worktree). A device
 # command that starts with `cp -r .gpu_bundle/overlay/. .` runs these instead of that tree's.
 mkdir -p "$dest/overlay/scripts" "$dest/overlay/benchmarks"
 cp -a scripts/gpu_*.sh "$dest/overlay/scripts/"
 cp -a benchmarks/*.py benchmarks/*.sh "$dest/overlay/benchmarks/"
-echo "gpu_bundle: $(du -sh "$stage" | cut -f1) packed into $(du -sh "$dest/bundle.tar.gz" | cut -f1) $dest/bundle.tar.gz"
+echo "gpu_bundle: $(du -sh "$stage" | cut -f1) packed into $(du -sh "$dest/bundle.tar.xz" | cut -f1) $dest/bundle.tar.xz"

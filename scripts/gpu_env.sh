@@ -1,11 +1,16 @@
 # Sourced (from the repository root) by the scripts that run on the lent GPU machine: unpacks
-# .gpu_bundle/bundle.tar.gz (scripts/gpu_bundle.sh) once, links the absolute paths the binaries
+# .gpu_bundle/bundle.tar.xz (scripts/gpu_bundle.sh) once, links the absolute paths the binaries
 # were built with (this checkout's tests/, the build dir) to this copy where they do not exist, and
 # exports LD_LIBRARY_PATH (the bundle's libraries, then the CUDA toolkit's runtime and cuBLAS, next
 # to nvcc or in /usr/local/cuda) and PATH (+ the bundle's tools, after the device's own; + its
 # OpenMPI launcher with OPAL_PREFIX when the device has no mpirun).
-if [ -f .gpu_bundle/bundle.tar.gz ]; then
-  tar -C .gpu_bundle -xzf .gpu_bundle/bundle.tar.gz && rm .gpu_bundle/bundle.tar.gz
+if [ -f .gpu_bundle/bundle.tar.xz ]; then
+  if command -v xz > /dev/null; then
+    tar -C .gpu_bundle -xJf .gpu_bundle/bundle.tar.xz && rm .gpu_bundle/bundle.tar.xz
+  else
+    python3 -c 'import tarfile; tarfile.open(".gpu_bundle/bundle.tar.xz").extractall(".gpu_bundle")' &&
+      rm .gpu_bundle/bundle.tar.xz
+  fi
 fi
 read -r src_root build_dir < .gpu_bundle/paths
 if [ ! -e "$build_dir" ]; then mkdir -p "$(dirname "$build_dir")" && ln -s "$PWD/.gpu_bundle" "$build_dir"; fi

@@ -50,7 +50,7 @@ finish() {
 
 bindir=${BIN_DIR:-.gpu_bundle/bin}
 if [ -z "${BIN_DIR:-}" ]; then
-  if [ -e .gpu_bundle/paths ] || [ -e .gpu_bundle/bundle.tar.gz ]; then
+  if [ -e .gpu_bundle/paths ] || [ -e .gpu_bundle/bundle.tar.xz ]; then
     source scripts/gpu_env.sh
   else
     echo "gpu_multirank: no .gpu_bundle (run scripts/gpu_bundle.sh here and carry .gpu_bundle)," \
@@ -138,6 +138,9 @@ run_script cp_np2 120 pretrain_gpt_cp.sh 2
 run_script moe_np2 120 pretrain_gpt_moe.sh 2
 run_script dp_np2 120 pretrain_gpt_dp.sh 2
 run_script pp_np8 200 pretrain_gpt_pp.sh 8
+run_script fsdp_np2 150 pretrain_gpt_fsdp.sh 2
+run_script moe_etp 150 pretrain_gpt_moe_etp.sh
+run_script moe_layouts_np2 120 pretrain_gpt_moe_layouts.sh 2
 run_script tp_np4 120 pretrain_gpt_tp.sh 4
 run_script cp_np4 120 pretrain_gpt_cp.sh 4
 run_script moe_np4 150 pretrain_gpt_moe.sh 4

@@ -20,7 +20,7 @@
 # Here, before the call (a machine with this repository's build dependencies, no GPU needed):
 #   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMG_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
 #   cmake --build build-gpu -j"$(nproc)" && cmake --build build-gpu --target benchmarks
-#   bash scripts/gpu_bundle.sh build-gpu   # -> .gpu_bundle/bundle.tar.gz (~35-45 MiB with ICU data;
+#   bash scripts/gpu_bundle.sh build-gpu   # -> .gpu_bundle/bundle.tar.xz (~36 MiB with ICU data;
 #                                          # the call carries 64 MiB, the tree is ~8)
 # The device call: command "bash scripts/gpu_session.sh", carry [".gpu_bundle"], timeout_s 600.
 # Afterwards: unpack session.tar.gz and commit e2e/<date>-<gpu>-e2e.{md,json} and kernels.md as
@@ -59,7 +59,7 @@ part() {
 }
 
 bindir=${BIN_DIR:-.gpu_bundle/bin}
-if [ -e .gpu_bundle/paths ] || [ -e .gpu_bundle/bundle.tar.gz ]; then
+if [ -e .gpu_bundle/paths ] || [ -e .gpu_bundle/bundle.tar.xz ]; then
   source scripts/gpu_env.sh
 elif [ -z "${BIN_DIR:-}" ]; then
   echo "gpu_session: no .gpu_bundle (run scripts/gpu_bundle.sh here and carry .gpu_bundle)" >&2

@@ -32,6 +32,7 @@ args="$common --num-layers 2 --eval-iters 0"
 vp_args="$common --num-layers 4 --eval-iters 1 --eval-interval 2"  # interleaved PP + evaluation
 
 . "$(dirname "$0")/compare_logs.sh"  # compare_one, expect_layout, expect_line
+use_test_platform  # MG_TEST_PLATFORM=cuda: every run on the GPU (compare_logs.sh)
 fsdp="--use-megatron-fsdp --data-parallel-sharding-strategy"
 moe="--num-experts 4 --disable-bias-linear --swiglu --moe-router-topk 2 --moe-ffn-hidden-size 24
   --moe-aux-loss-coeff 1e-2"

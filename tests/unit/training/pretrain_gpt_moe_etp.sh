@@ -28,6 +28,7 @@ base="--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16
 args="$base --disable-bias-linear"
 
 . "$(dirname "$0")/compare_logs.sh"  # values, compare_one, expect_layout
+use_test_platform  # MG_TEST_PLATFORM=cuda: every run on the GPU (compare_logs.sh)
 compare() {
   compare_one "$1" "$2" "$3" "lm loss" 2e-6 0
   compare_one "$1" "$2" "$3" "grad norm" 0 2e-3

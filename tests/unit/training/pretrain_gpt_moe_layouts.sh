@@ -28,6 +28,7 @@ args="--num-layers 4 --hidden-size 32 --num-attention-heads 4 --seq-length 16
   --moe-token-dispatcher-type alltoall"
 
 . "$(dirname "$0")/compare_logs.sh"  # values, compare_one, expect_layout
+use_test_platform  # MG_TEST_PLATFORM=cuda: every run on the GPU (compare_logs.sh)
 mpi=$1; shift; mpi_args="$*"
 "$bin" $args > "$work/single.log" 2>&1 || { cat "$work/single.log"; exit 1; }
 # run <what> <np> <extra args...>: the layout of its start-up lines, then the values.

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# One short device lease (15 minutes of device time, start-up included) spent on what only a GPU can
+# show, in ONE call: run on the lent GPU machine from the repository root with the bundle of
+# scripts/gpu_bundle.sh carried. In priority order, each part under its own limit, later parts
+# skipped when the budget (LEASE_BUDGET, default 500 s) is nearly spent:
+#   1. device facts and megatron_info                                                  ~5 s
+#   2. the CUDA cases of every unit-test binary that has any (binaries named cuda_* whole; the
+#      others with the filter *cuda*:*Cuda*:*CUDA*:*Device*:*Gpu*), four binaries at a time,
+#      each under 90 s                                                                 ~60-90 s
+#   3. several ranks on the one GPU (issue 17): scripts/gpu_multirank.sh with ONLY = the issue's
+#      layouts (NCCL one rank, MPI staging, the in-process *Cuda comparisons, TP 2, PP 2 with
+#      interleaving, CP 2 with each comm type, EP 2, DP 2 with the distributed optimizer,
+#      TP2 x PP2 x DP2 on 8 ranks) and then FSDP, MoE ETP and MoE layouts in CUDA mode  ~200-250 s
+#   4. measurements, pretrain_gpt --platform cuda --bf16 --mock-data, 3 warm-up + 10 timed
+#      iterations each (benchmarks/run_gpu_e2e.sh's model shapes):
+#        gpt2-124m micro-batch 16 (issue 16), then with --profile-op-table;
+#        llama-1b micro-batch 4, BF16 and FP8 hybrid (issue 22);
+#        MoE (8 experts, top-2, grouped GEMM) vs the dense model of equal active parameters
+#        (issue 21);
+#        gpt2-124m with --optimizer-cpu-offload (issue 20)                             ~120 s
+# Everything goes under ${OUT:-/tmp/gpu_out}: lease.md (the summary: tests, the multi-rank table,
+# the measurement table) and lease.tar.gz (every log).
+#
+# Here, before the call (no GPU needed):
+#   cmake --build build -j2 && bash scripts/gpu_bundle.sh build    # -> .gpu_bundle/bundle.tar.xz
+# The device call: command "bash scripts/gpu_lease.sh", carry [".gpu_bundle"], timeout_s 560.
+# Env: LEASE_BUDGET (s), SKIP (comma list of tests,multirank,perf), MULTIRANK_ONLY (overrides the
+# multi-rank part list), PERF_ITERS (timed iterations, default 10).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+out=${OUT:-/tmp/gpu_out}
+mkdir -p "$out"
+stage=$(mktemp -d)
+budget=${LEASE_BUDGET:-500}
+skip=",${SKIP:-},"
+begin=$SECONDS
+md=$stage/lease.md
+left() { echo $((budget - (SECONDS - begin))); }
+note() { echo "$*" | tee -a "$md"; }
+finish() {
+  note ""
+  note "lease script: $((SECONDS - begin)) s"
+  tar -C "$stage" -czf "$out/lease.tar.gz" .
+  cp "$md" "$out/lease.md"
+  rm -rf "$stage"
+  exit 0
+}
+trap finish TERM INT
+
+[ -e .gpu_bundle/paths ] || [ -e .gpu_bundle/bundle.tar.xz ] ||
+  { echo "gpu_lease: no .gpu_bundle (run scripts/gpu_bundle.sh here and carry .gpu_bundle)" >&2; exit 2; }
+source scripts/gpu_env.sh
+bindir=.gpu_bundle/bin
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# 1. facts
+note "# GPU lease $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(cat .gpu_bundle/commit 2>/dev/null || echo unknown)"
+note ""
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  nvcc --version 2>/dev/null | tail -1
+  "$bindir/megatron_info" --platform cuda 2>&1 | head -20
+} > "$stage/device.txt" 2>&1
+sed 's/^/    /' "$stage/device.txt" | tee -a "$md"
+note ""
+
+# 2. the CUDA cases of the unit tests
+if [[ $skip != *",tests,"* ]]; then
+  mkdir -p "$stage/tests"
+  t0=$SECONDS
+  for t in "$bindir"/*_test; do
+    n=$(basename "$t")
+    case $n in
+      cuda_*) echo "$n -" ;;
+      *) timeout 20 "$t" --gtest_list_tests 2>/dev/null | grep -qE 'cuda|Cuda|CUDA|Device|Gpu' &&
+        echo "$n *cuda*:*Cuda*:*CUDA*:*Device*:*Gpu*" ;;
+    esac
+  done > "$stage/tests/list.txt"
+  # one line per binary: name rc seconds and gtest's PASSED/FAILED/SKIPPED lines
+  run_one() {
+    local n=$1 f=$2 s=$SECONDS
+    local filter=()
+    [ "$f" != "-" ] && filter=(--gtest_filter="$f")
+    timeout 90 "$bindir/$n" --gtest_brief=1 --gtest_color=no "${filter[@]}" > "$stage/tests/$n.log" 2>&1
+    local rc=$?
+    echo "$n rc=$rc $((SECONDS - s))s $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$stage/tests/$n.log" | tr '\n' ' ')"
+  }
+  export -f run_one
+  export stage bindir
+  timeout 150 xargs -P 4 -L 1 bash -c 'run_one "$0" "$1"' < "$stage/tests/list.txt" > "$stage/tests/summary.txt" 2>&1
+  note "## CUDA cases of the unit tests ($(wc -l < "$stage/tests/list.txt") binaries, $((SECONDS - t0)) s)"
+  note ""
+  note "passed: $(grep -c ' rc=0 ' "$stage/tests/summary.txt")"
+  note ""
+  grep -v ' rc=0 ' "$stage/tests/summary.txt" | sed 's/^/    FAILED: /' | tee -a "$md"
+  # the failing cases with their first lines of output
+  for n in $(grep -v ' rc=0 ' "$stage/tests/summary.txt" | cut -d' ' -f1); do
+    grep -E '^\[  FAILED  \]|Failure|error|Expected|Which is|actual' "$stage/tests/$n.log" | head -12 | sed "s/^/    $n: /" | tee -a "$md"
+  done
+  note ""
+fi
+
+# 3. several ranks on the GPU
+if [[ $skip != *",multirank,"* ]]; then
+  l=$(left)
+  mb=$((l - 150))
+  [ $mb -gt 260 ] && mb=260
+  if [ $mb -ge 60 ]; then
+    only=${MULTIRANK_ONLY:-nccl_single,staging_np2,gpt_tp_np2,pipeline_schedules_np2,ddp_np2,context_parallel_np2,moe_ep_np2,tp_np2,pp_np2,cp_np2,moe_np2,dp_np2,pp_np8,fsdp_np2,moe_etp,moe_layouts_np2}
+    note "## Several ranks on one GPU (scripts/gpu_multirank.sh, budget ${mb}s)"
+    note ""
+    ONLY=$only SESSION_BUDGET=$mb OUT=$stage/multirank timeout $((mb + 20)) bash scripts/gpu_multirank.sh > "$stage/multirank.log" 2>&1
+    grep -E '^\|' "$stage/multirank/multirank.md" 2>/dev/null | tee -a "$md"
+    note ""
+  else
+    note "## Several ranks: not run (${l}s left)"
+  fi
+fi
+
+# 4. measurements
+model_flags() {  # as benchmarks/run_gpu_e2e.sh
+  local common=(--micro-batch-size "$2" --global-batch-size "$2" --hidden-dropout 0
+    --attention-dropout 0 --tokenizer-type NullTokenizer --make-vocab-size-divisible-by 128
+    --lr 6e-4 --min-lr 6e-4 --lr-decay-style constant --adam-beta1 0.9 --adam-beta2 0.95
+    --adam-eps 1e-8 --weight-decay 0.1 --clip-grad 1.0 --init-method-std 0.02 --seed 1234)
+  local llama=(--swiglu --normalization RMSNorm --position-embedding-type rope
+    --untie-embeddings-and-output-weights --disable-bias-linear --group-query-attention)
+  case "$1" in
+    gpt2-124m) echo --num-layers 12 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 3072 \
+      --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 "${common[@]}" ;;
+    llama-1b) echo --num-layers 16 --hidden-size 2048 --num-attention-heads 32 --num-query-groups 8 \
+      --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --vocab-size 31999 \
+      "${llama[@]}" "${common[@]}" ;;
+    # MoE vs dense of equal active parameters: 8 experts of FFN 2816, top-2 = one FFN of 5632
+    moe-8x) echo --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 \
+      --seq-length 2048 --max-position-embeddings 2048 --vocab-size 31999 --num-experts 8 \
+      --moe-router-topk 2 --moe-ffn-hidden-size 2816 --ffn-hidden-size 2816 --moe-grouped-gemm \
+      --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2 "${llama[@]}" "${common[@]}" ;;
+    dense-moe-active) echo --num-layers 8 --hidden-size 1024 --num-attention-heads 16 \
+      --num-query-groups 8 --seq-length 2048 --max-position-embeddings 2048 --vocab-size 31999 \
+      --ffn-hidden-size 5632 "${llama[@]}" "${common[@]}" ;;
+  esac
+}
+iters=${PERF_ITERS:-10}
+perf() {  # perf <name> <limit> <workload> <micro-batch> [extra flags...]
+  local name=$1 limit=$2 w=$3 mbs=$4
+  shift 4
+  local l
+  l=$(left)
+  if [ "$l" -lt 20 ]; then note "| $name | not run: ${l}s left | | | | | |"; return; fi
+  [ "$limit" -gt "$l" ] && limit=$l
+  local t0=$SECONDS
+  # shellcheck disable=SC2046
+  timeout --kill-after=5 "$limit" "$bindir/pretrain_gpt" --platform cuda --bf16 --mock-data \
+    $(model_flags "$w" "$mbs") --train-iters $((3 + iters)) --log-interval 1 --eval-iters 0 \
+    --eval-interval 1000000 "$@" > "$stage/perf/$name.log" 2>&1
+  local rc=$?
+  python3 - "$stage/perf/$name.log" "$name" "$rc" "$((SECONDS - t0))" "$*" <<'EOF' | tee -a "$md"
+import re, statistics, sys
+log, name, rc, secs, extra = sys.argv[1:]
+lines = [l for l in open(log, errors="replace") if "elapsed time per iteration" in l]
+ms = [float(re.search(r"per iteration \(ms\): ([0-9.]+)", l).group(1)) for l in lines][3:]
+tps = [float(re.search(r"tokens per second per GPU: ([0-9.]+)", l).group(1)) for l in lines][3:]
+mfu = [m.group(1) for l in lines for m in [re.search(r"MFU: ([0-9.]+)%", l)] if m][3:]
+mem = [m.group(1) for l in lines for m in [re.search(r"mem max allocated \(MB\): ([0-9.]+)", l)] if m]
+loss = [m.group(1) for l in lines for m in [re.search(r"lm loss: ([0-9.E+-]+)", l)] if m]
+med = statistics.median(ms) if ms else float("nan")
+print(f"| {name} | {extra or '-'} | rc={rc}, {secs}s | {med:.1f} | "
+      f"{statistics.median(tps) if tps else float('nan'):.0f} | {mfu[-1] if mfu else '-'} | "
+      f"{mem[-1] if mem else '-'} | {loss[0] if loss else '-'} .. {loss[-1] if loss else '-'} |")
+EOF
+}
+if [[ $skip != *",perf,"* ]]; then
+  mkdir -p "$stage/perf"
+  note "## Measurements (pretrain_gpt --platform cuda --bf16 --mock-data, 3 + $iters iterations, median of the $iters timed)"
+  note ""
+  note "| run | extra flags | status | median ms/iter | tokens/s | MFU % | peak MB | lm loss first .. last |"
+  note "|---|---|---|---|---|---|---|---|"
+  perf gpt2-124m 40 gpt2-124m 16
+  perf llama-1b-bf16 60 llama-1b 4
+  perf llama-1b-fp8 60 llama-1b 4 --fp8-format hybrid
+  perf moe-8x-top2 50 moe-8x 4
+  perf dense-equal-active 40 dense-moe-active 4
+  perf gpt2-124m-offload 50 gpt2-124m 16 --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d
+  perf gpt2-124m-optable 40 gpt2-124m 16 --profile-op-table --profile-step-start 8 --profile-step-end 10
+  note ""
+  if [ -f "$stage/perf/gpt2-124m-optable.log" ]; then
+    note "### gpt2-124m op table"
+    note ""
+    grep -A40 'op profile (--profile-op-table)' "$stage/perf/gpt2-124m-optable.log" | head -45 | sed 's/^/    /' | tee -a "$md"
+  fi
+  for f in "$stage"/perf/*.log; do
+    grep -qE 'elapsed time per iteration' "$f" || { note "$(basename "$f"): no iteration logged:"; tail -5 "$f" | sed 's/^/    /' | tee -a "$md"; }
+  done
+fi
+finish
