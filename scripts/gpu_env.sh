@@ -29,8 +29,17 @@ cudnn_dir=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0] + "/
 [ -n "$cudnn_dir" ] && [ -d "$cudnn_dir" ] && cuda_libs="$cuda_libs:$cudnn_dir"
 export LD_LIBRARY_PATH="$PWD/.gpu_bundle/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="$PATH:$PWD/.gpu_bundle/tools"
-# OpenMPI's launcher from the bundle (gpu_bundle.sh) where the device has no mpirun of its own.
-if ! command -v mpirun > /dev/null && [ -x .gpu_bundle/mpi/usr/bin/orterun ]; then
+# OpenMPI's launcher from the bundle (gpu_bundle.sh), first on PATH even where the device has an
+# mpirun of its own: the binaries load the bundle's libmpi/libopen-pal/libpmix (LD_LIBRARY_PATH),
+# and a device mpirun of the same OpenMPI release then loads the device's components against the
+# bundle's libraries ("mca_pmix_ext3x.so: undefined symbol: PMIx_Info_create", H200 image of
+# 2026-11-26). OPAL_PREFIX relocates OpenMPI's install paths into the bundle; the component paths
+# of OpenMPI and PMIx are set explicitly too, so nothing of the device's installation is mixed in.
+if [ -x .gpu_bundle/mpi/usr/bin/orterun ]; then
   export OPAL_PREFIX="$PWD/.gpu_bundle/mpi/usr"
-  export PATH="$PATH:$OPAL_PREFIX/bin"
+  export PATH="$OPAL_PREFIX/bin:$PATH"
+  export PMIX_INSTALL_PREFIX="$OPAL_PREFIX"
+  export OMPI_MCA_mca_base_component_path="$OPAL_PREFIX/lib/x86_64-linux-gnu/openmpi/lib/openmpi3"
+  [ -d "$OPAL_PREFIX/lib/x86_64-linux-gnu/pmix2/lib/pmix" ] &&
+    export PMIX_MCA_mca_base_component_path="$OPAL_PREFIX/lib/x86_64-linux-gnu/pmix2/lib/pmix"
 fi

@@ -25,7 +25,8 @@
 #   cmake --build build -j2 && bash scripts/gpu_bundle.sh build    # -> .gpu_bundle/bundle.tar.xz
 # The device call: command "bash scripts/gpu_lease.sh", carry [".gpu_bundle"], timeout_s 560.
 # Env: LEASE_BUDGET (s), SKIP (comma list of tests,multirank,perf), MULTIRANK_ONLY (overrides the
-# multi-rank part list), PERF_ITERS (timed iterations, default 10).
+# multi-rank part list; `all`: every part of gpu_multirank.sh), MULTIRANK_BUDGET (s), PERF_ITERS
+# (timed iterations, default 10).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/gpu_out}
@@ -105,10 +106,12 @@ if [[ $skip != *",multirank,"* ]]; then
   l=$(left)
   mb=$((l - 150))
   [ $mb -gt 260 ] && mb=260
+  [ -n "${MULTIRANK_BUDGET:-}" ] && mb=$MULTIRANK_BUDGET
   if [ $mb -ge 60 ]; then
     only=${MULTIRANK_ONLY:-nccl_single,staging_np2,gpt_tp_np2,pipeline_schedules_np2,ddp_np2,context_parallel_np2,moe_ep_np2,tp_np2,pp_np2,cp_np2,moe_np2,dp_np2,pp_np8,fsdp_np2,moe_etp,moe_layouts_np2}
     note "## Several ranks on one GPU (scripts/gpu_multirank.sh, budget ${mb}s)"
     note ""
+    [ "$only" = all ] && only=""  # every part of gpu_multirank.sh
     ONLY=$only SESSION_BUDGET=$mb OUT=$stage/multirank timeout $((mb + 20)) bash scripts/gpu_multirank.sh > "$stage/multirank.log" 2>&1
     grep -E '^\|' "$stage/multirank/multirank.md" 2>/dev/null | tee -a "$md"
     note ""

@@ -29,14 +29,19 @@ compare() {
 # untied output layer, the word-embedding rows of tokens absent from the batch (and the padding
 # rows) have exactly zero gradients: about 200 x 32 elements, split over the TP ranks and the
 # shards. A count on one TP rank or one shard only is off by thousands; +-2 allows an element that
-# rounds to exactly 0 in one summation order only.
+# rounds to exactly 0 in one summation order only. On the GPU (MG_TEST_PLATFORM=cuda) the kernels
+# of TP 1 and TP 2 sum in more different orders (cuBLASLt's split of K, atomics in the embedding
+# backward): 6467 vs 6464 zeros was measured on an H200; 1e-3 relative (~6) still leaves the
+# smallest counting bug (~3200) 500 times outside.
 zeros_args="--untie-embeddings-and-output-weights --log-num-zeros-in-grad"
 compare_zeros() {  # compare_zeros <np> <what> <extra args...>
   n=$1; what=$2; shift 2
   [ -f "$work/single_zeros.log" ] || "$bin" $args $zeros_args > "$work/single_zeros.log" 2>&1 \
     || { cat "$work/single_zeros.log"; exit 1; }
   run "$work/zeros.log" "$n" $zeros_args "$@"
-  compare_one "$work/single_zeros.log" "$work/zeros.log" "$what (untied)" "num zeros" 0 2
+  if [ "${MG_TEST_PLATFORM:-cpu}" = cuda ]; then zeros_tol="1e-3 0"; else zeros_tol="0 2"; fi
+  # shellcheck disable=SC2086
+  compare_one "$work/single_zeros.log" "$work/zeros.log" "$what (untied)" "num zeros" $zeros_tol
 }
 run() {  # run <log> <np> <extra args...>: also checks the layout of its start-up lines
   log=$1; n=$2; shift 2
