@@ -28,7 +28,8 @@ enum class HostSync : int {
   moe,            // MoE routing on the host (per MoE layer and micro-batch)
   // Device platforms only (the CPU has no such wait):
   upload,       // a host-to-device copy that waits (CUDA: from inside a pinned block)
-  device_copy,  // a device-to-device copy, which Platform::copy also waits for on CUDA
+  device_copy,  // a copy between two devices, which Platform::copy waits for on CUDA (a copy
+                // within one device returns queued on the current stream)
   kernel,       // a kernel's own round trip (CUDA: cross-entropy target check, embedding_bwd's
                 // id sort, attention's cu_seqlens)
   other,        // any other device-to-host copy (Tensor::copy_ on a device platform)

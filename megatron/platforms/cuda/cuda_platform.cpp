@@ -352,9 +352,15 @@ class CudaPlatform final : public plugin::Platform {
     }
     // Uploads do not wait: a source block of the pinned allocator is kept from reuse until the
     // copy completes (CudaPinnedAllocator::read_by_stream), and a pageable source has been staged
-    // by the driver when cudaMemcpyAsync returns. Work on this stream is ordered after the copy,
-    // the NCCL stream waits for this one. Other copies wait; device-to-host waits are counted by
-    // Tensor::copy_ / host_read (named sites).
+    // by the driver when cudaMemcpyAsync returns. Copies within one device do not wait either:
+    // the host touches neither end, the work after them on this stream is ordered after them,
+    // the NCCL stream waits for an event of this one, and the allocator keeps a freed block from
+    // reuse until the work queued before its free is done (CudaAllocator). Those waits were
+    // 1,296 host round trips per gpt2-124m step on an H200 (2026-11-26-h200-lease.md). Copies
+    // between two devices and downloads wait; download waits are counted by Tensor::copy_ /
+    // host_read (named sites).
+    if (!src_device.is_host() && !dst_device.is_host() && dst_device.index == src_device.index)
+      return;
     if (src_device.is_host() && !dst_device.is_host()) {
       if (pinned_allocator().read_by_stream(src, s)) return;
       cudaPointerAttributes attr{};
@@ -363,7 +369,8 @@ class CudaPlatform final : public plugin::Platform {
       (void)cudaGetLastError();
       count_host_sync(HostSync::upload);  // inside a pinned block, or not known: wait
     }
-    if (!src_device.is_host() && !dst_device.is_host()) count_host_sync(HostSync::device_copy);
+    if (!src_device.is_host() && !dst_device.is_host())
+      count_host_sync(HostSync::device_copy);  // peer
     MG_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
