@@ -12,28 +12,29 @@
 //   f64 A/B: cublasDgemmStridedBatched; an f32 C goes through an f64 temporary.
 // Row-major C = A B is computed as column-major C^T = B^T A^T, so cuBLAS's "A" is our B, its
 // D [N rows, M cols]: "bias over our columns N" is cuBLAS's bias over D's rows (EPILOGUE_BIAS,
-// GELU_AUX_BIAS, DGELU_BGRAD: vectors of length N), the aux matrix has ld N, and our bgrad (dbias
-// [M] = sums over K of op(A), A being cuBLAS's B) is BGRADB (length = D's columns = M).
-// Plan cache: per device, a mutex-guarded map from the full problem (dtypes of A/B/C/bias/aux,
-// m/n/k/batch, transposes, leading dims, batch strides, epilogue, the alignment class of every
-// pointer) to the matmul descriptor, the layouts, the preference and the algorithm the heuristic
-// chose (queried once; "none" is cached too, and goes to the fallback at once). A call sets the
-// per-call pointers (bias, aux) on the cached descriptor and launches under the plan's mutex, so
-// threads sharing a plan do not race. The cache holds at most kMaxPlans plans per device and is
-// emptied when full (a training run has a few dozen shapes; in-flight plans stay alive by
-// shared_ptr). gemm_plan_cache_stats() (cuda_kernels.h) counts hits, misses, fused epilogues and
-// unfused fallbacks. Workspace: the algorithm's own workspaceSize (at most 32 MiB) from the caching
-// allocator per call: stream-ordered frees make it stream-safe with no per-stream buffer.
-// Epilogues: fused in cuBLASLt when the heuristic offers an algorithm (GELU epilogues need N % 8 ==
-// 0 and a bf16/f16 C, bias epilogues a bias of C's dtype); bias gradients are written by cuBLASLt
-// into an f32 scratch [N] or [M] (C's dtype if the f32 bias-gradient type has no algorithm) and
-// then added to dbias. Otherwise (f64, K = 0, no algorithm) the unfused sequence mirrors the CPU
-// definition exactly: the product in the compute type into a scratch, one element-wise epilogue
-// kernel from the unrounded values, deterministic column sums for the bias gradients. beta = 0
-// never reads C (cuBLAS's contract; K = 0 is handled here and writes beta * C, 0 for beta = 0). The
-// cuBLASLt handle is one per device (thread-safe, the stream is per call); cuBLAS handles are per
-// thread and device (their stream is handle state) and live until process exit. Not here: fp8,
-// batched epilogues (rank-3 gemm_epilogue), other activations' epilogues (ReLU).
+// GELU_AUX_BIAS: vectors of length N; DGELU_BGRAD is not used, see epilogue_fused), the aux matrix
+// has ld N, and our bgrad (dbias [M] = sums over K of op(A), A being cuBLAS's B) is BGRADB (length
+// = D's columns = M). Plan cache: per device, a mutex-guarded map from the full problem (dtypes of
+// A/B/C/bias/aux, m/n/k/batch, transposes, leading dims, batch strides, epilogue, the alignment
+// class of every pointer) to the matmul descriptor, the layouts, the preference and the algorithm
+// the heuristic chose (queried once; "none" is cached too, and goes to the fallback at once). A
+// call sets the per-call pointers (bias, aux) on the cached descriptor and launches under the
+// plan's mutex, so threads sharing a plan do not race. The cache holds at most kMaxPlans plans per
+// device and is emptied when full (a training run has a few dozen shapes; in-flight plans stay
+// alive by shared_ptr). gemm_plan_cache_stats() (cuda_kernels.h) counts hits, misses, fused
+// epilogues and unfused fallbacks. Workspace: the algorithm's own workspaceSize (at most 32 MiB)
+// from the caching allocator per call: stream-ordered frees make it stream-safe with no per-stream
+// buffer. Epilogues: fused in cuBLASLt when the heuristic offers an algorithm (GELU epilogues need
+// N % 8 == 0 and a bf16/f16 C, bias epilogues a bias of C's dtype); bias gradients are written by
+// cuBLASLt into an f32 scratch [N] or [M] (C's dtype if the f32 bias-gradient type has no
+// algorithm) and then added to dbias. Otherwise (f64, K = 0, no algorithm) the unfused sequence
+// mirrors the CPU definition exactly: the product in the compute type into a scratch, one
+// element-wise epilogue kernel from the unrounded values, deterministic column sums for the bias
+// gradients. beta = 0 never reads C (cuBLAS's contract; K = 0 is handled here and writes beta * C,
+// 0 for beta = 0). The cuBLASLt handle is one per device (thread-safe, the stream is per call);
+// cuBLAS handles are per thread and device (their stream is handle state) and live until process
+// exit. Not here: fp8, batched epilogues (rank-3 gemm_epilogue), other activations' epilogues
+// (ReLU).
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -741,10 +742,23 @@ bool epilogue_fused(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, cons
         x.epilogue = CUBLASLT_EPILOGUE_DGELU;
         return run_fused(x);
       }
+      // DGELU_BGRAD's bias gradient was off by up to 0.5 on sums of O(1) in bf16 (36 of 3,072,
+      // m 256, k 768) and 0.06 in f16 on an H200 (2026-11-26-h200-lease.md): cuBLASLt does not
+      // document the precision of that reduction, and its errors look like sums kept in C's
+      // dtype. So: the fused DGELU (c = g in C's dtype), then dbias += the column sums of c in
+      // f32, in row order (deterministic). That is the bias gradient of the rounded g, as
+      // Megatron's unfused path computes it from the bf16 gradient; the difference from the
+      // CPU's sums of the unrounded g is at most u_C sum_r |g_r| (cuda_gemm_epilogue_test).
+      if (dgelu) {
+        x.epilogue = CUBLASLT_EPILOGUE_DGELU;
+        if (!run_fused(x)) return false;
+        launch_strided_sum_add(dbias, c.raw_data(), c.dtype(), d.m, d.n, d.n, 1, s);
+        return true;
+      }
       // cuBLASLt writes the bias gradient: into a scratch vector, added to dbias afterwards.
       // f32 first; C's dtype (the documented default) when f32 has no algorithm.
-      x.epilogue = dgelu ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_BGRADB;
-      const int64_t len = dgelu ? d.n : d.m;
+      x.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+      const int64_t len = d.m;
       for (DType tg : {DType::f32, c.dtype()}) {
         Scratch grad(dev, static_cast<std::size_t>(len) * dtype_size(tg));
         x.bias = grad.get();
