@@ -105,14 +105,29 @@ TEST_P(CudaFusedNorm, ForwardMatchesCpu) {
                                                 with_beta ? beta.gpu : Tensor(), d, args, kind);
             const auto sum_g = to_doubles(sum.gpu), res_v = to_doubles(res.cpu);
             EXPECT_TRUE(test::all_close(sum_g, to_doubles(sum.cpu), twice(dt))) << ctx << ": sum";
-            EXPECT_TRUE(test::all_close(to_doubles(y.gpu), to_doubles(y.cpu), twice(dt)))
+            // y and the statistics are the norm of the STORED sum (norm.cu), so they are checked
+            // against the CPU's norm of the GPU's own stored sum (residual = that sum, x = 0,
+            // no dropout: the CPU's sum is then that sum exactly). Compared with the CPU's y
+            // instead, a last-bit difference of one sum element (allowed above: the compilers
+            // contract (x + bias) * scale + residual differently) is amplified without bound by
+            // an ill-conditioned row: H = 2 with nearly equal sums, y = +-d / sqrt(d^2 / 4 + eps)
+            // for d = s0 - s1 (f16, p = 0.3 on an H200: y off by 0.06, rstd by 8.7).
+            const Tensor sum_h = sum.gpu.to(Device::cpu());
+            Tensor yr = nan_pair(shape, dt).cpu, sr = nan_pair(shape, dt).cpu;
+            Tensor mr = ln ? nan_pair({rows}, stat_dtype(dt)).cpu : Tensor();
+            Tensor rr = nan_pair({rows}, stat_dtype(dt)).cpu;
+            cpu_ops().bias_dropout_add_norm_fwd(yr, sr, mr, rr, Tensor::zeros(shape, dt), Tensor(),
+                                                sum_h, gamma.cpu, with_beta ? beta.cpu : Tensor(),
+                                                DropoutArgs{0.0f, 0, 0}, args, kind);
+            ASSERT_EQ(to_doubles(sr), to_doubles(sum_h)) << ctx << ": the reference's sum";
+            EXPECT_TRUE(test::all_close(to_doubles(y.gpu), to_doubles(yr), twice(dt)))
                 << ctx << ": y";
             EXPECT_TRUE(
-                test::all_close(to_doubles(rstd.gpu), to_doubles(rstd.cpu), twice(stat_dtype(dt))))
+                test::all_close(to_doubles(rstd.gpu), to_doubles(rr), twice(stat_dtype(dt))))
                 << ctx << ": rstd";
             if (ln) {
-              EXPECT_TRUE(test::all_close(to_doubles(mean.gpu), to_doubles(mean.cpu),
-                                          twice(stat_dtype(dt))))
+              EXPECT_TRUE(
+                  test::all_close(to_doubles(mean.gpu), to_doubles(mr), twice(stat_dtype(dt))))
                   << ctx << ": mean";
             }
             // The mask: a dropped element's sum is exactly its residual.
