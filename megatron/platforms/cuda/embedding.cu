@@ -7,13 +7,18 @@
 // out[n] = weight[ids[n] - vocab_start] bit for bit for ids inside the shard and writes zeros
 // elsewhere (negative ids included: the forward does not synchronise to inspect ids). Backward adds
 // dout[n] into dweight[ids[n] - vocab_start] deterministically and as the CPU does: the ids are
-// copied to the host (one stream synchronisation), (row, token) pairs sorted there, and one block
+// sorted by row (tokens ascending within a row), and one block
 // per distinct row sums its dout rows in increasing token order in f32 (f64 when dweight or dout is
-// f64) before a single add into dweight. Negative ids are rejected there, as on the CPU.
-// Not here: a device-side sort (not yet), padding_idx, max_norm.
+// f64) before a single add into dweight: the CPU's order, so the same bits. The (row, token) pairs
+// are sorted on the device (CUB's stable radix sort; no host round trip: until 2026-11-26 the ids
+// were copied to the host and sorted there, one stream synchronisation per micro-batch). Negative
+// ids, which the CPU rejects, are outside the shard here as in the forward (rejecting them needs a
+// host read). Not here: padding_idx, max_norm.
+#include <cub/device/device_radix_sort.cuh>
+
 #include <algorithm>
-#include <utility>
-#include <vector>
+#include <cstdint>
+#include <limits>
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"
@@ -76,64 +81,74 @@ void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& weight, int64_t
   MG_CUDA_CHECK_LAUNCH();
 }
 
-// dweight [Vl, H] += scatter of dout [N, H] rows by ids
+// keys[i] = the local row of token i (v for an id outside the shard, negative ids included: sorted
+// after every row and skipped), tokens[i] = i.
+__global__ void embedding_keys_kernel(int32_t* keys, int32_t* tokens, const void* ids,
+                                      DType id_type, int64_t vocab_start, int64_t v, int64_t n) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    const int64_t local = load_index(ids, id_type, i) - vocab_start;
+    keys[i] = static_cast<int32_t>(local >= 0 && local < v ? local : v);
+    tokens[i] = static_cast<int32_t>(i);
+  }
+}
+
+// dweight[row] += sum of dout[tokens[q]] over the run of equal keys[q] == row starting at p, per
+// column; the block of a position that does not start a run (or whose key is v) does nothing.
+template <typename Acc>
+__global__ void embedding_bwd_sorted_kernel(void* dweight, DType tw, const void* dout, DType td,
+                                            const int32_t* keys, const int32_t* tokens, int64_t n,
+                                            int64_t v, int64_t h) {
+  for (int64_t p = blockIdx.x; p < n; p += gridDim.x) {
+    const int32_t row = keys[p];
+    if (row >= v || (p > 0 && keys[p - 1] == row)) continue;
+    for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < h;
+         j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
+      Acc acc = 0;
+      for (int64_t q = p; q < n && keys[q] == row; ++q)
+        acc += load<Acc>(dout, td, static_cast<int64_t>(tokens[q]) * h + j);
+      const int64_t at = static_cast<int64_t>(row) * h + j;
+      store<Acc>(dweight, tw, at, load<Acc>(dweight, tw, at) + acc);
+    }
+  }
+}
+
+// dweight [Vl, H] += scatter of dout [N, H] rows by ids: (row, token) pairs sorted on the device by
+// CUB's stable radix sort (tokens ascending within a row), then one block per run of equal rows.
 void embedding_bwd(Tensor& dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_start) {
-  constexpr const char* op = "embedding_bwd";
   const ops::EmbeddingDims ed =
       ops::validate_embedding_bwd(OnCudaDevice{}, dweight, dout, ids, vocab_start);
   const int64_t n = ed.n, v = ed.v, h = ed.h;
   if (n == 0 || h == 0) return;
+  MG_CHECK(
+      n < std::numeric_limits<int32_t>::max() && v < std::numeric_limits<int32_t>::max(),
+      "embedding_bwd: " << n << " tokens or " << v << " rows exceed the device sort's 32-bit keys");
   const int dev = dweight.device().index;
   DeviceGuard guard(dev);
-
-  // ids on the host, widened and validated.
-  std::vector<int64_t> id(static_cast<std::size_t>(n));
-  if (ids.dtype() == DType::i64) {
-    copy_to_host(id.data(), ids.raw_data(), static_cast<std::size_t>(n) * 8, dev);
-  } else {
-    std::vector<int32_t> id32(static_cast<std::size_t>(n));
-    copy_to_host(id32.data(), ids.raw_data(), static_cast<std::size_t>(n) * 4, dev);
-    std::copy(id32.begin(), id32.end(), id.begin());
-  }
-  ops::validate_ids_nonnegative(op, ids, id);
-
-  // (local row, token) pairs inside the shard, sorted: groups of equal rows, tokens ascending.
-  std::vector<std::pair<int64_t, int64_t>> pairs;
-  pairs.reserve(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t local = id[i] - vocab_start;
-    if (local >= 0 && local < v) pairs.emplace_back(local, i);
-  }
-  if (pairs.empty()) return;
-  std::sort(pairs.begin(), pairs.end());
-  // One buffer: tokens [P] | starts [G + 1] | rows [G].
-  std::vector<int64_t> meta;
-  meta.reserve(pairs.size() * 3 + 1);
-  for (const auto& p : pairs) meta.push_back(p.second);
-  std::vector<int64_t> rows;
-  const std::size_t starts_at = meta.size();
-  for (std::size_t p = 0; p < pairs.size(); ++p)
-    if (p == 0 || pairs[p].first != pairs[p - 1].first) {
-      meta.push_back(static_cast<int64_t>(p));
-      rows.push_back(pairs[p].first);
-    }
-  meta.push_back(static_cast<int64_t>(pairs.size()));
-  const std::size_t rows_at = meta.size();
-  meta.insert(meta.end(), rows.begin(), rows.end());
-  const auto groups = static_cast<int64_t>(rows.size());
-
-  Scratch buf(dev, meta.size() * sizeof(int64_t));
-  copy_to_device(buf.get(), meta.data(), meta.size() * sizeof(int64_t), dev);
-  const int64_t* d = buf.as<int64_t>();
+  cudaStream_t s = current_stream(dev);
+  const auto nn = static_cast<std::size_t>(n);
+  Scratch pairs(dev, 4 * nn * sizeof(int32_t));  // keys | tokens | sorted keys | sorted tokens
+  int32_t* keys = pairs.as<int32_t>();
+  int32_t *tokens = keys + nn, *skeys = keys + 2 * nn, *stokens = keys + 3 * nn;
+  embedding_keys_kernel<<<grid_for(n), kThreads, 0, s>>>(keys, tokens, ids.raw_data(), ids.dtype(),
+                                                         vocab_start, v, n);
+  MG_CUDA_CHECK_LAUNCH();
+  int end_bit = 1;
+  while (end_bit < 31 && (int64_t{1} << end_bit) <= v) ++end_bit;  // keys in [0, v]
+  std::size_t temp_bytes = 0;
+  MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, skeys, tokens, stokens,
+                                                n, 0, end_bit, s));
+  Scratch temp(dev, std::max<std::size_t>(temp_bytes, 1));
+  MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys, skeys, tokens,
+                                                stokens, n, 0, end_bit, s));
   const dim3 grid(
-      static_cast<unsigned int>(std::min<int64_t>(groups, 65535)),
+      static_cast<unsigned int>(std::min<int64_t>(n, 65535)),
       static_cast<unsigned int>(std::min<int64_t>((h + kThreads - 1) / kThreads, 65535)));
   const bool f64 = dweight.dtype() == DType::f64 || dout.dtype() == DType::f64;
   with_compute(f64 ? DType::f64 : DType::f32, [&](auto tag) {
     using Acc = decltype(tag);
-    embedding_bwd_kernel<Acc><<<grid, kThreads, 0, current_stream(dev)>>>(
-        dweight.raw_data(), dweight.dtype(), dout.raw_data(), dout.dtype(), d + rows_at,
-        d + starts_at, d, groups, h);
+    embedding_bwd_sorted_kernel<Acc><<<grid, kThreads, 0, s>>>(dweight.raw_data(), dweight.dtype(),
+                                                               dout.raw_data(), dout.dtype(), skeys,
+                                                               stokens, n, v, h);
   });
   MG_CUDA_CHECK_LAUNCH();
 }
