@@ -12,7 +12,9 @@
 // Not here: one launch for all tensors (multi_tensor_apply chunk lists, not yet), the
 // distributed optimizer's sharding.
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "megatron/core/ops/ops.h"
@@ -33,25 +35,59 @@ struct AdamCoeffs {
   bool decoupled;
 };
 
+// One element's update: p, m, v in place from the gradient g (the ONE definition both kernels
+// inline, so the vector kernel computes the scalar one's bits).
+template <typename C>
+__device__ __forceinline__ void adam_update(C& pi, C& mi, C& vi, C g, const AdamCoeffs<C>& k) {
+  C gi = g * k.grad_scale;
+  if (!k.decoupled) gi += k.wd * pi;  // L2 mode: decay folded into the gradient
+  mi = k.beta1 * mi + (C(1) - k.beta1) * gi;
+  vi = k.beta2 * vi + (C(1) - k.beta2) * gi * gi;
+  const C denom = sqrt_c(vi / k.bc2) + k.eps;
+  C update = (mi / k.bc1) / denom;
+  if (k.decoupled) update += k.wd * pi;  // AdamW: decay on the weight itself
+  pi = pi - k.lr * update;
+}
+
 // p, m, v [n] (dtype pt) updated in place from g [n] (dtype gt); model [n] (dtype mt) optional.
 template <typename C>
 __global__ void adam_kernel(void* p, void* m, void* v, DType pt, const void* g, DType gt,
                             void* model, DType mt, AdamCoeffs<C> k, int64_t n) {
   for (int64_t i = grid_start(); i < n; i += grid_stride()) {
-    const C pi = load<C>(p, pt, i);
-    C gi = load<C>(g, gt, i) * k.grad_scale;
-    if (!k.decoupled) gi += k.wd * pi;  // L2 mode: decay folded into the gradient
-    const C mi = k.beta1 * load<C>(m, pt, i) + (C(1) - k.beta1) * gi;
-    const C vi = k.beta2 * load<C>(v, pt, i) + (C(1) - k.beta2) * gi * gi;
-    const C denom = sqrt_c(vi / k.bc2) + k.eps;
-    C update = (mi / k.bc1) / denom;
-    if (k.decoupled) update += k.wd * pi;  // AdamW: decay on the weight itself
-    const C pn = pi - k.lr * update;
-    store<C>(p, pt, i, pn);
+    C pi = load<C>(p, pt, i), mi = load<C>(m, pt, i), vi = load<C>(v, pt, i);
+    adam_update<C>(pi, mi, vi, load<C>(g, gt, i), k);
+    store<C>(p, pt, i, pi);
     store<C>(m, pt, i, mi);
     store<C>(v, pt, i, vi);
-    if (model) store<C>(model, mt, i, pn);
+    if (model) store<C>(model, mt, i, pi);
   }
+}
+
+// The mixed-precision case of every bf16 run: f32 p, m, v and gradient (main_grad), the bf16 model
+// weight (or none), n a multiple of 4 and every pointer aligned: 16-byte loads and stores, no
+// per-element dtype dispatch. The scalar kernel ran at 1.7 TB/s on an H200, 19.6 ms of a 168 ms
+// llama-1b step (benchmarks/results/2026-11-26-h200-lease.md).
+__global__ void adam_f32x4_kernel(float4* p, float4* m, float4* v, const float4* g, uint2* model,
+                                  AdamCoeffs<float> k, int64_t n4) {
+  for (int64_t i = grid_start(); i < n4; i += grid_stride()) {
+    float4 pi = p[i], mi = m[i], vi = v[i];
+    const float4 gi = g[i];
+    adam_update<float>(pi.x, mi.x, vi.x, gi.x, k);
+    adam_update<float>(pi.y, mi.y, vi.y, gi.y, k);
+    adam_update<float>(pi.z, mi.z, vi.z, gi.z, k);
+    adam_update<float>(pi.w, mi.w, vi.w, gi.w, k);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+    if (model) {
+      const auto b = [](float f) { return static_cast<uint32_t>(dmath::f32_to_bf16(f)); };
+      model[i] = make_uint2(b(pi.x) | (b(pi.y) << 16), b(pi.z) | (b(pi.w) << 16));
+    }
+  }
+}
+
+bool aligned16(const void* ptr) {
+  return ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
 }
 
 void adamw_step(std::span<const ops::AdamParam> params, const ops::AdamArgs& args) {
@@ -74,6 +110,20 @@ void adamw_step(std::span<const ops::AdamParam> params, const ops::AdamArgs& arg
                             C(args.eps), C(args.weight_decay), C(bc1),
                             C(bc2),      C(args.grad_scale),   args.decoupled_weight_decay};
       const bool has_model = a.model_param.defined();
+      if constexpr (std::is_same_v<C, float>) {
+        void* model = has_model ? a.model_param.raw_data() : nullptr;
+        if (a.param.dtype() == DType::f32 && a.grad.dtype() == DType::f32 && n % 4 == 0 &&
+            (!has_model || a.model_param.dtype() == DType::bf16) && aligned16(a.param.raw_data()) &&
+            aligned16(a.exp_avg.raw_data()) && aligned16(a.exp_avg_sq.raw_data()) &&
+            aligned16(a.grad.raw_data()) &&
+            (!has_model || reinterpret_cast<std::uintptr_t>(model) % 8 == 0)) {
+          adam_f32x4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(
+              static_cast<float4*>(a.param.raw_data()), static_cast<float4*>(a.exp_avg.raw_data()),
+              static_cast<float4*>(a.exp_avg_sq.raw_data()),
+              static_cast<const float4*>(a.grad.raw_data()), static_cast<uint2*>(model), k, n / 4);
+          return;
+        }
+      }
       adam_kernel<C><<<grid_for(n), kThreads, 0, s>>>(
           a.param.raw_data(), a.exp_avg.raw_data(), a.exp_avg_sq.raw_data(), a.param.dtype(),
           a.grad.raw_data(), a.grad.dtype(), has_model ? a.model_param.raw_data() : nullptr,

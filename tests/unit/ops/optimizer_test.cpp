@@ -6,6 +6,7 @@
 // mixed-precision optimizer).
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -61,7 +62,9 @@ class OptimizerTest : public ::testing::TestWithParam<std::tuple<std::string, DT
     RefState ref;
     Shape shape;
   };
-  Slot make_slot(const Shape& shape, uint64_t seed) const {
+  // grad_dtype: the gradient's dtype (default: the test's dtype; f32 = Megatron's main_grad).
+  Slot make_slot(const Shape& shape, uint64_t seed,
+                 std::optional<DType> grad_dtype = std::nullopt) const {
     const auto dev = mg::test::device_for(platform());
     const auto n = static_cast<std::size_t>(mg::shape_numel(shape));
     Slot s;
@@ -70,7 +73,7 @@ class OptimizerTest : public ::testing::TestWithParam<std::tuple<std::string, DT
     s.t.param = p.t;
     s.t.exp_avg = Tensor::zeros(shape, param_dtype(), dev);
     s.t.exp_avg_sq = Tensor::zeros(shape, param_dtype(), dev);
-    s.t.grad = Tensor::zeros(shape, dtype(), dev);
+    s.t.grad = Tensor::zeros(shape, grad_dtype.value_or(dtype()), dev);
     if (has_model_param()) s.t.model_param = Tensor::zeros(shape, dtype(), dev);
     s.ref = {p.rounded, std::vector<double>(n, 0.0), std::vector<double>(n, 0.0)};
     return s;
@@ -78,7 +81,7 @@ class OptimizerTest : public ::testing::TestWithParam<std::tuple<std::string, DT
   // New gradient for a slot; returns the rounded values the reference must use.
   std::vector<double> set_grad(Slot& s, uint64_t seed) const {
     const auto n = static_cast<std::size_t>(mg::shape_numel(s.shape));
-    auto g = make_tensor(random_values(n, seed), s.shape, dtype(), s.t.grad.device());
+    auto g = make_tensor(random_values(n, seed), s.shape, s.t.grad.dtype(), s.t.grad.device());
     s.t.grad.copy_(g.t);
     return g.rounded;
   }
@@ -95,8 +98,10 @@ class OptimizerTest : public ::testing::TestWithParam<std::tuple<std::string, DT
   }
 };
 
-// Odd sizes, an empty one, and one larger than a work chunk (16384 elements).
-const std::vector<Shape> kParamShapes = {{1}, {7}, {13, 31}, {0}, {3, 5}, {20011}};
+// Odd sizes, an empty one, one larger than a work chunk (16384 elements), and multiples of 4 (the
+// CUDA vector kernel of f32 params and gradients).
+const std::vector<Shape> kParamShapes = {{1},    {7},     {13, 31},  {0},
+                                         {3, 5}, {20011}, {4, 1003}, {4096}};
 
 TEST_P(OptimizerTest, AdamWSeveralStepsMatchReference) {
   MG_SKIP_IF_UNAVAILABLE(platform());
@@ -122,6 +127,34 @@ TEST_P(OptimizerTest, AdamWSeveralStepsMatchReference) {
         expect_matches(slots[i], "decoupled " + std::to_string(decoupled) + " step " +
                                      std::to_string(step) + " params[" + std::to_string(i) + "]");
     }
+  }
+}
+
+// Megatron's mixed precision: f32 master params and f32 main_grad, the model weight in bf16 / f16
+// (the CUDA vector kernel for bf16 at sizes that are multiples of 4, the scalar one otherwise).
+TEST_P(OptimizerTest, F32MainGradWithHalfModelParamMatchesReference) {
+  MG_SKIP_IF_UNAVAILABLE(platform());
+  if (!has_model_param()) GTEST_SKIP() << "no model_param copy for " << dtype_name(dtype());
+  const auto& ops = mg::test::ops_on(platform());
+  std::vector<Slot> slots;
+  const std::vector<Shape> shapes = {{4096}, {4, 1003}, {13, 31}, {20012}};
+  for (std::size_t i = 0; i < shapes.size(); ++i)
+    slots.push_back(make_slot(shapes[i], 40 + i, DType::f32));
+  AdamArgs args;
+  args.lr = 1e-2f;
+  args.weight_decay = 0.1f;
+  for (int64_t step = 1; step <= 3; ++step) {
+    args.step = step;
+    std::vector<AdamParam> params;
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      const auto g = set_grad(slots[i], 300 * step + i);
+      ref_adam_step(slots[i].ref, g, args);
+      params.push_back(slots[i].t);
+    }
+    ops.adamw_step(params, args);
+    for (std::size_t i = 0; i < slots.size(); ++i)
+      expect_matches(slots[i], "f32 main_grad step " + std::to_string(step) + " params[" +
+                                   std::to_string(i) + "]");
   }
 }
 
