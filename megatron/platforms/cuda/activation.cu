@@ -11,7 +11,11 @@
 //   sq. relu   y = max(x, 0)^2;  y' = 2 max(x, 0)
 // Math in f32 (f64 for f64), the same formulas as megatron/platforms/cpu/activation.cpp. Unary ops
 // accept any shapes with equal element counts; dx may alias dy (each element is read, then written
-// by the same thread). Not here: fused bias + activation, vectorised loads (not yet).
+// by the same thread). swiglu in bf16 / f16 with F % 8 == 0 takes vector kernels (eight columns
+// per thread, 16-byte accesses, the same per-element expressions, so the same bits). Not here:
+// fused bias + activation, vector kernels for the unary activations (not yet).
+#include <initializer_list>
+
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
@@ -91,6 +95,50 @@ __global__ void swiglu_fwd_kernel(void* y, const void* x, DType t, int64_t rows,
     const C a = load<C>(x, t, r * 2 * f + j), u = load<C>(x, t, r * 2 * f + f + j);
     store<C>(y, t, i, a * sigmoid(a) * u);
   }
+}
+
+// The same for bf16 / f16 with F % 8 == 0: eight columns per thread, 16-byte accesses (the scalar
+// kernels ran at 700-890 GB/s on an H200: 21 ms of a 168 ms llama-1b step).
+__global__ void swiglu_fwd_vec_kernel(void* y, const void* x, bool bf16, int64_t rows, int64_t f) {
+  const int64_t f8 = f / 8, n = rows * f8;
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    const int64_t r = i / f8, j = (i - r * f8) * 8;
+    float a[8], u[8], o[8];
+    load8_half(x, r * 2 * f + j, bf16, a);
+    load8_half(x, r * 2 * f + f + j, bf16, u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o[k] = a[k] * sigmoid(a[k]) * u[k];
+    store8_half(y, r * f + j, bf16, o);
+  }
+}
+
+__global__ void swiglu_bwd_vec_kernel(void* dx, const void* dy, const void* x, bool bf16,
+                                      int64_t rows, int64_t f) {
+  const int64_t f8 = f / 8, n = rows * f8;
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    const int64_t r = i / f8, j = (i - r * f8) * 8;
+    const int64_t g = r * 2 * f + j;
+    float a[8], u[8], d[8], dg[8], du[8];
+    load8_half(x, g, bf16, a);
+    load8_half(x, g + f, bf16, u);
+    load8_half(dy, r * f + j, bf16, d);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float s = sigmoid(a[k]);
+      dg[k] = d[k] * u[k] * s * (1.0f + a[k] * (1.0f - s));
+      du[k] = d[k] * a[k] * s;
+    }
+    store8_half(dx, g, bf16, dg);
+    store8_half(dx, g + f, bf16, du);
+  }
+}
+
+// Whether the swiglu tensors take the vector kernels.
+bool swiglu_vec(int64_t f, DType t, std::initializer_list<const void*> ptrs) {
+  if (f % 8 != 0 || (t != DType::bf16 && t != DType::f16)) return false;
+  for (const void* p : ptrs)
+    if (!aligned_for_8_halves(p)) return false;
+  return true;
 }
 
 // dx [R, 2F] = [dy * up * silu'(gate) | dy * silu(gate)]
@@ -173,6 +221,12 @@ void swiglu_fwd(Tensor& y, const Tensor& x) {
   MG_CHECK(!overlaps(y, x), op << ": y must not overlap x (their layouts differ)");
   const int dev = x.device().index;
   DeviceGuard guard(dev);
+  if (swiglu_vec(f, x.dtype(), {y.raw_data(), x.raw_data()})) {
+    swiglu_fwd_vec_kernel<<<grid_for(rows * f / 8), kThreads, 0, current_stream(dev)>>>(
+        y.raw_data(), x.raw_data(), x.dtype() == DType::bf16, rows, f);
+    MG_CUDA_CHECK_LAUNCH();
+    return;
+  }
   with_compute(x.dtype(), [&](auto tag) {
     using C = decltype(tag);
     swiglu_fwd_kernel<C><<<grid_for(rows * f), kThreads, 0, current_stream(dev)>>>(
@@ -191,6 +245,12 @@ void swiglu_bwd(Tensor& dx, const Tensor& dy, const Tensor& x) {
   const int64_t rows = x.numel() / (2 * f);
   const int dev = x.device().index;
   DeviceGuard guard(dev);
+  if (swiglu_vec(f, x.dtype(), {dx.raw_data(), dy.raw_data(), x.raw_data()})) {
+    swiglu_bwd_vec_kernel<<<grid_for(rows * f / 8), kThreads, 0, current_stream(dev)>>>(
+        dx.raw_data(), dy.raw_data(), x.raw_data(), x.dtype() == DType::bf16, rows, f);
+    MG_CUDA_CHECK_LAUNCH();
+    return;
+  }
   with_compute(x.dtype(), [&](auto tag) {
     using C = decltype(tag);
     swiglu_bwd_kernel<C><<<grid_for(rows * f), kThreads, 0, current_stream(dev)>>>(

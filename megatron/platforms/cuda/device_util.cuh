@@ -19,6 +19,32 @@ using dmath::load;
 using dmath::load_index;
 using dmath::store;
 
+// Eight consecutive bf16 / f16 elements [i, i + 8) of p (16-byte aligned, i a multiple of 8) as
+// one 16-byte access, widened to f32 / rounded from f32 exactly as load<float> / store<float> do
+// (the vector kernels' element access: the same bits as the scalar kernels).
+__device__ __forceinline__ void load8_half(const void* p, int64_t i, bool bf16, float (&o)[8]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const auto b = static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2)));
+    o[k] = bf16 ? dmath::bf16_to_f32(b) : dmath::f16_to_f32(b);
+  }
+}
+__device__ __forceinline__ void store8_half(void* p, int64_t i, bool bf16, const float (&v)[8]) {
+  uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t b = bf16 ? dmath::f32_to_bf16(v[k]) : dmath::f32_to_f16(v[k]);
+    w[k / 2] |= b << (16 * (k % 2));
+  }
+  *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+// Whether a tensor's data serves load8_half / store8_half.
+inline bool aligned_for_8_halves(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
 // Row index of a one-block-per-row kernel launched with grid_rows().
 __device__ __forceinline__ int64_t block_row() {
   return static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
