@@ -102,10 +102,6 @@ __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, float* amax, cons
 
 constexpr int kVTile = 64;  // the vector kernel's tile: 64 x 64 elements, 256 threads
 
-__device__ __forceinline__ float widen(uint16_t b, bool bf16) {
-  return bf16 ? dmath::bf16_to_f32(b) : dmath::f16_to_f32(b);
-}
-
 // Block (tile_c, tile_r) of a [rows, cols] x of 2-byte elements (bf16 or f16); rows % 8 == 0 and
 // cols % 8 == 0, so a vector of 8 is in range when its first element is. Thread t loads the 8
 // columns (t % 8) * 8.. of tile rows t / 8 and t / 8 + 32, and writes the 8 qt columns (x rows)
@@ -124,12 +120,12 @@ __global__ void __launch_bounds__(256)
     const int lr = t / 8 + pass * 32;
     const int64_t r = r0 + lr, c = c0 + lane8;
     if (r < rows && c < cols) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(x + r * cols + c);
-      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+      float xs[8];
+      load8_half(x, r * cols + c, bf16, xs);
       uint32_t lo = 0, hi = 0;
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        const float v = widen(static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2))), bf16);
+        const float v = xs[k];
         m = nan_max(m, fabsf(v));
         const float sv = v * s;
         const uint32_t b = e4m3 ? dmath::f32_to_e4m3(sv, true) : dmath::f32_to_e5m2(sv, true);
