@@ -3,7 +3,9 @@
 // in f64, in two passes: chunks of rows write partial sums, then each column adds its chunks in
 // order. The result does not depend on scheduling, and out may have any kernel float dtype (an f32
 // main-grad buffer for bf16 weights). g is a device functor (no extended lambdas in this build).
-// Not here: fused row + column passes (not yet).
+// column_chunking() is the chunking; a kernel that fuses the column partials into its own row pass
+// (norm.cu's backward) uses it, writes the same partials and finishes with column_finish_kernel,
+// so its sums are the same bits.
 #pragma once
 
 #include <cstdint>
@@ -42,16 +44,25 @@ __global__ void column_finish_kernel(void* out, DType out_type, const Acc* parti
 
 }  // namespace detail
 
+// The chunks of `rows` rows: chunk c sums rows [c * rows_per_chunk, min(rows, (c + 1) *
+// rows_per_chunk)) in row order.
+struct ColumnChunking {
+  int64_t chunks, rows_per_chunk;
+};
+inline ColumnChunking column_chunking(int64_t rows) {
+  constexpr int64_t kRowsPerChunkMin = 32, kMaxChunks = 1024;
+  int64_t chunks = (rows + kRowsPerChunkMin - 1) / kRowsPerChunkMin;
+  chunks = chunks < 1 ? 1 : (chunks > kMaxChunks ? kMaxChunks : chunks);
+  return {chunks, (rows + chunks - 1) / chunks};
+}
+
 // Adds the column sums of g over `rows` rows into out[width] (dtype out_type) on `device`'s
 // current stream. The caller holds a DeviceGuard for `device`.
 template <typename G>
 void column_sum_accumulate(void* out, DType out_type, int64_t rows, int64_t width, const G& g,
                            int device) {
   if (width <= 0) return;
-  constexpr int64_t kRowsPerChunkMin = 32, kMaxChunks = 1024;
-  int64_t chunks = (rows + kRowsPerChunkMin - 1) / kRowsPerChunkMin;
-  chunks = chunks < 1 ? 1 : (chunks > kMaxChunks ? kMaxChunks : chunks);
-  const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+  const auto [chunks, rows_per_chunk] = column_chunking(rows);
   Scratch partial(device, static_cast<std::size_t>(chunks * width) * sizeof(double));
   cudaStream_t s = current_stream(device);
   const dim3 grid(static_cast<unsigned int>((width + kThreads - 1) / kThreads),
