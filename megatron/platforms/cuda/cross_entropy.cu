@@ -109,6 +109,35 @@ __global__ void ce_bwd_kernel(void* dx, const void* x, DType t, const void* dlos
   }
 }
 
+// The same for bf16 / f16 logits with V % 8 == 0: one block per row (the row's statistics read
+// once), eight columns per thread with 16-byte accesses, the same per-element expression, so the
+// same bits. The grid-stride kernel ran at ~500-580 GB/s on an H200 (5.7 ms of a 80 ms gpt2-124m
+// step).
+template <typename C>
+__global__ void ce_bwd_vec_kernel(void* dx, const void* x, bool bf16, const void* dloss,
+                                  const void* max, const void* sum_exp, DType st,
+                                  const void* targets, DType tt, int64_t vocab_start, int64_t n,
+                                  int64_t v) {
+  const int64_t r = block_row();
+  if (r >= n) return;
+  const C g = load<C>(dloss, st, r);
+  const C inv = C(1) / load<C>(sum_exp, st, r);
+  const C m = load<C>(max, st, r);
+  const int64_t local = load_index(targets, tt, r) - vocab_start;
+  const int64_t base = r * v;
+  for (int64_t j = static_cast<int64_t>(threadIdx.x) * 8; j < v;
+       j += static_cast<int64_t>(blockDim.x) * 8) {
+    float xs[8], out[8];
+    load8_half(x, base + j, bf16, xs);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const C p = exp_c(static_cast<C>(xs[k]) - m) * inv;
+      out[k] = static_cast<float>(g * (j + k == local ? p - C(1) : p));
+    }
+    store8_half(dx, base + j, bf16, out);
+  }
+}
+
 using Rows = ops::CeRows;
 
 // Every target in [0, V) (the serial op's contract), checked on a host copy.
@@ -202,6 +231,16 @@ void cross_entropy_bwd(Tensor& dlogits, const Tensor& dloss, const Tensor& logit
   if (r.n == 0) return;
   const int dev = logits.device().index;
   DeviceGuard guard(dev);
+  const bool half = logits.dtype() == DType::bf16 || logits.dtype() == DType::f16;
+  if (half && r.v % 8 == 0 && aligned_for_8_halves(logits.raw_data()) &&
+      aligned_for_8_halves(dlogits.raw_data())) {
+    ce_bwd_vec_kernel<float><<<grid_rows(r.n), kThreads, 0, current_stream(dev)>>>(
+        dlogits.raw_data(), logits.raw_data(), logits.dtype() == DType::bf16, dloss.raw_data(),
+        max.raw_data(), sum_exp.raw_data(), max.dtype(), targets.raw_data(), targets.dtype(),
+        vocab_start, r.n, r.v);
+    MG_CUDA_CHECK_LAUNCH();
+    return;
+  }
   with_compute(logits.dtype(), [&](auto tag) {
     using C = decltype(tag);
     ce_bwd_kernel<C><<<grid_for(r.n * r.v), kThreads, 0, current_stream(dev)>>>(
