@@ -30,8 +30,7 @@ enum class HostSync : int {
   upload,       // a host-to-device copy that waits (CUDA: from inside a pinned block)
   device_copy,  // a copy between two devices, which Platform::copy waits for on CUDA (a copy
                 // within one device returns queued on the current stream)
-  kernel,       // a kernel's own round trip (CUDA: cross-entropy target check, attention's
-                // cu_seqlens)
+  kernel,       // a kernel's own round trip (CUDA: attention's cu_seqlens)
   other,        // any other device-to-host copy (Tensor::copy_ on a device platform)
 };
 inline constexpr int kNumHostSyncSites = static_cast<int>(HostSync::other) + 1;

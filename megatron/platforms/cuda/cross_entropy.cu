@@ -6,12 +6,13 @@
 // Invariants: one thread block per row for the row statistics; math in f32 for f32/bf16/f16
 // logits (f64 for f64); the per-row statistics (loss, max, sum_exp, target_logit, dloss) are [N]
 // f32 (f64 for f64 logits). Leading logits dims flatten into N; targets (i32/i64) and statistics
-// may have any shape with N elements. The serial op checks 0 <= target < V as the CPU does, which
-// costs a copy of the targets to the host (one stream synchronisation); the shard ops take this
+// may have any shape with N elements. The serial op checks 0 <= target < V as the CPU does, in the
+// kernel: a bad target is a deferred error (cuda_common.h), thrown by the host's next
+// synchronisation (the step's loss read), its row's loss NaN, no host round trip (until
+// 2026-11-26 the targets were copied to the host each micro-batch); the shard ops take this
 // shard's columns [vocab_start, vocab_start + Vl) and give target_logit 0 (and no one-hot term)
 // for targets outside them. dlogits may alias logits exactly (element-wise backward).
-// Not here: ignore_index, label smoothing, z-loss, the all-reduces (the caller's group), a
-// device-side target check (not yet).
+// Not here: ignore_index, label smoothing, z-loss, the all-reduces (the caller's group).
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -44,10 +45,12 @@ __device__ C row_sum_exp(const void* x, DType t, int64_t base, int64_t v, C m) {
   return block_sum(s);
 }
 
-// loss, max, sum_exp [N] <- logits [N, V], targets [N] (validated on the host)
+// loss, max, sum_exp [N] <- logits [N, V], targets [N]; a target outside [0, V) is recorded as a
+// deferred error (raised by the host's next synchronisation) and its row's loss is NaN.
 template <typename C>
 __global__ void ce_fwd_kernel(void* loss, void* max, void* sum_exp, DType st, const void* x,
-                              DType t, const void* targets, DType tt, int64_t n, int64_t v) {
+                              DType t, const void* targets, DType tt, int64_t n, int64_t v,
+                              DeferredError* err) {
   const int64_t r = block_row();
   if (r >= n) return;
   const int64_t base = r * v;
@@ -57,6 +60,11 @@ __global__ void ce_fwd_kernel(void* loss, void* max, void* sum_exp, DType st, co
     store<C>(max, st, r, m);
     store<C>(sum_exp, st, r, s);
     const int64_t target = load_index(targets, tt, r);
+    if (target < 0 || target >= v) {
+      record_deferred_error(err, kDeferredCrossEntropyTarget, r, target, v);
+      store<C>(loss, st, r, C(NAN));
+      return;
+    }
     store<C>(loss, st, r, log_c(s) + m - load<C>(x, t, base + target));
   }
 }
@@ -140,36 +148,18 @@ __global__ void ce_bwd_vec_kernel(void* dx, const void* x, bool bf16, const void
 
 using Rows = ops::CeRows;
 
-// Every target in [0, V) (the serial op's contract), checked on a host copy.
-void check_target_range(const char* op, const Tensor& targets, const Rows& r, int dev) {
-  const auto n = static_cast<std::size_t>(r.n);
-  std::vector<int64_t> t(n);
-  if (targets.dtype() == DType::i64) {
-    copy_to_host(t.data(), targets.raw_data(), n * 8, dev);
-  } else {
-    std::vector<int32_t> t32(n);
-    copy_to_host(t32.data(), targets.raw_data(), n * 4, dev);
-    for (std::size_t i = 0; i < n; ++i) t[i] = t32[i];
-  }
-  for (std::size_t i = 0; i < n; ++i)
-    MG_CHECK(t[i] >= 0 && t[i] < r.v,
-             op << ": target " << t[i] << " of row " << i << " is outside [0, V = " << r.v << ")");
-}
-
 void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor& logits,
                        const Tensor& targets) {
-  const char* op = "cross_entropy_fwd";
   const Rows r =
       ops::validate_cross_entropy_fwd(OnCudaDevice{}, loss, max, sum_exp, logits, targets);
   if (r.n == 0) return;
   const int dev = logits.device().index;
   DeviceGuard guard(dev);
-  check_target_range(op, targets, r, dev);
   with_compute(logits.dtype(), [&](auto tag) {
     using C = decltype(tag);
     ce_fwd_kernel<C><<<grid_rows(r.n), kThreads, 0, current_stream(dev)>>>(
         loss.raw_data(), max.raw_data(), sum_exp.raw_data(), loss.dtype(), logits.raw_data(),
-        logits.dtype(), targets.raw_data(), targets.dtype(), r.n, r.v);
+        logits.dtype(), targets.raw_data(), targets.dtype(), r.n, r.v, deferred_error_record(dev));
   });
   MG_CUDA_CHECK_LAUNCH();
 }

@@ -32,6 +32,25 @@ plugin::Allocator& device_allocator(int device);
 // Properties read once per device.
 const cudaDeviceProp& device_properties(int device);
 
+// Deferred checks of device-resident inputs, so that validating them costs no host round trip: a
+// kernel that finds a bad value records it (record_deferred_error, device_util.cuh) in its
+// device's record, mapped pinned host memory, the first error winning; the host throws it after
+// the next stream synchronisation (Platform::copy's downloads, copy_to_host, synchronize), naming
+// the op, the value and the row. The kernel itself must make the bad value harmless (no
+// out-of-bounds access; its output may be NaN, which the error then explains).
+struct DeferredError {
+  int32_t state;  // 0 none, 1 being written, 2 recorded
+  int32_t op;     // DeferredOp
+  int64_t row, value, limit;
+};
+enum DeferredOp : int32_t { kDeferredCrossEntropyTarget = 1 };
+static_assert(sizeof(DeferredError) == 32 && offsetof(DeferredError, row) == 8,
+              "device_util.cuh's record_deferred_error writes this layout");
+// The record of `device`, as a device pointer.
+DeferredError* deferred_error_record(int device);
+// Throws the error recorded on `device` (and clears it), if any. Call after a synchronisation.
+void raise_deferred_error(int device);
+
 // Makes `device` current for the scope and restores the previous device afterwards.
 class DeviceGuard {
  public:

@@ -28,6 +28,7 @@
 #include <array>
 #include <atomic>
 #include <cstring>
+#include <utility>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -114,6 +115,11 @@ class Devices {
     return *p.stream;
   }
 
+  // The deferred-error record of `device` (cuda_common.h), allocated on first use: the host's and
+  // the device's view of the same mapped pinned memory.
+  DeferredError* error_record_host(int device) { return error_records(device).first; }
+  DeferredError* error_record_device(int device) { return error_records(device).second; }
+
   CudaAllocator& allocator(int device) {
     check(device);
     PerDevice& p = per_[device];
@@ -124,10 +130,28 @@ class Devices {
  private:
   struct PerDevice {
     cudaDeviceProp props{};
-    std::once_flag stream_once, alloc_once;
-    CudaStream* stream = nullptr;    // never destroyed
-    CudaAllocator* alloc = nullptr;  // never destroyed
+    std::once_flag stream_once, alloc_once, error_once;
+    CudaStream* stream = nullptr;           // never destroyed
+    CudaAllocator* alloc = nullptr;         // never destroyed
+    DeferredError* error_host = nullptr;    // mapped pinned memory, never freed
+    DeferredError* error_device = nullptr;  // the same memory seen from the device
   };
+
+  std::pair<DeferredError*, DeferredError*> error_records(int device) {
+    check(device);
+    PerDevice& p = per_[device];
+    std::call_once(p.error_once, [&] {
+      DeviceGuard guard(device);
+      void* h = nullptr;
+      MG_CUDA_CHECK(cudaHostAlloc(&h, sizeof(DeferredError), cudaHostAllocMapped));
+      std::memset(h, 0, sizeof(DeferredError));
+      void* d = nullptr;
+      MG_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
+      p.error_host = static_cast<DeferredError*>(h);
+      p.error_device = static_cast<DeferredError*>(d);
+    });
+    return {p.error_host, p.error_device};
+  }
 
   Devices() { probe(); }
 
@@ -311,6 +335,7 @@ class CudaPlatform final : public plugin::Platform {
     Devices::get().check(device);
     DeviceGuard guard(device);
     MG_CUDA_CHECK(cudaDeviceSynchronize());
+    raise_deferred_error(device);
   }
 
   // NVTX 3 (header-only in the toolkit; it loads the tool's injection library only under a tool
@@ -372,6 +397,7 @@ class CudaPlatform final : public plugin::Platform {
     if (!src_device.is_host() && !dst_device.is_host())
       count_host_sync(HostSync::device_copy);  // peer
     MG_CUDA_CHECK(cudaStreamSynchronize(s));
+    raise_deferred_error(device);
   }
 
   void memset_zero(void* dst, int device, std::size_t bytes) override {
@@ -410,6 +436,27 @@ cudaStream_t current_stream(int device) {
   return d.default_stream(device).handle();
 }
 
+DeferredError* deferred_error_record(int device) {
+  return Devices::get().error_record_device(device);
+}
+
+void raise_deferred_error(int device) {
+  volatile DeferredError* e = Devices::get().error_record_host(device);
+  if (e->state != 2) return;  // the stream was synchronised: a record is complete or absent
+  const int32_t op = e->op;
+  const int64_t row = e->row, value = e->value, limit = e->limit;
+  e->state = 0;
+  switch (op) {
+    case kDeferredCrossEntropyTarget:
+      MG_THROW("cross_entropy_fwd: target "
+               << value << " of row " << row << " is outside [0, V = " << limit
+               << ") (found on cuda:" << device << " by the kernel; its loss is NaN)");
+    default:
+      MG_THROW("cuda:" << device << ": a kernel recorded the deferred error " << op << " (row "
+                       << row << ", value " << value << ", limit " << limit << ")");
+  }
+}
+
 plugin::Allocator& device_allocator(int device) {
   return Devices::get().allocator(device);
 }
@@ -437,6 +484,7 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, int device) {
   MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
   count_host_sync(HostSync::kernel);
   MG_CUDA_CHECK(cudaStreamSynchronize(s));
+  raise_deferred_error(device);
 }
 
 void copy_to_device(void* dst, const void* src, std::size_t bytes, int device) {

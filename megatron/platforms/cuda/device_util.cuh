@@ -45,6 +45,21 @@ inline bool aligned_for_8_halves(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
+// Records a bad input value in the deferred-error record (cuda_common.h DeferredError; this
+// header cannot include it, so the record's layout is restated by the static_assert there): the
+// first caller wins, the host throws it after its next synchronisation.
+template <typename Record>
+__device__ __forceinline__ void record_deferred_error(Record* e, int32_t op, int64_t row,
+                                                      int64_t value, int64_t limit) {
+  if (atomicCAS(&e->state, 0, 1) != 0) return;
+  e->op = op;
+  e->row = row;
+  e->value = value;
+  e->limit = limit;
+  __threadfence_system();
+  atomicExch(&e->state, 2);
+}
+
 // Row index of a one-block-per-row kernel launched with grid_rows().
 __device__ __forceinline__ int64_t block_row() {
   return static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
