@@ -50,6 +50,7 @@
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/platforms/cuda/reduce.cuh"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cuda {
@@ -627,6 +628,17 @@ __global__ void strided_sum_add_kernel(void* out, DType tout, const void* x, DTy
   }
 }
 
+// Element (r, f) of a row-major matrix with leading dimension ld, widened to f64 (a term of
+// column_sum_accumulate).
+struct MatrixElement {
+  const void* x;
+  DType t;
+  int64_t ld;
+  __device__ double operator()(int64_t r, int64_t f) const {
+    return load<double>(x, t, r * ld + f);
+  }
+};
+
 // out[j] += src[j] (a bias gradient cuBLASLt wrote into a scratch vector).
 template <typename C>
 __global__ void add_kernel(void* out, DType tout, const void* src, DType tsrc, int64_t n) {
@@ -746,13 +758,15 @@ bool epilogue_fused(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, cons
       // m 256, k 768) and 0.06 in f16 on an H200 (2026-11-26-h200-lease.md): cuBLASLt does not
       // document the precision of that reduction, and its errors look like sums kept in C's
       // dtype. So: the fused DGELU (c = g in C's dtype), then dbias += the column sums of c in
-      // f32, in row order (deterministic). That is the bias gradient of the rounded g, as
+      // f64 (reduce.cuh's chunked sums: deterministic, and parallel over rows as well as
+      // columns). That is the bias gradient of the rounded g, as
       // Megatron's unfused path computes it from the bf16 gradient; the difference from the
       // CPU's sums of the unrounded g is at most u_C sum_r |g_r| (cuda_gemm_epilogue_test).
       if (dgelu) {
         x.epilogue = CUBLASLT_EPILOGUE_DGELU;
         if (!run_fused(x)) return false;
-        launch_strided_sum_add(dbias, c.raw_data(), c.dtype(), d.m, d.n, d.n, 1, s);
+        column_sum_accumulate(dbias.raw_data(), dbias.dtype(), d.m, d.n,
+                              MatrixElement{c.raw_data(), c.dtype(), d.n}, dev);
         return true;
       }
       // cuBLASLt writes the bias gradient: into a scratch vector, added to dbias afterwards.

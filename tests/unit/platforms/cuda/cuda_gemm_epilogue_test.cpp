@@ -91,7 +91,8 @@ void compare(GemmEpilogue e, int64_t m, int64_t n, int64_t k, bool ta, bool tb, 
     // The GPU sums, in f32, the g it wrote into c (rounded to C's dtype), the CPU the unrounded g
     // (gemm.cu epilogue_fused). Per column j: |gpu - cpu| <= sum_r |cg_rj - c_rj| (cuBLASLt's GELU
     // gradient against ours, bounded by the c check above) + u_C (1 + u_C) sum_r |c_rj| (c = g
-    // rounded once) + m 2^-24 sum_r |cg_rj| (f32 sums) + 2^-23 |dbias_j| (the += on each side).
+    // rounded once) + m 2^-24 sum_r |cg_rj| (the CPU's f32 sums; the GPU's are f64) + 2^-23
+    // |dbias_j| (the += on each side).
     const double u = c_dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
     const auto gc = to_doubles(cg.to(Device::cpu())), cc = to_doubles(c);
     const auto gd = to_doubles(dbg.to(Device::cpu())), cd = to_doubles(dbias);
