@@ -88,7 +88,7 @@ void compare(GemmEpilogue e, int64_t m, int64_t n, int64_t k, bool ta, bool tb, 
   }
   const bool c16 = c_dtype == DType::bf16 || c_dtype == DType::f16;
   if (dbias.defined() && e == GemmEpilogue::dgelu_bgrad && c16) {
-    // The GPU sums, in f32, the g it wrote into c (rounded to C's dtype), the CPU the unrounded g
+    // The GPU sums, in f64, the g it wrote into c (rounded to C's dtype), the CPU the unrounded g
     // (gemm.cu epilogue_fused). Per column j: |gpu - cpu| <= sum_r |cg_rj - c_rj| (cuBLASLt's GELU
     // gradient against ours, bounded by the c check above) + u_C (1 + u_C) sum_r |c_rj| (c = g
     // rounded once) + m 2^-24 sum_r |cg_rj| (the CPU's f32 sums; the GPU's are f64) + 2^-23
