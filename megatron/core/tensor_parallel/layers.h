@@ -134,12 +134,24 @@ class ColumnParallelLinear {
   Tensor enter(const Tensor& x, Saved& saved) const;
   // Rows of `full` [out/TP, ..] regrouped into the parts of `split`, one scratch tensor.
   Tensor regroup(const Tensor& full, const OutputSplit& split) const;
+  // grad [out/TP, ..] += the rows of `parts` (regrouped as regroup() lays them out) moved back to
+  // their blocks.
+  void add_ungrouped(Tensor& grad, const Tensor& parts, const OutputSplit& split) const;
+  // The row maps of `split` on the model's device (built once per split): regroup's gather index
+  // (part-major row i <- row index[i]) and its inverse. Empty when the split is one block per part
+  // in order (regroup is then a copy).
+  struct RowMaps {
+    std::vector<OutputSplit::Block> blocks;  // the split they were built for
+    Tensor to_parts, from_parts;             // i64 [out/TP]
+  };
+  const RowMaps& row_maps(const OutputSplit& split) const;
 
   const ModuleContext& ctx_;
   ColumnParallelLinearConfig cfg_;
   int64_t out_local_;
   Weight w_, b_;
   int fp8_id_ = -1;  // the Fp8State id, -1: not an FP8 linear
+  mutable RowMaps row_maps_;
 };
 
 struct RowParallelLinearConfig {
