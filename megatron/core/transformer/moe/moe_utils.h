@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
@@ -91,9 +93,26 @@ double sequence_load_balancing_loss(const std::vector<double>& scores, int64_t s
                                     const std::vector<double>& counts, int64_t topk,
                                     int64_t num_sub_sequence, double coeff,
                                     std::vector<double>* dscores);
+// The same losses from the score sums the router op forms on the device (moe_router_topk's
+// aux_sums; the same arithmetic as above): switch from sums [E] (sum over the T tokens of
+// scores[t, e]), drow (optional) = [E] d loss / d scores[t, e] of every token; sequence from sums
+// [B, E] (sum over the S positions of scores[s * B + b, e]), drows (optional) = [B, E]
+// d loss / d scores[s * B + b, e] of every s.
+double switch_load_balancing_loss_from_sums(const std::vector<double>& sums, int64_t num_tokens,
+                                            int64_t num_experts,
+                                            const std::vector<double>& tokens_per_expert,
+                                            int64_t topk, int64_t num_sub_sequence, double coeff,
+                                            std::vector<double>* drow);
+double sequence_load_balancing_loss_from_sums(const std::vector<double>& sums, int64_t seq_local,
+                                              int64_t batch, int64_t num_experts,
+                                              const std::vector<double>& counts, int64_t topk,
+                                              int64_t num_sub_sequence, double coeff,
+                                              std::vector<double>* drows);
 // Megatron's z_loss_func: coeff * mean_t logsumexp(l_t)^2; dlogits (optional) += scale * grad.
 double z_loss(const std::vector<double>& logits, int64_t num_tokens, int64_t num_experts,
               double coeff, double scale, std::vector<double>* dlogits);
+// sum_t logsumexp(l_t)^2 over the tokens in order (z_loss = coeff * z_loss_sum / T).
+double z_loss_sum(const std::vector<double>& logits, int64_t num_tokens, int64_t num_experts);
 
 // The permutation of Megatron's permute(): the kept (token, choice) pairs in expert-major order,
 // tokens ascending within an expert. row_token[i] / row_slot[i] say which token and which of its
@@ -131,14 +150,34 @@ struct MoELayerMetrics {
   std::vector<double> tokens_per_expert;
   int64_t microbatches = 0;
 };
+// A layer's losses may still be on the device (add_pending: Megatron's tracker keeps device
+// tensors too): they are read, in the order added, when layers() is asked or the next add comes,
+// so the sums are the same as with immediate adds.
 class MoEMetricsTracker {
  public:
   void add(int64_t layer, double lb_loss, double z_loss, const std::vector<double>& tokens);
-  std::map<int64_t, MoELayerMetrics>& layers() { return layers_; }
-  void clear() { layers_.clear(); }
+  // losses() -> (load-balancing loss, z-loss), called once at resolution.
+  void add_pending(int64_t layer, std::vector<double> tokens,
+                   std::function<std::pair<double, double>()> losses);
+  std::map<int64_t, MoELayerMetrics>& layers() {
+    resolve();
+    return layers_;
+  }
+  void clear() {
+    pending_.clear();
+    layers_.clear();
+  }
 
  private:
+  struct Pending {
+    int64_t layer;
+    std::vector<double> tokens;
+    std::function<std::pair<double, double>()> losses;
+  };
+  void resolve();
+  void accumulate(int64_t layer, double lb_loss, double z_loss, const std::vector<double>& tokens);
   std::map<int64_t, MoELayerMetrics> layers_;
+  std::vector<Pending> pending_;
 };
 
 // The MoE state of one model, mutated by its MoE layers: owned by the GPTModel
