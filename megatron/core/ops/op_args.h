@@ -244,9 +244,9 @@ struct MoeRouterArgs {
   int64_t topk = 1;
   MoeRouterScore score = MoeRouterScore::softmax;
   bool pre_softmax = false;
-  int64_t num_groups = 0, group_topk = 0;  // group-limited routing (group_topk 0: off)
-  std::optional<double> scaling_factor;    // nullopt: none
-  std::optional<double> capacity_factor;   // nullopt: dropless
+  int64_t num_groups = 0, group_topk = 0;   // group-limited routing (group_topk 0: off)
+  std::optional<double> scaling_factor{};   // nullopt: none
+  std::optional<double> capacity_factor{};  // nullopt: dropless
   MoeDropPolicy drop_policy = MoeDropPolicy::probs;
   double z_loss_coeff = 0.0;  // moe_router_topk_bwd: the z-loss's coefficient (0: no z-loss)
   double z_loss_scale = 1.0;  // and its gradient's seed (the aux-loss scale)

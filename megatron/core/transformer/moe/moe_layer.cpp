@@ -476,6 +476,10 @@ void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
 std::pair<double, double> AuxLossValues::values() const {
   if (!sums.defined()) return {0.0, 0.0};
   const std::vector<double> v = host_read<double>(sums, HostSync::moe);
+  return values_from(v);
+}
+
+std::pair<double, double> AuxLossValues::values_from(std::span<const double> v) const {
   const std::vector<double> part(v.begin(), v.end() - 1);
   double lb_loss = 0.0, z = 0.0;
   if (lb && seq_aux)
@@ -529,7 +533,7 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   s.scores_t = Tensor::empty({T, e_}, DType::f64, ctx_.device);
   Tensor tpe = Tensor::empty({e_}, DType::f64, ctx_.device), none;
   // The aux losses' sums in one buffer: [aux_rows, E] score sums, then the z-loss's sum.
-  if (lb || zl) aux.sums = Tensor::zeros({aux_rows * e_ + 1}, DType::f64, ctx_.device);
+  if (lb || zl) aux.sums = ctx_.moe->metrics_tracker.device_slot(aux_rows * e_ + 1, ctx_.device);
   Tensor aux_sums = lb ? aux.sums.slice(0, aux_rows * e_).view({aux_rows, e_}) : Tensor();
   Tensor z_sum = zl ? aux.sums.slice(aux_rows * e_, 1) : Tensor();
   const Tensor bias =
@@ -702,8 +706,8 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
     // The values without coefficients, read from the device when the log resolves the tracker.
     MoEMetricsTracker& tracker = ctx_.moe->metrics_tracker;
     if (s.aux.sums.defined())
-      tracker.add_pending(layer_, s.routing.tokens_per_expert,
-                          [aux = s.aux] { return aux.values(); });
+      tracker.add_pending(layer_, s.routing.tokens_per_expert, s.aux.sums,
+                          [aux = s.aux](std::span<const double> v) { return aux.values_from(v); });
     else
       tracker.add(layer_, 0.0, 0.0, s.routing.tokens_per_expert);
   }

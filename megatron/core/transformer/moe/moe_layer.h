@@ -66,6 +66,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,7 +86,8 @@ struct AuxLossValues {
   std::vector<double> counts;  // switch [E], sequence [B, E]
   bool lb = false, seq_aux = false;
   int64_t tokens = 0, seq = 0, batch = 0, experts = 0, topk = 0, partition = 1;
-  // (load-balancing loss, z-loss); reads `sums`.
+  // (load-balancing loss, z-loss) from the sums' values v; values() reads `sums` first.
+  std::pair<double, double> values_from(std::span<const double> v) const;
   std::pair<double, double> values() const;
 };
 

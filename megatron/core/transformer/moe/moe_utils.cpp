@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 
 namespace mg::transformer::moe {
 
@@ -482,16 +483,48 @@ void MoEMetricsTracker::add(int64_t layer, double lb_loss, double z,
   accumulate(layer, lb_loss, z, tokens);
 }
 
-void MoEMetricsTracker::add_pending(int64_t layer, std::vector<double> tokens,
-                                    std::function<std::pair<double, double>()> losses) {
-  pending_.push_back({layer, std::move(tokens), std::move(losses)});
+Tensor MoEMetricsTracker::device_slot(int64_t n, Device device) {
+  constexpr int64_t kChunk = 4096;  // values per shared buffer (32 KiB)
+  if (chunks_.empty() || chunks_.back().device() != device ||
+      chunk_used_ + n > chunks_.back().numel()) {
+    chunks_.push_back(Tensor::zeros({std::max(kChunk, n)}, DType::f64, device));
+    chunk_used_ = 0;
+  }
+  Tensor slot = chunks_.back().slice(chunk_used_, n);
+  chunk_used_ += n;
+  return slot;
+}
+
+void MoEMetricsTracker::add_pending(
+    int64_t layer, std::vector<double> tokens, const Tensor& slot,
+    std::function<std::pair<double, double>(std::span<const double>)> losses) {
+  Pending p{layer, std::move(tokens), chunks_.size(), 0, slot.numel(), Tensor(), std::move(losses)};
+  for (std::size_t c = 0; c < chunks_.size(); ++c)
+    if (slot.shares_storage_with(chunks_[c])) {
+      p.chunk = c;
+      p.offset =
+          static_cast<int64_t>((slot.offset_bytes() - chunks_[c].offset_bytes()) / sizeof(double));
+    }
+  if (p.chunk == chunks_.size()) p.own = slot;  // its buffer was resolved before: read alone
+  pending_.push_back(std::move(p));
 }
 
 void MoEMetricsTracker::resolve() {
+  if (pending_.empty()) return;
+  // Every buffer with a pending value read once.
+  std::vector<std::vector<double>> host(chunks_.size());
+  for (const Pending& p : pending_)
+    if (p.chunk < chunks_.size() && host[p.chunk].empty())
+      host[p.chunk] = host_read<double>(chunks_[p.chunk], HostSync::moe);
   std::vector<Pending> pending = std::move(pending_);
   pending_.clear();
+  chunks_.clear();
+  chunk_used_ = 0;
   for (const Pending& p : pending) {
-    const auto [lb_loss, z] = p.losses();
+    std::vector<double> own;
+    if (p.own.defined()) own = host_read<double>(p.own, HostSync::moe);
+    const double* v = p.own.defined() ? own.data() : host[p.chunk].data() + p.offset;
+    const auto [lb_loss, z] = p.losses(std::span<const double>(v, static_cast<std::size_t>(p.n)));
     accumulate(p.layer, lb_loss, z, p.tokens);
   }
 }

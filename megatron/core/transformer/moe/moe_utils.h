@@ -13,11 +13,13 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/transformer_config.h"
 
 namespace mg::transformer::moe {
@@ -151,20 +153,25 @@ struct MoELayerMetrics {
   int64_t microbatches = 0;
 };
 // A layer's losses may still be on the device (add_pending: Megatron's tracker keeps device
-// tensors too): they are read, in the order added, when layers() is asked or the next add comes,
-// so the sums are the same as with immediate adds.
+// tensors too): they are computed, in the order added, when layers() is asked or the next add
+// comes, so the sums are the same as with immediate adds. Their device values live in slots of a
+// few shared buffers (device_slot), each read with one host round trip when the tracker resolves.
 class MoEMetricsTracker {
  public:
   void add(int64_t layer, double lb_loss, double z_loss, const std::vector<double>& tokens);
-  // losses() -> (load-balancing loss, z-loss), called once at resolution.
-  void add_pending(int64_t layer, std::vector<double> tokens,
-                   std::function<std::pair<double, double>()> losses);
+  // A zeroed f64 slot [n] on `device` from the tracker's buffers (kept until the next resolve).
+  Tensor device_slot(int64_t n, Device device);
+  // losses(the slot's values) -> (load-balancing loss, z-loss), called once at resolution; slot
+  // from device_slot.
+  void add_pending(int64_t layer, std::vector<double> tokens, const Tensor& slot,
+                   std::function<std::pair<double, double>(std::span<const double>)> losses);
   std::map<int64_t, MoELayerMetrics>& layers() {
     resolve();
     return layers_;
   }
   void clear() {
     pending_.clear();
+    chunks_.clear();
     layers_.clear();
   }
 
@@ -172,12 +179,17 @@ class MoEMetricsTracker {
   struct Pending {
     int64_t layer;
     std::vector<double> tokens;
-    std::function<std::pair<double, double>()> losses;
+    std::size_t chunk;  // chunks_.size(): `own` (a slot of buffers already resolved)
+    int64_t offset, n;
+    Tensor own;
+    std::function<std::pair<double, double>(std::span<const double>)> losses;
   };
   void resolve();
   void accumulate(int64_t layer, double lb_loss, double z_loss, const std::vector<double>& tokens);
   std::map<int64_t, MoELayerMetrics> layers_;
   std::vector<Pending> pending_;
+  std::vector<Tensor> chunks_;  // f64 device buffers the slots are cut from
+  int64_t chunk_used_ = 0;      // values handed out of the last chunk
 };
 
 // The MoE state of one model, mutated by its MoE layers: owned by the GPTModel
