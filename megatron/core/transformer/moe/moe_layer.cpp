@@ -423,54 +423,60 @@ Tensor MoELayer::dispatch_alltoall(Saved& s, DType out_dtype) const {
   return y;
 }
 
-void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
+Tensor MoELayer::dispatch_allgather(Saved& s) const {
   comm::ProcessGroup& g = *ctx_.ep_group;
-  const int64_t ep = g.size(), t_local = s.x.size(0);
-  Tensor xg = Tensor::empty({ep * t_local * h_}, ctx_.dtype, ctx_.device);
+  const int64_t ep = g.size(), t_local = s.x.size(0), tk = t_local * k_, tg = ep * t_local;
+  // The EP group's tokens and routing on the device; the host reads the chosen experts (and the
+  // kept mask under a capacity) for the index lists.
+  Tensor xg = Tensor::empty({tg * h_}, ctx_.dtype, ctx_.device);
   g.all_gather(xg, s.x.view({t_local * h_}))->wait();
-  const std::vector<double> xall = host_read<double>(xg, HostSync::moe);
-  std::vector<double> info(static_cast<std::size_t>(t_local * k_ * 3));
-  const std::vector<double> prob = host_read<double>(s.prob_t, HostSync::moe);
-  for (int64_t i = 0; i < t_local * k_; ++i) {
-    info[i * 3] = static_cast<double>(s.routing.expert[i]);
-    info[i * 3 + 1] = prob[i];
-    info[i * 3 + 2] = s.routing.kept[i];
+  Tensor eg = Tensor::empty({ep * tk}, DType::i64, ctx_.device);
+  g.all_gather(eg, s.expert_t.view({tk}))->wait();
+  Tensor pg = Tensor::empty({ep * tk}, DType::f64, ctx_.device);
+  g.all_gather(pg, s.prob_t.view({tk}))->wait();
+  const std::vector<int64_t> eall = host_read<int64_t>(eg, HostSync::moe);
+  std::vector<uint8_t> kall;
+  if (router_.capacity_factor) {
+    Tensor kg = Tensor::empty({ep * tk}, DType::u8, ctx_.device);
+    g.all_gather(kg, s.kept_t.view({tk}))->wait();
+    kall = host_read<uint8_t>(kg, HostSync::moe);
   }
-  Tensor info_t = device_tensor(ctx_, info, {t_local * k_ * 3}, DType::f64);
-  Tensor info_all = Tensor::empty({ep * t_local * k_ * 3}, DType::f64, ctx_.device);
-  g.all_gather(info_all, info_t)->wait();
-  const std::vector<double> iall = host_read<double>(info_all, HostSync::moe);
   // Rows for this rank's experts: expert-major, then gathered token order, then choice.
   s.local_counts.assign(static_cast<std::size_t>(local_), 0);
   std::vector<std::vector<int64_t>> per(static_cast<std::size_t>(local_));
-  for (int64_t i = 0; i < ep * t_local * k_; ++i) {
-    const auto e = static_cast<int64_t>(iall[i * 3]);
-    if (iall[i * 3 + 2] == 0.0 || e < first_ || e >= first_ + local_) continue;
+  for (int64_t i = 0; i < ep * tk; ++i) {
+    const int64_t e = eall[static_cast<std::size_t>(i)];
+    if ((!kall.empty() && kall[static_cast<std::size_t>(i)] == 0) || e < first_ ||
+        e >= first_ + local_)
+      continue;
     per[static_cast<std::size_t>(e - first_)].push_back(i);
   }
-  std::vector<double> rows_h;
+  std::vector<int64_t> entry;
   for (int64_t l = 0; l < local_; ++l) {
     s.local_counts[l] = static_cast<int64_t>(per[l].size());
     for (int64_t i : per[l]) {
       s.row_token.push_back(i / k_);
       s.row_slot.push_back(i % k_);
-      s.row_prob.push_back(iall[i * 3 + 1]);
-      rows_h.insert(rows_h.end(), xall.begin() + (i / k_) * h_, xall.begin() + (i / k_ + 1) * h_);
+      entry.push_back(i);
     }
   }
   const int64_t r = static_cast<int64_t>(s.row_token.size());
-  s.out_rows = host_read<double>(
-      experts_forward(device_tensor(ctx_, rows_h, {r, h_}, ctx_.dtype), s), HostSync::moe);
-  std::vector<double> yall(static_cast<std::size_t>(ep * t_local * h_), 0.0);
-  for (int64_t i = 0; i < r; ++i) {
-    const int64_t t = s.row_token[i];
-    for (int64_t j = 0; j < h_; ++j) yall[t * h_ + j] += s.row_prob[i] * s.out_rows[i * h_ + j];
-  }
-  Tensor yin = device_tensor(ctx_, yall, {ep * t_local * h_}, ctx_.dtype);
+  // The rows and their probabilities (exact copies), each token's rows and each choice's row.
+  s.row_token_t = index_tensor(ctx_, s.row_token);
+  Tensor rows = Tensor::empty({r, h_}, ctx_.dtype, ctx_.device);
+  ctx_.op().moe_permute(rows, xg.view({tg, h_}), s.row_token_t);
+  Tensor row_prob = Tensor::empty({r, 1}, DType::f64, ctx_.device);
+  ctx_.op().moe_permute(row_prob, pg.view({ep * tk, 1}), index_tensor(ctx_, entry));
+  s.row_prob_t = row_prob.view({r});
+  token_rows(ctx_, s.row_token, tg, s.token_offsets_t, s.token_rows_t);
+  token_rows(ctx_, entry, ep * tk, s.entry_offsets_t, s.entry_rows_t);
+  s.out_rows_t = experts_forward(rows, s);
+  // The group's tokens: sum of prob * expert output (f64, rounded once), reduce-scattered back.
+  Tensor yall = Tensor::empty({tg, h_}, ctx_.dtype, ctx_.device);
+  ctx_.op().moe_unpermute(yall, s.out_rows_t, s.row_prob_t, s.token_offsets_t, s.token_rows_t);
   Tensor yout = Tensor::empty({t_local * h_}, ctx_.dtype, ctx_.device);
-  g.reduce_scatter(yout, yin, comm::ReduceOp::sum)->wait();
-  const std::vector<double> mine = host_read<double>(yout, HostSync::moe);
-  for (std::size_t i = 0; i < mine.size(); ++i) y[i] += mine[i];
+  g.reduce_scatter(yout, yall.view({tg * h_}), comm::ReduceOp::sum)->wait();
+  return yout.view({t_local, h_});
 }
 
 std::pair<double, double> AuxLossValues::values() const {
@@ -578,14 +584,12 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
 
   const bool gated = shared_ && c.moe_shared_expert_gate;
   std::vector<double> y;
-  Tensor yt;  // alltoall: [T, H] on the device (f64 when the gate adds to it on the host)
-  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall) {
+  Tensor yt;  // [T, H] on the device (alltoall: f64 when the gate adds to it on the host)
+  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall)
     yt = dispatch_alltoall(s, gated ? DType::f64 : ctx_.dtype);
-    if (gated) y = host_read<double>(yt, HostSync::moe);
-  } else {
-    y.assign(static_cast<std::size_t>(T * h_), 0.0);
-    dispatch_allgather(s, y);
-  }
+  else
+    yt = dispatch_allgather(s);
+  if (gated) y = host_read<double>(yt, HostSync::moe);
   if (gated) {
     // y += sigmoid(x . gate_weight) * shared(x), per token, on the host in f64.
     s.shared_out = host_read<double>(shared_->forward(x, s.shared), HostSync::moe);
@@ -601,7 +605,7 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
     }
     return device_tensor(ctx_, y, s.shape, ctx_.dtype);
   }
-  Tensor out = yt.defined() ? yt.view(s.shape) : device_tensor(ctx_, y, s.shape, ctx_.dtype);
+  Tensor out = yt.view(s.shape);
   if (shared_) {
     Tensor z = shared_->forward(x, s.shared);
     ctx_.op().axpy(out, z, 1.0f);
@@ -634,39 +638,30 @@ Tensor MoELayer::combine_backward_alltoall(const Tensor& dy, Saved& s, Tensor& d
   return dx;
 }
 
-void MoELayer::combine_backward_allgather(const Tensor& dy, Saved& s, std::vector<double>& dx,
-                                          std::vector<double>& dprob) {
+Tensor MoELayer::combine_backward_allgather(const Tensor& dy, Saved& s, Tensor& dprob) {
   comm::ProcessGroup& g = *ctx_.ep_group;
-  const int64_t ep = g.size(), t_local = s.x.size(0);
+  const int64_t ep = g.size(), t_local = s.x.size(0), tk = t_local * k_, tg = ep * t_local;
   Tensor dyc = dy.view({t_local * h_}).clone();
-  Tensor dyg = Tensor::empty({ep * t_local * h_}, ctx_.dtype, ctx_.device);
+  Tensor dyg = Tensor::empty({tg * h_}, ctx_.dtype, ctx_.device);
   g.all_gather(dyg, dyc)->wait();
-  const std::vector<double> dyall = host_read<double>(dyg, HostSync::moe);
+  // d(rows) = prob * dy[t] (rounded once); d(prob) = dy[t] . expert output (f64), moved to the
+  // group's choices and summed over the EP group; this rank's part.
   const int64_t r = static_cast<int64_t>(s.row_token.size());
-  std::vector<double> drows(static_cast<std::size_t>(r * h_));
-  std::vector<double> dprob_all(static_cast<std::size_t>(ep * t_local * k_), 0.0);
-  for (int64_t i = 0; i < r; ++i) {
-    const int64_t t = s.row_token[i];
-    double dot = 0.0;
-    for (int64_t j = 0; j < h_; ++j) {
-      drows[i * h_ + j] = s.row_prob[i] * dyall[t * h_ + j];
-      dot += dyall[t * h_ + j] * s.out_rows[i * h_ + j];
-    }
-    dprob_all[t * k_ + s.row_slot[i]] += dot;
-  }
-  const std::vector<double> din = host_read<double>(
-      experts_backward(device_tensor(ctx_, drows, {r, h_}, ctx_.dtype), s), HostSync::moe);
-  std::vector<double> dxall(static_cast<std::size_t>(ep * t_local * h_), 0.0);
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < h_; ++j) dxall[s.row_token[i] * h_ + j] += din[i * h_ + j];
-  Tensor xin = device_tensor(ctx_, dxall, {ep * t_local * h_}, ctx_.dtype);
+  Tensor drows = Tensor::empty({r, h_}, ctx_.dtype, ctx_.device);
+  Tensor dp = Tensor::empty({r}, DType::f64, ctx_.device);
+  ctx_.op().moe_unpermute_bwd(drows, dp, dyg.view({tg, h_}), s.out_rows_t, s.row_prob_t,
+                              s.row_token_t);
+  Tensor dpall = Tensor::empty({ep * tk, 1}, DType::f64, ctx_.device);
+  ctx_.op().moe_unpermute(dpall, dp.view({r, 1}), Tensor(), s.entry_offsets_t, s.entry_rows_t);
+  if (ep * tk > 0) g.all_reduce(dpall, comm::ReduceOp::sum)->wait();
+  dprob = dpall.slice(static_cast<int64_t>(g.rank()) * tk, tk).view({t_local, k_});
+  // dx: each token's rows' input gradients summed (f64, rounded once), reduce-scattered back.
+  const Tensor din = experts_backward(drows, s);
+  Tensor dxall = Tensor::empty({tg, h_}, ctx_.dtype, ctx_.device);
+  ctx_.op().moe_unpermute(dxall, din, Tensor(), s.token_offsets_t, s.token_rows_t);
   Tensor xout = Tensor::empty({t_local * h_}, ctx_.dtype, ctx_.device);
-  g.reduce_scatter(xout, xin, comm::ReduceOp::sum)->wait();
-  const std::vector<double> mine = host_read<double>(xout, HostSync::moe);
-  for (std::size_t i = 0; i < mine.size(); ++i) dx[i] += mine[i];
-  all_reduce_host(ctx_, g, dprob_all);
-  const int64_t base = static_cast<int64_t>(g.rank()) * t_local * k_;
-  for (int64_t i = 0; i < t_local * k_; ++i) dprob[i] += dprob_all[base + i];
+  g.reduce_scatter(xout, dxall.view({tg * h_}), comm::ReduceOp::sum)->wait();
+  return xout.view({t_local, h_});
 }
 
 Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
@@ -677,11 +672,7 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
   if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall) {
     dxt = combine_backward_alltoall(dy, s, dprob);
   } else {
-    std::vector<double> dx(static_cast<std::size_t>(T * h_), 0.0),
-        dp(static_cast<std::size_t>(T * k_), 0.0);
-    combine_backward_allgather(dy, s, dx, dp);
-    dxt = device_tensor(ctx_, dx, {T, h_}, ctx_.dtype);
-    dprob = device_tensor(ctx_, dp, {T, k_}, DType::f64);
+    dxt = combine_backward_allgather(dy, s, dprob);
   }
 
   // Router: the routing's backward, plus the aux and z losses' (MoEAuxLossAutoScaler's seed), on

@@ -61,8 +61,12 @@
 // in f64 (its backward moe_unpermute_bwd; d(prob) back to [T, K] by moe_unpermute); the host builds
 // the index lists from the chosen experts and reads the all-to-all split sizes (one
 // synchronisation, as Megatron's dropless dispatcher).
-// The allgather dispatcher still combines on the host in f64. The expert and router GEMMs and
-// activations go through the op table.
+// The allgather dispatcher gathers the EP group's tokens, chosen experts and probabilities on the
+// device (the host reads the gathered chosen experts for the index lists), gathers its experts'
+// rows with moe_permute, sums prob * expert output per gathered token with moe_unpermute and
+// reduce-scatters the sums; backward: moe_unpermute_bwd, d(prob) all-reduced over the EP group,
+// moe_unpermute and reduce-scatter for dx (the former host arithmetic bit for bit). The expert and
+// router GEMMs and activations go through the op table.
 #pragma once
 
 #include <memory>
@@ -111,13 +115,12 @@ class MoELayer {
     // Dispatch: the rows this rank's tokens send (alltoall: Permutation over global experts;
     // allgather: rows of the gathered tokens for this rank's experts), and what came back.
     std::vector<int64_t> row_token, row_slot;  // per row: token (gathered index) and its choice
-    std::vector<double> row_prob;              // per row (allgather)
     std::vector<int64_t> send_counts, recv_counts;  // alltoall, per EP rank (rows)
     std::vector<int64_t> recv_expert_counts;        // alltoall, [EP][L] rows received
-    std::vector<double> out_rows;  // allgather: [rows, H] expert outputs (host, f64) for d(prob)
-    // alltoall, on the device: per row its token (i64) and probability (f64), each token's rows
-    // (moe_unpermute's offsets / token_rows), the expert outputs back on this rank [rows, H];
-    // order: the received rows in [local expert][source rank] order.
+    // On the device: per row its token (i64) and probability (f64), each token's rows
+    // (moe_unpermute's offsets / token_rows), the expert outputs [rows, H] (alltoall: back on
+    // this rank; order: the received rows in [local expert][source rank] order; allgather: the
+    // gathered tokens' rows for this rank's experts).
     Tensor row_token_t, row_prob_t, token_offsets_t, token_rows_t, out_rows_t;
     // Each choice t K + k's row (none when dropped): moe_unpermute's lists for d(prob).
     Tensor entry_offsets_t, entry_rows_t;
@@ -181,12 +184,10 @@ class MoELayer {
   // Token rows to their experts and back (moe_permute / moe_unpermute on the device) -> y [T, H]
   // in out_dtype; the host sees the routing and the all-to-all split sizes only.
   Tensor dispatch_alltoall(Saved& s, DType out_dtype) const;
-  void dispatch_allgather(Saved& s, std::vector<double>& y) const;
-  // dy -> dx [T, H] (written); d(prob): alltoall dprob [T, K] f64 on the device (written),
-  // allgather dprob [T, K] += on the host.
+  Tensor dispatch_allgather(Saved& s) const;
+  // dy -> dx [T, H] (written); dprob: [T, K] f64 on the device (written).
   Tensor combine_backward_alltoall(const Tensor& dy, Saved& s, Tensor& dprob);
-  void combine_backward_allgather(const Tensor& dy, Saved& s, std::vector<double>& dx,
-                                  std::vector<double>& dprob);
+  Tensor combine_backward_allgather(const Tensor& dy, Saved& s, Tensor& dprob);
 
   const ModuleContext& ctx_;
   int64_t layer_;
