@@ -423,24 +423,31 @@ Tensor MoELayer::dispatch_alltoall(Saved& s, DType out_dtype) const {
   return y;
 }
 
-Tensor MoELayer::dispatch_allgather(Saved& s) const {
+void MoELayer::gather_routing(Saved& s) const {
   comm::ProcessGroup& g = *ctx_.ep_group;
-  const int64_t ep = g.size(), t_local = s.x.size(0), tk = t_local * k_, tg = ep * t_local;
-  // The EP group's tokens and routing on the device; the host reads the chosen experts (and the
-  // kept mask under a capacity) for the index lists.
-  Tensor xg = Tensor::empty({tg * h_}, ctx_.dtype, ctx_.device);
-  g.all_gather(xg, s.x.view({t_local * h_}))->wait();
+  const int64_t ep = g.size(), tk = s.x.size(0) * k_;
+  // The EP group's chosen experts (read: the index lists) and, under a capacity, kept masks.
   Tensor eg = Tensor::empty({ep * tk}, DType::i64, ctx_.device);
   g.all_gather(eg, s.expert_t.view({tk}))->wait();
-  Tensor pg = Tensor::empty({ep * tk}, DType::f64, ctx_.device);
-  g.all_gather(pg, s.prob_t.view({tk}))->wait();
-  const std::vector<int64_t> eall = host_read<int64_t>(eg, HostSync::moe);
-  std::vector<uint8_t> kall;
+  s.gathered_expert = host_read<int64_t>(eg, HostSync::moe);
+  s.gathered_kept.clear();
   if (router_.capacity_factor) {
     Tensor kg = Tensor::empty({ep * tk}, DType::u8, ctx_.device);
     g.all_gather(kg, s.kept_t.view({tk}))->wait();
-    kall = host_read<uint8_t>(kg, HostSync::moe);
+    s.gathered_kept = host_read<uint8_t>(kg, HostSync::moe);
   }
+}
+
+Tensor MoELayer::dispatch_allgather(Saved& s) const {
+  comm::ProcessGroup& g = *ctx_.ep_group;
+  const int64_t ep = g.size(), t_local = s.x.size(0), tk = t_local * k_, tg = ep * t_local;
+  // The EP group's tokens and probabilities on the device (its chosen experts: gather_routing).
+  Tensor xg = Tensor::empty({tg * h_}, ctx_.dtype, ctx_.device);
+  g.all_gather(xg, s.x.view({t_local * h_}))->wait();
+  Tensor pg = Tensor::empty({ep * tk}, DType::f64, ctx_.device);
+  g.all_gather(pg, s.prob_t.view({tk}))->wait();
+  const std::vector<int64_t>& eall = s.gathered_expert;
+  const std::vector<uint8_t>& kall = s.gathered_kept;
   // Rows for this rank's experts: expert-major, then gathered token order, then choice.
   s.local_counts.assign(static_cast<std::size_t>(local_), 0);
   std::vector<std::vector<int64_t>> per(static_cast<std::size_t>(local_));
@@ -553,11 +560,24 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   r.num_tokens = T;
   r.num_experts = e_;
   r.topk = k_;
-  r.expert = host_read<int64_t>(s.expert_t, HostSync::moe);
-  if (router_.capacity_factor)
-    r.kept = host_read<uint8_t>(s.kept_t, HostSync::moe);
-  else
-    r.kept.assign(static_cast<std::size_t>(T * k_), 1);
+  if (ep_size() > 1 && c.moe_token_dispatcher_type == MoeTokenDispatcherType::allgather) {
+    // The allgather dispatcher reads the EP group's chosen experts: this rank's are a part.
+    gather_routing(s);
+    const auto first = s.gathered_expert.begin() + ctx_.ep_group->rank() * T * k_;
+    r.expert.assign(first, first + T * k_);
+    if (s.gathered_kept.empty()) {
+      r.kept.assign(static_cast<std::size_t>(T * k_), 1);
+    } else {
+      const auto kfirst = s.gathered_kept.begin() + ctx_.ep_group->rank() * T * k_;
+      r.kept.assign(kfirst, kfirst + T * k_);
+    }
+  } else {
+    r.expert = host_read<int64_t>(s.expert_t, HostSync::moe);
+    if (router_.capacity_factor)
+      r.kept = host_read<uint8_t>(s.kept_t, HostSync::moe);
+    else
+      r.kept.assign(static_cast<std::size_t>(T * k_), 1);
+  }
   // Tokens per expert: the choices before dropping (topk_routing's counts), from the ids.
   r.tokens_per_expert.assign(static_cast<std::size_t>(e_), 0.0);
   for (int64_t i = 0; i < T * k_; ++i)

@@ -115,6 +115,9 @@ class MoELayer {
     // Dispatch: the rows this rank's tokens send (alltoall: Permutation over global experts;
     // allgather: rows of the gathered tokens for this rank's experts), and what came back.
     std::vector<int64_t> row_token, row_slot;  // per row: token (gathered index) and its choice
+    // allgather: the EP group's chosen experts [EP, T, K] and (capacity) kept masks.
+    std::vector<int64_t> gathered_expert;
+    std::vector<uint8_t> gathered_kept;
     std::vector<int64_t> send_counts, recv_counts;  // alltoall, per EP rank (rows)
     std::vector<int64_t> recv_expert_counts;        // alltoall, [EP][L] rows received
     // On the device: per row its token (i64) and probability (f64), each token's rows
@@ -185,6 +188,9 @@ class MoELayer {
   // in out_dtype; the host sees the routing and the all-to-all split sizes only.
   Tensor dispatch_alltoall(Saved& s, DType out_dtype) const;
   Tensor dispatch_allgather(Saved& s) const;
+  // allgather: the EP group's chosen experts (and kept masks) all-gathered and read (one host
+  // round trip; this rank's routing is its part).
+  void gather_routing(Saved& s) const;
   // dy -> dx [T, H] (written); dprob: [T, K] f64 on the device (written).
   Tensor combine_backward_alltoall(const Tensor& dy, Saved& s, Tensor& dprob);
   Tensor combine_backward_allgather(const Tensor& dy, Saved& s, Tensor& dprob);
