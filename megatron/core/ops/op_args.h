@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 
 #include "megatron/core/tensor/tensor.h"
@@ -220,6 +221,35 @@ struct GradNormArgs {
   // The device of the gradients: clip_grad_norm calls grad_norm through this device's op table
   // (resolved the same way on a rank that holds no gradients).
   Device device = Device::cpu();
+};
+
+// moe_router_topk: Megatron's topk_softmax_with_capacity (moe_utils.py) per token t of logits l
+// [T, E] (the exact arithmetic: transformer/moe/moe_utils.h topk_routing, f64):
+//   softmax, pre_softmax: s = softmax(l); top-k of s; prob = s at the chosen experts
+//   softmax            : top-k of l; prob = softmax over the k chosen logits
+//   sigmoid            : s = sigmoid(l); top-k of s (+ expert_bias for the choice only);
+//                        prob = s / (sum of the k chosen + 1e-20) (k > 1; k = 1 keeps s)
+// group-limited routing (num_groups G, group_topk g > 0): only the experts of the g best groups
+// (a group's score: the sum of its k / g largest selection values; ties to the lower group);
+// prob *= scaling_factor last. Capacity c = ceil(T k / E * capacity_factor) per expert: the
+// policy `probs` keeps each expert's c choices of highest prob (ties: lower t * K + k),
+// `position` its first c; the rest are dropped (kept 0). Ties in every top-k: lower index first.
+// The load-balancing scores (aux_sums, aux_dscores) are softmax(l), or sigmoid(l) normalised per
+// token (+ 1e-20) for sigmoid (moe_utils.h aux_loss_scores); the z-loss (backward only here) is
+// z_loss_coeff * mean_t logsumexp(l_t)^2, its gradient seeded with z_loss_scale (moe_utils.h
+// z_loss).
+enum class MoeRouterScore : uint8_t { softmax, sigmoid };
+enum class MoeDropPolicy : uint8_t { probs, position };
+struct MoeRouterArgs {
+  int64_t topk = 1;
+  MoeRouterScore score = MoeRouterScore::softmax;
+  bool pre_softmax = false;
+  int64_t num_groups = 0, group_topk = 0;   // group-limited routing (group_topk 0: off)
+  std::optional<double> scaling_factor{};   // nullopt: none
+  std::optional<double> capacity_factor{};  // nullopt: dropless
+  MoeDropPolicy drop_policy = MoeDropPolicy::probs;
+  double z_loss_coeff = 0.0;  // moe_router_topk_bwd: the z-loss's coefficient (0: no z-loss)
+  double z_loss_scale = 1.0;  // and its gradient's seed (the aux-loss scale)
 };
 
 // Weight initialisation from the counter-based generator: element i of the FULL tensor draws from

@@ -144,6 +144,25 @@
   X(moe_unpermute_bwd, op, "",                                                                    \
     void(Tensor & drows, Tensor & dprob, const Tensor& dout, const Tensor& rows,                  \
          const Tensor& prob, const Tensor& index))                                                \
+  /* MoE router (MoeRouterArgs a): logits [T, E] f32/f64, expert_bias [E] f32 (optional; sigmoid) \
+     -> expert [T, K] i64 (descending score, ties to the lower expert), prob [T, K] f64, kept     \
+     [T, K] u8 (0: dropped for capacity), scores [T, E] f64 (the score function's, saved),        \
+     tokens_per_expert [E] f64 (choices before dropping), expert_counts [E] i64 (the kept         \
+     choices), aux_sums [G, E] f64 (row g: the sum over the tokens t = g mod G, ascending, of     \
+     the load-balancing scores), z_sum [1] f64 (sum over t of logsumexp(l_t)^2); the last         \
+     three optional; all written. */                                                              \
+  X(moe_router_topk, op, "moe_router_topk_bwd",                                                   \
+    void(Tensor & expert, Tensor & prob, Tensor & kept, Tensor & scores,                          \
+         Tensor & tokens_per_expert, Tensor & expert_counts, Tensor & aux_sums, Tensor & z_sum,   \
+         const Tensor& logits, const Tensor& expert_bias, const MoeRouterArgs& a))                \
+  /* dlogits [T, E] f64 (written) = d(prob) [T, K] f64 through the routing (dropped choices       \
+     give nothing), + d(load-balancing scores)[t, e] = aux_dscores[t mod G, e] ([G, E] f64,       \
+     optional) through them, + the z-loss's gradient (a.z_loss_coeff > 0), in that order;         \
+     from the forward's logits, expert, prob, kept and scores */                                  \
+  X(moe_router_topk_bwd, op, "",                                                                  \
+    void(Tensor & dlogits, const Tensor& dprob, const Tensor& aux_dscores, const Tensor& logits,  \
+         const Tensor& expert, const Tensor& prob, const Tensor& kept, const Tensor& scores,      \
+         const MoeRouterArgs& a))                                                                 \
   /* ---- optimizer and multi-tensor utilities ---- */                                            \
   X(adamw_step, op, "", void(std::span<const AdamParam> params, const AdamArgs& args))            \
   /* out [1] f32 or f64 (caller's choice) = sum of squares of all elements of all xs */           \

@@ -1116,6 +1116,98 @@ MoePermuteDims validate_moe_unpermute_bwd(const Placement& on, const Tensor& dro
   return {dout.size(0), r, dout.size(1)};
 }
 
+namespace {
+
+void check_router_tensor(const Placement& on, const char* op, const char* name, const Tensor& t,
+                         DType dtype, int64_t rows, int64_t cols) {
+  on.check(op, name, t);
+  const bool vec = cols < 0;
+  MG_CHECK(t.dtype() == dtype && t.dim() == (vec ? 1 : 2) && t.size(0) == rows &&
+               (vec || t.size(1) == cols),
+           op << ": " << name << " is " << t.str() << ", expected [" << rows
+              << (vec ? std::string() : ", " + std::to_string(cols)) << "] " << dtype_name(dtype));
+}
+
+MoeRouterDims check_router_common(const Placement& on, const char* op, const Tensor& logits,
+                                  const Tensor& expert, const Tensor& prob, const Tensor& kept,
+                                  const Tensor& scores, const MoeRouterArgs& a) {
+  on.check(op, "logits", logits);
+  MG_CHECK((logits.dtype() == DType::f32 || logits.dtype() == DType::f64) && logits.dim() == 2,
+           op << ": logits is " << logits.str() << ", expected [tokens, experts] f32 or f64");
+  const int64_t t = logits.size(0), e = logits.size(1), k = a.topk;
+  MG_CHECK(e >= 1 && k >= 1 && k <= e, op << ": topk " << k << " of " << e << " experts");
+  if (a.group_topk > 0)
+    MG_CHECK(a.num_groups >= 1 && e % a.num_groups == 0 && a.group_topk <= a.num_groups &&
+                 k % a.group_topk == 0 && k / a.group_topk <= e / a.num_groups,
+             op << ": group-limited routing of topk " << k << " over " << a.num_groups
+                << " groups (" << a.group_topk << " chosen) of " << e << " experts");
+  MG_CHECK(!a.capacity_factor || (std::isfinite(*a.capacity_factor) && *a.capacity_factor > 0.0),
+           op << ": capacity_factor " << *a.capacity_factor << " must be positive");
+  MG_CHECK(!a.scaling_factor || std::isfinite(*a.scaling_factor),
+           op << ": scaling_factor " << *a.scaling_factor << " must be finite");
+  MG_CHECK(std::isfinite(a.z_loss_coeff) && a.z_loss_coeff >= 0.0 && std::isfinite(a.z_loss_scale),
+           op << ": z_loss_coeff " << a.z_loss_coeff << " must be >= 0 and z_loss_scale "
+              << a.z_loss_scale << " finite");
+  check_router_tensor(on, op, "expert", expert, DType::i64, t, k);
+  check_router_tensor(on, op, "prob", prob, DType::f64, t, k);
+  check_router_tensor(on, op, "kept", kept, DType::u8, t, k);
+  check_router_tensor(on, op, "scores", scores, DType::f64, t, e);
+  return {t, e, k};
+}
+
+void check_router_rows(const Placement& on, const char* op, const char* name, const Tensor& t,
+                       int64_t e) {
+  on.check(op, name, t);
+  MG_CHECK(t.dtype() == DType::f64 && t.dim() == 2 && t.size(0) >= 1 && t.size(1) == e,
+           op << ": " << name << " is " << t.str() << ", expected [rows >= 1, " << e << "] f64");
+}
+
+}  // namespace
+
+MoeRouterDims validate_moe_router_topk(const Placement& on, const Tensor& expert,
+                                       const Tensor& prob, const Tensor& kept, const Tensor& scores,
+                                       const Tensor& tokens_per_expert, const Tensor& expert_counts,
+                                       const Tensor& aux_sums, const Tensor& z_sum,
+                                       const Tensor& logits, const Tensor& expert_bias,
+                                       const MoeRouterArgs& args) {
+  const char* op = "moe_router_topk";
+  const MoeRouterDims d = check_router_common(on, op, logits, expert, prob, kept, scores, args);
+  check_router_tensor(on, op, "tokens_per_expert", tokens_per_expert, DType::f64, d.e, -1);
+  if (expert_counts.defined())
+    check_router_tensor(on, op, "expert_counts", expert_counts, DType::i64, d.e, -1);
+  if (aux_sums.defined()) check_router_rows(on, op, "aux_sums", aux_sums, d.e);
+  if (z_sum.defined()) check_router_tensor(on, op, "z_sum", z_sum, DType::f64, 1, -1);
+  if (expert_bias.defined()) {
+    check_router_tensor(on, op, "expert_bias", expert_bias, DType::f32, d.e, -1);
+    MG_CHECK(args.score == MoeRouterScore::sigmoid, op << ": an expert bias needs sigmoid scores");
+  }
+  const Tensor* outs[] = {&expert,        &prob,     &kept, &scores, &tokens_per_expert,
+                          &expert_counts, &aux_sums, &z_sum};
+  for (const Tensor* o : outs) {
+    MG_CHECK(!overlaps(*o, logits) && !overlaps(*o, expert_bias),
+             op << ": the outputs must not alias logits or expert_bias");
+    for (const Tensor* q : outs)
+      MG_CHECK(o == q || !overlaps(*o, *q), op << ": the outputs must not alias each other");
+  }
+  return d;
+}
+
+MoeRouterDims validate_moe_router_topk_bwd(const Placement& on, const Tensor& dlogits,
+                                           const Tensor& dprob, const Tensor& aux_dscores,
+                                           const Tensor& logits, const Tensor& expert,
+                                           const Tensor& prob, const Tensor& kept,
+                                           const Tensor& scores, const MoeRouterArgs& args) {
+  const char* op = "moe_router_topk_bwd";
+  const MoeRouterDims d = check_router_common(on, op, logits, expert, prob, kept, scores, args);
+  check_router_tensor(on, op, "dlogits", dlogits, DType::f64, d.t, d.e);
+  check_router_tensor(on, op, "dprob", dprob, DType::f64, d.t, d.k);
+  if (aux_dscores.defined()) check_router_rows(on, op, "aux_dscores", aux_dscores, d.e);
+  const Tensor* ins[] = {&dprob, &aux_dscores, &logits, &expert, &prob, &kept, &scores};
+  for (const Tensor* i : ins)
+    MG_CHECK(!overlaps(dlogits, *i), op << ": dlogits must not alias its inputs");
+  return d;
+}
+
 void validate_moe_indices(const char* op, const char* name, std::span<const int64_t> v, int64_t n) {
   for (std::size_t i = 0; i < v.size(); ++i)
     MG_CHECK(v[i] >= 0 && v[i] < n,

@@ -279,6 +279,28 @@ MoePermuteDims validate_moe_unpermute_bwd(const Placement& on, const Tensor& dro
                                           const Tensor& dprob, const Tensor& dout,
                                           const Tensor& rows, const Tensor& prob,
                                           const Tensor& index);
+// ---- MoE router --------------------------------------------------------------------------------
+struct MoeRouterDims {
+  int64_t t = 0, e = 0, k = 0;  // tokens, experts, topk
+};
+// logits [T, E] f32 or f64; expert [T, K] i64, prob [T, K] f64, kept [T, K] u8, scores [T, E]
+// f64, tokens_per_expert [E] f64, expert_counts [E] i64, aux_sums [G, E] f64 (G >= 1), z_sum [1]
+// f64 (the last three optional), expert_bias [E] f32 (optional; sigmoid only); args: 1 <= K <= E,
+// valid groups (E % G == 0, g <= G, K % g == 0, K / g <= E / G), capacity_factor > 0, finite
+// scaling_factor, z_loss_coeff >= 0 and finite z_loss_scale.
+MoeRouterDims validate_moe_router_topk(const Placement& on, const Tensor& expert,
+                                       const Tensor& prob, const Tensor& kept, const Tensor& scores,
+                                       const Tensor& tokens_per_expert, const Tensor& expert_counts,
+                                       const Tensor& aux_sums, const Tensor& z_sum,
+                                       const Tensor& logits, const Tensor& expert_bias,
+                                       const MoeRouterArgs& args);
+// dlogits [T, E] f64, dprob [T, K] f64, aux_dscores [G, E] f64 (optional) and the forward's
+// tensors as above.
+MoeRouterDims validate_moe_router_topk_bwd(const Placement& on, const Tensor& dlogits,
+                                           const Tensor& dprob, const Tensor& aux_dscores,
+                                           const Tensor& logits, const Tensor& expert,
+                                           const Tensor& prob, const Tensor& kept,
+                                           const Tensor& scores, const MoeRouterArgs& args);
 // Index values (a host copy): each in [0, n).
 void validate_moe_indices(const char* op, const char* name, std::span<const int64_t> v, int64_t n);
 

@@ -1,6 +1,9 @@
 // CPU MoE token permutation (op_list.h moe_permute / moe_unpermute / moe_unpermute_bwd): the rows
 // a MoE layer sends to its experts, gathered from the tokens in expert-major order, and the
-// probability-weighted sum that brings the expert outputs back to their tokens.
+// probability-weighted sum that brings the expert outputs back to their tokens. And the router
+// (moe_router_topk / moe_router_topk_bwd): the host routing math of transformer/moe/moe_utils.h
+// (topk_routing, topk_routing_backward, the one f64 implementation in megatron_core) on the op's
+// host tensors, so the op's results are that code's bit for bit.
 //
 // Gradient rule: activation gradients are written (=): drows, dprob, and moe_unpermute's out
 // (which is moe_permute's backward). Numerics: every sum in f64, rounded once to the output's
@@ -9,11 +12,13 @@
 // so the results equal the MoE layer's former host arithmetic bit for bit and do not depend on the
 // thread count (each output row is one thread's).
 // Not here: index values are checked from the host tensors (every call), CUDA's kernels do not.
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <vector>
 
 #include "megatron/core/ops/ops.h"
+#include "megatron/core/transformer/moe/moe_utils.h"
 #include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
@@ -121,9 +126,105 @@ void moe_unpermute_bwd(Tensor& drows, Tensor& dprob, const Tensor& dout, const T
   });
 }
 
+namespace moe = transformer::moe;
+
+moe::RouterOptions router_options(const ops::MoeRouterArgs& a, int64_t num_experts) {
+  moe::RouterOptions o;
+  o.num_experts = num_experts;
+  o.topk = a.topk;
+  o.score_function = a.score == ops::MoeRouterScore::softmax
+                         ? transformer::MoeScoreFunction::softmax
+                         : transformer::MoeScoreFunction::sigmoid;
+  o.pre_softmax = a.pre_softmax;
+  o.capacity_factor = a.capacity_factor;
+  o.drop_policy = a.drop_policy == ops::MoeDropPolicy::probs
+                      ? transformer::MoeTokenDropPolicy::probs
+                      : transformer::MoeTokenDropPolicy::position;
+  o.num_groups = a.group_topk > 0 ? a.num_groups : 0;
+  o.group_topk = a.group_topk;
+  o.scaling_factor = a.scaling_factor;
+  return o;
+}
+
+template <typename T>
+void write(Tensor& out, const std::vector<T>& v) {
+  std::copy(v.begin(), v.end(), out.data<T>());
+}
+
+void moe_router_topk(Tensor& expert, Tensor& prob, Tensor& kept, Tensor& scores,
+                     Tensor& tokens_per_expert, Tensor& expert_counts, Tensor& aux_sums,
+                     Tensor& z_sum, const Tensor& logits, const Tensor& expert_bias,
+                     const ops::MoeRouterArgs& args) {
+  const ops::MoeRouterDims d =
+      ops::validate_moe_router_topk(kOnHost, expert, prob, kept, scores, tokens_per_expert,
+                                    expert_counts, aux_sums, z_sum, logits, expert_bias, args);
+  const std::vector<double> l = logits.to_vector<double>();
+  const std::vector<float> bias =
+      expert_bias.defined() ? expert_bias.to_vector<float>() : std::vector<float>{};
+  const moe::RouterOptions o = router_options(args, d.e);
+  const moe::Routing r = moe::topk_routing(l, d.t, o, expert_bias.defined() ? &bias : nullptr);
+  write(expert, r.expert);
+  write(prob, r.prob);
+  write(kept, r.kept);
+  write(scores, r.scores);
+  write(tokens_per_expert, r.tokens_per_expert);
+  if (expert_counts.defined()) {
+    int64_t* c = expert_counts.data<int64_t>();
+    std::fill(c, c + d.e, int64_t{0});
+    for (int64_t i = 0; i < d.t * d.k; ++i)
+      if (r.kept[static_cast<std::size_t>(i)]) ++c[r.expert[static_cast<std::size_t>(i)]];
+  }
+  if (aux_sums.defined()) {
+    // The load-balancing losses' sums (moe_utils.cpp's order: tokens ascending per entry).
+    const int64_t g = aux_sums.size(0);
+    const std::vector<double> aux = moe::aux_loss_scores(l, d.t, d.e, o.score_function);
+    std::vector<double> sums(static_cast<std::size_t>(g * d.e), 0.0);
+    for (int64_t t = 0; t < d.t; ++t)
+      for (int64_t e = 0; e < d.e; ++e) sums[(t % g) * d.e + e] += aux[t * d.e + e];
+    write(aux_sums, sums);
+  }
+  if (z_sum.defined()) z_sum.data<double>()[0] = moe::z_loss_sum(l, d.t, d.e);
+}
+
+void moe_router_topk_bwd(Tensor& dlogits, const Tensor& dprob, const Tensor& aux_dscores,
+                         const Tensor& logits, const Tensor& expert, const Tensor& prob,
+                         const Tensor& kept, const Tensor& scores, const ops::MoeRouterArgs& args) {
+  constexpr const char* op = "moe_router_topk_bwd";
+  const ops::MoeRouterDims d = ops::validate_moe_router_topk_bwd(
+      kOnHost, dlogits, dprob, aux_dscores, logits, expert, prob, kept, scores, args);
+  moe::Routing r;
+  r.num_tokens = d.t;
+  r.num_experts = d.e;
+  r.topk = d.k;
+  r.expert = expert.to_vector<int64_t>();
+  ops::validate_moe_indices(op, "expert", r.expert, d.e);
+  r.prob = prob.to_vector<double>();
+  r.kept = kept.to_vector<uint8_t>();
+  r.scores = scores.to_vector<double>();
+  const std::vector<double> l = logits.to_vector<double>();
+  const moe::RouterOptions o = router_options(args, d.e);
+  // The MoE layer's former host order: the routing's gradient, the load-balancing scores', the
+  // z-loss's, each added (+=) to the one f64 buffer.
+  std::vector<double> dl(static_cast<std::size_t>(d.t * d.e), 0.0);
+  moe::topk_routing_backward(r, l, dprob.to_vector<double>(), o, dl);
+  if (aux_dscores.defined()) {
+    const int64_t g = aux_dscores.size(0);
+    const std::vector<double> rows = aux_dscores.to_vector<double>();
+    std::vector<double> ds(static_cast<std::size_t>(d.t * d.e));
+    for (int64_t t = 0; t < d.t; ++t)
+      std::copy_n(rows.begin() + (t % g) * d.e, d.e, ds.begin() + t * d.e);
+    moe::aux_loss_scores_backward(l, moe::aux_loss_scores(l, d.t, d.e, o.score_function), ds, d.t,
+                                  d.e, o.score_function, dl);
+  }
+  if (args.z_loss_coeff > 0.0) moe::z_loss(l, d.t, d.e, args.z_loss_coeff, args.z_loss_scale, &dl);
+  write(dlogits, dl);
+}
+
 }  // namespace
 
 void register_moe_kernels(plugin::Registry& r) {
+  r.register_op<ops::OpId::moe_router_topk>("cpu", &moe_router_topk, "cpu:host");
+  r.register_op<ops::OpId::moe_router_topk_bwd>("cpu", &moe_router_topk_bwd, "cpu:host");
   r.register_op<ops::OpId::moe_permute>("cpu", &moe_permute, "cpu:omp");
   r.register_op<ops::OpId::moe_unpermute>("cpu", &moe_unpermute, "cpu:omp");
   r.register_op<ops::OpId::moe_unpermute_bwd>("cpu", &moe_unpermute_bwd, "cpu:omp");

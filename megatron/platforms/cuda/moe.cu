@@ -8,6 +8,19 @@
 // Not here: index values are not checked (that needs a host copy); an index outside its range
 // reads zeros (moe_permute) or is skipped (moe_unpermute, moe_unpermute_bwd), never memory
 // outside the tensors. Correct-first: one thread per dprob row.
+//
+// The router (moe_router_topk / moe_router_topk_bwd), the CPU's topk_routing on the device: one
+// warp per token. The lanes compute the scores element-wise and every top-k as warp arg-max
+// reductions (exact: larger value, then lower index, the CPU's tie rule, in any order); the sums
+// (softmax denominators, group scores, probabilities, the backward's dot products) run in one
+// lane in the CPU's order. Capacity: one thread per choice counts the choices of its expert ahead
+// of it (probs: higher prob, then lower index; position: lower index). No atomics: deterministic;
+// equal to the CPU up to exp/log rounding and FMA contraction (the same choices unless two
+// selection values differ only in that rounding). Correct-first: O((T K)^2) capacity, O(E T K)
+// counts; topk and group_topk at most kMaxRouterTopk.
+#include <algorithm>
+#include <cmath>
+
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
@@ -125,9 +138,405 @@ void moe_unpermute_bwd(Tensor& drows, Tensor& dprob, const Tensor& dout, const T
   }
 }
 
+constexpr int kMaxRouterTopk = 64;
+constexpr double kSigmoidNormEps = 1e-20;  // Megatron's "+ 1e-20" (moe_utils.cpp)
+
+struct Pick {
+  double v;
+  int64_t i;  // -1: none
+};
+
+__device__ __forceinline__ Pick better(Pick a, Pick b) {
+  if (a.i < 0) return b;
+  if (b.i < 0) return a;
+  return b.v > a.v || (b.v == a.v && b.i < a.i) ? b : a;
+}
+
+// The warp's best pick (every lane gets it).
+__device__ __forceinline__ Pick warp_best(Pick p) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    Pick q;
+    q.v = __shfl_xor_sync(0xffffffffu, p.v, o);
+    q.i = __shfl_xor_sync(0xffffffffu, p.i, o);
+    p = better(p, q);
+  }
+  return p;
+}
+
+__device__ __forceinline__ bool picked(const int64_t* list, int n, int64_t e) {
+  for (int j = 0; j < n; ++j)
+    if (list[j] == e) return true;
+  return false;
+}
+
+struct RouterKernelArgs {
+  int64_t t, e, k, groups, group_topk;
+  bool sigmoid, pre_softmax, has_scale;
+  double scale;
+};
+
+// One warp per token (blockDim.x = 32 * tokens per block).
+__global__ void moe_router_topk_kernel(int64_t* expert, double* prob, uint8_t* kept, double* scores,
+                                       double* gscore_ws, const void* logits, DType tl,
+                                       const float* bias, RouterKernelArgs a) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int64_t tok = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x / 32);
+  if (tok >= a.t) return;  // a whole warp leaves together
+  const int64_t E = a.e, K = a.k;
+  double* s = scores + tok * E;
+  auto logit = [&](int64_t e) { return load<double>(logits, tl, tok * E + e); };
+  // Scores: softmax (max exact in any order; the sum in expert order in lane 0) or sigmoid.
+  if (!a.sigmoid) {
+    double mx = -INFINITY;
+    for (int64_t e = lane; e < E; e += 32) mx = fmax(mx, logit(e));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int64_t e = lane; e < E; e += 32) s[e] = exp(logit(e) - mx);
+    __syncwarp();
+    double sum = 0.0;
+    if (lane == 0)
+      for (int64_t e = 0; e < E; ++e) sum += s[e];
+    sum = __shfl_sync(0xffffffffu, sum, 0);
+    for (int64_t e = lane; e < E; e += 32) s[e] = s[e] / sum;
+  } else {
+    for (int64_t e = lane; e < E; e += 32) s[e] = 1.0 / (1.0 + exp(-logit(e)));
+  }
+  __syncwarp();
+  // Selection values: with groups or a bias the logits (softmax without pre-softmax) or the scores,
+  // + the bias; else the logits (the host's choice: the same order, but exact where a score
+  // saturates).
+  const bool on_logits = (!a.sigmoid && !a.pre_softmax) || (a.group_topk == 0 && !bias);
+  auto value = [&](int64_t e) {
+    const double base = on_logits ? logit(e) : s[e];
+    return bias ? base + static_cast<double>(bias[e]) : base;
+  };
+  int64_t chosen[kMaxRouterTopk];
+  int64_t groups[kMaxRouterTopk];
+  const int64_t G = a.group_topk > 0 ? a.groups : 1, g = a.group_topk > 0 ? a.group_topk : 1;
+  const int64_t per = E / G;
+  if (a.group_topk > 0) {
+    // Group score: the sum of its K / g largest values, in descending order.
+    double* gs = gscore_ws + tok * G;
+    const int64_t take = K / g;
+    for (int64_t grp = 0; grp < G; ++grp) {
+      double sum = 0.0;
+      for (int j = 0; j < take; ++j) {
+        Pick p{0.0, -1};
+        for (int64_t e = grp * per + lane; e < (grp + 1) * per; e += 32)
+          if (!picked(chosen, j, e)) p = better(p, Pick{value(e), e});
+        p = warp_best(p);
+        chosen[j] = p.i;
+        sum += p.v;
+      }
+      if (lane == 0) gs[grp] = sum;
+    }
+    __syncwarp();
+    for (int j = 0; j < g; ++j) {
+      Pick p{0.0, -1};
+      for (int64_t q = lane; q < G; q += 32)
+        if (!picked(groups, j, q)) p = better(p, Pick{gs[q], q});
+      groups[j] = warp_best(p).i;
+    }
+  }
+  for (int j = 0; j < K; ++j) {
+    Pick p{0.0, -1};
+    for (int64_t e = lane; e < E; e += 32) {
+      if (a.group_topk > 0 && !picked(groups, static_cast<int>(g), e / per)) continue;
+      if (!picked(chosen, j, e)) p = better(p, Pick{value(e), e});
+    }
+    chosen[j] = warp_best(p).i;
+  }
+  if (lane != 0) return;
+  int64_t* ex = expert + tok * K;
+  double* pr = prob + tok * K;
+  for (int j = 0; j < K; ++j) {
+    ex[j] = chosen[j];
+    kept[tok * K + j] = 1;
+  }
+  if (!a.sigmoid) {
+    if (a.pre_softmax) {
+      for (int j = 0; j < K; ++j) pr[j] = s[chosen[j]];
+    } else {
+      double mx = logit(chosen[0]);
+      for (int j = 1; j < K; ++j) mx = fmax(mx, logit(chosen[j]));
+      double sum = 0.0;
+      for (int j = 0; j < K; ++j) sum += (pr[j] = exp(logit(chosen[j]) - mx));
+      for (int j = 0; j < K; ++j) pr[j] /= sum;
+    }
+  } else {
+    double sum = 0.0;
+    for (int j = 0; j < K; ++j) sum += (pr[j] = s[chosen[j]]);
+    if (K > 1)
+      for (int j = 0; j < K; ++j) pr[j] /= sum + kSigmoidNormEps;
+  }
+  if (a.has_scale)
+    for (int j = 0; j < K; ++j) pr[j] *= a.scale;
+}
+
+// Capacity: choice i is dropped when `capacity` choices of its expert come before it.
+__global__ void moe_router_capacity_kernel(uint8_t* kept, const int64_t* expert, const double* prob,
+                                           int64_t n, int64_t capacity, bool by_prob) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    const int64_t e = expert[i];
+    int64_t ahead = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (j == i || expert[j] != e) continue;
+      if (by_prob ? (prob[j] > prob[i] || (!(prob[i] > prob[j]) && j < i)) : j < i) ++ahead;
+    }
+    kept[i] = ahead < capacity ? 1 : 0;
+  }
+}
+
+__global__ void moe_router_counts_kernel(double* tokens_per_expert, int64_t* expert_counts,
+                                         const int64_t* expert, const uint8_t* kept, int64_t n,
+                                         int64_t num_experts) {
+  for (int64_t e = grid_start(); e < num_experts; e += grid_stride()) {
+    int64_t chosen = 0, kept_n = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (expert[i] == e) {
+        ++chosen;
+        kept_n += kept[i] ? 1 : 0;
+      }
+    tokens_per_expert[e] = static_cast<double>(chosen);
+    if (expert_counts) expert_counts[e] = kept_n;
+  }
+}
+
+// The load-balancing scores' row sums (sigmoid: sum_e s[t, e]) and logsumexp(l_t), per token.
+__global__ void moe_router_token_stats_kernel(double* sig_sum, double* lse, const double* scores,
+                                              const void* logits, DType tl, int64_t t, int64_t e) {
+  for (int64_t tok = grid_start(); tok < t; tok += grid_stride()) {
+    if (sig_sum) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < e; ++j) sum += scores[tok * e + j];
+      sig_sum[tok] = sum;
+    }
+    if (lse) {
+      double mx = load<double>(logits, tl, tok * e);
+      for (int64_t j = 1; j < e; ++j) mx = fmax(mx, load<double>(logits, tl, tok * e + j));
+      double se = 0.0;
+      for (int64_t j = 0; j < e; ++j) se += exp(load<double>(logits, tl, tok * e + j) - mx);
+      lse[tok] = mx + log(se);
+    }
+  }
+}
+
+// aux_sums[g, e] = sum over t = g mod G, ascending, of the load-balancing score of (t, e).
+__global__ void moe_router_aux_sums_kernel(double* aux_sums, const double* scores,
+                                           const double* sig_sum, int64_t t, int64_t e, int64_t g) {
+  for (int64_t i = grid_start(); i < g * e; i += grid_stride()) {
+    const int64_t row = i / e, col = i - row * e;
+    double sum = 0.0;
+    for (int64_t tok = row; tok < t; tok += g) {
+      const double v = scores[tok * e + col];
+      sum += sig_sum ? v / (sig_sum[tok] + kSigmoidNormEps) : v;
+    }
+    aux_sums[i] = sum;
+  }
+}
+
+__global__ void moe_router_z_sum_kernel(double* z_sum, const double* lse, int64_t t) {
+  if (grid_start() != 0) return;
+  double sum = 0.0;
+  for (int64_t tok = 0; tok < t; ++tok) sum += lse[tok] * lse[tok];
+  z_sum[0] = sum;
+}
+
+// One thread per token: topk_routing_backward, aux_loss_scores_backward and z_loss's gradient
+// (moe_utils.cpp) in their order.
+__global__ void moe_router_topk_bwd_kernel(double* dlogits, const double* dprob,
+                                           const double* aux_dscores, int64_t aux_rows,
+                                           const void* logits, DType tl, const int64_t* expert,
+                                           const double* prob, const uint8_t* kept,
+                                           const double* scores, RouterKernelArgs a, double z_coeff,
+                                           double z_scale) {
+  const int64_t E = a.e, K = a.k;
+  for (int64_t t = grid_start(); t < a.t; t += grid_stride()) {
+    double* dl = dlogits + t * E;
+    for (int64_t e = 0; e < E; ++e) dl[e] = 0.0;
+    const int64_t* ex = expert + t * K;
+    const double* s = scores + t * E;
+    auto logit = [&](int64_t e) { return load<double>(logits, tl, t * E + e); };
+    double g[kMaxRouterTopk], unscaled[kMaxRouterTopk];
+    bool any = false;
+    for (int k = 0; k < K; ++k) {
+      g[k] = kept[t * K + k] ? dprob[t * K + k] : 0.0;
+      if (a.has_scale) g[k] *= a.scale;
+      any |= g[k] != 0.0;
+    }
+    if (any) {
+      const double* p = prob + t * K;
+      if (a.has_scale && !a.sigmoid && !a.pre_softmax) {
+        double mx = logit(ex[0]);
+        for (int k = 1; k < K; ++k) mx = fmax(mx, logit(ex[k]));
+        double sum = 0.0;
+        for (int k = 0; k < K; ++k) sum += (unscaled[k] = exp(logit(ex[k]) - mx));
+        for (int k = 0; k < K; ++k) unscaled[k] /= sum;
+        p = unscaled;
+      }
+      if (!a.sigmoid) {
+        if (a.pre_softmax) {
+          auto ds = [&](int64_t e) {
+            double v = 0.0;
+            for (int k = 0; k < K; ++k)
+              if (ex[k] == e) v += g[k];
+            return v;
+          };
+          double dot = 0.0;
+          for (int64_t e = 0; e < E; ++e) dot += s[e] * ds(e);
+          for (int64_t e = 0; e < E; ++e) dl[e] += s[e] * (ds(e) - dot);
+        } else {
+          double dot = 0.0;
+          for (int k = 0; k < K; ++k) dot += p[k] * g[k];
+          for (int k = 0; k < K; ++k) dl[ex[k]] += p[k] * (g[k] - dot);
+        }
+      } else {
+        double sum = 0.0, gq = 0.0;
+        for (int k = 0; k < K; ++k) {
+          sum += s[ex[k]];
+          gq += g[k] * s[ex[k]];
+        }
+        const double den = sum + kSigmoidNormEps;
+        for (int k = 0; k < K; ++k) {
+          const double q = s[ex[k]];
+          const double dq = K > 1 ? g[k] / den - gq / (den * den) : g[k];
+          dl[ex[k]] += dq * q * (1.0 - q);
+        }
+      }
+    }
+    if (aux_dscores) {
+      // The load-balancing scores are the softmax scores, or the sigmoid scores normalised.
+      const double* d = aux_dscores + (t % aux_rows) * E;
+      if (!a.sigmoid) {
+        double dot = 0.0;
+        for (int64_t e = 0; e < E; ++e) dot += s[e] * d[e];
+        for (int64_t e = 0; e < E; ++e) dl[e] += s[e] * (d[e] - dot);
+      } else {
+        double sum = 0.0, gs = 0.0;
+        for (int64_t e = 0; e < E; ++e) {
+          sum += s[e];
+          gs += d[e] * s[e];
+        }
+        const double den = sum + kSigmoidNormEps;
+        for (int64_t e = 0; e < E; ++e)
+          dl[e] += (d[e] / den - gs / (den * den)) * s[e] * (1.0 - s[e]);
+      }
+    }
+    if (z_coeff > 0.0) {
+      double mx = logit(0);
+      for (int64_t e = 1; e < E; ++e) mx = fmax(mx, logit(e));
+      double se = 0.0;
+      for (int64_t e = 0; e < E; ++e) se += exp(logit(e) - mx);
+      const double lse = mx + log(se);
+      const double gz = z_scale * z_coeff * 2.0 * lse / static_cast<double>(a.t);
+      for (int64_t e = 0; e < E; ++e) dl[e] += gz * (exp(logit(e) - mx) / se);
+    }
+  }
+}
+
+RouterKernelArgs router_kernel_args(const ops::MoeRouterDims& d, const ops::MoeRouterArgs& a) {
+  MG_CHECK(d.k <= kMaxRouterTopk,
+           "moe_router_topk: topk " << d.k << " is over the CUDA kernel's " << kMaxRouterTopk);
+  RouterKernelArgs k{};
+  k.t = d.t;
+  k.e = d.e;
+  k.k = d.k;
+  k.groups = a.group_topk > 0 ? a.num_groups : 0;
+  k.group_topk = a.group_topk;
+  k.sigmoid = a.score == ops::MoeRouterScore::sigmoid;
+  k.pre_softmax = a.pre_softmax;
+  k.has_scale = a.scaling_factor.has_value();
+  k.scale = a.scaling_factor.value_or(1.0);
+  return k;
+}
+
+void moe_router_topk(Tensor& expert, Tensor& prob, Tensor& kept, Tensor& scores,
+                     Tensor& tokens_per_expert, Tensor& expert_counts, Tensor& aux_sums,
+                     Tensor& z_sum, const Tensor& logits, const Tensor& expert_bias,
+                     const ops::MoeRouterArgs& args) {
+  const ops::MoeRouterDims d =
+      ops::validate_moe_router_topk(OnCudaDevice{}, expert, prob, kept, scores, tokens_per_expert,
+                                    expert_counts, aux_sums, z_sum, logits, expert_bias, args);
+  const RouterKernelArgs ka = router_kernel_args(d, args);
+  MG_CHECK(d.t <= (int64_t{1} << 20) * (kThreads / 32),
+           "moe_router_topk: " << d.t << " tokens are over the CUDA kernel's grid");
+  const int dev = logits.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  if (d.t > 0) {
+    Tensor gscore;
+    if (ka.group_topk > 0) gscore = Tensor::empty({d.t, ka.groups}, DType::f64, logits.device());
+    constexpr int kWarps = kThreads / 32;
+    moe_router_topk_kernel<<<grid_for(d.t, kWarps), kThreads, 0, s>>>(
+        expert.data<int64_t>(), prob.data<double>(), kept.data<uint8_t>(), scores.data<double>(),
+        gscore.defined() ? gscore.data<double>() : nullptr, logits.raw_data(), logits.dtype(),
+        expert_bias.defined() ? expert_bias.data<float>() : nullptr, ka);
+    MG_CUDA_CHECK_LAUNCH();
+    if (args.capacity_factor) {
+      const auto capacity = static_cast<int64_t>(std::ceil(
+          static_cast<double>(d.t * d.k) / static_cast<double>(d.e) * *args.capacity_factor));
+      moe_router_capacity_kernel<<<grid_for(d.t * d.k), kThreads, 0, s>>>(
+          kept.data<uint8_t>(), expert.data<int64_t>(), prob.data<double>(), d.t * d.k, capacity,
+          args.drop_policy == ops::MoeDropPolicy::probs);
+      MG_CUDA_CHECK_LAUNCH();
+    }
+  }
+  moe_router_counts_kernel<<<grid_for(d.e), kThreads, 0, s>>>(
+      tokens_per_expert.data<double>(),
+      expert_counts.defined() ? expert_counts.data<int64_t>() : nullptr, expert.data<int64_t>(),
+      kept.data<uint8_t>(), d.t * d.k, d.e);
+  MG_CUDA_CHECK_LAUNCH();
+  if (aux_sums.defined() || z_sum.defined()) {
+    Tensor sig_sum, lse;
+    if (aux_sums.defined() && ka.sigmoid)
+      sig_sum = Tensor::empty({std::max<int64_t>(d.t, 1)}, DType::f64, logits.device());
+    if (z_sum.defined())
+      lse = Tensor::empty({std::max<int64_t>(d.t, 1)}, DType::f64, logits.device());
+    if (d.t > 0 && (sig_sum.defined() || lse.defined())) {
+      moe_router_token_stats_kernel<<<grid_for(d.t), kThreads, 0, s>>>(
+          sig_sum.defined() ? sig_sum.data<double>() : nullptr,
+          lse.defined() ? lse.data<double>() : nullptr, scores.data<double>(), logits.raw_data(),
+          logits.dtype(), d.t, d.e);
+      MG_CUDA_CHECK_LAUNCH();
+    }
+    if (aux_sums.defined()) {
+      const int64_t g = aux_sums.size(0);
+      moe_router_aux_sums_kernel<<<grid_for(g * d.e), kThreads, 0, s>>>(
+          aux_sums.data<double>(), scores.data<double>(),
+          sig_sum.defined() ? sig_sum.data<double>() : nullptr, d.t, d.e, g);
+      MG_CUDA_CHECK_LAUNCH();
+    }
+    if (z_sum.defined()) {
+      moe_router_z_sum_kernel<<<1, 32, 0, s>>>(z_sum.data<double>(), lse.data<double>(), d.t);
+      MG_CUDA_CHECK_LAUNCH();
+    }
+  }
+}
+
+void moe_router_topk_bwd(Tensor& dlogits, const Tensor& dprob, const Tensor& aux_dscores,
+                         const Tensor& logits, const Tensor& expert, const Tensor& prob,
+                         const Tensor& kept, const Tensor& scores, const ops::MoeRouterArgs& args) {
+  const ops::MoeRouterDims d = ops::validate_moe_router_topk_bwd(
+      OnCudaDevice{}, dlogits, dprob, aux_dscores, logits, expert, prob, kept, scores, args);
+  if (d.t == 0) return;
+  const RouterKernelArgs ka = router_kernel_args(d, args);
+  const int dev = logits.device().index;
+  DeviceGuard guard(dev);
+  moe_router_topk_bwd_kernel<<<grid_for(d.t), kThreads, 0, current_stream(dev)>>>(
+      dlogits.data<double>(), dprob.data<double>(),
+      aux_dscores.defined() ? aux_dscores.data<double>() : nullptr,
+      aux_dscores.defined() ? aux_dscores.size(0) : 1, logits.raw_data(), logits.dtype(),
+      expert.data<int64_t>(), prob.data<double>(), kept.data<uint8_t>(), scores.data<double>(), ka,
+      args.z_loss_coeff, args.z_loss_scale);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void register_moe_kernels(plugin::Registry& r) {
+  r.register_op<ops::OpId::moe_router_topk>("cuda", &moe_router_topk, "cuda:moe");
+  r.register_op<ops::OpId::moe_router_topk_bwd>("cuda", &moe_router_topk_bwd, "cuda:moe");
   r.register_op<ops::OpId::moe_permute>("cuda", &moe_permute, "cuda:moe");
   r.register_op<ops::OpId::moe_unpermute>("cuda", &moe_unpermute, "cuda:moe");
   r.register_op<ops::OpId::moe_unpermute_bwd>("cuda", &moe_unpermute_bwd, "cuda:moe");

@@ -109,6 +109,18 @@ MoELayer::MoELayer(const ModuleContext& ctx, ParamBuilder& pb, const std::string
   k_ = c.moe_router_topk;
   f_ = c.expert_ffn_hidden_size();
   router_ = RouterOptions::from_config(c);
+  router_args_.topk = router_.topk;
+  router_args_.score = router_.score_function == MoeScoreFunction::softmax
+                           ? ops::MoeRouterScore::softmax
+                           : ops::MoeRouterScore::sigmoid;
+  router_args_.pre_softmax = router_.pre_softmax;
+  router_args_.num_groups = router_.num_groups;
+  router_args_.group_topk = router_.group_topk;
+  router_args_.scaling_factor = router_.scaling_factor;
+  router_args_.capacity_factor = router_.capacity_factor;
+  router_args_.drop_policy = router_.drop_policy == MoeTokenDropPolicy::probs
+                                 ? ops::MoeDropPolicy::probs
+                                 : ops::MoeDropPolicy::position;
   const int64_t ep = ep_size();
   MG_CHECK(e_ % ep == 0, "--num-experts " << e_ << " must be divisible by "
                                           << "--expert-model-parallel-size " << ep);
@@ -366,12 +378,16 @@ Tensor MoELayer::dispatch_alltoall(Saved& s, DType out_dtype) const {
   s.row_token = p.row_token;
   s.row_slot = p.row_slot;
   const int64_t rows = static_cast<int64_t>(p.row_token.size());
-  // Per row: its token's probability for that choice; the token sums' index lists.
-  std::vector<double> prob(static_cast<std::size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) prob[i] = s.routing.prob[s.row_token[i] * k_ + s.row_slot[i]];
-  s.row_prob_t = Tensor::from_vector(prob, {rows}, DType::f64).to(ctx_.device);
+  // Per row: its choice (t K + k) and that choice's probability, gathered on the device; the
+  // token sums' index lists, and each choice's row (d(prob) in backward).
+  std::vector<int64_t> entry(static_cast<std::size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) entry[i] = s.row_token[i] * k_ + s.row_slot[i];
+  Tensor row_prob = Tensor::empty({rows, 1}, DType::f64, ctx_.device);
+  ctx_.op().moe_permute(row_prob, s.prob_t.view({T * k_, 1}), index_tensor(ctx_, entry));
+  s.row_prob_t = row_prob.view({rows});
   s.row_token_t = index_tensor(ctx_, s.row_token);
   token_rows(ctx_, s.row_token, T, s.token_offsets_t, s.token_rows_t);
+  token_rows(ctx_, entry, T * k_, s.entry_offsets_t, s.entry_rows_t);
   Tensor send = Tensor::empty({rows, h_}, ctx_.dtype, ctx_.device);
   ctx_.op().moe_permute(send, s.x, s.row_token_t);
   s.send_counts.assign(static_cast<std::size_t>(ep), 0);
@@ -407,53 +423,87 @@ Tensor MoELayer::dispatch_alltoall(Saved& s, DType out_dtype) const {
   return y;
 }
 
-void MoELayer::dispatch_allgather(Saved& s, std::vector<double>& y) const {
+void MoELayer::gather_routing(Saved& s) const {
   comm::ProcessGroup& g = *ctx_.ep_group;
-  const int64_t ep = g.size(), t_local = s.x.size(0);
-  Tensor xg = Tensor::empty({ep * t_local * h_}, ctx_.dtype, ctx_.device);
-  g.all_gather(xg, s.x.view({t_local * h_}))->wait();
-  const std::vector<double> xall = host_read<double>(xg, HostSync::moe);
-  std::vector<double> info(static_cast<std::size_t>(t_local * k_ * 3));
-  for (int64_t i = 0; i < t_local * k_; ++i) {
-    info[i * 3] = static_cast<double>(s.routing.expert[i]);
-    info[i * 3 + 1] = s.routing.prob[i];
-    info[i * 3 + 2] = s.routing.kept[i];
+  const int64_t ep = g.size(), tk = s.x.size(0) * k_;
+  // The EP group's chosen experts (read: the index lists) and, under a capacity, kept masks.
+  Tensor eg = Tensor::empty({ep * tk}, DType::i64, ctx_.device);
+  g.all_gather(eg, s.expert_t.view({tk}))->wait();
+  s.gathered_expert = host_read<int64_t>(eg, HostSync::moe);
+  s.gathered_kept.clear();
+  if (router_.capacity_factor) {
+    Tensor kg = Tensor::empty({ep * tk}, DType::u8, ctx_.device);
+    g.all_gather(kg, s.kept_t.view({tk}))->wait();
+    s.gathered_kept = host_read<uint8_t>(kg, HostSync::moe);
   }
-  Tensor info_t = device_tensor(ctx_, info, {t_local * k_ * 3}, DType::f64);
-  Tensor info_all = Tensor::empty({ep * t_local * k_ * 3}, DType::f64, ctx_.device);
-  g.all_gather(info_all, info_t)->wait();
-  const std::vector<double> iall = host_read<double>(info_all, HostSync::moe);
+}
+
+Tensor MoELayer::dispatch_allgather(Saved& s) const {
+  comm::ProcessGroup& g = *ctx_.ep_group;
+  const int64_t ep = g.size(), t_local = s.x.size(0), tk = t_local * k_, tg = ep * t_local;
+  // The EP group's tokens and probabilities on the device (its chosen experts: gather_routing).
+  Tensor xg = Tensor::empty({tg * h_}, ctx_.dtype, ctx_.device);
+  g.all_gather(xg, s.x.view({t_local * h_}))->wait();
+  Tensor pg = Tensor::empty({ep * tk}, DType::f64, ctx_.device);
+  g.all_gather(pg, s.prob_t.view({tk}))->wait();
+  const std::vector<int64_t>& eall = s.gathered_expert;
+  const std::vector<uint8_t>& kall = s.gathered_kept;
   // Rows for this rank's experts: expert-major, then gathered token order, then choice.
   s.local_counts.assign(static_cast<std::size_t>(local_), 0);
   std::vector<std::vector<int64_t>> per(static_cast<std::size_t>(local_));
-  for (int64_t i = 0; i < ep * t_local * k_; ++i) {
-    const auto e = static_cast<int64_t>(iall[i * 3]);
-    if (iall[i * 3 + 2] == 0.0 || e < first_ || e >= first_ + local_) continue;
+  for (int64_t i = 0; i < ep * tk; ++i) {
+    const int64_t e = eall[static_cast<std::size_t>(i)];
+    if ((!kall.empty() && kall[static_cast<std::size_t>(i)] == 0) || e < first_ ||
+        e >= first_ + local_)
+      continue;
     per[static_cast<std::size_t>(e - first_)].push_back(i);
   }
-  std::vector<double> rows_h;
+  std::vector<int64_t> entry;
   for (int64_t l = 0; l < local_; ++l) {
     s.local_counts[l] = static_cast<int64_t>(per[l].size());
     for (int64_t i : per[l]) {
       s.row_token.push_back(i / k_);
       s.row_slot.push_back(i % k_);
-      s.row_prob.push_back(iall[i * 3 + 1]);
-      rows_h.insert(rows_h.end(), xall.begin() + (i / k_) * h_, xall.begin() + (i / k_ + 1) * h_);
+      entry.push_back(i);
     }
   }
   const int64_t r = static_cast<int64_t>(s.row_token.size());
-  s.out_rows = host_read<double>(
-      experts_forward(device_tensor(ctx_, rows_h, {r, h_}, ctx_.dtype), s), HostSync::moe);
-  std::vector<double> yall(static_cast<std::size_t>(ep * t_local * h_), 0.0);
-  for (int64_t i = 0; i < r; ++i) {
-    const int64_t t = s.row_token[i];
-    for (int64_t j = 0; j < h_; ++j) yall[t * h_ + j] += s.row_prob[i] * s.out_rows[i * h_ + j];
-  }
-  Tensor yin = device_tensor(ctx_, yall, {ep * t_local * h_}, ctx_.dtype);
+  // The rows and their probabilities (exact copies), each token's rows and each choice's row.
+  s.row_token_t = index_tensor(ctx_, s.row_token);
+  Tensor rows = Tensor::empty({r, h_}, ctx_.dtype, ctx_.device);
+  ctx_.op().moe_permute(rows, xg.view({tg, h_}), s.row_token_t);
+  Tensor row_prob = Tensor::empty({r, 1}, DType::f64, ctx_.device);
+  ctx_.op().moe_permute(row_prob, pg.view({ep * tk, 1}), index_tensor(ctx_, entry));
+  s.row_prob_t = row_prob.view({r});
+  token_rows(ctx_, s.row_token, tg, s.token_offsets_t, s.token_rows_t);
+  token_rows(ctx_, entry, ep * tk, s.entry_offsets_t, s.entry_rows_t);
+  s.out_rows_t = experts_forward(rows, s);
+  // The group's tokens: sum of prob * expert output (f64, rounded once), reduce-scattered back.
+  Tensor yall = Tensor::empty({tg, h_}, ctx_.dtype, ctx_.device);
+  ctx_.op().moe_unpermute(yall, s.out_rows_t, s.row_prob_t, s.token_offsets_t, s.token_rows_t);
   Tensor yout = Tensor::empty({t_local * h_}, ctx_.dtype, ctx_.device);
-  g.reduce_scatter(yout, yin, comm::ReduceOp::sum)->wait();
-  const std::vector<double> mine = host_read<double>(yout, HostSync::moe);
-  for (std::size_t i = 0; i < mine.size(); ++i) y[i] += mine[i];
+  g.reduce_scatter(yout, yall.view({tg * h_}), comm::ReduceOp::sum)->wait();
+  return yout.view({t_local, h_});
+}
+
+std::pair<double, double> AuxLossValues::values() const {
+  if (!sums.defined()) return {0.0, 0.0};
+  const std::vector<double> v = host_read<double>(sums, HostSync::moe);
+  return values_from(v);
+}
+
+std::pair<double, double> AuxLossValues::values_from(std::span<const double> v) const {
+  const std::vector<double> part(v.begin(), v.end() - 1);
+  double lb_loss = 0.0, z = 0.0;
+  if (lb && seq_aux)
+    lb_loss = sequence_load_balancing_loss_from_sums(part, seq, batch, experts, counts, topk,
+                                                     partition, 1.0, nullptr);
+  else if (lb)
+    lb_loss = switch_load_balancing_loss_from_sums(part, tokens, experts, counts, topk, partition,
+                                                   1.0, nullptr);
+  // z_loss's value: coeff * sum / T with coeff 1 / partition (0 without a z-loss: the sum is 0).
+  if (tokens > 0) z = 1.0 / static_cast<double>(partition) * v.back() / static_cast<double>(tokens);
+  return {lb_loss, z};
 }
 
 comm::ProcessGroup* MoELayer::seq_partition_group() const {
@@ -473,44 +523,93 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   s.training = training;
   const int64_t nss = seq_partition();
 
-  // Router: logits in f32 (f64 for f64), then top-k (with capacity) on the host.
-  Tensor lg = Tensor::empty({T, e_}, ctx_.stat_dtype(), ctx_.device);
-  if (T > 0) ctx_.op().gemm(lg, s.x, router_w_.value, ops::GemmArgs{.trans_b = true});
-  s.logits = host_read<double>(lg, HostSync::moe);
-  const std::vector<float>* bias =
-      c.moe_router_enable_expert_bias ? &ctx_.moe->expert_bias.at(layer_).expert_bias : nullptr;
-  s.routing = topk_routing(s.logits, T, router_, bias);
+  // Router: logits in f32 (f64 for f64) and the routing (moe_router_topk) on the device. The host
+  // reads the chosen experts (with a capacity, the kept mask too) to build the dispatch's index
+  // lists; the probabilities stay on the device, the aux losses' values are read when logged.
+  s.logits = Tensor::empty({T, e_}, ctx_.stat_dtype(), ctx_.device);
+  if (T > 0) ctx_.op().gemm(s.logits, s.x, router_w_.value, ops::GemmArgs{.trans_b = true});
+  const bool lb = training && c.moe_router_load_balancing_type != MoeLoadBalancingType::none;
+  const bool zl = training && c.moe_z_loss_coeff > 0.0;
+  AuxLossValues& aux = s.aux;
+  aux.lb = lb;
+  aux.seq_aux = c.moe_router_load_balancing_type == MoeLoadBalancingType::seq_aux_loss;
+  aux.tokens = T;
+  aux.seq = x.size(0);
+  aux.batch = x.size(1);
+  aux.experts = e_;
+  aux.topk = k_;
+  aux.partition = nss;
+  const int64_t aux_rows = aux.seq_aux ? x.size(1) : 1;
+  s.expert_t = Tensor::empty({T, k_}, DType::i64, ctx_.device);
+  s.prob_t = Tensor::empty({T, k_}, DType::f64, ctx_.device);
+  s.kept_t = Tensor::empty({T, k_}, DType::u8, ctx_.device);
+  s.scores_t = Tensor::empty({T, e_}, DType::f64, ctx_.device);
+  Tensor tpe = Tensor::empty({e_}, DType::f64, ctx_.device), none;
+  // The aux losses' sums in one buffer: [aux_rows, E] score sums, then the z-loss's sum.
+  if (lb || zl) aux.sums = ctx_.moe->metrics_tracker.device_slot(aux_rows * e_ + 1, ctx_.device);
+  Tensor aux_sums = lb ? aux.sums.slice(0, aux_rows * e_).view({aux_rows, e_}) : Tensor();
+  Tensor z_sum = zl ? aux.sums.slice(aux_rows * e_, 1) : Tensor();
+  const Tensor bias =
+      c.moe_router_enable_expert_bias
+          ? Tensor::from_vector(ctx_.moe->expert_bias.at(layer_).expert_bias, {e_}, DType::f32)
+                .to(ctx_.device)
+          : Tensor();
+  ctx_.op().moe_router_topk(s.expert_t, s.prob_t, s.kept_t, s.scores_t, tpe, none, aux_sums, z_sum,
+                            s.logits, bias, router_args_);
+  Routing& r = s.routing;
+  r.num_tokens = T;
+  r.num_experts = e_;
+  r.topk = k_;
+  if (ep_size() > 1 && c.moe_token_dispatcher_type == MoeTokenDispatcherType::allgather) {
+    // The allgather dispatcher reads the EP group's chosen experts: this rank's are a part.
+    gather_routing(s);
+    const auto first = s.gathered_expert.begin() + ctx_.ep_group->rank() * T * k_;
+    r.expert.assign(first, first + T * k_);
+    if (s.gathered_kept.empty()) {
+      r.kept.assign(static_cast<std::size_t>(T * k_), 1);
+    } else {
+      const auto kfirst = s.gathered_kept.begin() + ctx_.ep_group->rank() * T * k_;
+      r.kept.assign(kfirst, kfirst + T * k_);
+    }
+  } else {
+    r.expert = host_read<int64_t>(s.expert_t, HostSync::moe);
+    if (router_.capacity_factor)
+      r.kept = host_read<uint8_t>(s.kept_t, HostSync::moe);
+    else
+      r.kept.assign(static_cast<std::size_t>(T * k_), 1);
+  }
+  // Tokens per expert: the choices before dropping (topk_routing's counts), from the ids.
+  r.tokens_per_expert.assign(static_cast<std::size_t>(e_), 0.0);
+  for (int64_t i = 0; i < T * k_; ++i)
+    r.tokens_per_expert[static_cast<std::size_t>(r.expert[static_cast<std::size_t>(i)])] += 1.0;
 
-  if (training && c.moe_router_load_balancing_type != MoeLoadBalancingType::none) {
-    s.aux_scores = aux_loss_scores(s.logits, T, e_, c.moe_router_score_function);
-    s.aux_dscores.assign(s.aux_scores.size(), 0.0);
-    if (c.moe_router_load_balancing_type == MoeLoadBalancingType::aux_loss) {
-      std::vector<double> tpe = s.routing.tokens_per_expert;
-      if (nss > 1) all_reduce_host(ctx_, *seq_partition_group(), tpe);
-      s.lb_loss =
-          switch_load_balancing_loss(s.aux_scores, T, e_, tpe, k_, nss, 1.0, &s.aux_dscores);
+  // The load-balancing loss: its gradient's rows d loss / d scores now (from the token counts,
+  // summed over the sequence partition), its value from the device's score sums when logged.
+  if (lb) {
+    if (!aux.seq_aux) {
+      aux.counts = r.tokens_per_expert;
+      if (nss > 1) all_reduce_host(ctx_, *seq_partition_group(), aux.counts);
+      switch_load_balancing_loss_from_sums(std::vector<double>(static_cast<std::size_t>(e_), 0.0),
+                                           T, e_, aux.counts, k_, nss, 1.0, &s.aux_drows);
     } else {
       const int64_t seq = x.size(0), b = x.size(1);
-      std::vector<double> counts(static_cast<std::size_t>(b * e_), 0.0);
-      for (int64_t i = 0; i < T * k_; ++i) counts[(i / k_) % b * e_ + s.routing.expert[i]] += 1.0;
-      if (nss > 1) all_reduce_host(ctx_, *seq_partition_group(), counts);
-      s.lb_loss = sequence_load_balancing_loss(s.aux_scores, seq, b, e_, counts, k_, nss, 1.0,
-                                               &s.aux_dscores);
+      aux.counts.assign(static_cast<std::size_t>(b * e_), 0.0);
+      for (int64_t i = 0; i < T * k_; ++i) aux.counts[(i / k_) % b * e_ + r.expert[i]] += 1.0;
+      if (nss > 1) all_reduce_host(ctx_, *seq_partition_group(), aux.counts);
+      sequence_load_balancing_loss_from_sums(
+          std::vector<double>(static_cast<std::size_t>(b * e_), 0.0), seq, b, e_, aux.counts, k_,
+          nss, 1.0, &s.aux_drows);
     }
   }
-  if (training && c.moe_z_loss_coeff > 0.0)
-    s.z_loss = z_loss(s.logits, T, e_, 1.0 / static_cast<double>(nss), 0.0, nullptr);
 
   const bool gated = shared_ && c.moe_shared_expert_gate;
   std::vector<double> y;
-  Tensor yt;  // alltoall: [T, H] on the device (f64 when the gate adds to it on the host)
-  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall) {
+  Tensor yt;  // [T, H] on the device (alltoall: f64 when the gate adds to it on the host)
+  if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall)
     yt = dispatch_alltoall(s, gated ? DType::f64 : ctx_.dtype);
-    if (gated) y = host_read<double>(yt, HostSync::moe);
-  } else {
-    y.assign(static_cast<std::size_t>(T * h_), 0.0);
-    dispatch_allgather(s, y);
-  }
+  else
+    yt = dispatch_allgather(s);
+  if (gated) y = host_read<double>(yt, HostSync::moe);
   if (gated) {
     // y += sigmoid(x . gate_weight) * shared(x), per token, on the host in f64.
     s.shared_out = host_read<double>(shared_->forward(x, s.shared), HostSync::moe);
@@ -526,7 +625,7 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
     }
     return device_tensor(ctx_, y, s.shape, ctx_.dtype);
   }
-  Tensor out = yt.defined() ? yt.view(s.shape) : device_tensor(ctx_, y, s.shape, ctx_.dtype);
+  Tensor out = yt.view(s.shape);
   if (shared_) {
     Tensor z = shared_->forward(x, s.shared);
     ctx_.op().axpy(out, z, 1.0f);
@@ -534,7 +633,7 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   return out;
 }
 
-Tensor MoELayer::combine_backward_alltoall(const Tensor& dy, Saved& s, std::vector<double>& dprob) {
+Tensor MoELayer::combine_backward_alltoall(const Tensor& dy, Saved& s, Tensor& dprob) {
   const int64_t ep = ep_size(), T = s.x.size(0);
   const int64_t rows = static_cast<int64_t>(s.row_token.size());
   // d(rows) = prob * dy[t] (rounded once); d(prob) = dy[t] . expert output (f64).
@@ -542,8 +641,12 @@ Tensor MoELayer::combine_backward_alltoall(const Tensor& dy, Saved& s, std::vect
   Tensor dp = Tensor::empty({rows}, DType::f64, ctx_.device);
   ctx_.op().moe_unpermute_bwd(drows, dp, dy.view({T, h_}), s.out_rows_t, s.row_prob_t,
                               s.row_token_t);
-  const std::vector<double> dpv = host_read<double>(dp, HostSync::moe);
-  for (int64_t i = 0; i < rows; ++i) dprob[s.row_token[i] * k_ + s.row_slot[i]] += dpv[i];
+  // d(prob) [T, K] on the device: each choice's row (none when dropped) moved to its place
+  // (moe_unpermute over the choices: 0 + dp, as the former host sum).
+  dprob = Tensor::empty({T, k_}, DType::f64, ctx_.device);
+  Tensor dprob_rows = dprob.view({T * k_, 1});
+  ctx_.op().moe_unpermute(dprob_rows, dp.view({rows, 1}), Tensor(), s.entry_offsets_t,
+                          s.entry_rows_t);
   Tensor recv =
       ep > 1 ? exchange_rows(ctx_, *ctx_.ep_group, drows, s.send_counts, s.recv_counts) : drows;
   const Tensor din = experts_backward(gather_rows(ctx_, recv, s.order), s);
@@ -555,69 +658,70 @@ Tensor MoELayer::combine_backward_alltoall(const Tensor& dy, Saved& s, std::vect
   return dx;
 }
 
-void MoELayer::combine_backward_allgather(const Tensor& dy, Saved& s, std::vector<double>& dx,
-                                          std::vector<double>& dprob) {
+Tensor MoELayer::combine_backward_allgather(const Tensor& dy, Saved& s, Tensor& dprob) {
   comm::ProcessGroup& g = *ctx_.ep_group;
-  const int64_t ep = g.size(), t_local = s.x.size(0);
+  const int64_t ep = g.size(), t_local = s.x.size(0), tk = t_local * k_, tg = ep * t_local;
   Tensor dyc = dy.view({t_local * h_}).clone();
-  Tensor dyg = Tensor::empty({ep * t_local * h_}, ctx_.dtype, ctx_.device);
+  Tensor dyg = Tensor::empty({tg * h_}, ctx_.dtype, ctx_.device);
   g.all_gather(dyg, dyc)->wait();
-  const std::vector<double> dyall = host_read<double>(dyg, HostSync::moe);
+  // d(rows) = prob * dy[t] (rounded once); d(prob) = dy[t] . expert output (f64), moved to the
+  // group's choices and summed over the EP group; this rank's part.
   const int64_t r = static_cast<int64_t>(s.row_token.size());
-  std::vector<double> drows(static_cast<std::size_t>(r * h_));
-  std::vector<double> dprob_all(static_cast<std::size_t>(ep * t_local * k_), 0.0);
-  for (int64_t i = 0; i < r; ++i) {
-    const int64_t t = s.row_token[i];
-    double dot = 0.0;
-    for (int64_t j = 0; j < h_; ++j) {
-      drows[i * h_ + j] = s.row_prob[i] * dyall[t * h_ + j];
-      dot += dyall[t * h_ + j] * s.out_rows[i * h_ + j];
-    }
-    dprob_all[t * k_ + s.row_slot[i]] += dot;
-  }
-  const std::vector<double> din = host_read<double>(
-      experts_backward(device_tensor(ctx_, drows, {r, h_}, ctx_.dtype), s), HostSync::moe);
-  std::vector<double> dxall(static_cast<std::size_t>(ep * t_local * h_), 0.0);
-  for (int64_t i = 0; i < r; ++i)
-    for (int64_t j = 0; j < h_; ++j) dxall[s.row_token[i] * h_ + j] += din[i * h_ + j];
-  Tensor xin = device_tensor(ctx_, dxall, {ep * t_local * h_}, ctx_.dtype);
+  Tensor drows = Tensor::empty({r, h_}, ctx_.dtype, ctx_.device);
+  Tensor dp = Tensor::empty({r}, DType::f64, ctx_.device);
+  ctx_.op().moe_unpermute_bwd(drows, dp, dyg.view({tg, h_}), s.out_rows_t, s.row_prob_t,
+                              s.row_token_t);
+  Tensor dpall = Tensor::empty({ep * tk, 1}, DType::f64, ctx_.device);
+  ctx_.op().moe_unpermute(dpall, dp.view({r, 1}), Tensor(), s.entry_offsets_t, s.entry_rows_t);
+  if (ep * tk > 0) g.all_reduce(dpall, comm::ReduceOp::sum)->wait();
+  dprob = dpall.slice(static_cast<int64_t>(g.rank()) * tk, tk).view({t_local, k_});
+  // dx: each token's rows' input gradients summed (f64, rounded once), reduce-scattered back.
+  const Tensor din = experts_backward(drows, s);
+  Tensor dxall = Tensor::empty({tg, h_}, ctx_.dtype, ctx_.device);
+  ctx_.op().moe_unpermute(dxall, din, Tensor(), s.token_offsets_t, s.token_rows_t);
   Tensor xout = Tensor::empty({t_local * h_}, ctx_.dtype, ctx_.device);
-  g.reduce_scatter(xout, xin, comm::ReduceOp::sum)->wait();
-  const std::vector<double> mine = host_read<double>(xout, HostSync::moe);
-  for (std::size_t i = 0; i < mine.size(); ++i) dx[i] += mine[i];
-  all_reduce_host(ctx_, g, dprob_all);
-  const int64_t base = static_cast<int64_t>(g.rank()) * t_local * k_;
-  for (int64_t i = 0; i < t_local * k_; ++i) dprob[i] += dprob_all[base + i];
+  g.reduce_scatter(xout, dxall.view({tg * h_}), comm::ReduceOp::sum)->wait();
+  return xout.view({t_local, h_});
 }
 
 Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
   const TransformerConfig& c = *ctx_.config;
   const int64_t T = s.x.size(0);
   const int64_t nss = seq_partition();
-  std::vector<double> dprob(static_cast<std::size_t>(T * k_), 0.0);
-  Tensor dxt;
+  Tensor dxt, dprob;
   if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall) {
     dxt = combine_backward_alltoall(dy, s, dprob);
   } else {
-    std::vector<double> dx(static_cast<std::size_t>(T * h_), 0.0);
-    combine_backward_allgather(dy, s, dx, dprob);
-    dxt = device_tensor(ctx_, dx, {T, h_}, ctx_.dtype);
+    dxt = combine_backward_allgather(dy, s, dprob);
   }
 
-  // Router: the routing's backward, plus the aux and z losses' (MoEAuxLossAutoScaler's seed).
-  std::vector<double> dlogits(static_cast<std::size_t>(T * e_), 0.0);
-  topk_routing_backward(s.routing, s.logits, dprob, router_, dlogits);
+  // Router: the routing's backward, plus the aux and z losses' (MoEAuxLossAutoScaler's seed), on
+  // the device in that order (moe_router_topk_bwd).
   const double scale = ctx_.moe->aux_loss_auto_scaler.loss_scale();
-  if (!s.aux_dscores.empty() && c.moe_aux_loss_coeff > 0.0) {
-    std::vector<double> ds = s.aux_dscores;
+  ops::MoeRouterArgs ra = router_args_;
+  Tensor aux_ds;
+  if (!s.aux_drows.empty() && c.moe_aux_loss_coeff > 0.0) {
+    std::vector<double> ds = s.aux_drows;
     for (double& v : ds) v *= c.moe_aux_loss_coeff * scale;
-    aux_loss_scores_backward(s.logits, s.aux_scores, ds, T, e_, c.moe_router_score_function,
-                             dlogits);
+    aux_ds = device_tensor(ctx_, ds, {static_cast<int64_t>(ds.size()) / e_, e_}, DType::f64);
   }
-  if (s.training && c.moe_z_loss_coeff > 0.0)
-    z_loss(s.logits, T, e_, c.moe_z_loss_coeff / static_cast<double>(nss), scale, &dlogits);
-  if (s.training)
-    ctx_.moe->metrics_tracker.add(layer_, s.lb_loss, s.z_loss, s.routing.tokens_per_expert);
+  if (s.training && c.moe_z_loss_coeff > 0.0) {
+    ra.z_loss_coeff = c.moe_z_loss_coeff / static_cast<double>(nss);
+    ra.z_loss_scale = scale;
+  }
+  Tensor dlogits = Tensor::empty({T, e_}, DType::f64, ctx_.device);
+  if (T > 0)
+    ctx_.op().moe_router_topk_bwd(dlogits, dprob, aux_ds, s.logits, s.expert_t, s.prob_t, s.kept_t,
+                                  s.scores_t, ra);
+  if (s.training) {
+    // The values without coefficients, read from the device when the log resolves the tracker.
+    MoEMetricsTracker& tracker = ctx_.moe->metrics_tracker;
+    if (s.aux.sums.defined())
+      tracker.add_pending(layer_, s.routing.tokens_per_expert, s.aux.sums,
+                          [aux = s.aux](std::span<const double> v) { return aux.values_from(v); });
+    else
+      tracker.add(layer_, 0.0, 0.0, s.routing.tokens_per_expert);
+  }
   if (s.training && c.moe_router_enable_expert_bias) {
     // Megatron's local_tokens_per_expert += routing_map.sum(0): the kept choices.
     std::vector<double>& tokens = ctx_.moe->expert_bias.at(layer_).local_tokens_per_expert;
@@ -626,7 +730,7 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
         tokens[static_cast<std::size_t>(s.routing.expert[static_cast<std::size_t>(i)])] += 1.0;
   }
   if (T > 0) {
-    const Tensor dl = device_tensor(ctx_, dlogits, {T, e_}, ctx_.dtype);
+    const Tensor dl = dlogits.to(ctx_.dtype);
     linear_bwd(ctx_, dxt, router_w_.grad, dl, s.x, router_w_.value, /*accumulate=*/true);
   }
   Tensor out = dxt.view(s.shape);

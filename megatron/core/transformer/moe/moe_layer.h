@@ -52,17 +52,27 @@
 // MoEMetricsTracker: both are the model's MoEState (moe_utils.h), reached through
 // ModuleContext::moe.
 //
-// Routing (router softmax/top-k) runs on the host in f64. The alltoall dispatcher (and EP 1) moves
-// the tokens on the device: moe_permute gathers the rows, all-to-all-v exchanges them, moe_permute
-// orders them per expert and back, moe_unpermute sums prob * expert output per token in f64 (its
-// backward moe_unpermute_bwd); the host builds the index lists from the routing and reads the
-// all-to-all split sizes (one synchronisation, as Megatron's dropless dispatcher) and d(prob).
-// The allgather dispatcher still combines on the host in f64. The expert and router GEMMs and
-// activations go through the op table.
+// Routing runs on the device: moe_router_topk (f64; the host's moe_utils arithmetic on the CPU)
+// and, in backward, moe_router_topk_bwd with the aux and z losses' gradients. The host reads the
+// chosen experts (and the kept mask under a capacity) once per micro-batch; the aux losses' values
+// wait on the device for the log. The alltoall dispatcher (and EP 1) moves the tokens on the
+// device: moe_permute gathers the rows (and their probabilities), all-to-all-v exchanges them,
+// moe_permute orders them per expert and back, moe_unpermute sums prob * expert output per token
+// in f64 (its backward moe_unpermute_bwd; d(prob) back to [T, K] by moe_unpermute); the host builds
+// the index lists from the chosen experts and reads the all-to-all split sizes (one
+// synchronisation, as Megatron's dropless dispatcher).
+// The allgather dispatcher gathers the EP group's tokens, chosen experts and probabilities on the
+// device (the host reads the gathered chosen experts for the index lists), gathers its experts'
+// rows with moe_permute, sums prob * expert output per gathered token with moe_unpermute and
+// reduce-scatters the sums; backward: moe_unpermute_bwd, d(prob) all-reduced over the EP group,
+// moe_unpermute and reduce-scatter for dx (the former host arithmetic bit for bit). The expert and
+// router GEMMs and activations go through the op table.
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatron/core/transformer/mlp.h"
@@ -71,27 +81,52 @@
 
 namespace mg::transformer::moe {
 
+// A micro-batch's aux-loss values without coefficients (the log's), whose sums stay on the
+// device until values() reads them (one host round trip): the load-balancing loss from the score
+// sums (switch: one row; sequence: B rows) and the token counts (summed over the sequence
+// partition), the z-loss from the sum of logsumexp^2. Both 0 when not computed.
+struct AuxLossValues {
+  Tensor sums;  // [G * E] score sums, then [1] the z-loss's sum, f64 (undefined: none)
+  std::vector<double> counts;  // switch [E], sequence [B, E]
+  bool lb = false, seq_aux = false;
+  int64_t tokens = 0, seq = 0, batch = 0, experts = 0, topk = 0, partition = 1;
+  // (load-balancing loss, z-loss) from the sums' values v; values() reads `sums` first.
+  std::pair<double, double> values_from(std::span<const double> v) const;
+  std::pair<double, double> values() const;
+};
+
 class MoELayer {
  public:
   struct Saved {
-    Tensor x;                    // [T, H] layer input (normalised)
-    Shape shape;                 // its [S, B, H]
-    std::vector<double> logits;  // [T, E]
+    Tensor x;       // [T, H] layer input (normalised)
+    Shape shape;    // its [S, B, H]
+    Tensor logits;  // [T, E] f32 (f64 for f64), on the device
+    // moe_router_topk's outputs, on the device: [T, K] chosen experts, probabilities, kept mask;
+    // [T, E] scores.
+    Tensor expert_t, prob_t, kept_t, scores_t;
+    // The host's part: the chosen experts, the kept mask and the tokens per expert (no prob and
+    // scores: those stay on the device).
     Routing routing;
     bool training = false;
-    std::vector<double> aux_scores, aux_dscores;  // [T, E] (empty: no load-balancing loss)
-    double lb_loss = 0.0, z_loss = 0.0;           // values without coefficients (logging)
+    // The aux losses (training): their values, and the load-balancing loss's gradient rows
+    // d loss / d scores ([G, E]; empty: no load-balancing loss).
+    AuxLossValues aux;
+    std::vector<double> aux_drows;
     // Dispatch: the rows this rank's tokens send (alltoall: Permutation over global experts;
     // allgather: rows of the gathered tokens for this rank's experts), and what came back.
     std::vector<int64_t> row_token, row_slot;  // per row: token (gathered index) and its choice
-    std::vector<double> row_prob;              // per row (allgather)
+    // allgather: the EP group's chosen experts [EP, T, K] and (capacity) kept masks.
+    std::vector<int64_t> gathered_expert;
+    std::vector<uint8_t> gathered_kept;
     std::vector<int64_t> send_counts, recv_counts;  // alltoall, per EP rank (rows)
     std::vector<int64_t> recv_expert_counts;        // alltoall, [EP][L] rows received
-    std::vector<double> out_rows;  // allgather: [rows, H] expert outputs (host, f64) for d(prob)
-    // alltoall, on the device: per row its token (i64) and probability (f64), each token's rows
-    // (moe_unpermute's offsets / token_rows), the expert outputs back on this rank [rows, H];
-    // order: the received rows in [local expert][source rank] order.
+    // On the device: per row its token (i64) and probability (f64), each token's rows
+    // (moe_unpermute's offsets / token_rows), the expert outputs [rows, H] (alltoall: back on
+    // this rank; order: the received rows in [local expert][source rank] order; allgather: the
+    // gathered tokens' rows for this rank's experts).
     Tensor row_token_t, row_prob_t, token_offsets_t, token_rows_t, out_rows_t;
+    // Each choice t K + k's row (none when dropped): moe_unpermute's lists for d(prob).
+    Tensor entry_offsets_t, entry_rows_t;
     std::vector<int64_t> order;
     // The experts: input rows per local expert and their activations.
     std::vector<int64_t> local_counts;  // [L]
@@ -152,17 +187,20 @@ class MoELayer {
   // Token rows to their experts and back (moe_permute / moe_unpermute on the device) -> y [T, H]
   // in out_dtype; the host sees the routing and the all-to-all split sizes only.
   Tensor dispatch_alltoall(Saved& s, DType out_dtype) const;
-  void dispatch_allgather(Saved& s, std::vector<double>& y) const;
-  // dy -> dx [T, H] (written); dprob [T, K] += d(prob).
-  Tensor combine_backward_alltoall(const Tensor& dy, Saved& s, std::vector<double>& dprob);
-  void combine_backward_allgather(const Tensor& dy, Saved& s, std::vector<double>& dx,
-                                  std::vector<double>& dprob);
+  Tensor dispatch_allgather(Saved& s) const;
+  // allgather: the EP group's chosen experts (and kept masks) all-gathered and read (one host
+  // round trip; this rank's routing is its part).
+  void gather_routing(Saved& s) const;
+  // dy -> dx [T, H] (written); dprob: [T, K] f64 on the device (written).
+  Tensor combine_backward_alltoall(const Tensor& dy, Saved& s, Tensor& dprob);
+  Tensor combine_backward_allgather(const Tensor& dy, Saved& s, Tensor& dprob);
 
   const ModuleContext& ctx_;
   int64_t layer_;
   int64_t h_, e_, k_, f_, local_, first_;
   int64_t f_local_;  // F / ETP: this rank's share of each expert's intermediate size
   RouterOptions router_;
+  ops::MoeRouterArgs router_args_;  // the same options for moe_router_topk
   Weight router_w_;
   std::vector<Expert> experts_;
   std::unique_ptr<MLP> shared_;

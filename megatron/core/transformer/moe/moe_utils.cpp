@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "megatron/core/common/error.h"
+#include "megatron/core/common/host_sync.h"
 
 namespace mg::transformer::moe {
 
@@ -26,6 +27,15 @@ void softmax_row(const double* row, int64_t n, double* out) {
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) sum += (out[i] = std::exp(row[i] - mx));
   for (int64_t i = 0; i < n; ++i) out[i] /= sum;
+}
+
+// log(sum_i exp(row[i])) as max + log(sum exp(row - max)).
+double logsumexp_row(const double* row, int64_t n) {
+  double mx = row[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, row[i]);
+  double se = 0.0;
+  for (int64_t i = 0; i < n; ++i) se += std::exp(row[i] - mx);
+  return mx + std::log(se);
 }
 
 void check_sizes(const std::vector<double>& v, int64_t t, int64_t e, const char* what) {
@@ -284,35 +294,49 @@ void aux_loss_scores_backward(const std::vector<double>& logits, const std::vect
   }
 }
 
+double switch_load_balancing_loss_from_sums(const std::vector<double>& sums, int64_t T, int64_t E,
+                                            const std::vector<double>& tokens_per_expert,
+                                            int64_t topk, int64_t num_sub_sequence, double coeff,
+                                            std::vector<double>* drow) {
+  MG_CHECK(
+      static_cast<int64_t>(sums.size()) == E && static_cast<int64_t>(tokens_per_expert.size()) == E,
+      "switch_load_balancing_loss: " << sums.size() << " score sums and "
+                                     << tokens_per_expert.size()
+                                     << " tokens_per_expert entries for " << E << " experts");
+  if (drow) drow->assign(static_cast<std::size_t>(E), 0.0);
+  const double n = static_cast<double>(T * num_sub_sequence);
+  if (n == 0.0) return 0.0;
+  const double factor = static_cast<double>(E) * coeff / (static_cast<double>(topk) * n * n);
+  double loss = 0.0;
+  for (int64_t e = 0; e < E; ++e) loss += sums[e] * tokens_per_expert[e];
+  if (drow)
+    for (int64_t e = 0; e < E; ++e) (*drow)[e] = factor * tokens_per_expert[e];
+  return loss * factor;
+}
+
 double switch_load_balancing_loss(const std::vector<double>& scores, int64_t T, int64_t E,
                                   const std::vector<double>& tokens_per_expert, int64_t topk,
                                   int64_t num_sub_sequence, double coeff,
                                   std::vector<double>* dscores) {
   check_sizes(scores, T, E, "switch_load_balancing_loss scores");
-  MG_CHECK(static_cast<int64_t>(tokens_per_expert.size()) == E,
-           "switch_load_balancing_loss: tokens_per_expert has "
-               << tokens_per_expert.size() << " entries for " << E << " experts");
-  const double n = static_cast<double>(T * num_sub_sequence);
-  if (n == 0.0) return 0.0;
-  const double factor = static_cast<double>(E) * coeff / (static_cast<double>(topk) * n * n);
-  double loss = 0.0;
-  for (int64_t e = 0; e < E; ++e) {
-    double agg = 0.0;
-    for (int64_t t = 0; t < T; ++t) agg += scores[t * E + e];
-    loss += agg * tokens_per_expert[e];
-  }
-  if (dscores)
+  std::vector<double> sums(static_cast<std::size_t>(E), 0.0), drow;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t t = 0; t < T; ++t) sums[e] += scores[t * E + e];
+  const double loss = switch_load_balancing_loss_from_sums(
+      sums, T, E, tokens_per_expert, topk, num_sub_sequence, coeff, dscores ? &drow : nullptr);
+  if (dscores && T * num_sub_sequence != 0)
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t e = 0; e < E; ++e) (*dscores)[t * E + e] += factor * tokens_per_expert[e];
-  return loss * factor;
+      for (int64_t e = 0; e < E; ++e) (*dscores)[t * E + e] += drow[e];
+  return loss;
 }
 
-double sequence_load_balancing_loss(const std::vector<double>& scores, int64_t S, int64_t B,
-                                    int64_t E, const std::vector<double>& counts, int64_t topk,
-                                    int64_t num_sub_sequence, double coeff,
-                                    std::vector<double>* dscores) {
-  check_sizes(scores, S * B, E, "sequence_load_balancing_loss scores");
+double sequence_load_balancing_loss_from_sums(const std::vector<double>& sums, int64_t S, int64_t B,
+                                              int64_t E, const std::vector<double>& counts,
+                                              int64_t topk, int64_t num_sub_sequence, double coeff,
+                                              std::vector<double>* drows) {
+  check_sizes(sums, B, E, "sequence_load_balancing_loss sums");
   check_sizes(counts, B, E, "sequence_load_balancing_loss counts");
+  if (drows) drows->assign(static_cast<std::size_t>(B * E), 0.0);
   const double s_full = static_cast<double>(S * num_sub_sequence);
   if (s_full == 0.0 || B == 0) return 0.0;
   double loss = 0.0;
@@ -320,12 +344,27 @@ double sequence_load_balancing_loss(const std::vector<double>& scores, int64_t S
     for (int64_t e = 0; e < E; ++e) {
       const double w = coeff / static_cast<double>(B) * counts[b * E + e] * static_cast<double>(E) /
                        (s_full * static_cast<double>(topk)) / s_full;
-      double sum = 0.0;
-      for (int64_t s = 0; s < S; ++s) sum += scores[(s * B + b) * E + e];
-      loss += w * sum;
-      if (dscores)
-        for (int64_t s = 0; s < S; ++s) (*dscores)[(s * B + b) * E + e] += w;
+      loss += w * sums[b * E + e];
+      if (drows) (*drows)[b * E + e] = w;
     }
+  return loss;
+}
+
+double sequence_load_balancing_loss(const std::vector<double>& scores, int64_t S, int64_t B,
+                                    int64_t E, const std::vector<double>& counts, int64_t topk,
+                                    int64_t num_sub_sequence, double coeff,
+                                    std::vector<double>* dscores) {
+  check_sizes(scores, S * B, E, "sequence_load_balancing_loss scores");
+  std::vector<double> sums(static_cast<std::size_t>(B * E), 0.0), drows;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t s = 0; s < S; ++s) sums[b * E + e] += scores[(s * B + b) * E + e];
+  const double loss = sequence_load_balancing_loss_from_sums(
+      sums, S, B, E, counts, topk, num_sub_sequence, coeff, dscores ? &drows : nullptr);
+  if (dscores && S * num_sub_sequence != 0 && B != 0)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t s = 0; s < S; ++s) (*dscores)[(s * B + b) * E + e] += drows[b * E + e];
   return loss;
 }
 
@@ -337,11 +376,7 @@ double z_loss(const std::vector<double>& logits, int64_t T, int64_t E, double co
   std::vector<double> sm(static_cast<std::size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const double* l = logits.data() + t * E;
-    double mx = l[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
-    double se = 0.0;
-    for (int64_t e = 0; e < E; ++e) se += std::exp(l[e] - mx);
-    const double lse = mx + std::log(se);
+    const double lse = logsumexp_row(l, E);
     sum += lse * lse;
     if (dlogits) {
       softmax_row(l, E, sm.data());
@@ -350,6 +385,16 @@ double z_loss(const std::vector<double>& logits, int64_t T, int64_t E, double co
     }
   }
   return coeff * sum / static_cast<double>(T);
+}
+
+double z_loss_sum(const std::vector<double>& logits, int64_t T, int64_t E) {
+  check_sizes(logits, T, E, "z_loss logits");
+  double sum = 0.0;
+  for (int64_t t = 0; t < T; ++t) {
+    const double lse = logsumexp_row(logits.data() + t * E, E);
+    sum += lse * lse;
+  }
+  return sum;
 }
 
 Permutation permutation(const Routing& r) {
@@ -434,6 +479,58 @@ int64_t MoEState::load_expert_bias_state(const std::map<std::string, std::vector
 
 void MoEMetricsTracker::add(int64_t layer, double lb_loss, double z,
                             const std::vector<double>& tokens) {
+  resolve();
+  accumulate(layer, lb_loss, z, tokens);
+}
+
+Tensor MoEMetricsTracker::device_slot(int64_t n, Device device) {
+  constexpr int64_t kChunk = 4096;  // values per shared buffer (32 KiB)
+  if (chunks_.empty() || chunks_.back().device() != device ||
+      chunk_used_ + n > chunks_.back().numel()) {
+    chunks_.push_back(Tensor::zeros({std::max(kChunk, n)}, DType::f64, device));
+    chunk_used_ = 0;
+  }
+  Tensor slot = chunks_.back().slice(chunk_used_, n);
+  chunk_used_ += n;
+  return slot;
+}
+
+void MoEMetricsTracker::add_pending(
+    int64_t layer, std::vector<double> tokens, const Tensor& slot,
+    std::function<std::pair<double, double>(std::span<const double>)> losses) {
+  Pending p{layer, std::move(tokens), chunks_.size(), 0, slot.numel(), Tensor(), std::move(losses)};
+  for (std::size_t c = 0; c < chunks_.size(); ++c)
+    if (slot.shares_storage_with(chunks_[c])) {
+      p.chunk = c;
+      p.offset =
+          static_cast<int64_t>((slot.offset_bytes() - chunks_[c].offset_bytes()) / sizeof(double));
+    }
+  if (p.chunk == chunks_.size()) p.own = slot;  // its buffer was resolved before: read alone
+  pending_.push_back(std::move(p));
+}
+
+void MoEMetricsTracker::resolve() {
+  if (pending_.empty()) return;
+  // Every buffer with a pending value read once.
+  std::vector<std::vector<double>> host(chunks_.size());
+  for (const Pending& p : pending_)
+    if (p.chunk < chunks_.size() && host[p.chunk].empty())
+      host[p.chunk] = host_read<double>(chunks_[p.chunk], HostSync::moe);
+  std::vector<Pending> pending = std::move(pending_);
+  pending_.clear();
+  chunks_.clear();
+  chunk_used_ = 0;
+  for (const Pending& p : pending) {
+    std::vector<double> own;
+    if (p.own.defined()) own = host_read<double>(p.own, HostSync::moe);
+    const double* v = p.own.defined() ? own.data() : host[p.chunk].data() + p.offset;
+    const auto [lb_loss, z] = p.losses(std::span<const double>(v, static_cast<std::size_t>(p.n)));
+    accumulate(p.layer, lb_loss, z, p.tokens);
+  }
+}
+
+void MoEMetricsTracker::accumulate(int64_t layer, double lb_loss, double z,
+                                   const std::vector<double>& tokens) {
   MoELayerMetrics& m = layers_[layer];
   m.load_balancing_loss += lb_loss;
   m.z_loss += z;

@@ -10,12 +10,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/transformer_config.h"
 
 namespace mg::transformer::moe {
@@ -91,9 +95,26 @@ double sequence_load_balancing_loss(const std::vector<double>& scores, int64_t s
                                     const std::vector<double>& counts, int64_t topk,
                                     int64_t num_sub_sequence, double coeff,
                                     std::vector<double>* dscores);
+// The same losses from the score sums the router op forms on the device (moe_router_topk's
+// aux_sums; the same arithmetic as above): switch from sums [E] (sum over the T tokens of
+// scores[t, e]), drow (optional) = [E] d loss / d scores[t, e] of every token; sequence from sums
+// [B, E] (sum over the S positions of scores[s * B + b, e]), drows (optional) = [B, E]
+// d loss / d scores[s * B + b, e] of every s.
+double switch_load_balancing_loss_from_sums(const std::vector<double>& sums, int64_t num_tokens,
+                                            int64_t num_experts,
+                                            const std::vector<double>& tokens_per_expert,
+                                            int64_t topk, int64_t num_sub_sequence, double coeff,
+                                            std::vector<double>* drow);
+double sequence_load_balancing_loss_from_sums(const std::vector<double>& sums, int64_t seq_local,
+                                              int64_t batch, int64_t num_experts,
+                                              const std::vector<double>& counts, int64_t topk,
+                                              int64_t num_sub_sequence, double coeff,
+                                              std::vector<double>* drows);
 // Megatron's z_loss_func: coeff * mean_t logsumexp(l_t)^2; dlogits (optional) += scale * grad.
 double z_loss(const std::vector<double>& logits, int64_t num_tokens, int64_t num_experts,
               double coeff, double scale, std::vector<double>* dlogits);
+// sum_t logsumexp(l_t)^2 over the tokens in order (z_loss = coeff * z_loss_sum / T).
+double z_loss_sum(const std::vector<double>& logits, int64_t num_tokens, int64_t num_experts);
 
 // The permutation of Megatron's permute(): the kept (token, choice) pairs in expert-major order,
 // tokens ascending within an expert. row_token[i] / row_slot[i] say which token and which of its
@@ -131,14 +152,44 @@ struct MoELayerMetrics {
   std::vector<double> tokens_per_expert;
   int64_t microbatches = 0;
 };
+// A layer's losses may still be on the device (add_pending: Megatron's tracker keeps device
+// tensors too): they are computed, in the order added, when layers() is asked or the next add
+// comes, so the sums are the same as with immediate adds. Their device values live in slots of a
+// few shared buffers (device_slot), each read with one host round trip when the tracker resolves.
 class MoEMetricsTracker {
  public:
   void add(int64_t layer, double lb_loss, double z_loss, const std::vector<double>& tokens);
-  std::map<int64_t, MoELayerMetrics>& layers() { return layers_; }
-  void clear() { layers_.clear(); }
+  // A zeroed f64 slot [n] on `device` from the tracker's buffers (kept until the next resolve).
+  Tensor device_slot(int64_t n, Device device);
+  // losses(the slot's values) -> (load-balancing loss, z-loss), called once at resolution; slot
+  // from device_slot.
+  void add_pending(int64_t layer, std::vector<double> tokens, const Tensor& slot,
+                   std::function<std::pair<double, double>(std::span<const double>)> losses);
+  std::map<int64_t, MoELayerMetrics>& layers() {
+    resolve();
+    return layers_;
+  }
+  void clear() {
+    pending_.clear();
+    chunks_.clear();
+    layers_.clear();
+  }
 
  private:
+  struct Pending {
+    int64_t layer;
+    std::vector<double> tokens;
+    std::size_t chunk;  // chunks_.size(): `own` (a slot of buffers already resolved)
+    int64_t offset, n;
+    Tensor own;
+    std::function<std::pair<double, double>(std::span<const double>)> losses;
+  };
+  void resolve();
+  void accumulate(int64_t layer, double lb_loss, double z_loss, const std::vector<double>& tokens);
   std::map<int64_t, MoELayerMetrics> layers_;
+  std::vector<Pending> pending_;
+  std::vector<Tensor> chunks_;  // f64 device buffers the slots are cut from
+  int64_t chunk_used_ = 0;      // values handed out of the last chunk
 };
 
 // The MoE state of one model, mutated by its MoE layers: owned by the GPTModel
