@@ -178,8 +178,7 @@ void DistributedDataParallel::discard_params(std::size_t bi) {
   const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
   for (auto [lo, hi] : {a, b})
     if (hi > lo) release_host_range(param_slice(bi, lo, hi - lo));
-  if (s.params_resident)
-    account(-param_elem_size(bi) * (a.second - a.first + b.second - b.first));
+  if (s.params_resident) account(-param_elem_size(bi) * (a.second - a.first + b.second - b.first));
   s.params_resident = false;
 }
 

@@ -186,9 +186,8 @@ void Fp8State::bind_params(const std::vector<transformer::Parameter>& params) {
     std::size_t found = params.size();
     for (std::size_t i = 0; i < params.size(); ++i)
       if (params[i].name == want) found = i;
-    MG_CHECK(found < params.size(), "--fp8-param-gather: FP8 linear " << names_[id]
-                                                                      << " has no parameter "
-                                                                      << want);
+    MG_CHECK(found < params.size(),
+             "--fp8-param-gather: FP8 linear " << names_[id] << " has no parameter " << want);
     param_of_[id] = found;
     linear_of_param_[found] = static_cast<int>(id);
   }
@@ -214,8 +213,7 @@ void Fp8State::bind_params(const std::vector<transformer::Parameter>& params) {
     const ParamRun& r = runs_[static_cast<std::size_t>(run_of[id])];
     param_q_[id] = r.data.slice(p.buffer_offset - r.start, p.param.numel()).view(p.param.shape());
   }
-  param_scale_inv_ =
-      host_f32(std::vector<float>(names_.size(), 1.0f), {num_linears()}).to(device_);
+  param_scale_inv_ = host_f32(std::vector<float>(names_.size(), 1.0f), {num_linears()}).to(device_);
 }
 
 int Fp8State::linear_of_param(std::size_t param) const {
@@ -236,8 +234,7 @@ Tensor Fp8State::param_scale_inv(int id) const {
 
 void Fp8State::quantize_param_shards(std::span<const MasterShard> shards, comm::ProcessGroup* dp,
                                      comm::ProcessGroup* tp) {
-  MG_CHECK(!runs_.empty() || names_.empty(),
-           "Fp8State::quantize_param_shards: bind_params first");
+  MG_CHECK(!runs_.empty() || names_.empty(), "Fp8State::quantize_param_shards: bind_params first");
   if (names_.empty()) return;
   // This rank's shards of FP8 weights: (linear, offset within its weight, master).
   struct Job {
@@ -271,7 +268,8 @@ void Fp8State::quantize_param_shards(std::span<const MasterShard> shards, comm::
     }
     Tensor row0 = fwd_.history.select(0);  // only the weights' slots hold amaxes now
     all_reduce_max(dp, row0);
-    for (int id = 0; id < n; ++id) param_scale_inv_.slice(id, 1).copy_(b.scale_inv.slice(2 * id + 1, 1));
+    for (int id = 0; id < n; ++id)
+      param_scale_inv_.slice(id, 1).copy_(b.scale_inv.slice(2 * id + 1, 1));
     return;
   }
   // Tensorwise: each weight's amax over its shards, reduced over DP then TP, its scale, the cast.

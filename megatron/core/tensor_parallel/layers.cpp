@@ -237,12 +237,12 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
     fp8_cast_input(ctx_, fp8_id_, x2, xq, saved.fp8);
     const fp8::WeightFp8* cached = ctx_.fp8->cached_weight(fp8_id_, ctx_.fp8_training);
     const fp8::WeightFp8 wf =
-        cached ? *cached
-               : ctx_.fp8->cast_weight(
-                     fp8_id_,
-                     regroup(ctx_.fp8->param_gather() ? ctx_.fp8->param_q(fp8_id_) : w_.value,
-                             split),
-                     split.part_rows, ctx_.fp8_training, ctx_.tp_group);
+        cached
+            ? *cached
+            : ctx_.fp8->cast_weight(
+                  fp8_id_,
+                  regroup(ctx_.fp8->param_gather() ? ctx_.fp8->param_q(fp8_id_) : w_.value, split),
+                  split.part_rows, ctx_.fp8_training, ctx_.tp_group);
     MG_CHECK(wf.q.size() == split.part_rows.size(),
              "FP8 linear " << ctx_.fp8->names()[static_cast<std::size_t>(fp8_id_)]
                            << ": its cached weight holds " << wf.q.size() << " part(s), the split "
