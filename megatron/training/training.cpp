@@ -458,6 +458,15 @@ std::string fp8_summary(Run& r) {
                   std::to_string(f.num_layers_at_end_in_bf16) + " layers in high precision"
             : std::string())
     << (f.wgrad ? "" : ", wgrad in high precision") << "\n";
+  if (f.param_gather) {  // the FP8 parameters and the buckets that gather them as bytes
+    int64_t elems = 0, buckets = 0;
+    for (const fp8::ParamRun& run : st->param_runs()) elems += run.end - run.start;
+    for (const auto& b : r.dp_model.ddp->buckets()) buckets += b.fp8 ? 1 : 0;
+    s << "fp8 parameters (--fp8-param-gather): " << elems << " elements in "
+      << st->param_runs().size() << " run(s), " << dtype_name(f.forward_dtype())
+      << " (1 byte each), all-gathered in " << buckets << " bucket(s) of their own over "
+      << r.ps.dp->size() << " data-parallel rank(s)\n";
+  }
   return s.str();
 }
 
