@@ -55,7 +55,10 @@ void add_fp8_flags(ArgParser& p, fp8::Fp8Config& f, Pending& x) {
       "--fp8-recipe", {"delayed", "tensorwise", "mxfp8", "blockwise"},
       [&f](const std::string& v) {
         MG_CHECK(v == "delayed" || v == "tensorwise",
-                 "--fp8-recipe " << v << ": not built yet (valid here: delayed, tensorwise)");
+                 "--fp8-recipe " << v
+                                 << ": not built yet (mxfp8: an E8M0 scale per 32 elements, "
+                                    "Blackwell's block-scaled FP8 GEMMs; blockwise: 1x128 / "
+                                    "128x128 block scales); valid here: delayed, tensorwise");
         f.recipe = v == "delayed" ? Fp8Recipe::delayed : Fp8Recipe::tensorwise;
       },
       "scaling recipe (delayed: amax history; tensorwise: current per-tensor scaling)");

@@ -140,6 +140,10 @@ WeightFp8 Fp8State::cast_weight(int id, const Tensor& w, std::span<const int64_t
              "Fp8State::cast_weight: an " << dtype_name(w.dtype()) << " weight for linear "
                                           << names_[static_cast<std::size_t>(id)]
                                           << " without --fp8-param-gather's E4M3 parameters");
+    MG_CHECK(params_cast_, "FP8 linear " << names_[static_cast<std::size_t>(id)]
+                                         << ": its FP8 weight parameter was never cast from master "
+                                            "weights (--fp8-param-gather needs the distributed "
+                                            "optimizer's quantize_param_shards)");
     out.scale_inv = param_scale_inv(id).clone();
     Scaling unit;
     unit.scale = one_;
@@ -235,6 +239,7 @@ Tensor Fp8State::param_scale_inv(int id) const {
 void Fp8State::quantize_param_shards(std::span<const MasterShard> shards, comm::ProcessGroup* dp,
                                      comm::ProcessGroup* tp) {
   MG_CHECK(!runs_.empty() || names_.empty(), "Fp8State::quantize_param_shards: bind_params first");
+  params_cast_ = true;
   if (names_.empty()) return;
   // This rank's shards of FP8 weights: (linear, offset within its weight, master).
   struct Job {

@@ -174,6 +174,7 @@ class Fp8State {
   std::vector<Tensor> param_q_;
   Tensor param_scale_inv_;
   std::vector<int> linear_of_param_;
+  bool params_cast_ = false;  // quantize_param_shards ran
   int64_t weight_casts_ = 0;
 };
 

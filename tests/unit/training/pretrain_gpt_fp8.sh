@@ -20,7 +20,7 @@
 #           weights-only resume (the saved weights are the dequantised FP8 ones), into BF16.
 # np 2 (f32 model, so TP partial sums are not rounded to bf16): TP 2 (SP off and on) and DP 2
 #   FP8 runs against one rank; DP 2 with --fp8-param-gather against its one-rank run and, bit for
-#   bit, against DP 2 without the flag. The amaxes are reduced over the TP / DP ranks, so the scales, and
+#   bit, against DP 2 without the flag (distributed optimizer, and Megatron FSDP ZeRO-3). The amaxes are reduced over the TP / DP ranks, so the scales, and
 #   every FP8 cast of the first iterations, equal one rank's: the first loss within 2e-6 (f32
 #   summation order, as pretrain_gpt_dp.sh). Later, a layout's other f32 summation order can put a
 #   scaled value on the other side of an FP8 rounding boundary (one element of one operand moves by
@@ -186,6 +186,13 @@ check "$work/single4pg.log" "$work/dp2pg.log" "fp8 params DP 2"
 run "$work/dp2do.log" --micro-batch-size 2 --use-distributed-optimizer
 compare_one "$work/dp2do.log" "$work/dp2pg.log" "fp8 params DP 2 vs without (f32)" "lm loss" 0 0
 compare_one "$work/dp2do.log" "$work/dp2pg.log" "fp8 params DP 2 vs without (f32)" "grad norm" 0 0
+# Megatron FSDP ZeRO-3 (each module gathers its buckets, the FP8 ones as bytes, and releases them
+# after use): the same, bit for bit against ZeRO-3 without the flag.
+z3="--micro-batch-size 2 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"
+run "$work/z3.log" $z3
+run "$work/z3pg.log" $z3 --fp8-param-gather
+compare_one "$work/z3.log" "$work/z3pg.log" "fp8 params FSDP optim_grads_params vs without (f32)" "lm loss" 0 0
+compare_one "$work/z3.log" "$work/z3pg.log" "fp8 params FSDP optim_grads_params vs without (f32)" "grad norm" 0 0
 # TP 2 against one rank with the same micro-batches.
 "$bin" $args --micro-batch-size 2 > "$work/single2.log" 2>&1 || { cat "$work/single2.log"; exit 1; }
 run "$work/tp2.log" --micro-batch-size 2 --tensor-model-parallel-size 2

@@ -139,6 +139,8 @@ TEST(Fp8ParamGather, BindsTheWeightsInRuns) {
   EXPECT_EQ(st.linear_of_param(1), -1);
   EXPECT_EQ(st.linear_of_param(2), 1);
   EXPECT_EQ(st.param_q(1).shape(), (Shape{16, 32}));
+  // Used before any cast from master weights: refused (the bytes would be zeros).
+  EXPECT_THROW(st.cast_weight(1, st.param_q(1), {}, true, nullptr), Error);
 }
 
 TEST(Fp8ParamGather, DelayedShardsEqualTheWholeCastWithTheWeightScale) {
