@@ -28,7 +28,7 @@ struct Pending {
   std::optional<std::string> yaml_cfg;
   std::optional<int64_t> virtual_pipeline_model_parallel_size;  // resolved with the layout
   std::optional<std::string> moe_layer_freq;                    // int or "[1,0,...]"
-  bool fp8_e4m3 = false, fp8_hybrid = false, fp8_param_gather = false;
+  bool fp8_e4m3 = false, fp8_hybrid = false;
   int64_t fp8_interval = 1;
   bool use_rotary_position_embeddings = false, no_position_embedding = false;
   bool use_flash_attn = false, attention_softmax_in_fp32 = false;
@@ -55,7 +55,10 @@ void add_fp8_flags(ArgParser& p, fp8::Fp8Config& f, Pending& x) {
       "--fp8-recipe", {"delayed", "tensorwise", "mxfp8", "blockwise"},
       [&f](const std::string& v) {
         MG_CHECK(v == "delayed" || v == "tensorwise",
-                 "--fp8-recipe " << v << ": not built yet (valid here: delayed, tensorwise)");
+                 "--fp8-recipe " << v
+                                 << ": not built yet (mxfp8: an E8M0 scale per 32 elements, "
+                                    "Blackwell's block-scaled FP8 GEMMs; blockwise: 1x128 / "
+                                    "128x128 block scales); valid here: delayed, tensorwise");
         f.recipe = v == "delayed" ? Fp8Recipe::delayed : Fp8Recipe::tensorwise;
       },
       "scaling recipe (delayed: amax history; tensorwise: current per-tensor scaling)");
@@ -71,8 +74,9 @@ void add_fp8_flags(ArgParser& p, fp8::Fp8Config& f, Pending& x) {
       "amax from the history: most_recent (default) or max");
   p.add_switch("--no-fp8-wgrad", f.wgrad, false,
                "weight-gradient GEMMs in the model dtype instead of FP8");
-  p.add_switch("--fp8-param-gather", x.fp8_param_gather, true,
-               "FP8 parameters and all-gather (not built yet: refused)");
+  p.add_switch("--fp8-param-gather", f.param_gather, true,
+               "keep the FP8 linears' weights as FP8 parameters: the distributed optimizer casts "
+               "its master shards to FP8 after the step and all-gathers 1 byte per element");
   p.add_switch("--tp-only-amax-red", f.tp_only_amax_red, true,
                "reduce amaxes over the tensor-(context-)parallel group only, not data parallel");
   p.add_switch("--first-last-layers-bf16", f.first_last_layers_bf16, true,
@@ -93,11 +97,6 @@ void check_fp8_flags(ArgParser& p, fp8::Fp8Config& f, const Pending& x) {
                              << (x.fp8_e4m3 ? "--fp8-e4m3" : "--fp8-hybrid"));
     f.format = old;
   }
-  MG_CHECK(!x.fp8_param_gather,
-           "--fp8-param-gather: not built yet (it needs the FP8 linears' weights stored as FP8 "
-           "with their scales and the distributed optimizer's all-gather of buckets that mix FP8 "
-           "and model-dtype parameters); FP8 GEMMs with high-precision parameters, cast once per "
-           "forward-backward call, run without it");
   MG_CHECK(x.fp8_interval == 1, "--fp8-interval " << x.fp8_interval
                                                   << ": deprecated (Megatron and Transformer "
                                                      "Engine ignore it; scales update every "
@@ -105,7 +104,7 @@ void check_fp8_flags(ArgParser& p, fp8::Fp8Config& f, const Pending& x) {
   if (!f.enabled()) {
     for (const char* flag :
          {"--fp8-recipe", "--fp8-margin", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
-          "--no-fp8-wgrad", "--tp-only-amax-red", "--first-last-layers-bf16"})
+          "--no-fp8-wgrad", "--tp-only-amax-red", "--first-last-layers-bf16", "--fp8-param-gather"})
       MG_CHECK(!p.given(flag), flag << " needs --fp8-format e4m3|hybrid (FP8 is off)");
   }
   for (const char* flag : {"--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"})
@@ -1015,6 +1014,15 @@ Arguments parse_args(const std::vector<std::string>& raw) {
     a.ddp.use_distributed_optimizer = true;
   a.parallel.validate(a.model,
                       static_cast<int>(x.virtual_pipeline_model_parallel_size.value_or(1)));
+  // Megatron: "--fp8-param-gather only supported with distributed optimizer" (or FSDP, which
+  // implies it here): the FP8 parameters are re-cast from the optimizer's master shards.
+  MG_CHECK(!a.model.fp8.param_gather || a.ddp.use_distributed_optimizer,
+           "--fp8-param-gather needs --use-distributed-optimizer (or --use-megatron-fsdp / "
+           "--use-torch-fsdp2): the FP8 parameters are cast from the distributed optimizer's "
+           "master-weight shards after each step");
+  MG_CHECK(!a.model.fp8.param_gather || !a.optimizer.optimizer_cpu_offload,
+           "--fp8-param-gather with --optimizer-cpu-offload: not built (the FP8 cast reads the "
+           "master weights on the device)");
 
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "
                                                  << a.training.micro_batch_size << ")");

@@ -61,6 +61,24 @@ double layer_params(const TransformerConfig& c, int64_t layer, const MemoryLayou
   return n;
 }
 
+// --fp8-param-gather: the FP8 linears' weight elements of decoder layer `layer` on one rank (QKV,
+// projection, fc1, fc2 and a shared expert's; 0 for a layer --first-last-layers-bf16 keeps out).
+double fp8_weight_params(const TransformerConfig& c, int64_t layer, const MemoryLayout& l) {
+  if (!c.fp8.layer_in_fp8(layer, c.num_layers)) return 0.0;
+  const double h = static_cast<double>(c.hidden_size);
+  const double tp = static_cast<double>(l.tp);
+  auto mlp_weights = [&](int64_t f) {
+    const double rows = static_cast<double>(c.gated_linear_unit() ? 2 * f : f) / tp;
+    return rows * h + h * static_cast<double>(f) / tp;
+  };
+  double n = static_cast<double>(c.qkv_projection_size()) / tp * h +
+             static_cast<double>(c.query_projection_size()) / tp * h;
+  if (!c.is_moe_layer(layer)) return n + mlp_weights(c.ffn_hidden_size);
+  if (c.moe_shared_expert_intermediate_size > 0)
+    n += mlp_weights(c.moe_shared_expert_intermediate_size);
+  return n;
+}
+
 // Bytes one micro-batch keeps for layer `layer` between its forward and backward, over `tokens`
 // local tokens (activation dtype `a` bytes per element).
 double layer_activation_bytes(const TransformerConfig& c, int64_t layer, const MemoryLayout& l,
@@ -194,6 +212,14 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
   const bool mixed = pdt == DType::bf16 || pdt == DType::f16;
   const double master_bytes = mixed ? 4.0 : p_bytes;  // the master (and moment) dtype
   e.parameter_bytes = sharded(dv.parameters, dv.expert_parameters) * p_bytes;
+  if (c.fp8.enabled() && c.fp8.param_gather) {
+    // FP8 parameters: 1 byte per element (Megatron's FP8 parameter buffer), on top of the
+    // model-dtype flat buffer, which here keeps their slots (docs/fp8.md "FP8 parameters").
+    for (const auto& ch : chunks)
+      for (int64_t i = ch.layer_offset; i < ch.layer_offset + ch.num_layers; ++i)
+        e.num_fp8_parameters += fp8_weight_params(c, i, layout);
+    e.parameter_bytes += e.num_fp8_parameters / static_cast<double>(dv.parameters);
+  }
   e.gradient_bytes = sharded(dv.gradients, dv.expert_gradients) * g_bytes;
   const double moments = args.optimizer.optimizer == "sgd" ? 1.0 : 2.0;
   e.optimizer_bytes = sharded(dv.optimizer_state, dv.expert_optimizer_state) *

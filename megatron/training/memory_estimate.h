@@ -7,7 +7,8 @@
 // What is counted (bytes on one rank):
 //   parameters   this rank's elements (TP shards, its pipeline stage's layers, embedding on the
 //                first stage, output layer / tied copy on the last, E / EP local experts split
-//                over expert TP) x the params dtype, / ShardingDivisors::parameters;
+//                over expert TP) x the params dtype, / ShardingDivisors::parameters; with
+//                --fp8-param-gather plus 1 byte per FP8 linear weight element (its FP8 copy);
 //   gradients    the same elements x the grad dtype (f32 under bf16/fp16), / ::gradients;
 //   optimizer    f32 master weights (bf16/fp16 only) + Adam's two moments (SGD: one momentum
 //                buffer), / ::optimizer_state (dp under --use-distributed-optimizer); with
@@ -70,6 +71,9 @@ ShardingDivisors sharding_divisors(const Arguments& args, const MemoryLayout& la
 struct MemoryEstimate {
   int64_t pipeline_rank = 0;
   double num_parameters = 0;  // this rank's parameter elements before sharding (exact < 2^53)
+  // --fp8-param-gather: of those, the FP8 linears' weights, also held as FP8 (1 byte each, in
+  // parameter_bytes on top of their model-dtype slots).
+  double num_fp8_parameters = 0;
   ShardingDivisors divisors;
   // Bytes on this rank.
   double parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;

@@ -244,6 +244,10 @@ void save(Run& r) {
   st.vocab_size = r.model->vocab_size();
   r.dp_model.ddp
       ->finish_param_sync();  // --overlap-param-gather: the parameters saved are the updated ones
+  // --fp8-param-gather: the FP8 parameters are saved dequantised in the model dtype (Megatron's
+  // checkpoints of Float8Tensor weights), so any run, FP8 or not, loads them.
+  if (r.model->fp8_state() && r.model->fp8_state()->param_gather())
+    r.model->fp8_state()->dequantize_params(r.model->parameters());
   if (!c.no_save_optim) {
     st.optimizer = r.opt->state_dict();
     st.scheduler = r.scheduler->state_dict();
@@ -272,6 +276,25 @@ void save(Run& r) {
         << (io.async ? " to host memory; written in the background" : "") << " ]"
         << std::defaultfloat << std::endl;
   r.result.saved_iteration = r.iteration;
+}
+
+// --fp8-param-gather (docs/fp8.md): this rank's master shards cast to the FP8 parameters
+// (Fp8State::quantize_param_shards over the data-parallel group; tensorwise also over TP).
+void quantize_fp8_params(Run& r) {
+  std::vector<fp8::MasterShard> shards;
+  for (const auto& m : r.opt->master_shards())
+    shards.push_back(fp8::MasterShard{m.param, m.offset, m.master});
+  r.model->fp8_state()->quantize_param_shards(shards, r.ps.dp.get(), r.ps.tp.get());
+}
+
+// The FP8 parameters from the master weights, gathered: before the first step (Transformer
+// Engine's fp8_model_init casts the initial weights) and after a checkpoint load (the masters
+// and the weights' scales are the checkpoint's, so the bytes are those of the saving run).
+void init_fp8_params(Run& r) {
+  if (!r.model->fp8_state() || !r.model->fp8_state()->param_gather()) return;
+  quantize_fp8_params(r);
+  r.dp_model.ddp->start_param_sync();
+  r.dp_model.ddp->finish_param_sync();
 }
 
 void load(Run& r) {
@@ -435,6 +458,15 @@ std::string fp8_summary(Run& r) {
                   std::to_string(f.num_layers_at_end_in_bf16) + " layers in high precision"
             : std::string())
     << (f.wgrad ? "" : ", wgrad in high precision") << "\n";
+  if (f.param_gather) {  // the FP8 parameters and the buckets that gather them as bytes
+    int64_t elems = 0, buckets = 0;
+    for (const fp8::ParamRun& run : st->param_runs()) elems += run.end - run.start;
+    for (const auto& b : r.dp_model.ddp->buckets()) buckets += b.fp8 ? 1 : 0;
+    s << "fp8 parameters (--fp8-param-gather): " << elems << " elements in "
+      << st->param_runs().size() << " run(s), " << dtype_name(f.forward_dtype())
+      << " (1 byte each), all-gathered in " << buckets << " bucket(s) of their own over "
+      << r.ps.dp->size() << " data-parallel rank(s)\n";
+  }
   return s.str();
 }
 
@@ -952,6 +984,10 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
     r.dp_model = distributed::parallelize(*r.model, args.ddp, r.ps.dp, r.ps.expert_dp);
   });
   // 4. The optimizer and the LR scheduler.
+  if (r.model->fp8_state() && r.model->fp8_state()->param_gather()) {
+    MG_CHECK(r.dp_model.optimizer_shard, "--fp8-param-gather needs --use-distributed-optimizer");
+    r.dp_model.optimizer_shard->quantize_params = [&r] { quantize_fp8_params(r); };
+  }
   naming_allocation("the optimizer state (MegatronOptimizer)", [&] {
     r.opt = std::make_unique<optimizer::MegatronOptimizer>(
         args.optimizer, r.model->parameters(), r.model->buffer(), r.ops(),
@@ -1001,6 +1037,7 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
   }
   // 5. The checkpoint (model; optimizer, scheduler, RNG and data position unless told not to).
   load(r);
+  init_fp8_params(r);
 
   // Data: Megatron's split sizes, iterators from the checkpoint's position.
   log << "> building train, validation, and test datasets ..." << std::endl;

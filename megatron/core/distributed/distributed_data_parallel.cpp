@@ -64,8 +64,14 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
                                                  transformer::ParamAndGradBuffer& buffer,
                                                  const ops::OpTable& ops,
                                                  comm::ProcessGroupPtr dp_group,
-                                                 comm::ProcessGroupPtr expert_dp_group)
-    : config_(config), params_(params), buffer_(buffer), ops_(ops), dp_group_(std::move(dp_group)) {
+                                                 comm::ProcessGroupPtr expert_dp_group,
+                                                 std::vector<fp8::ParamRun> fp8_params)
+    : config_(config),
+      params_(params),
+      buffer_(buffer),
+      ops_(ops),
+      dp_group_(std::move(dp_group)),
+      fp8_runs_(std::move(fp8_params)) {
   config_.validate();
   MG_CHECK(dp_group_, "DistributedDataParallel: no data-parallel group");
   MG_CHECK(buffer_.grads.defined() && buffer_.grads.dim() == 1 &&
@@ -81,12 +87,21 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
   for (const auto& p : params_) any_expert |= p.is_expert;
   if (any_expert && expert_dp_group && expert_dp_group->ranks() != dp_group_->ranks())
     expert_dp_group_ = std::move(expert_dp_group);
-  if (!expert_dp_group_) {
+  MG_CHECK(fp8_runs_.empty() || config_.use_distributed_optimizer,
+           "DistributedDataParallel: FP8 parameters (--fp8-param-gather) need the distributed "
+           "optimizer");
+  auto in_fp8 = [this](const transformer::Parameter& p) {
+    for (const fp8::ParamRun& r : fp8_runs_)
+      if (p.buffer_offset >= r.start && p.buffer_offset + p.param.numel() <= r.end) return true;
+    return false;
+  };
+  if (!expert_dp_group_ && fp8_runs_.empty()) {
     buckets_ = build_buckets(params_, buffer_.grads.numel(), bucket_size, dp,
                              config_.use_distributed_optimizer);
   } else {
-    // Runs of expert / dense parameters in buffer order, each bucketed on its own (under the
-    // distributed optimizer and FSDP: expert buckets sharded over the expert data-parallel group).
+    // Runs of expert / dense (and FP8 / other) parameters in buffer order, each bucketed on its
+    // own (under the distributed optimizer and FSDP: expert buckets sharded over the expert
+    // data-parallel group).
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < params_.size(); ++i)
       if (params_[i].param.numel() > 0) order.push_back(i);
@@ -95,16 +110,20 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
     });
     std::size_t i = 0;
     while (i < order.size()) {
-      const bool expert = params_[order[i]].is_expert;
+      const bool expert = params_[order[i]].is_expert && expert_dp_group_;
+      const bool fp8 = in_fp8(params_[order[i]]);
       const int64_t lo = params_[order[i]].buffer_offset;
       std::size_t j = i;
-      while (j < order.size() && params_[order[j]].is_expert == expert) ++j;
+      while (j < order.size() && (params_[order[j]].is_expert && expert_dp_group_) == expert &&
+             in_fp8(params_[order[j]]) == fp8)
+        ++j;
       const transformer::Parameter& last = params_[order[j - 1]];
       const int64_t hi = last.buffer_offset + last.param.numel();
       for (GradBucket& b : build_buckets(params_, buffer_.grads.numel(), bucket_size,
                                          expert ? expert_dp_group_->size() : dp,
                                          config_.use_distributed_optimizer, lo, hi)) {
         b.expert = expert;
+        b.fp8 = fp8;
         buckets_.push_back(std::move(b));
       }
       i = j;
@@ -118,6 +137,7 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
   reset_readiness();
   resident_bytes_ = peak_resident_bytes_ =
       static_cast<int64_t>(buffer_.params.nbytes() + buffer_.grads.nbytes());
+  for (const fp8::ParamRun& r : fp8_runs_) account(static_cast<int64_t>(r.data.nbytes()));
   MG_CHECK(!config_.shards_grads() || config_.use_distributed_optimizer,
            "DistributedDataParallel: FSDP " << to_string(config_.sharding_strategy)
                                             << " needs the distributed optimizer's buckets");
@@ -126,6 +146,19 @@ DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelCo
   if (config_.shards_params())
     for (std::size_t b = 0; b < buckets_.size(); ++b) discard_params(b);
   peak_resident_bytes_ = resident_bytes_;  // the peak of training, not of the model's build
+}
+
+Tensor DistributedDataParallel::param_slice(std::size_t bi, int64_t lo, int64_t n) const {
+  if (!buckets_[bi].fp8) return buffer_.params.slice(lo, n);
+  for (const fp8::ParamRun& r : fp8_runs_)
+    if (lo >= r.start && lo + n <= r.end) return r.data.slice(lo - r.start, n);
+  MG_CHECK(false, "DistributedDataParallel: FP8 bucket " << bi << " elements [" << lo << ", "
+                                                         << lo + n << ") outside the FP8 runs");
+  return Tensor();
+}
+
+int64_t DistributedDataParallel::param_elem_size(std::size_t bi) const {
+  return buckets_[bi].fp8 ? 1 : static_cast<int64_t>(dtype_size(buffer_.params.dtype()));
 }
 
 void DistributedDataParallel::account(int64_t delta) {
@@ -144,10 +177,8 @@ void DistributedDataParallel::discard_params(std::size_t bi) {
   BucketState& s = state_[bi];
   const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
   for (auto [lo, hi] : {a, b})
-    if (hi > lo) release_host_range(buffer_.params.slice(lo, hi - lo));
-  if (s.params_resident)
-    account(-static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
-            (a.second - a.first + b.second - b.first));
+    if (hi > lo) release_host_range(param_slice(bi, lo, hi - lo));
+  if (s.params_resident) account(-param_elem_size(bi) * (a.second - a.first + b.second - b.first));
   s.params_resident = false;
 }
 
@@ -416,16 +447,16 @@ void DistributedDataParallel::launch_gather(std::size_t bi) {
   const int dp = g.size();
   const GradBucket& b = buckets_[bi];
   BucketState& s = state_[bi];
-  const Tensor& params = buffer_.params;
+  const Tensor params = param_slice(bi, b.start, b.numel());  // FP8 bytes for an fp8 bucket
   if (!s.gather_in.defined())
     s.gather_in = Tensor::zeros({b.shard_size}, params.dtype(), params.device());
   const auto [lo, hi] = own_range(bi);
   if (hi > lo) {
     Tensor head = s.gather_in.slice(0, hi - lo);
-    head.copy_(params.slice(lo, hi - lo));
+    head.copy_(params.slice(lo - b.start, hi - lo));
   }
   if (b.padded_numel(dp) == b.numel()) {
-    Tensor out = params.slice(b.start, b.numel());
+    Tensor out = params;
     s.gather_work = g.all_gather(out, s.gather_in);
   } else {
     if (!s.gather_staging.defined())
@@ -486,8 +517,7 @@ void DistributedDataParallel::use_params(std::span<const std::size_t> param_indi
       s.params_resident = true;
       ++param_gathers_;
       const auto [lo, hi] = own_range(bi);
-      account(static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
-              (buckets_[bi].numel() - (hi - lo)));
+      account(param_elem_size(bi) * (buckets_[bi].numel() - (hi - lo)));
     }
     ++s.uses;
   }
@@ -534,7 +564,7 @@ void DistributedDataParallel::finish_gather(std::size_t bi) {
   w->wait();
   const GradBucket& b = buckets_[bi];
   if (b.padded_numel(group_of(bi).size()) == b.numel()) return;
-  Tensor dst = buffer_.params.slice(b.start, b.numel());
+  Tensor dst = param_slice(bi, b.start, b.numel());
   dst.copy_(s.gather_staging.slice(0, b.numel()));
 }
 
@@ -547,8 +577,7 @@ void DistributedDataParallel::finish_param_sync() {
       finish_gather(bi);
       s.params_resident = true;
       const auto [lo, hi] = own_range(bi);
-      account(static_cast<int64_t>(dtype_size(buffer_.params.dtype())) *
-              (buckets_[bi].numel() - (hi - lo)));
+      account(param_elem_size(bi) * (buckets_[bi].numel() - (hi - lo)));
     }
     return;
   }

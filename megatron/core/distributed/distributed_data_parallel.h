@@ -37,6 +37,11 @@
 // With expert parallelism (or TP with whole experts, or CP) the distributed optimizer and FSDP
 // shard expert buckets over the expert data-parallel group (their reduce-scatters and gathers run
 // there; optimizer_shard_ranges() includes their chunks), dense ones over the dp-cp group.
+// --fp8-param-gather (fp8_params: the model's fp8::ParamRun, Fp8State::param_runs): FP8
+// parameters are bucketed apart (Megatron's buffer of FP8 parameters); their buckets reduce the
+// gradients as any other, but the parameter all-gather (and FSDP's discard) works on the FP8
+// bytes, 1 byte per element; the model-dtype values of those parameters are not gathered (the
+// forward reads the FP8 ones).
 // Not here: bucket groups of several buckets.
 #pragma once
 
@@ -49,6 +54,7 @@
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/distributed/distributed_data_parallel_config.h"
 #include "megatron/core/distributed/param_and_grad_buffer.h"
+#include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/transformer/parameter.h"
 
@@ -66,7 +72,8 @@ class DistributedDataParallel {
                           std::vector<transformer::Parameter>& params,
                           transformer::ParamAndGradBuffer& buffer, const ops::OpTable& ops,
                           comm::ProcessGroupPtr dp_group,
-                          comm::ProcessGroupPtr expert_dp_group = nullptr);
+                          comm::ProcessGroupPtr expert_dp_group = nullptr,
+                          std::vector<fp8::ParamRun> fp8_params = {});
   ~DistributedDataParallel();  // waits for collectives still in flight
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
@@ -154,6 +161,10 @@ class DistributedDataParallel {
   void discard_params(std::size_t bucket);
   void discard_grads(std::size_t bucket);
   void account(int64_t delta_bytes);
+  // Bucket bi's parameter storage for flat elements [lo, lo + n): the model-dtype buffer, or the
+  // FP8 bytes of an fp8 bucket; and its element size.
+  Tensor param_slice(std::size_t bi, int64_t lo, int64_t n) const;
+  int64_t param_elem_size(std::size_t bi) const;
 
   DistributedDataParallelConfig config_;
   std::vector<transformer::Parameter>& params_;
@@ -161,6 +172,7 @@ class DistributedDataParallel {
   const ops::OpTable& ops_;
   comm::ProcessGroupPtr dp_group_;
   comm::ProcessGroupPtr expert_dp_group_;  // set only when it differs from dp_group_
+  std::vector<fp8::ParamRun> fp8_runs_;
   std::vector<GradBucket> buckets_;
   std::vector<BucketState> state_;
   std::vector<std::vector<std::size_t>> buckets_of_param_;

@@ -30,8 +30,11 @@ DataParallelModel parallelize(models::LanguageModule& model,
       c.bucket_size = units[units.size() / 2];
     }
   }
-  out.ddp = std::make_unique<DistributedDataParallel>(
-      c, model.parameters(), model.buffer(), model.ops(), dp_group, std::move(expert_dp_group));
+  std::vector<fp8::ParamRun> fp8_params;  // --fp8-param-gather: gathered as FP8 bytes
+  if (fp8::Fp8State* f = model.fp8_state(); f && f->param_gather()) fp8_params = f->param_runs();
+  out.ddp =
+      std::make_unique<DistributedDataParallel>(c, model.parameters(), model.buffer(), model.ops(),
+                                                dp_group, std::move(expert_dp_group), fp8_params);
   DistributedDataParallel* ddp = out.ddp.get();  // stable: owned by the unique_ptr
   if (config.overlap_grad_reduce)
     model.set_grad_ready_hook([ddp](std::size_t i) { ddp->param_grad_ready(i); });

@@ -28,6 +28,9 @@ struct GradBucket {
   // Holds expert parameters only (Parameter::is_expert), reduced over the expert-data-parallel
   // group (DistributedDataParallel with an expert group).
   bool expert = false;
+  // Holds FP8 parameters only (--fp8-param-gather, fp8::ParamRun): its parameter all-gather moves
+  // their FP8 bytes, not the model-dtype values.
+  bool fp8 = false;
 
   int64_t numel() const { return end - start; }
   // Padded length dp * shard_size (>= numel()).

@@ -30,7 +30,10 @@ struct Fp8Config {
   // Megatron-Core's TransformerConfig.disable_parameter_transpose_cache (no flag): cast the weights
   // in every micro-batch instead of once per forward-backward call.
   bool disable_parameter_transpose_cache = false;
-  bool tp_only_amax_red = false;            // --tp-only-amax-red: amax over TP(-CP) only
+  bool tp_only_amax_red = false;  // --tp-only-amax-red: amax over TP(-CP) only
+  // --fp8-param-gather: the FP8 linears' weights are FP8 model parameters (Fp8State's param
+  // storage), cast from the distributed optimizer's master shards and all-gathered as FP8.
+  bool param_gather = false;
   bool first_last_layers_bf16 = false;      // --first-last-layers-bf16
   int64_t num_layers_at_start_in_bf16 = 1;  // --num-layers-at-start-in-bf16
   int64_t num_layers_at_end_in_bf16 = 1;    // --num-layers-at-end-in-bf16

@@ -127,27 +127,182 @@ const WeightFp8* Fp8State::cached_weight(int id, bool training) const {
 
 WeightFp8 Fp8State::cast_weight(int id, const Tensor& w, std::span<const int64_t> part_rows,
                                 bool training, comm::ProcessGroup* group) {
-  const Scaling sw = scaling(id, Role::weight, std::span<const Tensor>(&w, 1), training, group);
+  const bool fp8_param = w.dtype() == DType::fp8_e4m3 || w.dtype() == DType::fp8_e5m2;
   WeightFp8 out;
-  out.scale_inv = sw.scale_inv;
   const std::vector<int64_t> whole{w.size(0)};
   const std::span<const int64_t> parts =
       part_rows.empty() ? std::span<const int64_t>(whole) : part_rows;
-  int64_t base = 0;
-  for (int64_t r : parts) {
-    Tensor q, qt;
-    cast(sw, parts.size() == 1 ? w : w.slice(base, r), &q, &qt);
-    out.q.push_back(q);
-    out.qt.push_back(qt);
-    base += r;
+  if (fp8_param) {
+    // An FP8 parameter: its bytes as they are (a copy, which a ZeRO-3 release of the gathered
+    // bucket does not touch) and the transposes: widened to f32 (exact) and cast-transposed at
+    // scale 1 (exact: every value is an FP8 value already), no amax recorded.
+    MG_CHECK(cfg_.param_gather && w.dtype() == cfg_.forward_dtype(),
+             "Fp8State::cast_weight: an " << dtype_name(w.dtype()) << " weight for linear "
+                                          << names_[static_cast<std::size_t>(id)]
+                                          << " without --fp8-param-gather's E4M3 parameters");
+    MG_CHECK(params_cast_, "FP8 linear " << names_[static_cast<std::size_t>(id)]
+                                         << ": its FP8 weight parameter was never cast from master "
+                                            "weights (--fp8-param-gather needs the distributed "
+                                            "optimizer's quantize_param_shards)");
+    out.scale_inv = param_scale_inv(id).clone();
+    Scaling unit;
+    unit.scale = one_;
+    unit.amax = Tensor::zeros({1}, DType::f32, device_);
+    unit.dtype = w.dtype();
+    int64_t base = 0;
+    for (int64_t r : parts) {
+      const Tensor part = parts.size() == 1 ? w : w.slice(base, r);
+      Tensor qt;
+      cast(unit, part.to(DType::f32), nullptr, &qt);
+      out.q.push_back(part.clone());
+      out.qt.push_back(qt);
+      base += r;
+    }
+  } else {
+    const Scaling sw = scaling(id, Role::weight, std::span<const Tensor>(&w, 1), training, group);
+    out.scale_inv = sw.scale_inv;
+    int64_t base = 0;
+    for (int64_t r : parts) {
+      Tensor q, qt;
+      cast(sw, parts.size() == 1 ? w : w.slice(base, r), &q, &qt);
+      out.q.push_back(q);
+      out.qt.push_back(qt);
+      base += r;
+    }
+    ++weight_casts_;
   }
-  ++weight_casts_;
   if (training && cache_open_ && !cfg_.disable_parameter_transpose_cache) {
     const auto i = static_cast<std::size_t>(id);
     weights_[i] = out;
     weight_valid_[i] = 1;
   }
   return out;
+}
+
+void Fp8State::bind_params(const std::vector<transformer::Parameter>& params) {
+  MG_CHECK(finalized_ && cfg_.param_gather,
+           "Fp8State::bind_params: needs finalize() and --fp8-param-gather");
+  MG_CHECK(runs_.empty(), "Fp8State::bind_params called twice");
+  param_of_.assign(names_.size(), 0);
+  linear_of_param_.assign(params.size(), -1);
+  for (std::size_t id = 0; id < names_.size(); ++id) {
+    const std::string want = names_[id] + ".weight";
+    std::size_t found = params.size();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (params[i].name == want) found = i;
+    MG_CHECK(found < params.size(),
+             "--fp8-param-gather: FP8 linear " << names_[id] << " has no parameter " << want);
+    param_of_[id] = found;
+    linear_of_param_[found] = static_cast<int>(id);
+  }
+  // Runs of adjacent FP8 weights in buffer order.
+  std::vector<std::size_t> order(names_.size());
+  for (std::size_t id = 0; id < order.size(); ++id) order[id] = id;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return params[param_of_[a]].buffer_offset < params[param_of_[b]].buffer_offset;
+  });
+  std::vector<int> run_of(names_.size(), -1);
+  for (std::size_t id : order) {
+    const transformer::Parameter& p = params[param_of_[id]];
+    if (runs_.empty() || runs_.back().end != p.buffer_offset)
+      runs_.push_back(ParamRun{p.buffer_offset, p.buffer_offset, Tensor()});
+    runs_.back().end = p.buffer_offset + p.param.numel();
+    run_of[id] = static_cast<int>(runs_.size()) - 1;
+  }
+  for (ParamRun& r : runs_)
+    r.data = Tensor::zeros({r.end - r.start}, cfg_.forward_dtype(), device_);
+  param_q_.resize(names_.size());
+  for (std::size_t id = 0; id < names_.size(); ++id) {
+    const transformer::Parameter& p = params[param_of_[id]];
+    const ParamRun& r = runs_[static_cast<std::size_t>(run_of[id])];
+    param_q_[id] = r.data.slice(p.buffer_offset - r.start, p.param.numel()).view(p.param.shape());
+  }
+  param_scale_inv_ = host_f32(std::vector<float>(names_.size(), 1.0f), {num_linears()}).to(device_);
+}
+
+int Fp8State::linear_of_param(std::size_t param) const {
+  return param < linear_of_param_.size() ? linear_of_param_[param] : -1;
+}
+
+Tensor Fp8State::param_q(int id) const {
+  MG_CHECK(id >= 0 && static_cast<std::size_t>(id) < param_q_.size(),
+           "Fp8State::param_q: linear " << id << " has no FP8 parameter (bind_params)");
+  return param_q_[static_cast<std::size_t>(id)];
+}
+
+Tensor Fp8State::param_scale_inv(int id) const {
+  MG_CHECK(id >= 0 && static_cast<std::size_t>(id) < param_q_.size(),
+           "Fp8State::param_scale_inv: linear " << id << " has no FP8 parameter");
+  return param_scale_inv_.slice(id, 1);
+}
+
+void Fp8State::quantize_param_shards(std::span<const MasterShard> shards, comm::ProcessGroup* dp,
+                                     comm::ProcessGroup* tp) {
+  MG_CHECK(!runs_.empty() || names_.empty(), "Fp8State::quantize_param_shards: bind_params first");
+  params_cast_ = true;
+  if (names_.empty()) return;
+  // This rank's shards of FP8 weights: (linear, offset within its weight, master).
+  struct Job {
+    int id;
+    int64_t at;  // flat-buffer offset
+    Tensor master;
+  };
+  std::vector<Job> jobs;
+  for (const MasterShard& m : shards) {
+    const int id = linear_of_param(m.param);
+    if (id >= 0 && m.master.numel() > 0) jobs.push_back(Job{id, m.offset, m.master});
+  }
+  // Flat offset -> the FP8 bytes of that element range (inside one run).
+  auto bytes = [this](int64_t lo, int64_t n) {
+    for (const ParamRun& r : runs_)
+      if (lo >= r.start && lo + n <= r.end) return r.data.slice(lo - r.start, n);
+    MG_CHECK(false, "--fp8-param-gather: elements [" << lo << ", " << lo + n
+                                                     << ") are not in one FP8 parameter run");
+    return Tensor();
+  };
+  const int n = num_linears();
+  if (cfg_.recipe == Fp8Recipe::delayed) {
+    const Buffers& b = fwd_;
+    for (const Job& j : jobs) {
+      Scaling s;
+      s.scale = b.scale.slice(2 * j.id + 1, 1);
+      s.amax = b.history.select(0).slice(2 * j.id + 1, 1);
+      s.dtype = cfg_.forward_dtype();
+      Tensor q = bytes(j.at, j.master.numel()), none;
+      ops_->fp8_cast_transpose(q, none, s.amax, j.master, s.scale);
+    }
+    Tensor row0 = fwd_.history.select(0);  // only the weights' slots hold amaxes now
+    all_reduce_max(dp, row0);
+    for (int id = 0; id < n; ++id)
+      param_scale_inv_.slice(id, 1).copy_(b.scale_inv.slice(2 * id + 1, 1));
+    return;
+  }
+  // Tensorwise: each weight's amax over its shards, reduced over DP then TP, its scale, the cast.
+  Tensor amax = Tensor::zeros({1, n}, DType::f32, device_);
+  for (const Job& j : jobs) {
+    Tensor a = amax.select(0).slice(j.id, 1), none, none2;
+    ops_->fp8_cast_transpose(none, none2, a, j.master, one_);
+  }
+  all_reduce_max(dp, amax);
+  all_reduce_max(tp, amax);
+  Tensor scale = Tensor::empty({n}, DType::f32, device_);
+  ops_->fp8_scale_update(
+      amax, scale, param_scale_inv_,
+      ops::Fp8ScaleUpdateArgs{.fp8_max = fp8_max(cfg_.forward_dtype()), .current = true});
+  for (const Job& j : jobs) {
+    Tensor q = bytes(j.at, j.master.numel()), none, a = Tensor::zeros({1}, DType::f32, device_);
+    ops_->fp8_cast_transpose(q, none, a, j.master, scale.slice(j.id, 1));
+  }
+}
+
+void Fp8State::dequantize_params(std::vector<transformer::Parameter>& params) const {
+  const std::vector<float> si = param_scale_inv_.to_vector<float>();
+  for (std::size_t id = 0; id < param_q_.size(); ++id) {
+    std::vector<float> v = param_q_[id].to(DType::f32).to_vector<float>();
+    for (float& x : v) x *= si[id];
+    Tensor& dst = params[param_of_[id]].param;
+    dst.copy_(Tensor::from_vector(v, dst.shape()));
+  }
 }
 
 Fp8State::WeightCacheScope::WeightCacheScope(Fp8State* s) : s_(s) {

@@ -28,6 +28,7 @@
 #include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
+#include "megatron/core/transformer/parameter.h"
 
 namespace mg::fp8 {
 
@@ -45,6 +46,21 @@ struct WeightFp8 {
 struct Scaling {
   Tensor scale, amax, scale_inv;
   DType dtype = DType::fp8_e4m3;
+};
+
+// --fp8-param-gather: a run [start, end) of the model's flat parameter buffer whose parameters are
+// FP8 model parameters, their bytes in `data` (1-D, E4M3, data[i] for element start + i).
+struct ParamRun {
+  int64_t start = 0, end = 0;
+  Tensor data;
+};
+
+// A master-weight shard of this rank (the distributed optimizer's): parameter `param` (an index
+// into the model's Parameter vector), flat-buffer elements [offset, offset + master.numel()).
+struct MasterShard {
+  std::size_t param = 0;
+  int64_t offset = 0;
+  Tensor master;  // 1-D, f32 (the model dtype for f32 models)
 };
 
 class Fp8State {
@@ -70,7 +86,9 @@ class Fp8State {
   void cast(const Scaling& s, const Tensor& x, Tensor* q, Tensor* qt) const;
 
   // The FP8 copy of linear `id`'s weight w [out, in] cut into parts of `part_rows` rows (empty:
-  // one part), its scaling as scaling(id, Role::weight, ...). cached_weight: the copy of this
+  // one part), its scaling as scaling(id, Role::weight, ...). An FP8 w (--fp8-param-gather: the
+  // FP8 parameter, param_q, or its regrouped rows) is used as it is: no cast and no amax, only the
+  // transposes, with the parameter's scale_inv. cached_weight: the copy of this
   // forward-backward call (null when none is cached or the pass does not train).
   const WeightFp8* cached_weight(int id, bool training) const;
   WeightFp8 cast_weight(int id, const Tensor& w, std::span<const int64_t> part_rows, bool training,
@@ -89,6 +107,32 @@ class Fp8State {
   };
   // Weight casts so far (one per weight tensor cast; tests).
   int64_t weight_casts() const { return weight_casts_; }
+
+  // --fp8-param-gather (config().param_gather; docs/fp8.md "FP8 parameters"): the FP8 linears'
+  // weights as FP8 model parameters, Transformer Engine's Float8Tensor weights.
+  // bind_params (after finalize, once the model's buffer exists): each FP8 linear's weight is
+  // "<linear>.weight" of `params`; allocates the FP8 storage, 1 byte per element, in runs of
+  // adjacent weights of the flat buffer (ParamRun), zero until the first quantize_param_shards.
+  void bind_params(const std::vector<transformer::Parameter>& params);
+  bool param_gather() const { return cfg_.param_gather; }
+  const std::vector<ParamRun>& param_runs() const { return runs_; }
+  // The linear whose FP8 weight parameter `param` is (-1: none).
+  int linear_of_param(std::size_t param) const;
+  // Linear `id`'s FP8 weight parameter q [out, in] (a view of its run) and its scale_inv (f32 [1]).
+  Tensor param_q(int id) const;
+  Tensor param_scale_inv(int id) const;
+  // Transformer Engine's cast_master_weights_to_fp8 (Megatron's quantize_param_shard after the
+  // distributed optimizer's step): this rank's master shards of FP8 weights (others are skipped)
+  // cast into the FP8 storage at their flat offsets. Delayed: with the weight's current scale s,
+  // q = sat(rne(master * s)), amax of the master shard into history row 0 (the weight's slot),
+  // row 0 max-reduced over `dp`, the parameter's scale_inv = 1 / s. Tensorwise: amax of the
+  // master shards max-reduced over `dp` then `tp`, s = fp8_max / amax, the same cast. Collective
+  // over dp (and tp): every rank calls it, in the same order.
+  void quantize_param_shards(std::span<const MasterShard> shards, comm::ProcessGroup* dp,
+                             comm::ProcessGroup* tp);
+  // Every FP8 parameter dequantised into its model-dtype tensor (q * scale_inv in f32, rounded
+  // once; TE's Float8Tensor.dequantize): what a checkpoint stores for it.
+  void dequantize_params(std::vector<transformer::Parameter>& params) const;
 
   // After a training forward (forward = true) or backward pass: delayed scaling's amax reduction
   // over `group` (max; null: none; one all-reduce of every linear's amaxes) and the scale update
@@ -123,6 +167,14 @@ class Fp8State {
   bool cache_open_ = false;
   std::vector<WeightFp8> weights_;  // [linear] the cached copies
   std::vector<char> weight_valid_;  // [linear]
+  // --fp8-param-gather: the FP8 storage, each linear's weight parameter index and q view, the
+  // parameters' scale_inv [linears] f32, and param -> linear.
+  std::vector<ParamRun> runs_;
+  std::vector<std::size_t> param_of_;
+  std::vector<Tensor> param_q_;
+  Tensor param_scale_inv_;
+  std::vector<int> linear_of_param_;
+  bool params_cast_ = false;  // quantize_param_shards ran
   int64_t weight_casts_ = 0;
 };
 

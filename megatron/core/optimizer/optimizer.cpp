@@ -446,6 +446,10 @@ StepResult MegatronOptimizer::step(double lr, double weight_decay) {
     ScopedTimer t(timers_, "optimizer-copy-main-to-model-params", 1);
     copy_main_params_to_model_params();  // adamw_step wrote the model weights itself
   }
+  if (shard_ && shard_->quantize_params) {
+    ScopedTimer t(timers_, "optimizer-copy-main-to-model-params", 1);
+    shard_->quantize_params();
+  }
   if (shard_ && shard_->gather_params) {
     ScopedTimer t(timers_, "params-all-gather", 1);
     shard_->gather_params();
@@ -644,6 +648,18 @@ void MegatronOptimizer::copy_main_params_to_model_params() {
     for (Piece& pc : s.pieces)
       if (!pc.on_host) pc.model_param.copy_(pc.master);
   }
+}
+
+std::vector<MegatronOptimizer::MasterShard> MegatronOptimizer::master_shards() const {
+  std::vector<MasterShard> out;
+  for (const Piece& pc : state_->pieces) {
+    MG_CHECK(!pc.on_host, "optimizer::master_shards: parameter '"
+                              << params_[pc.param].name
+                              << "' has its master weights offloaded to the host");
+    const Tensor& m = pc.master.defined() ? pc.master : pc.model_param;
+    out.push_back(MasterShard{pc.param, pc.offset, m.view({m.numel()})});
+  }
+  return out;
 }
 
 // Offloaded pieces keep master copies of their own in host memory even for f32/f64 models, so

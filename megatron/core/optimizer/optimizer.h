@@ -120,6 +120,9 @@ struct ShardOptions {
   // and zero count of expert pieces sum over it before the expert group.
   comm::ProcessGroupPtr expert_group;
   std::function<void()> gather_params;  // after a successful step: all-gather the model weights
+  // --fp8-param-gather: after a successful step, before gather_params, this rank's master shards
+  // (master_shards()) cast to the FP8 parameters (Megatron's quantize_param_shard).
+  std::function<void()> quantize_params;
 };
 
 class MegatronOptimizer {
@@ -155,6 +158,15 @@ class MegatronOptimizer {
   // Master weights of parameter i (the param itself for f32/f64 models); not with ShardOptions.
   Tensor master_param(std::size_t i) const;
   bool sharded() const { return shard_.has_value(); }
+  // This rank's master weights piece by piece (its shard under the distributed optimizer): the
+  // parameter index, the flat-buffer offset and the 1-D master (the model param itself for f32 /
+  // f64 models). --fp8-param-gather casts them to the FP8 parameters. Not with CPU offload.
+  struct MasterShard {
+    std::size_t param = 0;
+    int64_t offset = 0;
+    Tensor master;
+  };
+  std::vector<MasterShard> master_shards() const;
   // Megatron's calc_params_l2_norm (--log-params-norm): the L2 norm of the master weights (the
   // fp32 main params of a bf16/fp16 model), each parameter counted once over all ranks by the
   // grad norm's rule (distributed-optimizer shards summed, TP-replicated weights on TP rank 0, the

@@ -89,7 +89,9 @@ Tensor fp8_forward(const ModuleContext& ctx, int id, const Tensor& x2, const Ten
   fp8_cast_input(ctx, id, x2, xq, sv);
   const fp8::WeightFp8* cached = ctx.fp8->cached_weight(id, ctx.fp8_training);
   const fp8::WeightFp8 wf =
-      cached ? *cached : ctx.fp8->cast_weight(id, w, {}, ctx.fp8_training, ctx.tp_group);
+      cached ? *cached
+             : ctx.fp8->cast_weight(id, ctx.fp8->param_gather() ? ctx.fp8->param_q(id) : w, {},
+                                    ctx.fp8_training, ctx.tp_group);
   MG_CHECK(wf.q.size() == 1 && wf.q[0].size(0) == w.size(0),
            "FP8 linear " << ctx.fp8->names()[static_cast<std::size_t>(id)]
                          << ": its cached weight was cast in " << wf.q.size()
@@ -300,9 +302,12 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
     fp8_cast_input(ctx_, fp8_id_, x2, xq, saved.fp8);
     const fp8::WeightFp8* cached = ctx_.fp8->cached_weight(fp8_id_, ctx_.fp8_training);
     const fp8::WeightFp8 wf =
-        cached ? *cached
-               : ctx_.fp8->cast_weight(fp8_id_, regroup(w_.value, split), split.part_rows,
-                                       ctx_.fp8_training, ctx_.tp_group);
+        cached
+            ? *cached
+            : ctx_.fp8->cast_weight(
+                  fp8_id_,
+                  regroup(ctx_.fp8->param_gather() ? ctx_.fp8->param_q(fp8_id_) : w_.value, split),
+                  split.part_rows, ctx_.fp8_training, ctx_.tp_group);
     MG_CHECK(wf.q.size() == split.part_rows.size(),
              "FP8 linear " << ctx_.fp8->names()[static_cast<std::size_t>(fp8_id_)]
                            << ": its cached weight holds " << wf.q.size() << " part(s), the split "

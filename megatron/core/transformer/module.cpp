@@ -42,12 +42,23 @@ void ParamBuilder::set_expert(const Weight& w) {
 
 void ParamBuilder::finish(std::vector<Parameter>& params, ParamAndGradBuffer& buffer,
                           std::vector<ParamDecl>& decls) {
-  // Reverse order of first use: the last-declared parameter sits at offset 0.
+  // Reverse order of first use: the last-declared parameter sits at offset 0. With
+  // --fp8-param-gather the FP8 linears' weights come first, as one run (Megatron keeps FP8
+  // parameters in a buffer of their own; here the distributed optimizer's buckets of that run
+  // gather FP8 bytes), each part in reverse order of first use.
+  std::vector<char> fp8_weight(params_.size(), 0);
+  bool any_fp8 = false;
+  if (ctx_.fp8 && ctx_.fp8->param_gather())
+    for (const std::string& linear : ctx_.fp8->names())
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        if (params_[i].name == linear + ".weight") fp8_weight[i] = 1, any_fp8 = true;
   int64_t total = 0;
-  for (std::size_t i = params_.size(); i-- > 0;) {
-    params_[i].buffer_offset = total;
-    total += shape_numel(shapes_[i]);
-  }
+  for (int pass = any_fp8 ? 0 : 1; pass < 2; ++pass)
+    for (std::size_t i = params_.size(); i-- > 0;) {
+      if ((fp8_weight[i] != 0) != (pass == 0)) continue;
+      params_[i].buffer_offset = total;
+      total += shape_numel(shapes_[i]);
+    }
   buffer.params = Tensor::zeros({total}, ctx_.dtype, ctx_.device);
   buffer.grads = Tensor::zeros({total}, ctx_.grad_dtype, ctx_.device);
   for (std::size_t i = 0; i < params_.size(); ++i) {

@@ -95,8 +95,24 @@ TEST(Fp8Arguments, Refusals) {
             std::string::npos);
   EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"}).find("not built yet"),
             std::string::npos);
-  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-param-gather"}).find("not built yet"),
+  // --fp8-param-gather: Megatron's "only supported with distributed optimizer"; needs FP8.
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-param-gather"})
+                .find("--fp8-param-gather needs --use-distributed-optimizer"),
             std::string::npos);
+  EXPECT_NE(error_of({"--fp8-param-gather", "--use-distributed-optimizer"})
+                .find("--fp8-param-gather needs --fp8-format"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-param-gather", "--use-distributed-optimizer",
+                      "--optimizer-cpu-offload"})
+                .find("--optimizer-cpu-offload"),
+            std::string::npos);
+  EXPECT_TRUE(parse_args(with({"--fp8-format", "hybrid", "--fp8-param-gather",
+                               "--use-distributed-optimizer"}))
+                  .model.fp8.param_gather);
+  EXPECT_TRUE(
+      parse_args(with({"--fp8-format", "hybrid", "--fp8-param-gather", "--use-megatron-fsdp",
+                       "--data-parallel-sharding-strategy", "optim_grads_params"}))
+          .model.fp8.param_gather);
   EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-interval", "2"}).find("--fp8-interval 2"),
             std::string::npos);
   EXPECT_NE(error_of({"--fp8-margin", "1"}).find("needs --fp8-format"), std::string::npos);

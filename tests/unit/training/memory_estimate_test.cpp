@@ -205,6 +205,39 @@ TEST(MemoryEstimate, OptimizerOffloadMovesTheFractionToHostMemory) {
   EXPECT_NE(dev.str().find("in host memory, offloaded"), std::string::npos) << dev.str();
 }
 
+// --fp8-param-gather: the FP8 weight elements equal the model's FP8 parameter storage (dense,
+// SwiGLU with GQA, MoE with a shared expert, first / last layers in bf16), and the parameter
+// bytes grow by 1 per element (their FP8 copy).
+TEST(MemoryEstimate, Fp8ParametersAreOneBytePerElement) {
+  const std::vector<std::vector<std::string>> variants = {
+      {},
+      {"--swiglu", "--disable-bias-linear", "--group-query-attention", "--num-query-groups", "2",
+       "--first-last-layers-bf16"},
+      {"--num-experts", "4", "--moe-router-topk", "2", "--moe-shared-expert-intermediate-size",
+       "48", "--moe-layer-freq", "2", "--swiglu", "--disable-bias-linear"},
+  };
+  for (auto v : variants) {
+    const std::vector<std::string> base = v;
+    v.insert(v.end(), {"--fp8-format", "hybrid", "--use-distributed-optimizer", "--bf16"});
+    std::vector<std::string> pg = v;
+    pg.push_back("--fp8-param-gather");
+    const Arguments a = parse(v), b = parse(pg);
+    const MemoryLayout l = memory_layout(b, 1);
+    const MemoryEstimate e0 = estimate_memory(a, kVocab, l, 0);
+    const MemoryEstimate e = estimate_memory(b, kVocab, l, 0);
+    test::ensure_runtime();
+    auto m = model_provider(b.model, kVocab, test::ops_on("cpu"), Device::cpu(), {});
+    ASSERT_NE(m->fp8_state(), nullptr);
+    int64_t stored = 0;
+    for (const auto& r : m->fp8_state()->param_runs()) stored += r.data.numel();
+    EXPECT_GT(stored, 0);
+    EXPECT_EQ(static_cast<int64_t>(e.num_fp8_parameters), stored)
+        << "flags: " << testing::PrintToString(base);
+    EXPECT_EQ(e0.num_fp8_parameters, 0.0);
+    EXPECT_EQ(e.parameter_bytes, e0.parameter_bytes + static_cast<double>(stored));
+  }
+}
+
 TEST(MemoryEstimate, ActivationsScaleWithTokensAndParallelism) {
   auto act = [](std::vector<std::string> f, int world = 1) {
     const Arguments a = parse(f);

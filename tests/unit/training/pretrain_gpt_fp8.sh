@@ -15,8 +15,12 @@
 #           (the amax histories and scales travel in the checkpoint; a fresh state would restart
 #           at scale 1 and change the losses), for delayed and tensorwise scaling; the FP8
 #           checkpoint loads into a BF16 run (FP8 state ignored) and a BF16 one into an FP8 run.
+#   fp8 params  --fp8-param-gather (distributed optimizer): against the run without it (first
+#           iteration bit for bit, later within 1e-3), save/resume bit-exact for both recipes, a
+#           weights-only resume (the saved weights are the dequantised FP8 ones), into BF16.
 # np 2 (f32 model, so TP partial sums are not rounded to bf16): TP 2 (SP off and on) and DP 2
-#   FP8 runs against one rank. The amaxes are reduced over the TP / DP ranks, so the scales, and
+#   FP8 runs against one rank; DP 2 with --fp8-param-gather against its one-rank run and, bit for
+#   bit, against DP 2 without the flag (distributed optimizer, and Megatron FSDP ZeRO-3). The amaxes are reduced over the TP / DP ranks, so the scales, and
 #   every FP8 cast of the first iterations, equal one rank's: the first loss within 2e-6 (f32
 #   summation order, as pretrain_gpt_dp.sh). Later, a layout's other f32 summation order can put a
 #   scaled value on the other side of an FP8 rounding boundary (one element of one operand moves by
@@ -58,6 +62,55 @@ if [ "$np" -eq 1 ]; then
   "$bin" $args --fp8-format hybrid --load "$work/ck16" > "$work/d.log" 2>&1 \
     || { cat "$work/d.log"; exit 1; }
   expect_line "$work/d.log" "fp8 from bf16" "successfully loaded checkpoint .* at iteration +3"
+
+  # ---- --fp8-param-gather (distributed optimizer, bf16 model) ----
+  # The FP8 weights are cast from the f32 master weights after each step instead of from the
+  # bf16 weights in the forward. Step 1 casts the initial weights, which are bf16 values, with
+  # scale 1: the first loss and grad norm equal the run without the flag bit for bit. Later the
+  # two roundings (f32 -> FP8 against f32 -> bf16 -> FP8) put some weight elements one FP8 step
+  # apart (fp8_param_test): the losses differ (the masters are really cast), within 1e-3 relative.
+  pg="--use-distributed-optimizer --fp8-param-gather"
+  for recipe in delayed tensorwise; do
+    f8="--fp8-format hybrid --fp8-recipe $recipe --fp8-amax-history-len 4 --fp8-amax-compute-algo max"
+    "$bin" $args $f8 > "$work/ref.log" 2>&1 || { cat "$work/ref.log"; exit 1; }
+    "$bin" $args $f8 $pg > "$work/full.log" 2>&1 || { cat "$work/full.log"; exit 1; }
+    expect_line "$work/full.log" "fp8 params $recipe" \
+      "^fp8 parameters \(--fp8-param-gather\): [0-9]+ elements in 1 run\(s\), fp8_e4m3 \(1 byte each\), all-gathered in 1 bucket"
+    for v in "lm loss" "grad norm"; do
+      a=$(values "$work/ref.log" "$v" | head -n 1); b=$(values "$work/full.log" "$v" | head -n 1)
+      [ "$a" = "$b" ] || { echo "FAIL fp8 params $recipe: first $v $a vs $b"; exit 1; }
+    done
+    compare_one "$work/ref.log" "$work/full.log" "fp8 params $recipe vs without" "lm loss" 1e-3 0
+    if [ "$(values "$work/ref.log" "lm loss" | md5sum)" = "$(values "$work/full.log" "lm loss" | md5sum)" ]; then
+      echo "FAIL fp8 params $recipe: every loss equals the run without the flag (masters not cast)"; exit 1
+    fi
+    echo "ok fp8 params $recipe: first iteration identical, later within 1e-3, not identical"
+    rm -rf "$work/ck"
+    "$bin" $args $f8 $pg --save "$work/ck" --save-interval 3 --exit-interval 3 > "$work/a.log" 2>&1 \
+      || { cat "$work/a.log"; exit 1; }
+    "$bin" $args $f8 $pg --load "$work/ck" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
+    cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
+    compare_one "$work/full.log" "$work/resumed.log" "fp8 params $recipe resume" "lm loss" 0 0
+    compare_one "$work/full.log" "$work/resumed.log" "fp8 params $recipe resume" "grad norm" 0 0
+  done
+  # The checkpoint holds the FP8 weights dequantised (q * scale_inv, rounded to bf16): without
+  # the optimizer state they become the masters, and their cast with the checkpoint's (delayed)
+  # scales gives back the same FP8 bytes (the bf16 rounding error, 2^-9 relative, is far below
+  # half an FP8 step), so the first resumed loss and grad norm equal the uninterrupted run's.
+  f8="--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max"
+  "$bin" $args $f8 $pg > "$work/full.log" 2>&1 || { cat "$work/full.log"; exit 1; }
+  rm -rf "$work/ck"
+  "$bin" $args $f8 $pg --save "$work/ck" --save-interval 3 --exit-interval 3 > "$work/a.log" 2>&1 \
+    || { cat "$work/a.log"; exit 1; }
+  "$bin" $args $f8 $pg --load "$work/ck" --no-load-optim > "$work/n.log" 2>&1 \
+    || { cat "$work/n.log"; exit 1; }
+  for v in "lm loss" "grad norm"; do
+    a=$(values "$work/full.log" "$v" | sed -n 4p); b=$(values "$work/n.log" "$v" | head -n 1)
+    [ -n "$a" ] && [ "$a" = "$b" ] || { echo "FAIL fp8 params: weights-only resume, $v $a vs $b"; exit 1; }
+  done
+  echo "ok fp8 params: the saved (dequantised) weights re-cast to the same FP8 bytes"
+  "$bin" $args --load "$work/ck" > "$work/bf16.log" 2>&1 || { cat "$work/bf16.log"; exit 1; }
+  expect_line "$work/bf16.log" "bf16 from fp8 params" "successfully loaded checkpoint .* at iteration +3"
 
   # ---- track (the demo corpus) ----
   if ! command -v bible > /dev/null; then
@@ -119,6 +172,27 @@ check() {  # check <reference> <candidate> <what>
 "$bin" $args --micro-batch-size 4 > "$work/single4.log" 2>&1 || { cat "$work/single4.log"; exit 1; }
 run "$work/dp2.log" --micro-batch-size 2
 check "$work/single4.log" "$work/dp2.log" "fp8 DP 2"
+# --fp8-param-gather at DP 2 (the distributed optimizer: each rank casts its master shard, the
+# FP8 bytes are all-gathered) against its one-rank run, as above; and against DP 2 without the
+# flag bit for bit: in an f32 model the master weights are the model weights, so the cast of the
+# shards with the weight's scale gives the bytes the forward's cast of the whole weight gives,
+# and the weights' amaxes, max-reduced over DP, are the whole weights'.
+"$bin" $args --micro-batch-size 4 --use-distributed-optimizer --fp8-param-gather \
+  > "$work/single4pg.log" 2>&1 || { cat "$work/single4pg.log"; exit 1; }
+run "$work/dp2pg.log" --micro-batch-size 2 --use-distributed-optimizer --fp8-param-gather
+expect_line "$work/dp2pg.log" "fp8 params DP 2" \
+  "^fp8 parameters \(--fp8-param-gather\): .* all-gathered in [1-9][0-9]* bucket\(s\) of their own over 2 data-parallel"
+check "$work/single4pg.log" "$work/dp2pg.log" "fp8 params DP 2"
+run "$work/dp2do.log" --micro-batch-size 2 --use-distributed-optimizer
+compare_one "$work/dp2do.log" "$work/dp2pg.log" "fp8 params DP 2 vs without (f32)" "lm loss" 0 0
+compare_one "$work/dp2do.log" "$work/dp2pg.log" "fp8 params DP 2 vs without (f32)" "grad norm" 0 0
+# Megatron FSDP ZeRO-3 (each module gathers its buckets, the FP8 ones as bytes, and releases them
+# after use): the same, bit for bit against ZeRO-3 without the flag.
+z3="--micro-batch-size 2 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"
+run "$work/z3.log" $z3
+run "$work/z3pg.log" $z3 --fp8-param-gather
+compare_one "$work/z3.log" "$work/z3pg.log" "fp8 params FSDP optim_grads_params vs without (f32)" "lm loss" 0 0
+compare_one "$work/z3.log" "$work/z3pg.log" "fp8 params FSDP optim_grads_params vs without (f32)" "grad norm" 0 0
 # TP 2 against one rank with the same micro-batches.
 "$bin" $args --micro-batch-size 2 > "$work/single2.log" 2>&1 || { cat "$work/single2.log"; exit 1; }
 run "$work/tp2.log" --micro-batch-size 2 --tensor-model-parallel-size 2

@@ -264,6 +264,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
                                                     .skip_weight_param_allocation = tied});
   pb.finish(m.params, m.buffer, m.decls);
   if (m.fp8) m.fp8->finalize();
+  if (m.fp8 && c.fp8.param_gather) m.fp8->bind_params(m.params);  // FP8 weight parameters
   std::vector<int64_t> local_of(static_cast<std::size_t>(c.num_layers), -1);
   for (std::size_t i = 0; i < m.layers.size(); ++i)
     local_of[static_cast<std::size_t>(m.layers[i]->layer_number())] = static_cast<int64_t>(i);
