@@ -28,11 +28,11 @@
 #include <array>
 #include <atomic>
 #include <cstring>
-#include <utility>
 #include <memory>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/common/host_sync.h"
