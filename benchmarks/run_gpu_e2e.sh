@@ -194,6 +194,15 @@ model_flags() {  # workload micro-batch
       "${llama[@]}" "${common[@]}" ;;
     gpt2-tiny) echo --num-layers 2 --hidden-size 64 --num-attention-heads 4 --ffn-hidden-size 256 \
       --seq-length 64 --max-position-embeddings 64 --vocab-size 1000 "${common[@]}" ;;
+    # MoE vs dense of equal active parameters (scripts/gpu_lease.sh): 8 experts of FFN 2816, top-2,
+    # against one FFN of 5632
+    moe-8x) echo --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 \
+      --seq-length 2048 --max-position-embeddings 2048 --vocab-size 31999 --num-experts 8 \
+      --moe-router-topk 2 --moe-ffn-hidden-size 2816 --ffn-hidden-size 2816 --moe-grouped-gemm \
+      --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2 "${llama[@]}" "${common[@]}" ;;
+    dense-moe-active) echo --num-layers 8 --hidden-size 1024 --num-attention-heads 16 \
+      --num-query-groups 8 --seq-length 2048 --max-position-embeddings 2048 --vocab-size 31999 \
+      --ffn-hidden-size 5632 "${llama[@]}" "${common[@]}" ;;
     llama-tiny) echo --num-layers 2 --hidden-size 64 --num-attention-heads 4 --num-query-groups 2 \
       --ffn-hidden-size 128 --seq-length 64 --max-position-embeddings 64 --vocab-size 1023 \
       "${llama[@]}" "${common[@]}" ;;

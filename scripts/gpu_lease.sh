@@ -121,29 +121,9 @@ if [[ $skip != *",multirank,"* ]]; then
 fi
 
 # 4. measurements
-model_flags() {  # as benchmarks/run_gpu_e2e.sh
-  local common=(--micro-batch-size "$2" --global-batch-size "$2" --hidden-dropout 0
-    --attention-dropout 0 --tokenizer-type NullTokenizer --make-vocab-size-divisible-by 128
-    --lr 6e-4 --min-lr 6e-4 --lr-decay-style constant --adam-beta1 0.9 --adam-beta2 0.95
-    --adam-eps 1e-8 --weight-decay 0.1 --clip-grad 1.0 --init-method-std 0.02 --seed 1234)
-  local llama=(--swiglu --normalization RMSNorm --position-embedding-type rope
-    --untie-embeddings-and-output-weights --disable-bias-linear --group-query-attention)
-  case "$1" in
-    gpt2-124m) echo --num-layers 12 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 3072 \
-      --seq-length 1024 --max-position-embeddings 1024 --vocab-size 50257 "${common[@]}" ;;
-    llama-1b) echo --num-layers 16 --hidden-size 2048 --num-attention-heads 32 --num-query-groups 8 \
-      --ffn-hidden-size 8192 --seq-length 2048 --max-position-embeddings 2048 --vocab-size 31999 \
-      "${llama[@]}" "${common[@]}" ;;
-    # MoE vs dense of equal active parameters: 8 experts of FFN 2816, top-2 = one FFN of 5632
-    moe-8x) echo --num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 \
-      --seq-length 2048 --max-position-embeddings 2048 --vocab-size 31999 --num-experts 8 \
-      --moe-router-topk 2 --moe-ffn-hidden-size 2816 --ffn-hidden-size 2816 --moe-grouped-gemm \
-      --moe-token-dispatcher-type alltoall --moe-aux-loss-coeff 1e-2 "${llama[@]}" "${common[@]}" ;;
-    dense-moe-active) echo --num-layers 8 --hidden-size 1024 --num-attention-heads 16 \
-      --num-query-groups 8 --seq-length 2048 --max-position-embeddings 2048 --vocab-size 31999 \
-      --ffn-hidden-size 5632 "${llama[@]}" "${common[@]}" ;;
-  esac
-}
+# The shapes of benchmarks/run_gpu_e2e.sh (gpt2-124m, llama-1b, moe-8x, dense-moe-active).
+# shellcheck source=/dev/null
+source <(sed -n '/^model_flags() {/,/^}/p' benchmarks/run_gpu_e2e.sh)
 iters=${PERF_ITERS:-10}
 perf() {  # perf <name> <limit> <workload> <micro-batch> [extra flags...]
   local name=$1 limit=$2 w=$3 mbs=$4

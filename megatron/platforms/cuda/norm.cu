@@ -145,14 +145,15 @@ __device__ __forceinline__ double add_rn(double a, double b) {
   return __dadd_rn(a, b);
 }
 
-// dx [R, H] <- dy, x [R, H], mean/rstd [R] (mean == nullptr: RMSNorm), gamma [H]
-// dres (optional, null: none): dx = store(store(norm dx) + dres), norm_bwd_add's definition.
+// Row r of the backward: dx [R, H] <- dy, x [R, H], mean/rstd [R] (mean == nullptr: RMSNorm),
+// gamma [H]; dres (optional, null: none): dx = store(store(norm dx) + dres), norm_bwd_add's
+// definition. acc (optional): acc[j] += dy * xhat and, with acc_b, acc_b[j] += dy in f64 for the
+// columns j this thread owns (the parameter gradients' terms, as NormParamTerm computes them).
 template <typename C>
-__global__ void norm_bwd_kernel(void* dx, const void* dy, const void* dres, const void* x, DType t,
-                                const void* mean, const void* rstd, DType st, Param gamma,
-                                int64_t rows, int64_t h) {
-  const int64_t r = block_row();
-  if (r >= rows) return;
+__device__ __forceinline__ void norm_bwd_row(void* dx, const void* dy, const void* dres,
+                                             const void* x, DType t, const void* mean,
+                                             const void* rstd, DType st, const Param& gamma,
+                                             int64_t r, int64_t h, double* acc, double* acc_b) {
   const int64_t base = r * h;
   const C inv_h = C(1) / static_cast<C>(h);
   const C mu = mean ? load<C>(mean, st, r) : C(0);
@@ -160,9 +161,12 @@ __global__ void norm_bwd_kernel(void* dx, const void* dy, const void* dres, cons
   C sum_g = 0, sum_gx = 0;
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
     const C xh = (load<C>(x, t, base + j) - mu) * rs;
-    const C g = load<C>(dy, t, base + j) * gamma.at<C>(j);
+    const C d = load<C>(dy, t, base + j);
+    const C g = d * gamma.at<C>(j);
     sum_g += g;
     sum_gx += g * xh;
+    if (acc) acc[j] += static_cast<double>(d * xh);
+    if (acc_b) acc_b[j] += static_cast<double>(d);
   }
   const C mg = mean ? block_sum(sum_g) * inv_h : C(0);
   const C mgx = block_sum(sum_gx) * inv_h;
@@ -180,6 +184,15 @@ __global__ void norm_bwd_kernel(void* dx, const void* dy, const void* dres, cons
   }
 }
 
+template <typename C>
+__global__ void norm_bwd_kernel(void* dx, const void* dy, const void* dres, const void* x, DType t,
+                                const void* mean, const void* rstd, DType st, Param gamma,
+                                int64_t rows, int64_t h) {
+  const int64_t r = block_row();
+  if (r >= rows) return;
+  norm_bwd_row<C>(dx, dy, dres, x, t, mean, rstd, st, gamma, r, h, nullptr, nullptr);
+}
+
 // norm_bwd_kernel with the parameter gradients' column partials fused into its row pass: block c
 // takes chunk c of column_chunking(rows) (reduce.cuh), keeps the partial sums of dy * xhat (and
 // of dy for dbeta) of the columns its threads own in shared memory, in row order, and writes them
@@ -195,42 +208,16 @@ __global__ void norm_bwd_fused_kernel(void* dx, const void* dy, const void* dres
   const int64_t c = blockIdx.x;
   const int64_t r0 = c * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  double* acc_b = partial_b ? acc + h : nullptr;
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
     acc[j] = 0.0;
-    if (partial_b) acc[h + j] = 0.0;
+    if (acc_b) acc_b[j] = 0.0;
   }
-  const C inv_h = C(1) / static_cast<C>(h);
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t base = r * h;
-    const C mu = mean ? load<C>(mean, st, r) : C(0);
-    const C rs = load<C>(rstd, st, r);
-    C sum_g = 0, sum_gx = 0;
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
-      const C xh = (load<C>(x, t, base + j) - mu) * rs;
-      const C d = load<C>(dy, t, base + j);
-      const C g = d * gamma.at<C>(j);
-      sum_g += g;
-      sum_gx += g * xh;
-      acc[j] += static_cast<double>(d * xh);
-      if (partial_b) acc[h + j] += static_cast<double>(d);
-    }
-    const C mg = mean ? block_sum(sum_g) * inv_h : C(0);
-    const C mgx = block_sum(sum_gx) * inv_h;
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
-      const C xh = (load<C>(x, t, base + j) - mu) * rs;
-      const C g = load<C>(dy, t, base + j) * gamma.at<C>(j);
-      const C v = rs * (g - mg - xh * mgx);
-      if (dres) {
-        const C rounded = round_to<C>(v, t);
-        store<C>(dx, t, base + j, add_rn(rounded, load<C>(dres, t, base + j)));
-      } else {
-        store<C>(dx, t, base + j, v);
-      }
-    }
-  }
+  for (int64_t r = r0; r < r1; ++r)
+    norm_bwd_row<C>(dx, dy, dres, x, t, mean, rstd, st, gamma, r, h, acc, acc_b);
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
     partial_g[c * h + j] = acc[j];
-    if (partial_b) partial_b[c * h + j] = acc[h + j];
+    if (acc_b) partial_b[c * h + j] = acc_b[j];
   }
 }
 
