@@ -123,8 +123,10 @@ class Platform {
   virtual uint64_t seed() const = 0;
 
   // Raw memory movement between this platform's devices and the host, on the current stream;
-  // returns when the copy is complete, except that a host-to-device copy may return queued on
-  // the current stream (CUDA does): the source may then be dropped but not written again.
+  // returns when the copy is complete, except that a host-to-device copy, and a copy within one
+  // device, may return queued on the current stream (CUDA does both): the source may then be
+  // dropped (the allocator orders its reuse after the copy) but not written again except by work
+  // queued after it on that stream.
   // dst_device/src_device pick the devices.
   virtual void copy(void* dst, Device dst_device, const void* src, Device src_device,
                     std::size_t bytes) = 0;
