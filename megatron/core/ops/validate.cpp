@@ -1059,8 +1059,12 @@ void check_prob(const Placement& on, const char* op, const Tensor& prob, int64_t
 MoePermuteDims validate_moe_permute(const Placement& on, const Tensor& rows, const Tensor& x,
                                     const Tensor& index) {
   const char* op = "moe_permute";
-  check_matrix(on, op, "x", x);
-  check_matrix(on, op, "rows", rows);
+  // A row gather is a byte copy: any dtype (FP8 weight bytes too), as long as both match.
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &x}, {"rows", &rows}}) {
+    on.check(op, name, *t);
+    MG_CHECK(t->dim() == 2,
+             op << ": " << name << " is " << t->str() << ", expected [rows, hidden]");
+  }
   check_same_dtype(op, "rows", rows, "x", x);
   MG_CHECK(rows.size(1) == x.size(1),
            op << ": rows " << rows.str() << " and x " << x.str() << " differ in hidden size");

@@ -11,7 +11,6 @@
 #include <span>
 
 #include "megatron/core/common/error.h"
-#include "megatron/core/ops/validate.h"
 #include "megatron/core/tensor_parallel/mappings.h"
 #include "megatron/core/tensor_parallel/sharding.h"
 
@@ -242,12 +241,12 @@ Tensor as_rows(const Tensor& t) {
 }
 
 // With several blocks per part (QKV's groups: 3 x groups blocks), one row gather
-// (moe_permute: rows[i] = x[index[i]], a byte copy) instead of a copy per block: the same bytes.
-// FP8 weights (--fp8-param-gather's bytes) take the copies: moe_permute takes the kernel floats.
+// (moe_permute: rows[i] = x[index[i]], a byte copy of any dtype) instead of a copy per block:
+// the same bytes.
 Tensor ColumnParallelLinear::regroup(const Tensor& full, const OutputSplit& split) const {
   Tensor t = Tensor::empty(full.shape(), full.dtype(), full.device());
   const RowMaps& maps = row_maps(split);
-  if (maps.to_parts.defined() && ops::is_kernel_float(full.dtype())) {
+  if (maps.to_parts.defined()) {
     Tensor rows = as_rows(t);
     ctx_.op().moe_permute(rows, as_rows(full), maps.to_parts);
     return t;

@@ -128,24 +128,6 @@ void moe_unpermute_bwd(Tensor& drows, Tensor& dprob, const Tensor& dout, const T
 
 namespace moe = transformer::moe;
 
-moe::RouterOptions router_options(const ops::MoeRouterArgs& a, int64_t num_experts) {
-  moe::RouterOptions o;
-  o.num_experts = num_experts;
-  o.topk = a.topk;
-  o.score_function = a.score == ops::MoeRouterScore::softmax
-                         ? transformer::MoeScoreFunction::softmax
-                         : transformer::MoeScoreFunction::sigmoid;
-  o.pre_softmax = a.pre_softmax;
-  o.capacity_factor = a.capacity_factor;
-  o.drop_policy = a.drop_policy == ops::MoeDropPolicy::probs
-                      ? transformer::MoeTokenDropPolicy::probs
-                      : transformer::MoeTokenDropPolicy::position;
-  o.num_groups = a.group_topk > 0 ? a.num_groups : 0;
-  o.group_topk = a.group_topk;
-  o.scaling_factor = a.scaling_factor;
-  return o;
-}
-
 template <typename T>
 void write(Tensor& out, const std::vector<T>& v) {
   std::copy(v.begin(), v.end(), out.data<T>());
@@ -161,7 +143,7 @@ void moe_router_topk(Tensor& expert, Tensor& prob, Tensor& kept, Tensor& scores,
   const std::vector<double> l = logits.to_vector<double>();
   const std::vector<float> bias =
       expert_bias.defined() ? expert_bias.to_vector<float>() : std::vector<float>{};
-  const moe::RouterOptions o = router_options(args, d.e);
+  const moe::RouterOptions o = moe::RouterOptions::from_op_args(args, d.e);
   const moe::Routing r = moe::topk_routing(l, d.t, o, expert_bias.defined() ? &bias : nullptr);
   write(expert, r.expert);
   write(prob, r.prob);
@@ -202,7 +184,7 @@ void moe_router_topk_bwd(Tensor& dlogits, const Tensor& dprob, const Tensor& aux
   r.kept = kept.to_vector<uint8_t>();
   r.scores = scores.to_vector<double>();
   const std::vector<double> l = logits.to_vector<double>();
-  const moe::RouterOptions o = router_options(args, d.e);
+  const moe::RouterOptions o = moe::RouterOptions::from_op_args(args, d.e);
   // The MoE layer's former host order: the routing's gradient, the load-balancing scores', the
   // z-loss's, each added (+=) to the one f64 buffer.
   std::vector<double> dl(static_cast<std::size_t>(d.t * d.e), 0.0);

@@ -171,6 +171,8 @@ decltype(auto) with_compute(DType t, F&& f) {
 template <typename F>
 void with_element_bits(DType t, const char* op, F&& f) {
   switch (dtype_size(t)) {
+    case 1:
+      return f(uint8_t{});
     case 2:
       return f(uint16_t{});
     case 4:

@@ -38,16 +38,6 @@ __global__ void fill_kernel(U* x, U value, int64_t n) {
   for (int64_t i = grid_start(); i < n; i += grid_stride()) x[i] = value;
 }
 
-// dy[r, f] as a double, the column-sum term of bias_grad.
-struct LoadTerm {
-  const void* p;
-  DType t;
-  int64_t width;
-  __device__ double operator()(int64_t r, int64_t f) const {
-    return load<double>(p, t, r * width + f);
-  }
-};
-
 // y [N, F] += bias [F]
 void bias_add(Tensor& y, const Tensor& bias) {
   const int64_t f = ops::validate_bias_add(OnCudaDevice{}, y, bias), n = y.numel();
@@ -70,7 +60,7 @@ void bias_grad(Tensor& dbias, const Tensor& dy) {
   const int dev = dy.device().index;
   DeviceGuard guard(dev);
   column_sum_accumulate(dbias.raw_data(), dbias.dtype(), rows, f,
-                        LoadTerm{dy.raw_data(), dy.dtype(), f}, dev);
+                        MatrixTerm{dy.raw_data(), dy.dtype(), f}, dev);
 }
 
 // y [*] += alpha * x [*]; x and y may differ in float dtype (an f32 grad buffer, a bf16 grad).

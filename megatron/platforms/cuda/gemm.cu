@@ -628,17 +628,6 @@ __global__ void strided_sum_add_kernel(void* out, DType tout, const void* x, DTy
   }
 }
 
-// Element (r, f) of a row-major matrix with leading dimension ld, widened to f64 (a term of
-// column_sum_accumulate).
-struct MatrixElement {
-  const void* x;
-  DType t;
-  int64_t ld;
-  __device__ double operator()(int64_t r, int64_t f) const {
-    return load<double>(x, t, r * ld + f);
-  }
-};
-
 // out[j] += src[j] (a bias gradient cuBLASLt wrote into a scratch vector).
 template <typename C>
 __global__ void add_kernel(void* out, DType tout, const void* src, DType tsrc, int64_t n) {
@@ -766,7 +755,7 @@ bool epilogue_fused(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, cons
         x.epilogue = CUBLASLT_EPILOGUE_DGELU;
         if (!run_fused(x)) return false;
         column_sum_accumulate(dbias.raw_data(), dbias.dtype(), d.m, d.n,
-                              MatrixElement{c.raw_data(), c.dtype(), d.n}, dev);
+                              MatrixTerm{c.raw_data(), c.dtype(), d.n}, dev);
         return true;
       }
       // cuBLASLt writes the bias gradient: into a scratch vector, added to dbias afterwards.

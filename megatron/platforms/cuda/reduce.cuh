@@ -44,6 +44,17 @@ __global__ void column_finish_kernel(void* out, DType out_type, const Acc* parti
 
 }  // namespace detail
 
+// Element (r, f) of a row-major matrix with leading dimension ld, widened to f64: the term of a
+// plain column sum (bias gradients, dbias of a written gradient).
+struct MatrixTerm {
+  const void* x;
+  DType t;
+  int64_t ld;
+  __device__ double operator()(int64_t r, int64_t f) const {
+    return load<double>(x, t, r * ld + f);
+  }
+};
+
 // The chunks of `rows` rows: chunk c sums rows [c * rows_per_chunk, min(rows, (c + 1) *
 // rows_per_chunk)) in row order.
 struct ColumnChunking {

@@ -4,6 +4,8 @@
 // within the dtype's tolerance elsewhere), empty tokens write zeros, the backward's drows / dprob
 // are the definitions', and bad shapes or indices are refused naming them. On a build without a
 // GPU the cuda instances skip, printing why.
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -58,6 +60,29 @@ TEST_P(MoePermuteTest, PermuteGathersRowsExactly) {
       ref.insert(ref.end(), x.rounded.begin() + tok * h, x.rounded.begin() + (tok + 1) * h);
     EXPECT_EQ(to_doubles(rows.t), ref) << "H " << h;
   }
+}
+
+// A row gather is a byte copy, of any dtype: FP8 bytes too (ColumnParallelLinear regroups
+// --fp8-param-gather's FP8 weights with it).
+TEST_P(MoePermuteTest, PermuteCopiesFp8RowsBytes) {
+  const auto& [platform, dtype] = GetParam();
+  MG_SKIP_IF_UNAVAILABLE(platform);
+  if (dtype != DType::f32) GTEST_SKIP() << "one run per platform (the data is FP8, not the param)";
+  const Device dev = test::device_for(platform);
+  const auto& ops = test::ops_on(platform);
+  const int64_t h = 9, r = static_cast<int64_t>(kRowToken.size());
+  std::vector<uint8_t> bytes(static_cast<std::size_t>(kT * h));
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(37 * i + 5);
+  Tensor x = Tensor::empty({kT, h}, DType::fp8_e4m3);
+  std::memcpy(x.raw_data(), bytes.data(), bytes.size());
+  Tensor rows = Tensor::empty({r, h}, DType::fp8_e4m3, dev);
+  ops.moe_permute(rows, x.to(dev), i64(kRowToken, dev));
+  const Tensor got = rows.to(Device::cpu());
+  const auto* g = static_cast<const uint8_t*>(got.raw_data());
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t j = 0; j < h; ++j)
+      EXPECT_EQ(g[i * h + j], bytes[static_cast<std::size_t>(kRowToken[i] * h + j)])
+          << "row " << i << " column " << j;
 }
 
 TEST_P(MoePermuteTest, UnpermuteSumsWeightedRowsPerToken) {

@@ -78,24 +78,6 @@ std::vector<Case> cases() {
   return c;
 }
 
-RouterOptions host_options(const ops::MoeRouterArgs& a, int64_t e) {
-  RouterOptions o;
-  o.num_experts = e;
-  o.topk = a.topk;
-  o.score_function = a.score == ops::MoeRouterScore::softmax
-                         ? transformer::MoeScoreFunction::softmax
-                         : transformer::MoeScoreFunction::sigmoid;
-  o.pre_softmax = a.pre_softmax;
-  o.capacity_factor = a.capacity_factor;
-  o.drop_policy = a.drop_policy == ops::MoeDropPolicy::probs
-                      ? transformer::MoeTokenDropPolicy::probs
-                      : transformer::MoeTokenDropPolicy::position;
-  o.num_groups = a.group_topk > 0 ? a.num_groups : 0;
-  o.group_topk = a.group_topk;
-  o.scaling_factor = a.scaling_factor;
-  return o;
-}
-
 constexpr int64_t kT = 13;
 
 std::vector<double> logits_for(const Case& c) {
@@ -171,7 +153,7 @@ Result run_host(const Case& c, DType dtype) {
   const std::vector<double> logits =
       Tensor::from_vector(logits_for(c), {kT, e}, dtype).to_vector<double>();
   const std::vector<float> b = bias_for(c);
-  const RouterOptions o = host_options(c.args, e);
+  const RouterOptions o = RouterOptions::from_op_args(c.args, e);
   const Routing r = moe::topk_routing(logits, kT, o, b.empty() ? nullptr : &b);
   Result out{r.expert,
              std::vector<int64_t>(static_cast<std::size_t>(e), 0),

@@ -85,6 +85,25 @@ class OptimizerTest : public ::testing::TestWithParam<std::tuple<std::string, DT
     s.t.grad.copy_(g.t);
     return g.rounded;
   }
+  // `steps` AdamW steps of ops over slots against the reference (gradients seeded seed * step + i),
+  // each slot checked after every step.
+  void run_steps(std::vector<Slot>& slots, AdamArgs args, int64_t steps, uint64_t seed,
+                 const std::string& what) const {
+    const auto& ops = mg::test::ops_on(platform());
+    for (int64_t step = 1; step <= steps; ++step) {
+      args.step = step;
+      std::vector<AdamParam> params;
+      for (std::size_t i = 0; i < slots.size(); ++i) {
+        const auto g = set_grad(slots[i], seed * static_cast<uint64_t>(step) + i);
+        ref_adam_step(slots[i].ref, g, args);
+        params.push_back(slots[i].t);
+      }
+      ops.adamw_step(params, args);
+      for (std::size_t i = 0; i < slots.size(); ++i)
+        expect_matches(slots[i], what + " step " + std::to_string(step) + " params[" +
+                                     std::to_string(i) + "]");
+    }
+  }
   void expect_matches(const Slot& s, const std::string& what) const {
     const Tol tol = tolerance(param_dtype());
     EXPECT_TRUE(mg::test::all_close(to_doubles(s.t.param), s.ref.p, tol)) << what << " param";
@@ -105,7 +124,6 @@ const std::vector<Shape> kParamShapes = {{1},    {7},     {13, 31},  {0},
 
 TEST_P(OptimizerTest, AdamWSeveralStepsMatchReference) {
   MG_SKIP_IF_UNAVAILABLE(platform());
-  const auto& ops = mg::test::ops_on(platform());
   for (bool decoupled : {true, false}) {
     std::vector<Slot> slots;
     for (std::size_t i = 0; i < kParamShapes.size(); ++i)
@@ -114,19 +132,7 @@ TEST_P(OptimizerTest, AdamWSeveralStepsMatchReference) {
     args.lr = 1e-2f;
     args.weight_decay = 0.1f;
     args.decoupled_weight_decay = decoupled;
-    for (int64_t step = 1; step <= 4; ++step) {
-      args.step = step;
-      std::vector<AdamParam> params;
-      for (std::size_t i = 0; i < slots.size(); ++i) {
-        const auto g = set_grad(slots[i], 100 * step + i);
-        ref_adam_step(slots[i].ref, g, args);
-        params.push_back(slots[i].t);
-      }
-      ops.adamw_step(params, args);
-      for (std::size_t i = 0; i < slots.size(); ++i)
-        expect_matches(slots[i], "decoupled " + std::to_string(decoupled) + " step " +
-                                     std::to_string(step) + " params[" + std::to_string(i) + "]");
-    }
+    run_steps(slots, args, 4, 100, "decoupled " + std::to_string(decoupled));
   }
 }
 
@@ -135,7 +141,6 @@ TEST_P(OptimizerTest, AdamWSeveralStepsMatchReference) {
 TEST_P(OptimizerTest, F32MainGradWithHalfModelParamMatchesReference) {
   MG_SKIP_IF_UNAVAILABLE(platform());
   if (!has_model_param()) GTEST_SKIP() << "no model_param copy for " << dtype_name(dtype());
-  const auto& ops = mg::test::ops_on(platform());
   std::vector<Slot> slots;
   const std::vector<Shape> shapes = {{4096}, {4, 1003}, {13, 31}, {20012}};
   for (std::size_t i = 0; i < shapes.size(); ++i)
@@ -143,19 +148,7 @@ TEST_P(OptimizerTest, F32MainGradWithHalfModelParamMatchesReference) {
   AdamArgs args;
   args.lr = 1e-2f;
   args.weight_decay = 0.1f;
-  for (int64_t step = 1; step <= 3; ++step) {
-    args.step = step;
-    std::vector<AdamParam> params;
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      const auto g = set_grad(slots[i], 300 * step + i);
-      ref_adam_step(slots[i].ref, g, args);
-      params.push_back(slots[i].t);
-    }
-    ops.adamw_step(params, args);
-    for (std::size_t i = 0; i < slots.size(); ++i)
-      expect_matches(slots[i], "f32 main_grad step " + std::to_string(step) + " params[" +
-                                   std::to_string(i) + "]");
-  }
+  run_steps(slots, args, 3, 300, "f32 main_grad");
 }
 
 TEST_P(OptimizerTest, NoBiasCorrectionAndGradScale) {

@@ -45,6 +45,24 @@ void check_sizes(const std::vector<double>& v, int64_t t, int64_t e, const char*
 
 }  // namespace
 
+RouterOptions RouterOptions::from_op_args(const ops::MoeRouterArgs& a, int64_t num_experts) {
+  RouterOptions o;
+  o.num_experts = num_experts;
+  o.topk = a.topk;
+  o.score_function = a.score == ops::MoeRouterScore::softmax
+                         ? transformer::MoeScoreFunction::softmax
+                         : transformer::MoeScoreFunction::sigmoid;
+  o.pre_softmax = a.pre_softmax;
+  o.capacity_factor = a.capacity_factor;
+  o.drop_policy = a.drop_policy == ops::MoeDropPolicy::probs
+                      ? transformer::MoeTokenDropPolicy::probs
+                      : transformer::MoeTokenDropPolicy::position;
+  o.num_groups = a.group_topk > 0 ? a.num_groups : 0;
+  o.group_topk = a.group_topk;
+  o.scaling_factor = a.scaling_factor;
+  return o;
+}
+
 RouterOptions RouterOptions::from_config(const TransformerConfig& c) {
   RouterOptions o;
   o.num_experts = c.num_moe_experts;

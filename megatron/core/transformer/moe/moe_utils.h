@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "megatron/core/comm/process_group.h"
+#include "megatron/core/ops/op_args.h"
 #include "megatron/core/tensor/tensor.h"
 #include "megatron/core/transformer/transformer_config.h"
 
@@ -34,6 +35,8 @@ struct RouterOptions {
   int64_t num_groups = 0, group_topk = 0;  // group-limited routing (0: off)
   std::optional<double> scaling_factor;    // probabilities times this (nullopt: none)
   static RouterOptions from_config(const TransformerConfig& c);
+  // The options of the moe_router_topk op's arguments (the CPU kernel runs the host routing).
+  static RouterOptions from_op_args(const ops::MoeRouterArgs& a, int64_t num_experts);
 };
 
 // Megatron's topk_softmax_with_capacity for T local tokens.
