@@ -166,12 +166,16 @@ if [[ $skip != *",perf,"* ]]; then
   perf dense-equal-active 40 dense-moe-active 4
   perf gpt2-124m-offload 50 gpt2-124m 16 --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d
   perf gpt2-124m-optable 40 gpt2-124m 16 --profile-op-table --profile-step-start 8 --profile-step-end 10
+  perf llama-1b-optable 60 llama-1b 4 --profile-op-table --profile-step-start 8 --profile-step-end 10
+  perf llama-1b-fp8-optable 60 llama-1b 4 --fp8-format hybrid --profile-op-table --profile-step-start 8 --profile-step-end 10
   note ""
-  if [ -f "$stage/perf/gpt2-124m-optable.log" ]; then
-    note "### gpt2-124m op table"
+  for t in gpt2-124m-optable llama-1b-optable llama-1b-fp8-optable; do
+    [ -f "$stage/perf/$t.log" ] || continue
+    note "### $t"
     note ""
-    grep -A40 'op profile (--profile-op-table)' "$stage/perf/gpt2-124m-optable.log" | head -45 | sed 's/^/    /' | tee -a "$md"
-  fi
+    grep -A40 'op profile (--profile-op-table)' "$stage/perf/$t.log" | head -45 | sed 's/^/    /' | tee -a "$md"
+    note ""
+  done
   for f in "$stage"/perf/*.log; do
     grep -qE 'elapsed time per iteration' "$f" || { note "$(basename "$f"): no iteration logged:"; tail -5 "$f" | sed 's/^/    /' | tee -a "$md"; }
   done
