@@ -24,7 +24,9 @@
 # Here, before the call (no GPU needed):
 #   cmake --build build -j2 && bash scripts/gpu_bundle.sh build    # -> .gpu_bundle/bundle.tar.xz
 # The device call: command "bash scripts/gpu_lease.sh", carry [".gpu_bundle"], timeout_s 560.
-# Env: LEASE_BUDGET (s), SKIP (comma list of tests,multirank,perf), MULTIRANK_ONLY (overrides the
+# Env: LEASE_BUDGET (s), SKIP (comma list of tests,multirank,perf), TESTS_ONLY (an extended regex
+# the test binaries' names must match), PERF_RUNS (replaces the measurement list: "name limit
+# workload micro-batch [flags...]" separated by ';'), MULTIRANK_ONLY (overrides the
 # multi-rank part list; `all`: every part of gpu_multirank.sh), MULTIRANK_BUDGET (s), PERF_ITERS
 # (timed iterations, default 10).
 set -uo pipefail
@@ -76,7 +78,7 @@ if [[ $skip != *",tests,"* ]]; then
       *) timeout 20 "$t" --gtest_list_tests 2>/dev/null | grep -qE 'cuda|Cuda|CUDA|Device|Gpu' &&
         echo "$n *cuda*:*Cuda*:*CUDA*:*Device*:*Gpu*" ;;
     esac
-  done > "$stage/tests/list.txt"
+  done | grep -E "^(${TESTS_ONLY:-.*}) " > "$stage/tests/list.txt"
   # one line per binary: name rc seconds and gtest's PASSED/FAILED/SKIPPED lines
   run_one() {
     local n=$1 f=$2 s=$SECONDS
@@ -159,6 +161,14 @@ if [[ $skip != *",perf,"* ]]; then
   note ""
   note "| run | extra flags | status | median ms/iter | tokens/s | MFU % | peak MB | lm loss first .. last |"
   note "|---|---|---|---|---|---|---|---|"
+  if [ -n "${PERF_RUNS:-}" ]; then  # "name limit workload micro-batch [flags...]; ..."
+    IFS=';' read -ra runs <<< "$PERF_RUNS"
+    for r in "${runs[@]}"; do
+      # shellcheck disable=SC2086
+      perf $r
+    done
+    finish
+  fi
   perf gpt2-124m 40 gpt2-124m 16
   perf llama-1b-bf16 60 llama-1b 4
   perf llama-1b-fp8 60 llama-1b 4 --fp8-format hybrid
