@@ -26,8 +26,17 @@
 // dx may alias dy or dresidual: the column sums run before the dx kernel, and each dx element is
 // written by the thread that read it last. In the fused forward, sum may alias x or residual (each
 // element is read, then written, by one thread); y must not overlap sum (validated).
-// Not here: fp8 outputs, rows cached in shared memory, vectorised loads (not yet); the
-// MLP-BDA + next layer's input norm fusion.
+// Vector paths (bf16/f16 storage, H % 8 == 0, H <= 8192, 16-byte aligned rows): the row is held
+// in registers as 8-element vectors (16-byte loads and stores, device_util.cuh's load8_half), a
+// block of 32..512 threads spans it (thread t owns vectors t, t + T, ...), the two row sums of
+// the backward share one block reduction, and the backward takes two rows per step so twice the
+// bytes are in flight. The same per-element expressions and, for dgamma / dbeta, the same f64
+// terms in the same row order per chunk (the same bits as the scalar kernels); the row sums
+// (mean, variance, mean(g), mean(g xhat)) are reduced in another order than the scalar kernel's
+// (the CPU tolerance applies, as for the scalar kernel). The scalar kernels serve the rest.
+// Not here: fp8 outputs; the MLP-BDA + next layer's input norm fusion.
+#include <initializer_list>
+
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
@@ -221,6 +230,233 @@ __global__ void norm_bwd_fused_kernel(void* dx, const void* dy, const void* dres
   }
 }
 
+// ---- vector paths (bf16 / f16 storage, see the file comment) ----------------------------------
+
+constexpr int kVecMaxThreads = 512;  // threads spanning one row
+constexpr int kVecMaxPerThread = 2;  // 8-element vectors per thread: H <= 8 * 512 * 2
+
+// Vectors per thread and threads per block for a row of h (h % 8 == 0) elements.
+struct VecGeometry {
+  int per_thread = 0, threads = 0;
+};
+VecGeometry vec_geometry(int64_t h) {
+  const int64_t nvec = h / 8;
+  const int64_t vpt = (nvec + kVecMaxThreads - 1) / kVecMaxThreads;
+  const int64_t threads = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
+  return {static_cast<int>(vpt), static_cast<int>(threads)};
+}
+bool vec_ok(DType t, int64_t h, std::initializer_list<const void*> ptrs) {
+  if ((t != DType::bf16 && t != DType::f16) || h % 8 != 0 || h <= 0 ||
+      h > int64_t{8} * kVecMaxThreads * kVecMaxPerThread)
+    return false;
+  for (const void* p : ptrs)
+    if (p && !aligned_for_8_halves(p)) return false;
+  return true;
+}
+
+// a and b summed over the block (blockDim.x a multiple of 32, <= 1024) in a fixed order; every
+// thread gets both sums. Safe to call repeatedly.
+__device__ __forceinline__ void block_sum2(float& a, float& b) {
+  __shared__ float2 part[32];
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int nwarps = static_cast<int>(blockDim.x >> 5);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  __syncthreads();  // a previous call may still be reading `part`
+  if (lane == 0) part[warp] = make_float2(a, b);
+  __syncthreads();
+  float sa = part[0].x, sb = part[0].y;
+  for (int w = 1; w < nwarps; ++w) {
+    sa += part[w].x;
+    sb += part[w].y;
+  }
+  a = sa;
+  b = sb;
+}
+
+__device__ __forceinline__ float round_half(float v, bool bf16) {
+  return bf16 ? dmath::bf16_to_f32(dmath::f32_to_bf16(v)) : dmath::f16_to_f32(dmath::f32_to_f16(v));
+}
+
+// One block per row: y, mean, rstd <- x, or with `bda` (in.x non-null) sum = residual + dropout(x
+// + bias) stored first and normalised from its rounded values (bda_norm_fwd_kernel's element).
+template <int VPT>
+__global__ void __launch_bounds__(kVecMaxThreads)
+    norm_fwd_vec_kernel(void* y, void* sum, void* mean, void* rstd, DType st, bool bf16,
+                        const void* x, BdaArgs in, float scale, Param gamma, Param beta, float eps,
+                        int64_t rows, int64_t h) {
+  const int64_t r = block_row();
+  if (r >= rows) return;
+  const int64_t base = r * h, nvec = h / 8;
+  const float inv_h = 1.0f / static_cast<float>(h);
+  float v[VPT][8];
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (vi >= nvec) continue;
+    const int64_t j0 = vi * 8;
+    if (in.x) {
+      float xv[8], rv[8];
+      load8_half(in.x, base + j0, bf16, xv);
+      load8_half(in.residual, base + j0, bf16, rv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float d = 0.0f;
+        if (in.mask.keep(base + j0 + e)) {
+          d = xv[e];
+          if (in.bias) d += load<float>(in.bias, bf16 ? DType::bf16 : DType::f16, j0 + e);
+          d *= scale;
+        }
+        v[k][e] = rv[e] + d;
+      }
+      store8_half(sum, base + j0, bf16, v[k]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[k][e] = round_half(v[k][e], bf16);
+    } else {
+      load8_half(x, base + j0, bf16, v[k]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s += v[k][e];
+  }
+  float mu = 0.0f;
+  if (mean) {
+    float unused = 0.0f;
+    block_sum2(s, unused);
+    mu = s * inv_h;
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (vi >= nvec) continue;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float d = v[k][e] - mu;
+      ss += d * d;
+    }
+  }
+  float unused = 0.0f;
+  block_sum2(ss, unused);
+  const float rs = 1.0f / sqrtf(ss * inv_h + eps);
+  if (threadIdx.x == 0) {
+    if (mean) store<float>(mean, st, r, mu);
+    store<float>(rstd, st, r, rs);
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (vi >= nvec) continue;
+    const int64_t j0 = vi * 8;
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      float t = (v[k][e] - mu) * rs * gamma.at<float>(j0 + e);
+      if (beta.p) t += beta.at<float>(j0 + e);
+      o[e] = t;
+    }
+    store8_half(y, base + j0, bf16, o);
+  }
+}
+
+// norm_bwd_fused_kernel's vector form: block c takes chunk c of column_chunking(rows), ROWS rows
+// per step (their loads issued together), and keeps the dgamma / dbeta partials of the columns its
+// threads own in f64 registers, row by row in row order (the same terms and order as
+// NormParamTerm through column_sum_accumulate: the same bits).
+template <int VPT, int ROWS>
+__global__ void __launch_bounds__(kVecMaxThreads)
+    norm_bwd_vec_kernel(void* dx, const void* dy, const void* dres, const void* x, bool bf16,
+                        const void* mean, const void* rstd, DType st, Param gamma, int64_t rows,
+                        int64_t h, int64_t rows_per_chunk, double* partial_g, double* partial_b) {
+  const int64_t c = blockIdx.x, nvec = h / 8;
+  const int64_t r0 = c * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const float inv_h = 1.0f / static_cast<float>(h);
+  float w[VPT][8];
+  double ag[VPT][8], ab[VPT][8];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      w[k][e] = vi < nvec ? gamma.at<float>(vi * 8 + e) : 0.0f;
+      ag[k][e] = 0.0;
+      ab[k][e] = 0.0;
+    }
+  }
+  for (int64_t r = r0; r < r1; r += ROWS) {
+    float xh[ROWS][VPT][8], g[ROWS][VPT][8];
+    float rs[ROWS], sg[ROWS], sgx[ROWS];
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) {
+      sg[q] = 0.0f;
+      sgx[q] = 0.0f;
+      rs[q] = 0.0f;
+      const int64_t rr = r + q;
+      if (rr >= r1) continue;
+      const float mu = mean ? load<float>(mean, st, rr) : 0.0f;
+      rs[q] = load<float>(rstd, st, rr);
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        if (vi >= nvec) continue;
+        float xv[8], dv[8];
+        load8_half(x, rr * h + vi * 8, bf16, xv);
+        load8_half(dy, rr * h + vi * 8, bf16, dv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float xhat = (xv[e] - mu) * rs[q];
+          const float gg = dv[e] * w[k][e];
+          xh[q][k][e] = xhat;
+          g[q][k][e] = gg;
+          sg[q] += gg;
+          sgx[q] += gg * xhat;
+          ag[k][e] += static_cast<double>(dv[e] * xhat);
+          if (partial_b) ab[k][e] += static_cast<double>(dv[e]);
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) block_sum2(sg[q], sgx[q]);
+#pragma unroll
+    for (int q = 0; q < ROWS; ++q) {
+      const int64_t rr = r + q;
+      if (rr >= r1) continue;
+      const float mg = mean ? sg[q] * inv_h : 0.0f;
+      const float mgx = sgx[q] * inv_h;
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        if (vi >= nvec) continue;
+        float o[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = rs[q] * (g[q][k][e] - mg - xh[q][k][e] * mgx);
+        if (dres) {
+          float dr[8];
+          load8_half(dres, rr * h + vi * 8, bf16, dr);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[e] = __fadd_rn(round_half(o[e], bf16), dr[e]);
+        }
+        store8_half(dx, rr * h + vi * 8, bf16, o);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    if (vi >= nvec) continue;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      partial_g[c * h + vi * 8 + e] = ag[k][e];
+      if (partial_b) partial_b[c * h + vi * 8 + e] = ab[k][e];
+    }
+  }
+}
+
 // dgamma term dy * xhat (with_xhat) or the dbeta term dy, in C, widened.
 template <typename C>
 struct NormParamTerm {
@@ -246,12 +482,34 @@ Param param_of(const Tensor& t, bool plus_one) {
   return t.defined() ? Param{t.raw_data(), t.dtype(), plus_one} : Param{nullptr, DType::f32, false};
 }
 
+void launch_fwd_vec(void* y, void* sum, void* mean, void* rstd, DType st, DType t, const void* x,
+                    const BdaArgs& in, float scale, const Param& gamma, const Param& beta,
+                    float eps, int64_t rows, int64_t h, int dev) {
+  const VecGeometry g = vec_geometry(h);
+  const bool bf16 = t == DType::bf16;
+  cudaStream_t s = current_stream(dev);
+  if (g.per_thread == 1)
+    norm_fwd_vec_kernel<1><<<grid_rows(rows), g.threads, 0, s>>>(
+        y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h);
+  else
+    norm_fwd_vec_kernel<2><<<grid_rows(rows), g.threads, 0, s>>>(
+        y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
 void launch_fwd(Tensor& y, Tensor* mean, Tensor& rstd, const Tensor& x, const Tensor& gamma,
                 const Tensor& beta, const NormArgs& args) {
   const int64_t h = x.size(-1), rows = x.numel() / h;
   if (rows == 0) return;
   const int dev = x.device().index;
   DeviceGuard guard(dev);
+  if (vec_ok(x.dtype(), h, {y.raw_data(), x.raw_data()})) {
+    launch_fwd_vec(y.raw_data(), nullptr, mean ? mean->raw_data() : nullptr, rstd.raw_data(),
+                   rstd.dtype(), x.dtype(), x.raw_data(), BdaArgs{}, 1.0f,
+                   param_of(gamma, args.zero_centered_gamma), param_of(beta, false),
+                   static_cast<float>(args.eps), rows, h, dev);
+    return;
+  }
   with_compute(x.dtype(), [&](auto tag) {
     using C = decltype(tag);
     norm_fwd_kernel<C><<<grid_rows(rows), kThreads, 0, current_stream(dev)>>>(
@@ -277,6 +535,39 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
     // before it writes them.
     const std::size_t smem =
         static_cast<std::size_t>(dbeta ? 2 : 1) * static_cast<std::size_t>(h) * sizeof(double);
+    if (rows > 0 &&
+        vec_ok(x.dtype(), h,
+               {dx.raw_data(), dy.raw_data(), x.raw_data(), dres ? dres->raw_data() : nullptr})) {
+      const auto [chunks, rows_per_chunk] = column_chunking(rows);
+      const auto ph = static_cast<std::size_t>(chunks * h);
+      Scratch partial(dev, (dbeta ? 2 : 1) * ph * sizeof(double));
+      double* pg = partial.as<double>();
+      double* pb = dbeta ? pg + ph : nullptr;
+      cudaStream_t s = current_stream(dev);
+      const VecGeometry g = vec_geometry(h);
+      const bool bf16 = x.dtype() == DType::bf16;
+      const Param gp = param_of(gamma, args.zero_centered_gamma);
+      const void* dr = dres ? dres->raw_data() : nullptr;
+      const auto grid = static_cast<unsigned int>(chunks);
+      if (g.per_thread == 1)
+        norm_bwd_vec_kernel<1, 2><<<grid, g.threads, 0, s>>>(
+            dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16, mp, rstd.raw_data(), rstd.dtype(),
+            gp, rows, h, rows_per_chunk, pg, pb);
+      else
+        norm_bwd_vec_kernel<2, 1><<<grid, g.threads, 0, s>>>(
+            dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16, mp, rstd.raw_data(), rstd.dtype(),
+            gp, rows, h, rows_per_chunk, pg, pb);
+      MG_CUDA_CHECK_LAUNCH();
+      detail::column_finish_kernel<double>
+          <<<grid_for(h), kThreads, 0, s>>>(dgamma.raw_data(), dgamma.dtype(), pg, chunks, h);
+      MG_CUDA_CHECK_LAUNCH();
+      if (dbeta) {
+        detail::column_finish_kernel<double>
+            <<<grid_for(h), kThreads, 0, s>>>(dbeta->raw_data(), dbeta->dtype(), pb, chunks, h);
+        MG_CUDA_CHECK_LAUNCH();
+      }
+      return;
+    }
     if (rows > 0 && h > 0 &&
         smem <= static_cast<std::size_t>(device_properties(dev).sharedMemPerBlockOptin)) {
       if (smem > 48 * 1024)
@@ -364,6 +655,16 @@ void bias_dropout_add_norm_fwd(Tensor& y, Tensor& sum, Tensor& mean, Tensor& rst
   const bool ln = kind == NormKind::layernorm;
   const int dev = x.device().index;
   DeviceGuard guard(dev);
+  if (vec_ok(x.dtype(), nd.h, {y.raw_data(), sum.raw_data(), x.raw_data(), residual.raw_data()})) {
+    const BdaArgs in{x.raw_data(), bias.defined() ? bias.raw_data() : nullptr, residual.raw_data(),
+                     make_mask(dropout)};
+    launch_fwd_vec(y.raw_data(), sum.raw_data(), ln ? mean.raw_data() : nullptr, rstd.raw_data(),
+                   rstd.dtype(), x.dtype(), nullptr, in, keep_scale<float>(dropout.p),
+                   param_of(gamma, args.zero_centered_gamma),
+                   ln ? param_of(beta, false) : param_of(Tensor(), false),
+                   static_cast<float>(args.eps), nd.rows, nd.h, dev);
+    return;
+  }
   with_compute(x.dtype(), [&](auto tag) {
     using C = decltype(tag);
     const BdaArgs in{x.raw_data(), bias.defined() ? bias.raw_data() : nullptr, residual.raw_data(),

@@ -64,7 +64,11 @@ const char* kind_name(NormKind k) {
 }
 
 // H = 1, primes, a row wider than a block (256 threads), more rows than grid x (65535).
-const std::vector<Shape> kShapes = {{7, 1}, {3, 7}, {3, 2, 13}, {37, 300}, {5, 1031}, {65537, 2}};
+// H a multiple of 8 (768, 2048, 40; 8192: two vectors per thread) takes norm.cu's vector paths
+// for bf16 / f16; 8200 exceeds them (scalar kernels).
+const std::vector<Shape> kShapes = {{7, 1},    {3, 7},     {3, 2, 13}, {37, 300},
+                                    {5, 1031}, {65537, 2}, {37, 768},  {19, 2048},
+                                    {3, 8192}, {41, 40},   {2, 8200}};
 
 class CudaFusedNorm : public ::testing::TestWithParam<DType> {
  protected:
@@ -229,6 +233,73 @@ TEST_P(CudaFusedNorm, BackwardAddMatchesUnfusedOnGpu) {
   // Parameter grads come from the same column-sum code: identical.
   EXPECT_EQ(to_doubles(dg_f), to_doubles(dg_u));
   EXPECT_EQ(to_doubles(db_f), to_doubles(db_u));
+}
+
+// The vector path (aligned rows, H % 8 == 0) against the scalar kernels (the same data through
+// views one element into their storage, so no row is 16-byte aligned): dgamma / dbeta are the
+// same f64 terms in the same order, the same bits; dx within twice the dtype's tolerance (the row
+// sums are reduced in another order). bf16 / f16 only (the vector path's dtypes).
+TEST_P(CudaFusedNorm, VectorPathMatchesScalarPath) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const DType dt = dtype();
+  if (dt != DType::bf16 && dt != DType::f16) GTEST_SKIP() << "no vector path for this dtype";
+  for (const Shape& shape : {Shape{70, 768}, Shape{9, 8192}}) {
+    const int64_t h = shape.back(), n = shape_numel(shape), rows = n / h;
+    for (NormKind kind : {NormKind::layernorm, NormKind::rmsnorm}) {
+      const bool ln = kind == NormKind::layernorm;
+      const std::string ctx = std::string(kind_name(kind)) + " " + shape_str(shape);
+      NormArgs args;
+      const auto vx = random_values(static_cast<std::size_t>(n), 31, 0.1, 2.0),
+                 vdy = random_values(static_cast<std::size_t>(n), 32),
+                 vdres = random_values(static_cast<std::size_t>(n), 33);
+      auto gamma = random_pair({h}, dt, 34);
+      // The same values in an aligned tensor and one element into a device buffer.
+      auto aligned = [&](const std::vector<double>& v) { return pair_of(v, shape, dt).gpu; };
+      auto mis = [&](const std::vector<double>& v) {
+        std::vector<double> shifted(1, 0.0);
+        shifted.insert(shifted.end(), v.begin(), v.end());
+        return pair_of(shifted, {n + 1}, dt).gpu.slice(1, n).view(shape);
+      };
+      const Tensor x_a = aligned(vx), dy_a = aligned(vdy), dres_a = aligned(vdres);
+      const Tensor x_m = mis(vx), dy_m = mis(vdy), dres_m = mis(vdres);
+      Tensor y = Tensor::empty(shape, dt, kGpu);
+      Tensor mean = Tensor::empty({rows}, stat_dtype(dt), kGpu),
+             rstd = Tensor::empty({rows}, stat_dtype(dt), kGpu);
+      if (ln)
+        gpu_ops().layernorm_fwd(y, mean, rstd, x_a, gamma.gpu, Tensor(), args);
+      else
+        gpu_ops().rmsnorm_fwd(y, rstd, x_a, gamma.gpu, args);
+      Tensor dg_v = Tensor::zeros({h}, DType::f32, kGpu),
+             db_v = Tensor::zeros({h}, DType::f32, kGpu);
+      Tensor dg_s = Tensor::zeros({h}, DType::f32, kGpu),
+             db_s = Tensor::zeros({h}, DType::f32, kGpu);
+      Tensor dx_v = Tensor::empty(shape, dt, kGpu);
+      auto dx_s_full = nan_pair({n + 1}, dt);
+      Tensor dx_s = dx_s_full.gpu.slice(1, n).view(shape);
+      Tensor no_db, no_mean;
+      gpu_ops().norm_bwd_add(dx_v, dg_v, ln ? db_v : no_db, dy_a, dres_a, x_a, ln ? mean : no_mean,
+                             rstd, gamma.gpu, args, kind);
+      gpu_ops().norm_bwd_add(dx_s, dg_s, ln ? db_s : no_db, dy_m, dres_m, x_m, ln ? mean : no_mean,
+                             rstd, gamma.gpu, args, kind);
+      EXPECT_EQ(to_doubles(dg_v), to_doubles(dg_s)) << ctx << ": dgamma";
+      if (ln) {
+        EXPECT_EQ(to_doubles(db_v), to_doubles(db_s)) << ctx << ": dbeta";
+      }
+      EXPECT_TRUE(test::all_close(to_doubles(dx_v), to_doubles(dx_s), twice(dt))) << ctx << ": dx";
+      // Forward: the scalar kernel on the misaligned copy, the same statistics within tolerance.
+      Tensor y_s_full = Tensor::empty({n + 1}, dt, kGpu);
+      Tensor y_s = y_s_full.slice(1, n).view(shape);
+      Tensor mean_s = Tensor::empty({rows}, stat_dtype(dt), kGpu),
+             rstd_s = Tensor::empty({rows}, stat_dtype(dt), kGpu);
+      if (ln)
+        gpu_ops().layernorm_fwd(y_s, mean_s, rstd_s, x_m, gamma.gpu, Tensor(), args);
+      else
+        gpu_ops().rmsnorm_fwd(y_s, rstd_s, x_m, gamma.gpu, args);
+      EXPECT_TRUE(test::all_close(to_doubles(y), to_doubles(y_s), twice(dt))) << ctx << ": y";
+      EXPECT_TRUE(test::all_close(to_doubles(rstd), to_doubles(rstd_s), twice(DType::f32)))
+          << ctx << ": rstd";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, CudaFusedNorm, ::testing::ValuesIn(test::kKernelDTypes),
