@@ -293,8 +293,8 @@ TEST_P(CudaCudnnAttention, BackwardMatchesCpu) {
                       ", bound " + std::to_string((*g.atol)[first_nf]);
           EXPECT_EQ(bad, 0) << g.name << ": " << what << " (worst finite error / bound " << worst
                             << "; non-finite: got " << got_nf << ", ref " << ref_nf << ", bound "
-                            << tol_nf << nf_what << "; nonzero where the bound is 0: "
-                            << zero_tol_bad << ")";
+                            << tol_nf << nf_what
+                            << "; nonzero where the bound is 0: " << zero_tol_bad << ")";
         }
         if (deterministic) {  // a second run gives the same bits
           auto dq2 = poisoned_pair({c.sq, c.b, c.nh, hd}, dt);
