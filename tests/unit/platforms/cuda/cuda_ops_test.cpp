@@ -90,19 +90,46 @@ TEST_P(CudaOps, BatchedGemmAccumulatesLikeCpu) {
   EXPECT_TRUE(test::all_close(to_doubles(c.gpu), to_doubles(c.cpu), twice(DType::f32)));
 }
 
+// 1001 elements: the scalar kernel; 1000: bf16 / f16 take dropout.cu's vector kernel.
 TEST_P(CudaOps, DropoutMaskIsBitwiseTheCpuMask) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
-  auto x = random_pair({1001}, dtype(), 7);
-  auto y = empty_pair({1001}, dtype());
-  const ops::DropoutArgs args{0.3f, 0xfeedbeefcafe1234ull, 6};  // offset not a multiple of 4
-  cpu_ops().dropout_fwd(y.cpu, x.cpu, args);
-  gpu_ops().dropout_fwd(y.gpu, x.gpu, args);
-  const auto yc = to_doubles(y.cpu), yg = to_doubles(y.gpu);
-  for (std::size_t i = 0; i < yc.size(); ++i) {
-    EXPECT_EQ(yg[i] != 0.0, random::dropout_keep(args.seed, args.offset + i, args.p)) << i;
-    EXPECT_EQ(yg[i] != 0.0, yc[i] != 0.0) << i;
+  for (int64_t n : {1001, 1000}) {
+    auto x = random_pair({n}, dtype(), 7);
+    auto y = empty_pair({n}, dtype());
+    const ops::DropoutArgs args{0.3f, 0xfeedbeefcafe1234ull, 6};  // offset not a multiple of 4
+    cpu_ops().dropout_fwd(y.cpu, x.cpu, args);
+    gpu_ops().dropout_fwd(y.gpu, x.gpu, args);
+    const auto yc = to_doubles(y.cpu), yg = to_doubles(y.gpu);
+    for (std::size_t i = 0; i < yc.size(); ++i) {
+      EXPECT_EQ(yg[i] != 0.0, random::dropout_keep(args.seed, args.offset + i, args.p)) << i;
+      EXPECT_EQ(yg[i] != 0.0, yc[i] != 0.0) << i;
+    }
+    EXPECT_EQ(yg, yc) << n;  // x * (1 / (1 - p)) rounded once on both platforms
   }
-  EXPECT_EQ(yg, yc);  // x * (1 / (1 - p)) rounded once on both platforms
+}
+
+// bias_dropout_add_fwd against the CPU: F = 24 (bf16 / f16: the vector kernel) and F = 13 (scalar),
+// with and without dropout; the mask bit for bit, values within the dtype's tolerance (the add may
+// be contracted differently).
+TEST_P(CudaOps, BiasDropoutAddMatchesCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  for (int64_t f : {24, 13})
+    for (float p : {0.0f, 0.25f}) {
+      const int64_t rows = 37;
+      auto x = random_pair({rows, f}, dtype(), 71), r = random_pair({rows, f}, dtype(), 72);
+      auto b = random_pair({f}, dtype(), 73);
+      auto y = empty_pair({rows, f}, dtype());
+      const ops::DropoutArgs args{p, 1234, 8};
+      cpu_ops().bias_dropout_add_fwd(y.cpu, x.cpu, b.cpu, r.cpu, args);
+      gpu_ops().bias_dropout_add_fwd(y.gpu, x.gpu, b.gpu, r.gpu, args);
+      EXPECT_TRUE(test::all_close(to_doubles(y.gpu), to_doubles(y.cpu), test::tolerance(dtype())))
+          << "F " << f << " p " << p;
+      // In place on the GPU (y = x), p == 0: dropout_bwd's no-op path leaves dy as it is.
+      auto d = random_pair({rows, f}, dtype(), 74);
+      const auto before = to_doubles(d.gpu);
+      gpu_ops().dropout_bwd(d.gpu, d.gpu, ops::DropoutArgs{0.0f, 1, 0});
+      EXPECT_EQ(to_doubles(d.gpu), before);
+    }
 }
 
 TEST_P(CudaOps, UniformInitIsBitwiseTheCpuStream) {
