@@ -11,7 +11,10 @@
 //     activations and weights of a model's linears): a 64 x 64 tile per block of 256 threads, each
 //     thread loading 8 elements as one 16-byte load and storing 8 bytes of q and of qt at once.
 //     The scalar kernel (one byte per thread, a 2-byte load) ran at 620 GB/s on an H200, 38 ms of
-//     a 179 ms llama-1b FP8 step (benchmarks/results/2026-11-26-h200-lease.md).
+//     a 179 ms llama-1b FP8 step (benchmarks/results/2026-11-26-h200-lease.md); this one at
+//     ~1.2 TB/s with dtype_math.h's integer encoder, about as much instruction time as memory
+//     time, so on sm_89+ it converts with the hardware's cvt.rn.satfinite (the same bytes for
+//     every non-NaN value; NaN through the encoder).
 //   - scalar (anything else): a 32 x 32 tile per block, one element per thread.
 // fp8_scale_update: one thread per slot running fp8/fp8_math.h's update (the CPU kernel's code,
 // IEEE divisions): the amax history roll and the scales stay on the device, no host read.
@@ -29,6 +32,7 @@
 // (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER), fast accumulation for the forward GEMM.
 // Gradient rule: fp8_gemm with beta = 1 accumulates (weight gradients); the rest writes.
 #include <cublasLt.h>
+#include <cuda_fp8.h>
 
 #include <array>
 #include <atomic>
@@ -55,6 +59,19 @@ namespace {
 constexpr int kTile = 32;
 constexpr int kMaxDevices = 64;
 constexpr std::size_t kFp8WorkspaceBytes = std::size_t{32} << 20;
+
+// The saturating RNE cast of the vector kernel: on sm_89+ the hardware conversion
+// (cvt.rn.satfinite, through cuda_fp8.h), which rounds and saturates finite values and Inf as
+// dtype_math.h's encoder does; NaN keeps dtype_math.h's encoding (the hardware's differs), as does
+// every value on older targets.
+__device__ __forceinline__ uint32_t to_fp8_saturating(float v, bool e4m3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (v == v)
+    return static_cast<uint32_t>(
+        __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2));
+#endif
+  return e4m3 ? dmath::f32_to_e4m3(v, true) : dmath::f32_to_e5m2(v, true);
+}
 
 __device__ __forceinline__ float nan_max(float m, float a) {
   return (a > m || a != a) ? a : m;
@@ -128,7 +145,7 @@ __global__ void __launch_bounds__(256)
         const float v = xs[k];
         m = nan_max(m, fabsf(v));
         const float sv = v * s;
-        const uint32_t b = e4m3 ? dmath::f32_to_e4m3(sv, true) : dmath::f32_to_e5m2(sv, true);
+        const uint32_t b = to_fp8_saturating(sv, e4m3);
         if (k < 4)
           lo |= b << (8 * k);
         else

@@ -16,13 +16,16 @@
 //     fp8_math.h code; zeros, NaN, Inf, overflowing quotients), delayed and current.
 //   - the FP8 plan cache: a repeated problem is a hit and gives the same bytes, a new shape a miss;
 //     the cached descriptor takes each call's scale pointers (a scale doubled doubles C exactly).
+//   - the vector kernel's hardware conversion on edge values (zeros, ties, subnormals, saturation,
+//     Inf, NaN) bit for bit.
 // Every test skips without a GPU (printing the platform's reason). All passed on an H200
-// (2026-11-26) before the vector cast-transpose kernel, whose cases (bf16 / f16 x with rows and
-// cols multiples of 8, q or qt alone) are UNVERIFIED (not yet run on a GPU).
+// (2026-11-26 08:45 UTC), the vector cast-transpose kernel's cases included, before the hardware
+// conversion and the edge-value test.
 #include <dlfcn.h>
 
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -75,6 +78,62 @@ TEST(CudaFp8, CastTransposeEqualsCpu) {
         EXPECT_EQ(bytes_of(gqt), bytes_of(qt)) << dtype_name(qd) << " " << r << "x" << c;
         EXPECT_EQ(gamax.to(Device::cpu()).data<float>()[0], amax.data<float>()[0]);
       }
+}
+
+// The vector kernel's conversion (the hardware's cvt.rn.satfinite on sm_89+) on the values where
+// encoders differ: signed zeros, ties to even, the subnormal range and its underflow, the largest
+// finite values and just above (saturation), Inf and NaN of both signs, for E4M3 and E5M2.
+TEST(CudaFp8, CastTransposeEdgeValuesEqualsCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto& cpu = test::ops_on("cpu");
+  const auto& gpu = test::ops_on("cuda");
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  std::vector<float> edge = {0.0f,
+                             -0.0f,
+                             1.0625f,
+                             1.1875f,
+                             -1.0625f,
+                             0.0009765625f,
+                             0.001953125f,
+                             0.0029296875f,
+                             0.00048828125f,
+                             1e-30f,
+                             -1e-30f,
+                             240.0f,
+                             448.0f,
+                             464.0f,
+                             480.0f,
+                             -500.0f,
+                             57344.0f,
+                             61440.0f,
+                             65536.0f,
+                             -1e9f,
+                             inf,
+                             -inf,
+                             nan,
+                             -nan,
+                             3.0517578125e-05f,
+                             1.52587890625e-05f,
+                             6.103515625e-05f};
+  const int64_t r = 16, c = 64;
+  std::vector<float> v(static_cast<std::size_t>(r * c));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = edge[i % edge.size()] * (i / edge.size() % 2 ? 0.5f : 1.0f);
+  for (DType qd : {DType::fp8_e4m3, DType::fp8_e5m2})
+    for (DType xd : {DType::bf16, DType::f16}) {
+      const Tensor x = Tensor::from_vector(v, {r, c}).to(Device::cpu());
+      Tensor xc = Tensor::empty({r, c}, xd);
+      xc.copy_(x);
+      const Tensor scale = Tensor::from_vector(std::vector<float>{1.0f}, {1});
+      Tensor q = Tensor::empty({r, c}, qd), qt = Tensor::empty({c, r}, qd);
+      Tensor amax = Tensor::from_vector(std::vector<float>{0.0f}, {1});
+      cpu.fp8_cast_transpose(q, qt, amax, xc, scale);
+      Tensor gq = Tensor::empty({r, c}, qd, kGpu), gqt = Tensor::empty({c, r}, qd, kGpu);
+      Tensor gamax = Tensor::from_vector(std::vector<float>{0.0f}, {1}).to(kGpu);
+      gpu.fp8_cast_transpose(gq, gqt, gamax, xc.to(kGpu), scale.to(kGpu));
+      EXPECT_EQ(bytes_of(gq), bytes_of(q)) << dtype_name(qd) << " from " << dtype_name(xd);
+      EXPECT_EQ(bytes_of(gqt), bytes_of(qt)) << dtype_name(qd) << " from " << dtype_name(xd);
+    }
 }
 
 TEST(CudaFp8, GemmWithinTheDerivedBound) {
