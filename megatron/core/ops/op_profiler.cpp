@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <tuple>
@@ -81,6 +82,7 @@ OpCost cost_of(const A&... a) {
     const auto& [cc, aux, dbias, aa, bb, bias, args] = std::tie(a...);
     c.flops = gemm_flops(cc, aa, args.trans_a);
     if (args.beta != 0.0f) c.bytes += bytes_of(cc);
+    c.variant = 1 + static_cast<int>(args.epilogue);
   } else if constexpr (id == OpId::fp8_gemm) {
     const auto& [cc, aa, bb, as, bs, args] = std::tie(a...);
     c.flops = gemm_flops(cc, aa, false);
@@ -260,23 +262,25 @@ OpProfileReport OpProfiler::report() {
   OpProfileReport rep;
   rep.platform = std::string(p.platform.name());
   if (p.used > 0) p.pool[p.used - 1]->synchronize();  // the one wait: events complete in order
-  std::array<OpProfileRow, kNumOps> by_op{};
-  std::array<bool, kNumOps> unknown_flops{};
+  // One row per (slot, variant).
+  std::map<std::pair<std::size_t, int>, std::pair<OpProfileRow, bool>> by_op;  // row, flops unknown
   for (const auto& c : p.calls) {
     const auto i = static_cast<std::size_t>(c.id);
-    OpProfileRow& r = by_op[i];
+    auto& [r, unknown] = by_op[{i, c.cost.variant}];
     ++r.calls;
     r.total_ms += p.pool[c.end]->elapsed_ms(*p.pool[c.begin]);
     r.flops += c.cost.flops;
     r.bytes += c.cost.bytes;
-    unknown_flops[i] = unknown_flops[i] || c.cost.flops == 0.0;
+    unknown = unknown || c.cost.flops == 0.0;
   }
-  for (std::size_t i = 0; i < by_op.size(); ++i) {
-    OpProfileRow& r = by_op[i];
-    if (r.calls == 0) continue;
+  for (auto& [key, entry] : by_op) {
+    auto& [r, unknown] = entry;
+    const auto [i, variant] = key;
     r.op = std::string(kSlots[i].name);
+    if (variant > 0 && static_cast<OpId>(i) == OpId::gemm_epilogue)
+      r.op += std::string(".") + gemm_epilogue_name(static_cast<GemmEpilogue>(variant - 1));
     r.provider = p.providers[i];
-    if (unknown_flops[i]) r.flops = 0.0;
+    if (unknown) r.flops = 0.0;
     rep.ops_ms += r.total_ms;
     rep.rows.push_back(std::move(r));
   }

@@ -32,6 +32,7 @@ namespace mg::ops {
 struct OpCost {
   double flops = 0.0;
   double bytes = 0.0;
+  int variant = 0;  // > 0: a row of its own (gemm_epilogue: 1 + the epilogue kind)
 };
 
 struct OpProfilerOptions {
@@ -40,7 +41,7 @@ struct OpProfilerOptions {
 };
 
 struct OpProfileRow {
-  std::string op;        // the slot
+  std::string op;        // the slot; gemm_epilogue rows are per epilogue ("gemm_epilogue.bias")
   std::string provider;  // who runs it (set_providers), "" when not given
   int64_t calls = 0;
   double total_ms = 0.0;

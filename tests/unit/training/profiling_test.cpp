@@ -132,11 +132,14 @@ TEST(ProfileOpTable, TrainingStepTableAndHostRoundTrips) {
   ASSERT_NE(at, std::string::npos) << log;
   const std::string table = log.substr(at);
   // Every family of the step is listed, once per row; shares add up to at most 100 %.
-  for (const char* op : {"gemm_epilogue", "attention_fwd", "attention_bwd", "cross_entropy_fwd",
-                         "cross_entropy_bwd", "bias_dropout_add_norm_fwd", "adamw_step",
-                         "embedding_fwd", "embedding_bwd", "(outside ops)"})
+  // gemm_epilogue has a row per epilogue (the tiny GPT: bias, bias_gelu, dgelu_bgrad, bgrad).
+  for (const char* op :
+       {"gemm_epilogue.bias", "gemm_epilogue.bias_gelu", "gemm_epilogue.dgelu_bgrad",
+        "gemm_epilogue.bgrad", "attention_fwd", "attention_bwd", "cross_entropy_fwd",
+        "cross_entropy_bwd", "bias_dropout_add_norm_fwd", "adamw_step", "embedding_fwd",
+        "embedding_bwd", "(outside ops)"})
     EXPECT_NE(table.find(std::string("\n") + op + " "), std::string::npos) << op << "\n" << table;
-  const std::regex row(R"(\n([a-z_0-9]+) +\S+ +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+|-) )");
+  const std::regex row(R"(\n([a-z_0-9.]+) +\S+ +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+|-) )");
   double shares = 0.0;
   int rows = 0;
   for (std::sregex_iterator it(table.begin(), table.end(), row), end; it != end; ++it) {
