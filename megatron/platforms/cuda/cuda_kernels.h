@@ -9,9 +9,15 @@
 
 #include "megatron/core/tensor/dtype.h"
 
-namespace mg::plugin {
+namespace mg {
+class Tensor;
+namespace ops {
+struct RopeArgs;
+}
+namespace plugin {
 class Registry;
 }
+}  // namespace mg
 
 namespace mg::platforms::cuda {
 void register_gemm_kernels(plugin::Registry& r);         // gemm, gemm_epilogue (cuBLASLt / cuBLAS)
@@ -44,6 +50,20 @@ struct GemmPlanCacheStats {
   uint64_t hits = 0, misses = 0, fused = 0, unfused = 0, plans = 0;
 };
 GemmPlanCacheStats gemm_plan_cache_stats();
+
+// rope.cu: counters since process start: cos/sin table lookups that found a cached table (hits)
+// or built one (misses), the tables cached now (all devices), and the apply kernels launched
+// (vector: bf16/f16, 16-byte accesses; scalar: the rest). Also exported as the C symbol
+// mg_cuda_rope_stats (dlsym from tests built without CUDA).
+struct RopeStats {
+  uint64_t table_hits = 0, table_misses = 0, tables = 0, vector_calls = 0, scalar_calls = 0;
+};
+RopeStats rope_stats();
+// rope_fwd (backward = false) or rope_bwd (true), with force_scalar running the scalar apply
+// kernel where the vector one would serve (tests compare the two bit for bit). Also exported as
+// the C symbol mg_cuda_rope_apply_with.
+void rope_apply_with(Tensor& y, const Tensor& x, const ops::RopeArgs& args, bool backward,
+                     bool force_scalar);
 
 // attention_mma.cu: the tensor-core (mma.sync m16n8k16) attention forward, registered by
 // attention.cu as the opt-in provider "cuda:attention-mma" (Priority::alternative; preferred with
