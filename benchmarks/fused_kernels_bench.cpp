@@ -17,8 +17,11 @@
 // zeros. Also the fused pre-norm ops (bias_dropout_add_norm_fwd: residual + dropout(x + bias) then
 // the norm, in one pass; norm_bwd_add: the norm's backward plus the residual gradient); compare
 // with bias_dropout_add + layernorm / rmsnorm above (their sum is the unfused cost). The GEMM
-// epilogues are in gemm_bench.
+// epilogues are in gemm_bench. RoPE forward and backward (in place, [B, S] position ids, as the
+// GPT model calls it) at llama-1b's q and k shapes (S 2048, B 4, 32 heads / 8 groups, HD 64), with
+// the scalar kernel forced (rope.cu's mg_cuda_rope_apply_with) beside the default for comparison.
 #include <benchmark/benchmark.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "benchmarks/bench_platform.h"
+#include "megatron/core/ops/op_args.h"
 
 namespace {
 
@@ -321,6 +325,47 @@ bool gpu() {
   return mg::bench::gpu_requested();
 }
 
+// ---- RoPE: args S, B, heads, HD, bwd (0/1), scalar (0/1: force the scalar kernel) ----
+
+void BM_rope(benchmark::State& state) {
+  const int64_t s = state.range(0), b = state.range(1), h = state.range(2), hd = state.range(3);
+  const bool bwd = state.range(4) != 0, scalar = state.range(5) != 0;
+  using ApplyWith = void (*)(Tensor&, const Tensor&, const mg::ops::RopeArgs&, bool, bool);
+  const auto apply_with =
+      reinterpret_cast<ApplyWith>(dlsym(RTLD_DEFAULT, "mg_cuda_rope_apply_with"));
+  if (scalar && !apply_with) {
+    state.SkipWithError(
+        "no mg_cuda_rope_apply_with in this build (CPU, or before the vector kernel)");
+    return;
+  }
+  Tensor x = random_tensor({s, b, h, hd}, DType::bf16, 40).clone();
+  std::vector<int64_t> pos(static_cast<std::size_t>(b * s));
+  for (std::size_t i = 0; i < pos.size(); ++i) pos[i] = static_cast<int64_t>(i) % s;
+  mg::ops::RopeArgs a;
+  a.position_ids =
+      Tensor::from_vector(pos, {b, s}, DType::i64).to(mg::bench::bench_platform().device);
+  const double bytes =
+      2.0 * static_cast<double>(x.numel()) * 2.0 + 8.0 * static_cast<double>(b * s);
+  const std::string label = std::string(bwd ? "rope bwd" : "rope fwd") + (scalar ? " scalar" : "");
+  run(state, bytes, label, [&] {
+    if (scalar)
+      apply_with(x, x, a, bwd, true);
+    else if (bwd)
+      ops().rope_bwd(x, x, a);
+    else
+      ops().rope_fwd(x, x, a);
+  });
+}
+
+void rope_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"S", "B", "heads", "HD", "bwd", "scalar"});
+  const int64_t s = gpu() ? 2048 : 256;
+  for (int64_t bwd : {0, 1})
+    for (int64_t heads : {32, 8})
+      for (int64_t scalar : {0, 1})
+        if (gpu() || scalar == 0) b->Args({s, 4, heads, 64, bwd, scalar});
+}
+
 void norm_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"N", "H", "bf16", "bwd"});
   const std::vector<std::pair<int64_t, int64_t>> shapes =
@@ -401,6 +446,7 @@ BENCHMARK(BM_bias_dropout_add)->Apply(bda_args)->Apply(setup);
 BENCHMARK(BM_bda_norm)->Apply(bda_norm_args)->Apply(setup);
 BENCHMARK(BM_cross_entropy)->Apply(ce_args)->Apply(setup);
 BENCHMARK(BM_adamw)->Apply(adam_args)->Apply(setup);
+BENCHMARK(BM_rope)->Apply(rope_args)->Apply(setup);
 
 }  // namespace
 
