@@ -9,7 +9,8 @@
 //   - the cos/sin table cache: the q and k calls of a layer share one table per sign, a new
 //     base / rot / scaling / sign builds another, position ids of any content reuse it (and stay
 //     right after being overwritten), more than kMaxTables keys evict (never more than 8 cached).
-// Every test skips without a GPU (printing the platform's reason). UNVERIFIED until run on a GPU.
+// Every test skips without a GPU (printing the platform's reason). All passed on an H200
+// (2026-11-26), also under compute-sanitizer memcheck.
 #include <dlfcn.h>
 
 #include <cmath>
