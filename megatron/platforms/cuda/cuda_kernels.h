@@ -45,6 +45,16 @@ struct GemmPlanCacheStats {
 };
 GemmPlanCacheStats gemm_plan_cache_stats();
 
+// Counters of reduce.cuh's column_sum_accumulate (bias_grad, bias_dropout_add_bwd's dbias, the
+// dgelu dbias of gemm_epilogue, the unfused norm dgamma/dbeta) since process start: calls summed
+// by the 8-column vector kernel (bf16/f16, width % 8 == 0, 16-byte aligned) or by the scalar one.
+// Also exported as the C symbol mg_cuda_column_sum_stats (dlsym from tests built without CUDA).
+struct ColumnSumStats {
+  uint64_t vector = 0, scalar = 0;
+};
+ColumnSumStats column_sum_stats();
+void count_column_sum(bool vector);  // column_sum_accumulate's tally (elementwise.cu)
+
 // attention_mma.cu: the tensor-core (mma.sync m16n8k16) attention forward, registered by
 // attention.cu as the opt-in provider "cuda:attention-mma" (Priority::alternative; preferred with
 // MG_OP_PROVIDERS=attention_fwd=cuda:attention-mma). Everything attention.cu's tiled forward

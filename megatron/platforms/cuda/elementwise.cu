@@ -5,7 +5,9 @@
 // Semantics as the CPU kernels (megatron/platforms/cpu/gemm.cpp): y and bias, x and y, may differ
 // in float dtype; math in f32, or f64 when an operand is f64; bias_grad sums in f64 in a fixed
 // order (reduce.cuh). fill converts the value exactly as Tensor::to does and accepts any dtype.
-// Not here: vectorised loads, fusion with GEMM epilogues (not yet).
+// bias_grad of bf16/f16 rows takes reduce.cuh's 8-column vector path (the same bits); this file
+// keeps its counters (column_sum_stats). Not here: vectorised bias_add / axpy (not yet).
+#include <atomic>
 #include <cstring>
 
 #include "megatron/core/ops/ops.h"
@@ -18,6 +20,8 @@
 namespace mg::platforms::cuda {
 
 namespace {
+
+std::atomic<uint64_t> g_column_sums_vector{0}, g_column_sums_scalar{0};
 
 // y [N, F] += bias [F]
 template <typename C>
@@ -114,4 +118,16 @@ void register_elementwise_kernels(plugin::Registry& r) {
   r.register_op<OpId::fill>(kPlatformName, &fill, "cuda:kernel");
 }
 
+void count_column_sum(bool vector) {
+  (vector ? g_column_sums_vector : g_column_sums_scalar).fetch_add(1, std::memory_order_relaxed);
+}
+
+ColumnSumStats column_sum_stats() {
+  return {g_column_sums_vector.load(), g_column_sums_scalar.load()};
+}
+
 }  // namespace mg::platforms::cuda
+
+extern "C" mg::platforms::cuda::ColumnSumStats mg_cuda_column_sum_stats() {
+  return mg::platforms::cuda::column_sum_stats();
+}

@@ -3,11 +3,18 @@
 // shapes that exercise the GPU code paths (misaligned views for cuBLASLt, several key tiles in
 // attention, rows wider than a block, more rows than a 1-D grid holds, many embedding groups), the
 // counter-based streams bit for bit against the CPU (dropout masks, uniform init), deterministic
-// reductions, aliasing, and ops on a non-default current stream. Every test skips without a GPU.
+// reductions (the column sums' vector path bit for bit against their scalar path), aliasing, and
+// ops on a non-default current stream. Every test skips without a GPU.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "megatron/core/random/philox.h"
+#include "megatron/platforms/cuda/cuda_kernels.h"
 #include "tests/unit/test_util.h"
 
 namespace mg {
@@ -301,6 +308,109 @@ TEST_P(CudaOps, ReductionsAreDeterministicAndMatchCpu) {
   gpu_ops().bias_grad(db2, dy.gpu);
   EXPECT_EQ(to_doubles(db.gpu), to_doubles(db2));
   EXPECT_TRUE(test::all_close(to_doubles(db.gpu), to_doubles(db.cpu), {1e-4, 1e-5}));
+}
+
+// The column-sum counters of the loaded CUDA platform (reduce.cuh), or null.
+platforms::cuda::ColumnSumStats (*column_sum_stats_fn())() {
+  return reinterpret_cast<platforms::cuda::ColumnSumStats (*)()>(
+      dlsym(RTLD_DEFAULT, "mg_cuda_column_sum_stats"));
+}
+
+std::vector<uint64_t> bits_of(const std::vector<double>& v) {
+  std::vector<uint64_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<uint64_t>(v[i]);
+  return b;
+}
+
+// The same [rows, width] values twice on the GPU: at the start of a fresh allocation (16-byte
+// aligned) and one element into one (2-byte aligned for bf16/f16, so never the vector path).
+struct AlignedAndNot {
+  Tensor aligned, unaligned;
+  std::vector<double> rounded;
+};
+AlignedAndNot aligned_and_not(int64_t rows, int64_t width, DType dtype, uint64_t seed) {
+  const int64_t n = rows * width;
+  std::vector<double> v = random_values(static_cast<std::size_t>(n), seed);
+  std::vector<double> shifted(1, 0.5);
+  shifted.insert(shifted.end(), v.begin(), v.end());
+  auto a = make_tensor(v, {rows, width}, dtype, kGpu);
+  auto u = make_tensor(shifted, {n + 1}, dtype, kGpu);
+  return {a.t, u.t.slice(1, n).view({rows, width}), a.rounded};
+}
+
+// bias_grad and bias_dropout_add_bwd's dbias (reduce.cuh's MatrixTerm and dropout.cu's
+// MaskedGrad): for bf16/f16 rows a multiple of 8 wide and 16-byte aligned the 8-column vector
+// kernel runs, and its sums are the scalar kernel's bits (the same f64 terms added in the same
+// order per chunk), into an f64 dbias (the partials' full bits) and an f32 one. Widths not a
+// multiple of 8, unaligned views and f32/f64 take the scalar kernel. Rows: one, fewer than a
+// chunk, a last chunk of 3 rows (4099 = 128 * 32 + 3), and 1024 chunks of 33 rows with the last
+// 24 chunks empty (33000).
+TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto stats = column_sum_stats_fn();
+  if (!stats) GTEST_SKIP() << "mg_cuda_column_sum_stats not in the process";
+  const bool half = dtype() == DType::bf16 || dtype() == DType::f16;
+  struct Case {
+    int64_t rows, width;
+  };
+  for (const Case c : {Case{1, 8}, Case{37, 24}, Case{4099, 776}, Case{4099, 1000}, Case{4099, 12},
+                       Case{37, 770}, Case{33000, 16}}) {
+    const bool vector = half && c.width % 8 == 0;
+    const std::string what = "rows " + std::to_string(c.rows) + " width " +
+                             std::to_string(c.width) + " " + std::string(dtype_name(dtype()));
+    const auto x = aligned_and_not(c.rows, c.width, dtype(), 31 + c.width);
+    const auto init = random_values(static_cast<std::size_t>(c.width), 32);
+    for (DType out_t : {DType::f64, DType::f32}) {
+      Tensor db_v = make_tensor(init, {c.width}, out_t, kGpu).t, db_s = db_v.clone();
+      const auto before = stats();
+      gpu_ops().bias_grad(db_v, x.aligned);
+      const auto mid = stats();
+      gpu_ops().bias_grad(db_s, x.unaligned);
+      const auto after = stats();
+      EXPECT_EQ(mid.vector - before.vector, vector ? 1u : 0u) << what;
+      EXPECT_EQ(after.vector - mid.vector, 0u) << what;
+      EXPECT_EQ(after.scalar - mid.scalar, 1u) << what;
+      const auto got = to_doubles(db_v);
+      EXPECT_EQ(bits_of(got), bits_of(to_doubles(db_s))) << "bias_grad " << what;
+      if (out_t == DType::f64) {
+        // Against the exact sums (long double): two-level f64 summation, at most
+        // rows_per_chunk + chunks + 1 roundings of magnitude <= u * (|init| + sum |x|).
+        const int64_t chunks = std::min<int64_t>(1024, (c.rows + 31) / 32);
+        const int64_t per_chunk = (c.rows + chunks - 1) / chunks;
+        for (int64_t f = 0; f < c.width; ++f) {
+          long double exact = init[f], mag = std::fabs(init[f]);
+          for (int64_t r = 0; r < c.rows; ++r) {
+            exact += x.rounded[r * c.width + f];
+            mag += std::fabs(x.rounded[r * c.width + f]);
+          }
+          const double bound = double(per_chunk + chunks + 1) * 0x1p-53 * double(mag);
+          ASSERT_LE(std::fabs(got[f] - double(exact)), bound) << what << " column " << f;
+        }
+      }
+
+      // bias_dropout_add_bwd: the mask of element i is keep(i) on both paths.
+      const ops::DropoutArgs args{0.25f, 0x1234abcdull, 5};
+      Tensor dbd_v = make_tensor(init, {c.width}, out_t, kGpu).t, dbd_s = dbd_v.clone();
+      Tensor dx_v = Tensor::empty({c.rows, c.width}, dtype(), kGpu);
+      Tensor dx_s = Tensor::empty({c.rows, c.width}, dtype(), kGpu);
+      const auto b2 = stats();
+      gpu_ops().bias_dropout_add_bwd(dx_v, dbd_v, x.aligned, args);
+      const auto m2 = stats();
+      gpu_ops().bias_dropout_add_bwd(dx_s, dbd_s, x.unaligned, args);
+      const auto a2 = stats();
+      EXPECT_EQ(m2.vector - b2.vector, vector ? 1u : 0u) << what;
+      EXPECT_EQ(a2.scalar - m2.scalar, 1u) << what;
+      EXPECT_EQ(bits_of(to_doubles(dbd_v)), bits_of(to_doubles(dbd_s)))
+          << "bias_dropout_add_bwd " << what;
+      const auto dx = to_doubles(dx_v);
+      EXPECT_EQ(dx, to_doubles(dx_s)) << what;
+      if (c.rows * c.width >= 64) {  // the mask took part: some elements dropped, some kept
+        const auto dropped = std::count(dx.begin(), dx.end(), 0.0);
+        EXPECT_GT(dropped, 0) << what;
+        EXPECT_LT(dropped, static_cast<std::ptrdiff_t>(dx.size())) << what;
+      }
+    }
+  }
 }
 
 TEST_P(CudaOps, OpsFollowTheCurrentStream) {
