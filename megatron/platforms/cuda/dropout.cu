@@ -66,7 +66,8 @@ struct MaskedGrad {
     return m.keep(i) ? static_cast<double>(load<C>(dy, t, i) * scale) : 0.0;
   }
   // reduce.cuh's vector path: bf16/f16 dy with 16-byte aligned rows; elements i..i+7 from one
-  // 16-byte load, each with its own keep(i + k) and the scalar term's expression.
+  // 16-byte load, each masked by keep(i + k) (DropoutMask::keep8: 2-3 Philox blocks per 8
+  // elements instead of 8) and the scalar term's expression.
   bool eight_ok() const {
     return (t == DType::bf16 || t == DType::f16) && width % 8 == 0 && aligned_for_8_halves(dy);
   }
@@ -74,9 +75,11 @@ struct MaskedGrad {
     const int64_t i = r * width + f;
     float v[8];
     load8_half(dy, i, t == DType::bf16, v);
+    bool keep[8];
+    m.keep8(i, keep);
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-      out[k] = m.keep(i + k) ? static_cast<double>(static_cast<C>(v[k]) * scale) : 0.0;
+      out[k] = keep[k] ? static_cast<double>(static_cast<C>(v[k]) * scale) : 0.0;
   }
 };
 

@@ -388,26 +388,30 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
         }
       }
 
-      // bias_dropout_add_bwd: the mask of element i is keep(i) on both paths.
-      const ops::DropoutArgs args{0.25f, 0x1234abcdull, 5};
-      Tensor dbd_v = make_tensor(init, {c.width}, out_t, kGpu).t, dbd_s = dbd_v.clone();
-      Tensor dx_v = Tensor::empty({c.rows, c.width}, dtype(), kGpu);
-      Tensor dx_s = Tensor::empty({c.rows, c.width}, dtype(), kGpu);
-      const auto b2 = stats();
-      gpu_ops().bias_dropout_add_bwd(dx_v, dbd_v, x.aligned, args);
-      const auto m2 = stats();
-      gpu_ops().bias_dropout_add_bwd(dx_s, dbd_s, x.unaligned, args);
-      const auto a2 = stats();
-      EXPECT_EQ(m2.vector - b2.vector, vector ? 1u : 0u) << what;
-      EXPECT_EQ(a2.scalar - m2.scalar, 1u) << what;
-      EXPECT_EQ(bits_of(to_doubles(dbd_v)), bits_of(to_doubles(dbd_s)))
-          << "bias_dropout_add_bwd " << what;
-      const auto dx = to_doubles(dx_v);
-      EXPECT_EQ(dx, to_doubles(dx_s)) << what;
-      if (c.rows * c.width >= 64) {  // the mask took part: some elements dropped, some kept
-        const auto dropped = std::count(dx.begin(), dx.end(), 0.0);
-        EXPECT_GT(dropped, 0) << what;
-        EXPECT_LT(dropped, static_cast<std::ptrdiff_t>(dx.size())) << what;
+      // bias_dropout_add_bwd: the mask of element i is keep(i) on both paths (the vector path's
+      // DropoutMask::keep8 takes lanes (offset + i) % 4 = 0, 1, 2, 3 of its first Philox block).
+      for (uint64_t offset : {8ull, 5ull, 14ull, 7ull}) {
+        const ops::DropoutArgs args{0.25f, 0x1234abcdull, offset};
+        const std::string at = what + " offset " + std::to_string(offset);
+        Tensor dbd_v = make_tensor(init, {c.width}, out_t, kGpu).t, dbd_s = dbd_v.clone();
+        Tensor dx_v = Tensor::empty({c.rows, c.width}, dtype(), kGpu);
+        Tensor dx_s = Tensor::empty({c.rows, c.width}, dtype(), kGpu);
+        const auto b2 = stats();
+        gpu_ops().bias_dropout_add_bwd(dx_v, dbd_v, x.aligned, args);
+        const auto m2 = stats();
+        gpu_ops().bias_dropout_add_bwd(dx_s, dbd_s, x.unaligned, args);
+        const auto a2 = stats();
+        EXPECT_EQ(m2.vector - b2.vector, vector ? 1u : 0u) << at;
+        EXPECT_EQ(a2.scalar - m2.scalar, 1u) << at;
+        EXPECT_EQ(bits_of(to_doubles(dbd_v)), bits_of(to_doubles(dbd_s)))
+            << "bias_dropout_add_bwd " << at;
+        const auto dx = to_doubles(dx_v);
+        EXPECT_EQ(dx, to_doubles(dx_s)) << at;
+        if (c.rows * c.width >= 64) {  // the mask took part: some elements dropped, some kept
+          const auto dropped = std::count(dx.begin(), dx.end(), 0.0);
+          EXPECT_GT(dropped, 0) << at;
+          EXPECT_LT(dropped, static_cast<std::ptrdiff_t>(dx.size())) << at;
+        }
       }
     }
   }
