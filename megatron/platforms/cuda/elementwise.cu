@@ -6,7 +6,8 @@
 // in float dtype; math in f32, or f64 when an operand is f64; bias_grad sums in f64 in a fixed
 // order (reduce.cuh). fill converts the value exactly as Tensor::to does and accepts any dtype.
 // bias_grad of bf16/f16 rows takes reduce.cuh's 8-column vector path (the same bits); this file
-// keeps its counters (column_sum_stats). Not here: vectorised bias_add / axpy (not yet).
+// keeps the vector-path counters (vector_path_stats). Not here: vectorised bias_add / axpy (not
+// yet).
 #include <atomic>
 #include <cstring>
 
@@ -21,7 +22,8 @@ namespace mg::platforms::cuda {
 
 namespace {
 
-std::atomic<uint64_t> g_column_sums_vector{0}, g_column_sums_scalar{0};
+// [path][vector]: VectorPathStats.
+std::atomic<uint64_t> g_vector_path_calls[2][2] = {{0, 0}, {0, 0}};
 
 // y [N, F] += bias [F]
 template <typename C>
@@ -118,16 +120,21 @@ void register_elementwise_kernels(plugin::Registry& r) {
   r.register_op<OpId::fill>(kPlatformName, &fill, "cuda:kernel");
 }
 
-void count_column_sum(bool vector) {
-  (vector ? g_column_sums_vector : g_column_sums_scalar).fetch_add(1, std::memory_order_relaxed);
+void count_vector_path(VectorPath path, bool vector) {
+  g_vector_path_calls[static_cast<int>(path)][vector ? 1 : 0].fetch_add(1,
+                                                                        std::memory_order_relaxed);
 }
 
-ColumnSumStats column_sum_stats() {
-  return {g_column_sums_vector.load(), g_column_sums_scalar.load()};
+VectorPathStats vector_path_stats() {
+  auto at = [](VectorPath p, bool vector) {
+    return g_vector_path_calls[static_cast<int>(p)][vector ? 1 : 0].load();
+  };
+  return {at(VectorPath::column_sum, true), at(VectorPath::column_sum, false),
+          at(VectorPath::ce_rows, true), at(VectorPath::ce_rows, false)};
 }
 
 }  // namespace mg::platforms::cuda
 
-extern "C" mg::platforms::cuda::ColumnSumStats mg_cuda_column_sum_stats() {
-  return mg::platforms::cuda::column_sum_stats();
+extern "C" mg::platforms::cuda::VectorPathStats mg_cuda_vector_path_stats() {
+  return mg::platforms::cuda::vector_path_stats();
 }

@@ -13,7 +13,7 @@
 // eight_ok() (bf16/f16 data, 16-byte aligned rows); otherwise by the scalar
 // column_partial_kernel. Each column's partial is the f64 sum of the same terms in the same row
 // order in the same chunk either way, so both paths give the same bits (cuda_ops_test
-// ColumnSumVectorPathIsBitwiseTheScalarPath). Counters: column_sum_stats() (cuda_kernels.h).
+// ColumnSumVectorPathIsBitwiseTheScalarPath). Counters: vector_path_stats() (cuda_kernels.h).
 #pragma once
 
 #include <concepts>
@@ -161,7 +161,7 @@ void column_sum_accumulate(void* out, DType out_type, int64_t rows, int64_t widt
                                                             rows_per_chunk, g);
   }
   MG_CUDA_CHECK_LAUNCH();
-  count_column_sum(vector);
+  count_vector_path(VectorPath::column_sum, vector);
   detail::column_finish_kernel<double>
       <<<grid_for(width), kThreads, 0, s>>>(out, out_type, partial.as<double>(), chunks, width);
   MG_CUDA_CHECK_LAUNCH();

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "megatron/core/random/philox.h"
@@ -310,10 +311,10 @@ TEST_P(CudaOps, ReductionsAreDeterministicAndMatchCpu) {
   EXPECT_TRUE(test::all_close(to_doubles(db.gpu), to_doubles(db.cpu), {1e-4, 1e-5}));
 }
 
-// The column-sum counters of the loaded CUDA platform (reduce.cuh), or null.
-platforms::cuda::ColumnSumStats (*column_sum_stats_fn())() {
-  return reinterpret_cast<platforms::cuda::ColumnSumStats (*)()>(
-      dlsym(RTLD_DEFAULT, "mg_cuda_column_sum_stats"));
+// The vector-path counters of the loaded CUDA platform, or null.
+platforms::cuda::VectorPathStats (*vector_path_stats_fn())() {
+  return reinterpret_cast<platforms::cuda::VectorPathStats (*)()>(
+      dlsym(RTLD_DEFAULT, "mg_cuda_vector_path_stats"));
 }
 
 std::vector<uint64_t> bits_of(const std::vector<double>& v) {
@@ -347,8 +348,8 @@ AlignedAndNot aligned_and_not(int64_t rows, int64_t width, DType dtype, uint64_t
 // 24 chunks empty (33000).
 TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
-  const auto stats = column_sum_stats_fn();
-  if (!stats) GTEST_SKIP() << "mg_cuda_column_sum_stats not in the process";
+  const auto stats = vector_path_stats_fn();
+  if (!stats) GTEST_SKIP() << "mg_cuda_vector_path_stats not in the process";
   const bool half = dtype() == DType::bf16 || dtype() == DType::f16;
   struct Case {
     int64_t rows, width;
@@ -367,9 +368,9 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
       const auto mid = stats();
       gpu_ops().bias_grad(db_s, x.unaligned);
       const auto after = stats();
-      EXPECT_EQ(mid.vector - before.vector, vector ? 1u : 0u) << what;
-      EXPECT_EQ(after.vector - mid.vector, 0u) << what;
-      EXPECT_EQ(after.scalar - mid.scalar, 1u) << what;
+      EXPECT_EQ(mid.column_sum_vector - before.column_sum_vector, vector ? 1u : 0u) << what;
+      EXPECT_EQ(after.column_sum_vector - mid.column_sum_vector, 0u) << what;
+      EXPECT_EQ(after.column_sum_scalar - mid.column_sum_scalar, 1u) << what;
       const auto got = to_doubles(db_v);
       EXPECT_EQ(bits_of(got), bits_of(to_doubles(db_s))) << "bias_grad " << what;
       if (out_t == DType::f64) {
@@ -401,8 +402,8 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
         const auto m2 = stats();
         gpu_ops().bias_dropout_add_bwd(dx_s, dbd_s, x.unaligned, args);
         const auto a2 = stats();
-        EXPECT_EQ(m2.vector - b2.vector, vector ? 1u : 0u) << at;
-        EXPECT_EQ(a2.scalar - m2.scalar, 1u) << at;
+        EXPECT_EQ(m2.column_sum_vector - b2.column_sum_vector, vector ? 1u : 0u) << at;
+        EXPECT_EQ(a2.column_sum_scalar - m2.column_sum_scalar, 1u) << at;
         EXPECT_EQ(bits_of(to_doubles(dbd_v)), bits_of(to_doubles(dbd_s)))
             << "bias_dropout_add_bwd " << at;
         const auto dx = to_doubles(dx_v);
@@ -414,6 +415,69 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
         }
       }
     }
+  }
+}
+
+// cross_entropy_fwd, ce_local_max and ce_local_stats: for bf16/f16 logits with V % 8 == 0 and
+// 16-byte aligned rows the row passes load 16 bytes at a time through a shared-memory tile of 8192
+// logits, and give the scalar passes' bits (each thread sums its scalar-loop elements in the
+// scalar order). V: one vector, a partial tile, one tile and 8 more, two tiles and a bit; V =
+// 1001 and unaligned views take the scalar passes.
+TEST_P(CudaOps, CrossEntropyVectorRowPassesAreBitwiseTheScalarPasses) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto stats = vector_path_stats_fn();
+  if (!stats) GTEST_SKIP() << "mg_cuda_vector_path_stats not in the process";
+  const bool half = dtype() == DType::bf16 || dtype() == DType::f16;
+  const DType st = dtype() == DType::f64 ? DType::f64 : DType::f32;
+  for (const int64_t v : {8, 1000, 8200, 16400, 1001}) {
+    const int64_t n = 5;
+    const bool vector = half && v % 8 == 0;
+    const std::string what = "V " + std::to_string(v) + " " + std::string(dtype_name(dtype()));
+    const auto x = aligned_and_not(n, v, dtype(), 40 + v);
+    std::vector<int64_t> t(n);
+    for (int64_t i = 0; i < n; ++i) t[i] = (i * 379 + 7) % v;
+    const Tensor tc = Tensor::from_vector(t, {n}, DType::i64), tg = tc.to(kGpu);
+    struct Out {
+      Tensor loss, mx, se;
+    };
+    auto run_fwd = [&](const Tensor& logits) {
+      Out o{Tensor::empty({n}, st, kGpu), Tensor::empty({n}, st, kGpu),
+            Tensor::empty({n}, st, kGpu)};
+      gpu_ops().cross_entropy_fwd(o.loss, o.mx, o.se, logits, tg);
+      return o;
+    };
+    const auto s0 = stats();
+    const Out a = run_fwd(x.aligned);
+    const auto s1 = stats();
+    const Out u = run_fwd(x.unaligned);
+    const auto s2 = stats();
+    EXPECT_EQ(s1.ce_rows_vector - s0.ce_rows_vector, vector ? 1u : 0u) << what;
+    EXPECT_EQ(s2.ce_rows_vector - s1.ce_rows_vector, 0u) << what;
+    EXPECT_EQ(s2.ce_rows_scalar - s1.ce_rows_scalar, 1u) << what;
+    for (auto [got, ref, name] :
+         {std::tuple{&a.loss, &u.loss, "loss"}, std::tuple{&a.mx, &u.mx, "max"},
+          std::tuple{&a.se, &u.se, "sum_exp"}})
+      EXPECT_EQ(bits_of(to_doubles(*got)), bits_of(to_doubles(*ref))) << name << " " << what;
+    // Against the CPU, as CrossEntropyBackwardInPlaceMatchesCpu.
+    auto xc = make_tensor(x.rounded, {n, v}, dtype(), Device::cpu()).t;
+    Tensor lc = Tensor::empty({n}, st), mc = Tensor::empty({n}, st), sc = Tensor::empty({n}, st);
+    cpu_ops().cross_entropy_fwd(lc, mc, sc, xc, tc);
+    EXPECT_TRUE(test::all_close(to_doubles(a.loss), to_doubles(lc), twice(st))) << what;
+
+    // The vocab-parallel pieces on a shard starting at vocab_start 3.
+    Tensor lm_a = Tensor::empty({n}, st, kGpu), lm_u = Tensor::empty({n}, st, kGpu);
+    gpu_ops().ce_local_max(lm_a, x.aligned);
+    gpu_ops().ce_local_max(lm_u, x.unaligned);
+    EXPECT_EQ(bits_of(to_doubles(lm_a)), bits_of(to_doubles(lm_u))) << "local max " << what;
+    Tensor ls_a = Tensor::empty({n}, st, kGpu), ls_u = Tensor::empty({n}, st, kGpu);
+    Tensor lt_a = Tensor::empty({n}, st, kGpu), lt_u = Tensor::empty({n}, st, kGpu);
+    const auto s3 = stats();
+    gpu_ops().ce_local_stats(ls_a, lt_a, x.aligned, lm_a, tg, 3);
+    gpu_ops().ce_local_stats(ls_u, lt_u, x.unaligned, lm_a, tg, 3);
+    const auto s4 = stats();
+    EXPECT_EQ(s4.ce_rows_vector - s3.ce_rows_vector, vector ? 1u : 0u) << what;
+    EXPECT_EQ(bits_of(to_doubles(ls_a)), bits_of(to_doubles(ls_u))) << "local sum_exp " << what;
+    EXPECT_EQ(bits_of(to_doubles(lt_a)), bits_of(to_doubles(lt_u))) << "target logit " << what;
   }
 }
 
