@@ -63,8 +63,13 @@ MG_HOST_DEVICE uint32_t uniform_u32(uint64_t seed, uint64_t e) {
   return philox_block(seed, e >> 2).v[e & 3];
 }
 
+// uniform() of a lane already taken from its block (callers that use all four lanes of a block).
+MG_HOST_DEVICE float uniform_of_lane(uint32_t u) {
+  return static_cast<float>(u >> 8) * (1.0f / 16777216.0f);
+}
+
 MG_HOST_DEVICE float uniform(uint64_t seed, uint64_t e) {
-  return static_cast<float>(uniform_u32(seed, e) >> 8) * (1.0f / 16777216.0f);
+  return uniform_of_lane(uniform_u32(seed, e));
 }
 
 MG_HOST_DEVICE double normal(uint64_t seed, uint64_t e) {

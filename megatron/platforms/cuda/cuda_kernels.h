@@ -65,6 +65,19 @@ RopeStats rope_stats();
 void rope_apply_with(Tensor& y, const Tensor& x, const ops::RopeArgs& args, bool backward,
                      bool force_scalar);
 
+// Counters since process start of the calls that took a 16-byte vector path (bf16/f16, widths a
+// multiple of 8, 16-byte aligned data) or its scalar fallback, the same bits either way:
+// column_sum: reduce.cuh's column_sum_accumulate (bias_grad, bias_dropout_add_bwd's dbias, the
+// dgelu dbias of gemm_epilogue, the unfused norm dgamma/dbeta); ce_rows: cross_entropy.cu's row
+// passes (cross_entropy_fwd, ce_local_max, ce_local_stats). Kept in elementwise.cu; also exported
+// as the C symbol mg_cuda_vector_path_stats (dlsym from tests built without CUDA).
+struct VectorPathStats {
+  uint64_t column_sum_vector = 0, column_sum_scalar = 0, ce_rows_vector = 0, ce_rows_scalar = 0;
+};
+enum class VectorPath { column_sum, ce_rows };
+VectorPathStats vector_path_stats();
+void count_vector_path(VectorPath path, bool vector);
+
 // attention_mma.cu: the tensor-core (mma.sync m16n8k16) attention forward, registered by
 // attention.cu as the opt-in provider "cuda:attention-mma" (Priority::alternative; preferred with
 // MG_OP_PROVIDERS=attention_fwd=cuda:attention-mma). Everything attention.cu's tiled forward

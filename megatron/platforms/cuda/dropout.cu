@@ -11,8 +11,12 @@
 // The mask (DropoutMask, dropout_mask.cuh) is shared with norm.cu's fused
 // bias_dropout_add_norm_fwd. bf16 / f16 tensors whose sizes are multiples of 8 take vector kernels
 // (8 elements per thread, the same per-element expressions); dropout with p == 0 in place is a
-// no-op. Not here: attention-probability dropout (attention.cu uses the same stream); one Philox
-// block per element is computed (4x the needed work; not yet optimised).
+// no-op. bias_dropout_add_bwd's dbias sums MaskedGrad terms with reduce.cuh's column sums; for
+// bf16/f16 dy with rows 16-byte aligned and a multiple of 8 wide they take the vector path (8
+// columns per thread from one 16-byte load, each element still masked by keep(i) and scaled in
+// C), bit-identical to the scalar path. Not here: attention-probability dropout (attention.cu uses
+// the same stream); one Philox block per element is computed in the element-wise kernels (4x the
+// needed work; not yet optimised).
 #include <initializer_list>
 
 #include "megatron/core/ops/ops.h"
@@ -106,6 +110,22 @@ struct MaskedGrad {
   __device__ double operator()(int64_t r, int64_t f) const {
     const int64_t i = r * width + f;
     return m.keep(i) ? static_cast<double>(load<C>(dy, t, i) * scale) : 0.0;
+  }
+  // reduce.cuh's vector path: bf16/f16 dy with 16-byte aligned rows; elements i..i+7 from one
+  // 16-byte load, each masked by keep(i + k) (DropoutMask::keep8: 2-3 Philox blocks per 8
+  // elements instead of 8) and the scalar term's expression.
+  bool eight_ok() const {
+    return (t == DType::bf16 || t == DType::f16) && width % 8 == 0 && aligned_for_8_halves(dy);
+  }
+  __device__ void operator()(int64_t r, int64_t f, double (&out)[8]) const {
+    const int64_t i = r * width + f;
+    float v[8];
+    load8_half(dy, i, t == DType::bf16, v);
+    bool keep[8];
+    m.keep8(i, keep);
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      out[k] = keep[k] ? static_cast<double>(static_cast<C>(v[k]) * scale) : 0.0;
   }
 };
 

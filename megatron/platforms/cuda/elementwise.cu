@@ -5,7 +5,10 @@
 // Semantics as the CPU kernels (megatron/platforms/cpu/gemm.cpp): y and bias, x and y, may differ
 // in float dtype; math in f32, or f64 when an operand is f64; bias_grad sums in f64 in a fixed
 // order (reduce.cuh). fill converts the value exactly as Tensor::to does and accepts any dtype.
-// Not here: vectorised loads, fusion with GEMM epilogues (not yet).
+// bias_grad of bf16/f16 rows takes reduce.cuh's 8-column vector path (the same bits); this file
+// keeps the vector-path counters (vector_path_stats). Not here: vectorised bias_add / axpy (not
+// yet).
+#include <atomic>
 #include <cstring>
 
 #include "megatron/core/ops/ops.h"
@@ -18,6 +21,9 @@
 namespace mg::platforms::cuda {
 
 namespace {
+
+// [path][vector]: VectorPathStats.
+std::atomic<uint64_t> g_vector_path_calls[2][2] = {{0, 0}, {0, 0}};
 
 // y [N, F] += bias [F]
 template <typename C>
@@ -114,4 +120,21 @@ void register_elementwise_kernels(plugin::Registry& r) {
   r.register_op<OpId::fill>(kPlatformName, &fill, "cuda:kernel");
 }
 
+void count_vector_path(VectorPath path, bool vector) {
+  g_vector_path_calls[static_cast<int>(path)][vector ? 1 : 0].fetch_add(1,
+                                                                        std::memory_order_relaxed);
+}
+
+VectorPathStats vector_path_stats() {
+  auto at = [](VectorPath p, bool vector) {
+    return g_vector_path_calls[static_cast<int>(p)][vector ? 1 : 0].load();
+  };
+  return {at(VectorPath::column_sum, true), at(VectorPath::column_sum, false),
+          at(VectorPath::ce_rows, true), at(VectorPath::ce_rows, false)};
+}
+
 }  // namespace mg::platforms::cuda
+
+extern "C" mg::platforms::cuda::VectorPathStats mg_cuda_vector_path_stats() {
+  return mg::platforms::cuda::vector_path_stats();
+}

@@ -6,11 +6,21 @@
 // column_chunking() is the chunking; a kernel that fuses the column partials into its own row pass
 // (norm.cu's backward) uses it, writes the same partials and finishes with column_finish_kernel,
 // so its sums are the same bits.
+// Vector path: a functor with `bool eight_ok() const` (host) and
+// `__device__ void operator()(int64_t r, int64_t f, double (&out)[8]) const` (the terms of columns
+// [f, f + 8) of row r from one 16-byte load8_half; MatrixTerm, dropout.cu's MaskedGrad) is summed
+// by column_partial8_kernel, one thread per 8 consecutive columns, when width % 8 == 0 and
+// eight_ok() (bf16/f16 data, 16-byte aligned rows); otherwise by the scalar
+// column_partial_kernel. Each column's partial is the f64 sum of the same terms in the same row
+// order in the same chunk either way, so both paths give the same bits (cuda_ops_test
+// ColumnSumVectorPathIsBitwiseTheScalarPath). Counters: vector_path_stats() (cuda_kernels.h).
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 
 #include "megatron/platforms/cuda/cuda_common.h"
+#include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
 
 namespace mg::platforms::cuda {
@@ -28,6 +38,31 @@ __global__ void column_partial_kernel(double* partial, int64_t rows, int64_t wid
   double s = 0.0;
   for (int64_t r = r0; r < r1; ++r) s += g(r, f);
   partial[c * width + f] = s;
+}
+
+// column_partial_kernel for a functor giving 8 terms at once: thread t of the row of blocks takes
+// columns [8t, 8t + 8) (width % 8 == 0), so a warp reads 512 contiguous bytes of bf16/f16 per row.
+// Each column still adds its terms in row order into its own f64: the scalar kernel's bits. The
+// row loop is unrolled so that a thread has several 16-byte loads in flight (there is no store in
+// it, so the compiler may issue the loads of four rows before their adds).
+template <typename G>
+__global__ void column_partial8_kernel(double* partial, int64_t rows, int64_t width,
+                                       int64_t rows_per_chunk, G g) {
+  const int64_t f = 8 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (f >= width) return;
+  const int64_t c = blockIdx.y;
+  const int64_t r0 = c * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+#pragma unroll 4
+  for (int64_t r = r0; r < r1; ++r) {
+    double t[8];
+    g(r, f, t);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s[k] += t[k];
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) partial[c * width + f + k] = s[k];
 }
 
 // out[f] += sum of the chunk partials of column f, in chunk order. A template only so that every
@@ -53,6 +88,22 @@ struct MatrixTerm {
   __device__ double operator()(int64_t r, int64_t f) const {
     return load<double>(x, t, r * ld + f);
   }
+  // The vector path: bf16/f16 rows that start 16-byte aligned.
+  bool eight_ok() const {
+    return (t == DType::bf16 || t == DType::f16) && ld % 8 == 0 && aligned_for_8_halves(x);
+  }
+  __device__ void operator()(int64_t r, int64_t f, double (&out)[8]) const {
+    float v[8];
+    load8_half(x, r * ld + f, t == DType::bf16, v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) out[k] = static_cast<double>(v[k]);
+  }
+};
+
+// A functor that offers the 8-column vector path (see the top of this file).
+template <typename G>
+concept EightTerms = requires(const G& g) {
+  { g.eight_ok() } -> std::convertible_to<bool>;
 };
 
 // The chunks of `rows` rows: chunk c sums rows [c * rows_per_chunk, min(rows, (c + 1) *
@@ -67,6 +118,21 @@ inline ColumnChunking column_chunking(int64_t rows) {
   return {chunks, (rows + chunks - 1) / chunks};
 }
 
+// Threads per block of column_partial8_kernel for v = width / 8 column groups: the fewest blocks
+// of at most 128 threads that cover v, each a whole number of warps, so that at most 31 lanes per
+// block idle (gpt2's widths 768 / 2304 / 3072 give v = 96 / 288 / 384: blocks of 96, 96, 128
+// threads, none idle; 256-thread blocks would idle 160 / 96 / 128 lanes per chunk). The grid is
+// (blocks, chunks): with chunks = min(1024, rows / 32) (column_chunking) a bias gradient of 16384
+// rows has 512 chunks, so even width 768 gives 512 blocks of 3 warps (~12 warps per SM on 132
+// SMs, each thread's row loop unrolled by four to keep loads in flight); small blocks also let up
+// to 16-32 of them share an SM, where 256-thread blocks of mostly idle warps would hold their
+// slots.
+inline int column_partial8_threads(int64_t v) {
+  const int64_t blocks = (v + 127) / 128;
+  const int64_t per_block = (v + blocks - 1) / blocks;
+  return static_cast<int>((per_block + 31) / 32 * 32);
+}
+
 // Adds the column sums of g over `rows` rows into out[width] (dtype out_type) on `device`'s
 // current stream. The caller holds a DeviceGuard for `device`.
 template <typename G>
@@ -76,11 +142,26 @@ void column_sum_accumulate(void* out, DType out_type, int64_t rows, int64_t widt
   const auto [chunks, rows_per_chunk] = column_chunking(rows);
   Scratch partial(device, static_cast<std::size_t>(chunks * width) * sizeof(double));
   cudaStream_t s = current_stream(device);
-  const dim3 grid(static_cast<unsigned int>((width + kThreads - 1) / kThreads),
-                  static_cast<unsigned int>(chunks));
-  detail::column_partial_kernel<<<grid, kThreads, 0, s>>>(partial.as<double>(), rows, width,
-                                                          rows_per_chunk, g);
+  bool vector = false;
+  if constexpr (EightTerms<G>) {
+    if (width % 8 == 0 && g.eight_ok()) {
+      vector = true;
+      const int64_t v = width / 8;
+      const int threads = column_partial8_threads(v);
+      const dim3 grid(static_cast<unsigned int>((v + threads - 1) / threads),
+                      static_cast<unsigned int>(chunks));
+      detail::column_partial8_kernel<<<grid, threads, 0, s>>>(partial.as<double>(), rows, width,
+                                                              rows_per_chunk, g);
+    }
+  }
+  if (!vector) {
+    const dim3 grid(static_cast<unsigned int>((width + kThreads - 1) / kThreads),
+                    static_cast<unsigned int>(chunks));
+    detail::column_partial_kernel<<<grid, kThreads, 0, s>>>(partial.as<double>(), rows, width,
+                                                            rows_per_chunk, g);
+  }
   MG_CUDA_CHECK_LAUNCH();
+  count_vector_path(VectorPath::column_sum, vector);
   detail::column_finish_kernel<double>
       <<<grid_for(width), kThreads, 0, s>>>(out, out_type, partial.as<double>(), chunks, width);
   MG_CUDA_CHECK_LAUNCH();

@@ -3,11 +3,19 @@
 // shapes that exercise the GPU code paths (misaligned views for cuBLASLt, several key tiles in
 // attention, rows wider than a block, more rows than a 1-D grid holds, many embedding groups), the
 // counter-based streams bit for bit against the CPU (dropout masks, uniform init), deterministic
-// reductions, aliasing, and ops on a non-default current stream. Every test skips without a GPU.
+// reductions (the column sums' vector path bit for bit against their scalar path), aliasing, and
+// ops on a non-default current stream. Every test skips without a GPU.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "megatron/core/random/philox.h"
+#include "megatron/platforms/cuda/cuda_kernels.h"
 #include "tests/unit/test_util.h"
 
 namespace mg {
@@ -328,6 +336,176 @@ TEST_P(CudaOps, ReductionsAreDeterministicAndMatchCpu) {
   gpu_ops().bias_grad(db2, dy.gpu);
   EXPECT_EQ(to_doubles(db.gpu), to_doubles(db2));
   EXPECT_TRUE(test::all_close(to_doubles(db.gpu), to_doubles(db.cpu), {1e-4, 1e-5}));
+}
+
+// The vector-path counters of the loaded CUDA platform, or null.
+platforms::cuda::VectorPathStats (*vector_path_stats_fn())() {
+  return reinterpret_cast<platforms::cuda::VectorPathStats (*)()>(
+      dlsym(RTLD_DEFAULT, "mg_cuda_vector_path_stats"));
+}
+
+std::vector<uint64_t> bits_of(const std::vector<double>& v) {
+  std::vector<uint64_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<uint64_t>(v[i]);
+  return b;
+}
+
+// The same [rows, width] values twice on the GPU: at the start of a fresh allocation (16-byte
+// aligned) and one element into one (2-byte aligned for bf16/f16, so never the vector path).
+struct AlignedAndNot {
+  Tensor aligned, unaligned;
+  std::vector<double> rounded;
+};
+AlignedAndNot aligned_and_not(int64_t rows, int64_t width, DType dtype, uint64_t seed) {
+  const int64_t n = rows * width;
+  std::vector<double> v = random_values(static_cast<std::size_t>(n), seed);
+  std::vector<double> shifted(1, 0.5);
+  shifted.insert(shifted.end(), v.begin(), v.end());
+  auto a = make_tensor(v, {rows, width}, dtype, kGpu);
+  auto u = make_tensor(shifted, {n + 1}, dtype, kGpu);
+  return {a.t, u.t.slice(1, n).view({rows, width}), a.rounded};
+}
+
+// bias_grad and bias_dropout_add_bwd's dbias (reduce.cuh's MatrixTerm and dropout.cu's
+// MaskedGrad): for bf16/f16 rows a multiple of 8 wide and 16-byte aligned the 8-column vector
+// kernel runs, and its sums are the scalar kernel's bits (the same f64 terms added in the same
+// order per chunk), into an f64 dbias (the partials' full bits) and an f32 one. Widths not a
+// multiple of 8, unaligned views and f32/f64 take the scalar kernel. Rows: one, fewer than a
+// chunk, a last chunk of 3 rows (4099 = 128 * 32 + 3), and 1024 chunks of 33 rows with the last
+// 24 chunks empty (33000).
+TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto stats = vector_path_stats_fn();
+  if (!stats) GTEST_SKIP() << "mg_cuda_vector_path_stats not in the process";
+  const bool half = dtype() == DType::bf16 || dtype() == DType::f16;
+  struct Case {
+    int64_t rows, width;
+  };
+  for (const Case c : {Case{1, 8}, Case{37, 24}, Case{4099, 776}, Case{4099, 1000}, Case{4099, 12},
+                       Case{37, 770}, Case{33000, 16}}) {
+    const bool vector = half && c.width % 8 == 0;
+    const std::string what = "rows " + std::to_string(c.rows) + " width " +
+                             std::to_string(c.width) + " " + std::string(dtype_name(dtype()));
+    const auto x = aligned_and_not(c.rows, c.width, dtype(), 31 + c.width);
+    const auto init = random_values(static_cast<std::size_t>(c.width), 32);
+    for (DType out_t : {DType::f64, DType::f32}) {
+      Tensor db_v = make_tensor(init, {c.width}, out_t, kGpu).t, db_s = db_v.clone();
+      const auto before = stats();
+      gpu_ops().bias_grad(db_v, x.aligned);
+      const auto mid = stats();
+      gpu_ops().bias_grad(db_s, x.unaligned);
+      const auto after = stats();
+      EXPECT_EQ(mid.column_sum_vector - before.column_sum_vector, vector ? 1u : 0u) << what;
+      EXPECT_EQ(after.column_sum_vector - mid.column_sum_vector, 0u) << what;
+      EXPECT_EQ(after.column_sum_scalar - mid.column_sum_scalar, 1u) << what;
+      const auto got = to_doubles(db_v);
+      EXPECT_EQ(bits_of(got), bits_of(to_doubles(db_s))) << "bias_grad " << what;
+      if (out_t == DType::f64) {
+        // Against the exact sums (long double): two-level f64 summation, at most
+        // rows_per_chunk + chunks + 1 roundings of magnitude <= u * (|init| + sum |x|).
+        const int64_t chunks = std::min<int64_t>(1024, (c.rows + 31) / 32);
+        const int64_t per_chunk = (c.rows + chunks - 1) / chunks;
+        for (int64_t f = 0; f < c.width; ++f) {
+          long double exact = init[f], mag = std::fabs(init[f]);
+          for (int64_t r = 0; r < c.rows; ++r) {
+            exact += x.rounded[r * c.width + f];
+            mag += std::fabs(x.rounded[r * c.width + f]);
+          }
+          const double bound = double(per_chunk + chunks + 1) * 0x1p-53 * double(mag);
+          ASSERT_LE(std::fabs(got[f] - double(exact)), bound) << what << " column " << f;
+        }
+      }
+
+      // bias_dropout_add_bwd: the mask of element i is keep(i) on both paths (the vector path's
+      // DropoutMask::keep8 takes lanes (offset + i) % 4 = 0, 1, 2, 3 of its first Philox block).
+      for (uint64_t offset : {8ull, 5ull, 14ull, 7ull}) {
+        const ops::DropoutArgs args{0.25f, 0x1234abcdull, offset};
+        const std::string at = what + " offset " + std::to_string(offset);
+        Tensor dbd_v = make_tensor(init, {c.width}, out_t, kGpu).t, dbd_s = dbd_v.clone();
+        Tensor dx_v = Tensor::empty({c.rows, c.width}, dtype(), kGpu);
+        Tensor dx_s = Tensor::empty({c.rows, c.width}, dtype(), kGpu);
+        const auto b2 = stats();
+        gpu_ops().bias_dropout_add_bwd(dx_v, dbd_v, x.aligned, args);
+        const auto m2 = stats();
+        gpu_ops().bias_dropout_add_bwd(dx_s, dbd_s, x.unaligned, args);
+        const auto a2 = stats();
+        EXPECT_EQ(m2.column_sum_vector - b2.column_sum_vector, vector ? 1u : 0u) << at;
+        EXPECT_EQ(a2.column_sum_scalar - m2.column_sum_scalar, 1u) << at;
+        EXPECT_EQ(bits_of(to_doubles(dbd_v)), bits_of(to_doubles(dbd_s)))
+            << "bias_dropout_add_bwd " << at;
+        const auto dx = to_doubles(dx_v);
+        EXPECT_EQ(dx, to_doubles(dx_s)) << at;
+        if (c.rows * c.width >= 64) {  // the mask took part: some elements dropped, some kept
+          const auto dropped = std::count(dx.begin(), dx.end(), 0.0);
+          EXPECT_GT(dropped, 0) << at;
+          EXPECT_LT(dropped, static_cast<std::ptrdiff_t>(dx.size())) << at;
+        }
+      }
+    }
+  }
+}
+
+// cross_entropy_fwd, ce_local_max and ce_local_stats: for bf16/f16 logits with V % 8 == 0 and
+// 16-byte aligned rows the row passes load 16 bytes at a time through a shared-memory tile of 8192
+// logits, and give the scalar passes' bits (each thread sums its scalar-loop elements in the
+// scalar order). V: one vector, a partial tile, one tile and 8 more, two tiles and a bit; V =
+// 1001 and unaligned views take the scalar passes.
+TEST_P(CudaOps, CrossEntropyVectorRowPassesAreBitwiseTheScalarPasses) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto stats = vector_path_stats_fn();
+  if (!stats) GTEST_SKIP() << "mg_cuda_vector_path_stats not in the process";
+  const bool half = dtype() == DType::bf16 || dtype() == DType::f16;
+  const DType st = dtype() == DType::f64 ? DType::f64 : DType::f32;
+  for (const int64_t v : {8, 1000, 8200, 16400, 1001}) {
+    const int64_t n = 5;
+    const bool vector = half && v % 8 == 0;
+    const std::string what = "V " + std::to_string(v) + " " + std::string(dtype_name(dtype()));
+    const auto x = aligned_and_not(n, v, dtype(), 40 + v);
+    std::vector<int64_t> t(n);
+    for (int64_t i = 0; i < n; ++i) t[i] = (i * 379 + 7) % v;
+    const Tensor tc = Tensor::from_vector(t, {n}, DType::i64), tg = tc.to(kGpu);
+    struct Out {
+      Tensor loss, mx, se;
+    };
+    auto run_fwd = [&](const Tensor& logits) {
+      Out o{Tensor::empty({n}, st, kGpu), Tensor::empty({n}, st, kGpu),
+            Tensor::empty({n}, st, kGpu)};
+      gpu_ops().cross_entropy_fwd(o.loss, o.mx, o.se, logits, tg);
+      return o;
+    };
+    const auto s0 = stats();
+    const Out a = run_fwd(x.aligned);
+    const auto s1 = stats();
+    const Out u = run_fwd(x.unaligned);
+    const auto s2 = stats();
+    EXPECT_EQ(s1.ce_rows_vector - s0.ce_rows_vector, vector ? 1u : 0u) << what;
+    EXPECT_EQ(s2.ce_rows_vector - s1.ce_rows_vector, 0u) << what;
+    EXPECT_EQ(s2.ce_rows_scalar - s1.ce_rows_scalar, 1u) << what;
+    for (auto [got, ref, name] :
+         {std::tuple{&a.loss, &u.loss, "loss"}, std::tuple{&a.mx, &u.mx, "max"},
+          std::tuple{&a.se, &u.se, "sum_exp"}})
+      EXPECT_EQ(bits_of(to_doubles(*got)), bits_of(to_doubles(*ref))) << name << " " << what;
+    // Against the CPU, as CrossEntropyBackwardInPlaceMatchesCpu.
+    auto xc = make_tensor(x.rounded, {n, v}, dtype(), Device::cpu()).t;
+    Tensor lc = Tensor::empty({n}, st), mc = Tensor::empty({n}, st), sc = Tensor::empty({n}, st);
+    cpu_ops().cross_entropy_fwd(lc, mc, sc, xc, tc);
+    EXPECT_TRUE(test::all_close(to_doubles(a.loss), to_doubles(lc), twice(st))) << what;
+
+    // The vocab-parallel pieces on a shard starting at vocab_start 3.
+    Tensor lm_a = Tensor::empty({n}, st, kGpu), lm_u = Tensor::empty({n}, st, kGpu);
+    gpu_ops().ce_local_max(lm_a, x.aligned);
+    gpu_ops().ce_local_max(lm_u, x.unaligned);
+    EXPECT_EQ(bits_of(to_doubles(lm_a)), bits_of(to_doubles(lm_u))) << "local max " << what;
+    Tensor ls_a = Tensor::empty({n}, st, kGpu), ls_u = Tensor::empty({n}, st, kGpu);
+    Tensor lt_a = Tensor::empty({n}, st, kGpu), lt_u = Tensor::empty({n}, st, kGpu);
+    const auto s3 = stats();
+    gpu_ops().ce_local_stats(ls_a, lt_a, x.aligned, lm_a, tg, 3);
+    gpu_ops().ce_local_stats(ls_u, lt_u, x.unaligned, lm_a, tg, 3);
+    const auto s4 = stats();
+    EXPECT_EQ(s4.ce_rows_vector - s3.ce_rows_vector, vector ? 1u : 0u) << what;
+    EXPECT_EQ(bits_of(to_doubles(ls_a)), bits_of(to_doubles(ls_u))) << "local sum_exp " << what;
+    EXPECT_EQ(bits_of(to_doubles(lt_a)), bits_of(to_doubles(lt_u))) << "target logit " << what;
+  }
 }
 
 TEST_P(CudaOps, OpsFollowTheCurrentStream) {
