@@ -2,11 +2,12 @@
 // the CPU emulation's (platforms/cpu/fp8.cpp) counterparts.
 //
 // fp8_cast_transpose: one kernel, one pass over x; q = the saturating RNE cast of f32(x) * scale
-// (dtype_math.h, the same code as the CPU: bit-identical), the tile transposed through shared
-// memory so qt is written coalesced too (Transformer Engine's fused cast-transpose); the block's
-// max |x| goes into amax by one atomicMax on its bit pattern (amax and |x| are >= +0 or a positive
-// NaN, whose bit patterns order as the values do, a NaN above every number: max is exact, so
-// equal to the CPU's). Two kernels:
+// (dtype_math.h, the same code as the CPU: bit-identical, but for a NaN input's sign, which the
+// GPU's f32 multiply does not keep: it returns the canonical NaN), the tile transposed through
+// shared memory so qt is written coalesced too (Transformer Engine's fused cast-transpose); the
+// block's max |x| goes into amax by one atomicMax on its bit pattern (amax and |x| are >= +0 or a
+// positive NaN, whose bit patterns order as the values do, a NaN above every number: max is exact,
+// so equal to the CPU's). Two kernels:
 //   - vector (bf16 / f16 x, rows and cols multiples of 8, x 16-byte and q / qt 8-byte aligned: the
 //     activations and weights of a model's linears): a 64 x 64 tile per block of 256 threads, each
 //     thread loading 8 elements as one 16-byte load and storing 8 bytes of q and of qt at once.
@@ -14,7 +15,9 @@
 //     a 179 ms llama-1b FP8 step (benchmarks/results/2026-11-26-h200-lease.md); this one at
 //     ~1.2 TB/s with dtype_math.h's integer encoder, about as much instruction time as memory
 //     time, so on sm_89+ it converts with the hardware's cvt.rn.satfinite (the same bytes for
-//     every non-NaN value; NaN through the encoder).
+//     every non-NaN value, zeros, ties, subnormals, saturation and Inf included, on an H200:
+//     cuda_fp8_test; NaN through the encoder). With it: 19.7 -> 9.9 ms (2.4 TB/s) per llama-1b
+//     FP8 step (benchmarks/results/2026-11-26-h200-lease-s19.md).
 //   - scalar (anything else): a 32 x 32 tile per block, one element per thread.
 // fp8_scale_update: one thread per slot running fp8/fp8_math.h's update (the CPU kernel's code,
 // IEEE divisions): the amax history roll and the scales stay on the device, no host read.
