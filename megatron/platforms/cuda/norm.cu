@@ -367,8 +367,8 @@ __global__ void __launch_bounds__(kVecMaxThreads)
 // per step (their loads issued together), and keeps the dgamma / dbeta partials of the columns its
 // threads own in f64 registers, row by row in row order (the same terms and order as
 // NormParamTerm through column_sum_accumulate: the same bits).
-template <int VPT, int ROWS>
-__global__ void __launch_bounds__(kVecMaxThreads)
+template <int VPT, int ROWS, int MAX_THREADS = kVecMaxThreads>
+__global__ void __launch_bounds__(MAX_THREADS)
     norm_bwd_vec_kernel(void* dx, const void* dy, const void* dres, const void* x, bool bf16,
                         const void* mean, const void* rstd, DType st, Param gamma, int64_t rows,
                         int64_t h, int64_t rows_per_chunk, double* partial_g, double* partial_b) {
@@ -549,7 +549,15 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
       const Param gp = param_of(gamma, args.zero_centered_gamma);
       const void* dr = dres ? dres->raw_data() : nullptr;
       const auto grid = static_cast<unsigned int>(chunks);
-      if (g.per_thread == 1)
+      // Rows of up to 1024 elements (<= 128 threads): four rows per step, twice the bytes in
+      // flight (two ran at 472 GB/s for H = 768 on an H200: one 96-thread block per 32-row chunk
+      // keeps too little in flight). 160 registers: wider rows keep two (118 registers, two
+      // 256-thread blocks per SM instead of one). Not yet measured.
+      if (g.per_thread == 1 && g.threads <= 128)
+        norm_bwd_vec_kernel<1, 4, 128><<<grid, g.threads, 0, s>>>(
+            dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16, mp, rstd.raw_data(), rstd.dtype(),
+            gp, rows, h, rows_per_chunk, pg, pb);
+      else if (g.per_thread == 1)
         norm_bwd_vec_kernel<1, 2><<<grid, g.threads, 0, s>>>(
             dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16, mp, rstd.raw_data(), rstd.dtype(),
             gp, rows, h, rows_per_chunk, pg, pb);
