@@ -69,12 +69,15 @@ void rope_apply_with(Tensor& y, const Tensor& x, const ops::RopeArgs& args, bool
 // multiple of 8, 16-byte aligned data) or its scalar fallback, the same bits either way:
 // column_sum: reduce.cuh's column_sum_accumulate (bias_grad, bias_dropout_add_bwd's dbias, the
 // dgelu dbias of gemm_epilogue, the unfused norm dgamma/dbeta); ce_rows: cross_entropy.cu's row
-// passes (cross_entropy_fwd, ce_local_max, ce_local_stats). Kept in elementwise.cu; also exported
+// passes (cross_entropy_fwd, ce_local_max, ce_local_stats); dropout: dropout.cu's element-wise
+// kernels (dropout_fwd, dropout_bwd and bias_dropout_add_bwd's dx, bias_dropout_add_fwd; not the
+// p == 0 in-place no-op). Kept in elementwise.cu; also exported
 // as the C symbol mg_cuda_vector_path_stats (dlsym from tests built without CUDA).
 struct VectorPathStats {
-  uint64_t column_sum_vector = 0, column_sum_scalar = 0, ce_rows_vector = 0, ce_rows_scalar = 0;
+  uint64_t column_sum_vector = 0, column_sum_scalar = 0, ce_rows_vector = 0, ce_rows_scalar = 0,
+           dropout_vector = 0, dropout_scalar = 0;
 };
-enum class VectorPath { column_sum, ce_rows };
+enum class VectorPath { column_sum, ce_rows, dropout };
 VectorPathStats vector_path_stats();
 void count_vector_path(VectorPath path, bool vector);
 

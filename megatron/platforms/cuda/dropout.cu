@@ -14,9 +14,10 @@
 // no-op. bias_dropout_add_bwd's dbias sums MaskedGrad terms with reduce.cuh's column sums; for
 // bf16/f16 dy with rows 16-byte aligned and a multiple of 8 wide they take the vector path (8
 // columns per thread from one 16-byte load, each element still masked by keep(i) and scaled in
-// C), bit-identical to the scalar path. Not here: attention-probability dropout (attention.cu uses
-// the same stream); one Philox block per element is computed in the element-wise kernels (4x the
-// needed work; not yet optimised).
+// C), bit-identical to the scalar path. The vector kernels take their masks 8 at a time
+// (DropoutMask::keep8: each Philox block computed once, 2-3 per 8 elements). Not here:
+// attention-probability dropout (attention.cu uses the same stream); the scalar kernels still
+// compute one Philox block per element (4x the needed work).
 #include <initializer_list>
 
 #include "megatron/core/ops/ops.h"
@@ -59,14 +60,17 @@ __global__ void bias_dropout_add_kernel(void* y, const void* x, const void* bias
 
 // The 16-bit vector forms of the two kernels above (8 elements per thread, 16-byte loads and
 // stores; n, and f with a bias, multiples of 8; pointers 16-byte aligned): the same per-element
-// expressions in f32.
+// expressions in f32, the mask of the 8 elements from DropoutMask::keep8 (the same decisions as
+// keep(i) from 2-3 Philox blocks instead of 8).
 __global__ void dropout_vec_kernel(void* out, const void* in, bool bf16, Mask m, float scale,
                                    int64_t n8) {
   for (int64_t v = grid_start(); v < n8; v += grid_stride()) {
     float x[8], o[8];
+    bool keep[8];
     load8_half(in, v * 8, bf16, x);
+    m.keep8(v * 8, keep);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = m.keep(v * 8 + e) ? x[e] * scale : 0.0f;
+    for (int e = 0; e < 8; ++e) o[e] = keep[e] ? x[e] * scale : 0.0f;
     store8_half(out, v * 8, bf16, o);
   }
 }
@@ -76,13 +80,15 @@ __global__ void bias_dropout_add_vec_kernel(void* y, const void* x, const void* 
   for (int64_t v = grid_start(); v < n8; v += grid_stride()) {
     const int64_t i = v * 8;
     float xv[8], rv[8], bv[8] = {}, o[8];
+    bool keep[8];
     load8_half(x, i, bf16, xv);
     load8_half(residual, i, bf16, rv);
     if (bias) load8_half(bias, i % f, bf16, bv);
+    m.keep8(i, keep);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       float d = 0.0f;
-      if (m.keep(i + e)) {
+      if (keep[e]) {
         d = xv[e];
         if (bias) d += bv[e];
         d *= scale;
@@ -136,7 +142,9 @@ void launch_dropout(Tensor& out, const Tensor& in, const ops::DropoutArgs& args)
   DeviceGuard guard(dev);
   // p == 0 in place (the backward of a dropout-free layer): nothing to do.
   if (args.p == 0.0f && out.raw_data() == in.raw_data()) return;
-  if (vec_ok(in.dtype(), n, {out.raw_data(), in.raw_data()})) {
+  const bool vec = vec_ok(in.dtype(), n, {out.raw_data(), in.raw_data()});
+  count_vector_path(VectorPath::dropout, vec);
+  if (vec) {
     dropout_vec_kernel<<<grid_for(n / 8), kThreads, 0, current_stream(dev)>>>(
         out.raw_data(), in.raw_data(), in.dtype() == DType::bf16, make_mask(args),
         keep_scale<float>(args.p), n / 8);
@@ -175,8 +183,10 @@ void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const 
   const int dev = x.device().index;
   DeviceGuard guard(dev);
   const void* bp = bias.defined() ? bias.raw_data() : nullptr;
-  if (vec_ok(x.dtype(), n, {y.raw_data(), x.raw_data(), residual.raw_data(), bp}) &&
-      (!bp || f % 8 == 0)) {
+  const bool vec = vec_ok(x.dtype(), n, {y.raw_data(), x.raw_data(), residual.raw_data(), bp}) &&
+                   (!bp || f % 8 == 0);
+  count_vector_path(VectorPath::dropout, vec);
+  if (vec) {
     bias_dropout_add_vec_kernel<<<grid_for(n / 8), kThreads, 0, current_stream(dev)>>>(
         y.raw_data(), x.raw_data(), bp, residual.raw_data(), x.dtype() == DType::bf16,
         make_mask(args), keep_scale<float>(args.p), n / 8, f);

@@ -57,6 +57,34 @@ test::Tol twice(DType t) {
   return {2 * tol.atol, 2 * tol.rtol};
 }
 
+// The vector-path counters of the loaded CUDA platform, or null.
+platforms::cuda::VectorPathStats (*vector_path_stats_fn())() {
+  return reinterpret_cast<platforms::cuda::VectorPathStats (*)()>(
+      dlsym(RTLD_DEFAULT, "mg_cuda_vector_path_stats"));
+}
+
+std::vector<uint64_t> bits_of(const std::vector<double>& v) {
+  std::vector<uint64_t> b(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<uint64_t>(v[i]);
+  return b;
+}
+
+// The same [rows, width] values twice on the GPU: at the start of a fresh allocation (16-byte
+// aligned) and one element into one (2-byte aligned for bf16/f16, so never the vector path).
+struct AlignedAndNot {
+  Tensor aligned, unaligned;
+  std::vector<double> rounded;
+};
+AlignedAndNot aligned_and_not(int64_t rows, int64_t width, DType dtype, uint64_t seed) {
+  const int64_t n = rows * width;
+  std::vector<double> v = random_values(static_cast<std::size_t>(n), seed);
+  std::vector<double> shifted(1, 0.5);
+  shifted.insert(shifted.end(), v.begin(), v.end());
+  auto a = make_tensor(v, {rows, width}, dtype, kGpu);
+  auto u = make_tensor(shifted, {n + 1}, dtype, kGpu);
+  return {a.t, u.t.slice(1, n).view({rows, width}), a.rounded};
+}
+
 class CudaOps : public ::testing::TestWithParam<DType> {
  protected:
   DType dtype() const { return GetParam(); }
@@ -98,22 +126,32 @@ TEST_P(CudaOps, BatchedGemmAccumulatesLikeCpu) {
   EXPECT_TRUE(test::all_close(to_doubles(c.gpu), to_doubles(c.cpu), twice(DType::f32)));
 }
 
-// 1001 elements: the scalar kernel; 1000: bf16 / f16 take dropout.cu's vector kernel.
+// 1001 elements: the scalar kernel; 1000: bf16 / f16 take dropout.cu's vector kernel, whose
+// DropoutMask::keep8 starts at lane offset % 4 = 2, 0, 1, 3 of a Philox block.
 TEST_P(CudaOps, DropoutMaskIsBitwiseTheCpuMask) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
-  for (int64_t n : {1001, 1000}) {
-    auto x = random_pair({n}, dtype(), 7);
-    auto y = empty_pair({n}, dtype());
-    const ops::DropoutArgs args{0.3f, 0xfeedbeefcafe1234ull, 6};  // offset not a multiple of 4
-    cpu_ops().dropout_fwd(y.cpu, x.cpu, args);
-    gpu_ops().dropout_fwd(y.gpu, x.gpu, args);
-    const auto yc = to_doubles(y.cpu), yg = to_doubles(y.gpu);
-    for (std::size_t i = 0; i < yc.size(); ++i) {
-      EXPECT_EQ(yg[i] != 0.0, random::dropout_keep(args.seed, args.offset + i, args.p)) << i;
-      EXPECT_EQ(yg[i] != 0.0, yc[i] != 0.0) << i;
+  const auto stats = vector_path_stats_fn();
+  if (!stats) GTEST_SKIP() << "mg_cuda_vector_path_stats not in the process";
+  const bool half = dtype() == DType::bf16 || dtype() == DType::f16;
+  for (int64_t n : {1001, 1000})
+    for (uint64_t offset : {6ull, 8ull, 13ull, 3ull}) {
+      auto x = random_pair({n}, dtype(), 7);
+      auto y = empty_pair({n}, dtype());
+      const ops::DropoutArgs args{0.3f, 0xfeedbeefcafe1234ull, offset};
+      cpu_ops().dropout_fwd(y.cpu, x.cpu, args);
+      const auto before = stats();
+      gpu_ops().dropout_fwd(y.gpu, x.gpu, args);
+      const auto after = stats();
+      const std::string what = "n " + std::to_string(n) + " offset " + std::to_string(offset);
+      EXPECT_EQ(after.dropout_vector - before.dropout_vector, half && n % 8 == 0 ? 1u : 0u) << what;
+      const auto yc = to_doubles(y.cpu), yg = to_doubles(y.gpu);
+      for (std::size_t i = 0; i < yc.size(); ++i) {
+        EXPECT_EQ(yg[i] != 0.0, random::dropout_keep(args.seed, args.offset + i, args.p))
+            << i << " " << what;
+        EXPECT_EQ(yg[i] != 0.0, yc[i] != 0.0) << i << " " << what;
+      }
+      EXPECT_EQ(yg, yc) << what;  // x * (1 / (1 - p)) rounded once on both platforms
     }
-    EXPECT_EQ(yg, yc) << n;  // x * (1 / (1 - p)) rounded once on both platforms
-  }
 }
 
 // bias_dropout_add_fwd against the CPU: F = 24 (bf16 / f16: the vector kernel) and F = 13 (scalar),
@@ -121,17 +159,26 @@ TEST_P(CudaOps, DropoutMaskIsBitwiseTheCpuMask) {
 // be contracted differently).
 TEST_P(CudaOps, BiasDropoutAddMatchesCpu) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto stats = vector_path_stats_fn();
+  if (!stats) GTEST_SKIP() << "mg_cuda_vector_path_stats not in the process";
+  const bool half = dtype() == DType::bf16 || dtype() == DType::f16;
   for (int64_t f : {24, 13})
     for (float p : {0.0f, 0.25f}) {
       const int64_t rows = 37;
       auto x = random_pair({rows, f}, dtype(), 71), r = random_pair({rows, f}, dtype(), 72);
       auto b = random_pair({f}, dtype(), 73);
-      auto y = empty_pair({rows, f}, dtype());
-      const ops::DropoutArgs args{p, 1234, 8};
-      cpu_ops().bias_dropout_add_fwd(y.cpu, x.cpu, b.cpu, r.cpu, args);
-      gpu_ops().bias_dropout_add_fwd(y.gpu, x.gpu, b.gpu, r.gpu, args);
-      EXPECT_TRUE(test::all_close(to_doubles(y.gpu), to_doubles(y.cpu), test::tolerance(dtype())))
-          << "F " << f << " p " << p;
+      for (uint64_t offset : {8ull, 5ull}) {  // keep8's first lane 0 and 1
+        auto y = empty_pair({rows, f}, dtype());
+        const ops::DropoutArgs args{p, 1234, offset};
+        cpu_ops().bias_dropout_add_fwd(y.cpu, x.cpu, b.cpu, r.cpu, args);
+        const auto before = stats();
+        gpu_ops().bias_dropout_add_fwd(y.gpu, x.gpu, b.gpu, r.gpu, args);
+        const auto after = stats();
+        EXPECT_EQ(after.dropout_vector - before.dropout_vector, half && f % 8 == 0 ? 1u : 0u)
+            << "F " << f;
+        EXPECT_TRUE(test::all_close(to_doubles(y.gpu), to_doubles(y.cpu), test::tolerance(dtype())))
+            << "F " << f << " p " << p << " offset " << offset;
+      }
       // In place on the GPU (y = x), p == 0: dropout_bwd's no-op path leaves dy as it is.
       auto d = random_pair({rows, f}, dtype(), 74);
       const auto before = to_doubles(d.gpu);
@@ -338,34 +385,6 @@ TEST_P(CudaOps, ReductionsAreDeterministicAndMatchCpu) {
   EXPECT_TRUE(test::all_close(to_doubles(db.gpu), to_doubles(db.cpu), {1e-4, 1e-5}));
 }
 
-// The vector-path counters of the loaded CUDA platform, or null.
-platforms::cuda::VectorPathStats (*vector_path_stats_fn())() {
-  return reinterpret_cast<platforms::cuda::VectorPathStats (*)()>(
-      dlsym(RTLD_DEFAULT, "mg_cuda_vector_path_stats"));
-}
-
-std::vector<uint64_t> bits_of(const std::vector<double>& v) {
-  std::vector<uint64_t> b(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) b[i] = std::bit_cast<uint64_t>(v[i]);
-  return b;
-}
-
-// The same [rows, width] values twice on the GPU: at the start of a fresh allocation (16-byte
-// aligned) and one element into one (2-byte aligned for bf16/f16, so never the vector path).
-struct AlignedAndNot {
-  Tensor aligned, unaligned;
-  std::vector<double> rounded;
-};
-AlignedAndNot aligned_and_not(int64_t rows, int64_t width, DType dtype, uint64_t seed) {
-  const int64_t n = rows * width;
-  std::vector<double> v = random_values(static_cast<std::size_t>(n), seed);
-  std::vector<double> shifted(1, 0.5);
-  shifted.insert(shifted.end(), v.begin(), v.end());
-  auto a = make_tensor(v, {rows, width}, dtype, kGpu);
-  auto u = make_tensor(shifted, {n + 1}, dtype, kGpu);
-  return {a.t, u.t.slice(1, n).view({rows, width}), a.rounded};
-}
-
 // bias_grad and bias_dropout_add_bwd's dbias (reduce.cuh's MatrixTerm and dropout.cu's
 // MaskedGrad): for bf16/f16 rows a multiple of 8 wide and 16-byte aligned the 8-column vector
 // kernel runs, and its sums are the scalar kernel's bits (the same f64 terms added in the same
@@ -431,10 +450,13 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
         const auto a2 = stats();
         EXPECT_EQ(m2.column_sum_vector - b2.column_sum_vector, vector ? 1u : 0u) << at;
         EXPECT_EQ(a2.column_sum_scalar - m2.column_sum_scalar, 1u) << at;
+        // dx: dropout_vec_kernel where dx and dy are aligned (and n % 8 == 0).
+        EXPECT_EQ(m2.dropout_vector - b2.dropout_vector, vector ? 1u : 0u) << at;
+        EXPECT_EQ(a2.dropout_scalar - m2.dropout_scalar, 1u) << at;
         EXPECT_EQ(bits_of(to_doubles(dbd_v)), bits_of(to_doubles(dbd_s)))
             << "bias_dropout_add_bwd " << at;
         const auto dx = to_doubles(dx_v);
-        EXPECT_EQ(dx, to_doubles(dx_s)) << at;
+        EXPECT_EQ(bits_of(dx), bits_of(to_doubles(dx_s))) << at;
         if (c.rows * c.width >= 64) {  // the mask took part: some elements dropped, some kept
           const auto dropped = std::count(dx.begin(), dx.end(), 0.0);
           EXPECT_GT(dropped, 0) << at;
