@@ -67,7 +67,8 @@ void rope_apply_with(Tensor& y, const Tensor& x, const ops::RopeArgs& args, bool
 
 // Counters since process start of the calls that took a 16-byte vector path (bf16/f16, widths a
 // multiple of 8, 16-byte aligned data) or its scalar fallback, the same bits either way:
-// column_sum: reduce.cuh's column_sum_accumulate (bias_grad, bias_dropout_add_bwd's dbias, the
+// column_sum: reduce.cuh's column_sum_accumulate (bias_grad, bias_dropout_add_bwd's dbias (also
+// its one-pass dx + dbias kernel), the
 // dgelu dbias of gemm_epilogue, the unfused norm dgamma/dbeta); ce_rows: cross_entropy.cu's row
 // passes (cross_entropy_fwd, ce_local_max, ce_local_stats); dropout: dropout.cu's element-wise
 // kernels (dropout_fwd, dropout_bwd and bias_dropout_add_bwd's dx, bias_dropout_add_fwd; not the

@@ -15,7 +15,9 @@
 // bf16/f16 dy with rows 16-byte aligned and a multiple of 8 wide they take the vector path (8
 // columns per thread from one 16-byte load, each element still masked by keep(i) and scaled in
 // C), bit-identical to the scalar path. The vector kernels take their masks 8 at a time
-// (DropoutMask::keep8: each Philox block computed once, 2-3 per 8 elements). Not here:
+// (DropoutMask::keep8: each Philox block computed once, 2-3 per 8 elements), and
+// bias_dropout_add_bwd with a dbias runs as one pass over dy (bias_dropout_add_bwd_vec_kernel:
+// dx and the dbias partials from one load and one mask; the same bits). Not here:
 // attention-probability dropout (attention.cu uses the same stream); the scalar kernels still
 // compute one Philox block per element (4x the needed work).
 #include <initializer_list>
@@ -135,6 +137,42 @@ struct MaskedGrad {
   }
 };
 
+// bias_dropout_add_bwd in one pass over dy for bf16/f16 (F % 8 == 0, dy and dx 16-byte aligned):
+// the layout of reduce.cuh's column_partial8_kernel (thread t of chunk c takes columns
+// [8t, 8t + 8) of the chunk's rows, column_chunking's chunks), dy loaded once, the mask from
+// keep8 once, dx written (unless kWriteDx is false: p == 0 in place) and MaskedGrad's dbias terms
+// added in row order to the thread's f64 partials, which column_finish_kernel adds in chunk order.
+// So dbias and dx are the bits of column_sum_accumulate(MaskedGrad) followed by dropout_vec_kernel
+// (which read dy and ran the Philox rounds twice). dx may alias dy: each thread reads its 8
+// elements before writing them.
+template <bool kWriteDx>
+__global__ void bias_dropout_add_bwd_vec_kernel(void* dx, const void* dy, bool bf16, Mask m,
+                                                float scale, int64_t rows, int64_t width,
+                                                int64_t rows_per_chunk, double* partial) {
+  const int64_t f = 8 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (f >= width) return;
+  const int64_t c = blockIdx.y;
+  const int64_t r0 = c * rows_per_chunk;
+  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t i = r * width + f;
+    float v[8], o[8];
+    bool keep[8];
+    load8_half(dy, i, bf16, v);
+    m.keep8(i, keep);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const float kept = v[k] * scale;
+      s[k] += keep[k] ? static_cast<double>(kept) : 0.0;
+      o[k] = keep[k] ? kept : 0.0f;
+    }
+    if (kWriteDx) store8_half(dx, i, bf16, o);
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) partial[c * width + f + k] = s[k];
+}
+
 void launch_dropout(Tensor& out, const Tensor& in, const ops::DropoutArgs& args) {
   const int64_t n = in.numel();
   if (n == 0) return;
@@ -206,6 +244,35 @@ void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const 
 void bias_dropout_add_bwd(Tensor& dx, Tensor& dbias, const Tensor& dy,
                           const ops::DropoutArgs& args) {
   const int64_t f = ops::validate_bias_dropout_add_bwd(OnCudaDevice{}, dx, dbias, dy, args);
+  if (dbias.defined() && dy.numel() > 0 && f > 0 && f % 8 == 0 &&
+      vec_ok(dy.dtype(), dy.numel(), {dx.raw_data(), dy.raw_data()})) {
+    const int dev = dy.device().index;
+    DeviceGuard guard(dev);
+    const int64_t rows = dy.numel() / f, v = f / 8;
+    const auto [chunks, rows_per_chunk] = column_chunking(rows);
+    Scratch partial(dev, static_cast<std::size_t>(chunks * f) * sizeof(double));
+    cudaStream_t s = current_stream(dev);
+    const int threads = column_partial8_threads(v);
+    const dim3 grid(static_cast<unsigned int>((v + threads - 1) / threads),
+                    static_cast<unsigned int>(chunks));
+    const bool write_dx = !(args.p == 0.0f && dx.raw_data() == dy.raw_data());
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, threads, 0, s>>>(dx.raw_data(), dy.raw_data(), dy.dtype() == DType::bf16,
+                                      make_mask(args), keep_scale<float>(args.p), rows, f,
+                                      rows_per_chunk, partial.as<double>());
+    };
+    if (write_dx)
+      launch(bias_dropout_add_bwd_vec_kernel<true>);
+    else
+      launch(bias_dropout_add_bwd_vec_kernel<false>);
+    MG_CUDA_CHECK_LAUNCH();
+    count_vector_path(VectorPath::column_sum, true);
+    if (write_dx) count_vector_path(VectorPath::dropout, true);
+    detail::column_finish_kernel<double><<<grid_for(f), kThreads, 0, s>>>(
+        dbias.raw_data(), dbias.dtype(), partial.as<double>(), chunks, f);
+    MG_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (dbias.defined()) {
     if (dy.numel() > 0 && f > 0) {
       // Before dx: dx may alias dy.

@@ -385,13 +385,13 @@ TEST_P(CudaOps, ReductionsAreDeterministicAndMatchCpu) {
   EXPECT_TRUE(test::all_close(to_doubles(db.gpu), to_doubles(db.cpu), {1e-4, 1e-5}));
 }
 
-// bias_grad and bias_dropout_add_bwd's dbias (reduce.cuh's MatrixTerm and dropout.cu's
-// MaskedGrad): for bf16/f16 rows a multiple of 8 wide and 16-byte aligned the 8-column vector
-// kernel runs, and its sums are the scalar kernel's bits (the same f64 terms added in the same
-// order per chunk), into an f64 dbias (the partials' full bits) and an f32 one. Widths not a
-// multiple of 8, unaligned views and f32/f64 take the scalar kernel. Rows: one, fewer than a
-// chunk, a last chunk of 3 rows (4099 = 128 * 32 + 3), and 1024 chunks of 33 rows with the last
-// 24 chunks empty (33000).
+// bias_grad and bias_dropout_add_bwd's dbias (reduce.cuh's MatrixTerm; dropout.cu's one-pass
+// dx + dbias kernel, or MaskedGrad): for bf16/f16 rows a multiple of 8 wide and 16-byte aligned
+// the 8-column vector kernel runs, and its sums are the scalar kernel's bits (the same f64 terms
+// added in the same order per chunk), into an f64 dbias (the partials' full bits) and an f32 one.
+// Widths not a multiple of 8, unaligned views and f32/f64 take the scalar kernel. Rows: one,
+// fewer than a chunk, a last chunk of 3 rows (4099 = 128 * 32 + 3), and 1024 chunks of 33 rows
+// with the last 24 chunks empty (33000).
 TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   const auto stats = vector_path_stats_fn();
@@ -435,6 +435,14 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
         }
       }
 
+      // p == 0 in place (dx = dy, left as it is): dbias gets bias_grad's terms, so its bits.
+      {
+        Tensor dy = x.aligned.clone();
+        Tensor dbd = make_tensor(init, {c.width}, out_t, kGpu).t;
+        gpu_ops().bias_dropout_add_bwd(dy, dbd, dy, ops::DropoutArgs{0.0f, 1, 0});
+        EXPECT_EQ(bits_of(to_doubles(dbd)), bits_of(got)) << "p 0 " << what;
+        EXPECT_EQ(bits_of(to_doubles(dy)), bits_of(to_doubles(x.aligned))) << "p 0 " << what;
+      }
       // bias_dropout_add_bwd: the mask of element i is keep(i) on both paths (the vector path's
       // DropoutMask::keep8 takes lanes (offset + i) % 4 = 0, 1, 2, 3 of its first Philox block).
       for (uint64_t offset : {8ull, 5ull, 14ull, 7ull}) {
@@ -457,6 +465,12 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
             << "bias_dropout_add_bwd " << at;
         const auto dx = to_doubles(dx_v);
         EXPECT_EQ(bits_of(dx), bits_of(to_doubles(dx_s))) << at;
+        // In place (dx = dy): the same bits (the one-pass kernel reads before it writes).
+        Tensor inplace = x.aligned.clone();
+        Tensor dbd_i = make_tensor(init, {c.width}, out_t, kGpu).t;
+        gpu_ops().bias_dropout_add_bwd(inplace, dbd_i, inplace, args);
+        EXPECT_EQ(bits_of(to_doubles(inplace)), bits_of(dx)) << "in place " << at;
+        EXPECT_EQ(bits_of(to_doubles(dbd_i)), bits_of(to_doubles(dbd_v))) << "in place " << at;
         if (c.rows * c.width >= 64) {  // the mask took part: some elements dropped, some kept
           const auto dropped = std::count(dx.begin(), dx.end(), 0.0);
           EXPECT_GT(dropped, 0) << at;
