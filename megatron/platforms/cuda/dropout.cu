@@ -244,7 +244,10 @@ void bias_dropout_add_fwd(Tensor& y, const Tensor& x, const Tensor& bias, const 
 void bias_dropout_add_bwd(Tensor& dx, Tensor& dbias, const Tensor& dy,
                           const ops::DropoutArgs& args) {
   const int64_t f = ops::validate_bias_dropout_add_bwd(OnCudaDevice{}, dx, dbias, dy, args);
-  if (dbias.defined() && dy.numel() > 0 && f > 0 && f % 8 == 0 &&
+  // The one-pass kernel: dx and dy the same data or apart (a partial overlap keeps the two passes,
+  // the column sums reading all of dy first).
+  const bool apart = dx.raw_data() == dy.raw_data() || !dx.shares_storage_with(dy);
+  if (dbias.defined() && dy.numel() > 0 && f > 0 && f % 8 == 0 && apart &&
       vec_ok(dy.dtype(), dy.numel(), {dx.raw_data(), dy.raw_data()})) {
     const int dev = dy.device().index;
     DeviceGuard guard(dev);
