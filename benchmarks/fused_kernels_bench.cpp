@@ -20,6 +20,8 @@
 // epilogues are in gemm_bench. RoPE forward and backward (in place, [B, S] position ids, as the
 // GPT model calls it) at llama-1b's q and k shapes (S 2048, B 4, 32 heads / 8 groups, HD 64), with
 // the scalar kernel forced (rope.cu's mg_cuda_rope_apply_with) beside the default for comparison.
+// BM_vector_path: bias_grad's column sums, bias_dropout_add_bwd and cross_entropy_fwd on aligned
+// data (the 16-byte vector paths) and on a view one element in (their scalar fallbacks).
 #include <benchmark/benchmark.h>
 #include <dlfcn.h>
 
@@ -293,6 +295,43 @@ void BM_cross_entropy(benchmark::State& state) {
         [&] { ops().cross_entropy_bwd(dlogits, dloss, logits, mx, se, targets, 0); });
 }
 
+// ---- the 16-byte vector paths against their scalar fallbacks (bf16): args op (0 bias_grad, 1
+// bias_dropout_add_bwd with dbias, p 10%, 2 cross_entropy_fwd), N, F or V, aligned (1: the data at
+// the start of its buffer, the vector path; 0: the same op on a view one element in, which is
+// only 2-byte aligned, so the scalar path: reduce.cuh's column sums, dropout.cu's two passes,
+// cross_entropy.cu's scalar row passes; on the CPU both run the same kernels). Bytes as the ops
+// above count them. ----
+
+void BM_vector_path(benchmark::State& state) {
+  const int64_t op = state.range(0), n = state.range(1), f = state.range(2);
+  const bool aligned = state.range(3) != 0;
+  const DType dt = DType::bf16;
+  const double e = esize(dt), nf = static_cast<double>(n * f) * e;
+  // The input: [n, f] at element 0 (aligned) or 1 (not) of one buffer.
+  Tensor in = random_tensor({n * f + 8}, dt, 11).slice(aligned ? 0 : 1, n * f).view({n, f});
+  const std::string path = aligned ? " (vector)" : " (scalar: unaligned view)";
+  if (op == 0) {
+    Tensor dbias = random_tensor({f}, DType::f32, 12);
+    run(state, nf + 8.0 * f, "bias_grad -> f32" + path, [&] { ops().bias_grad(dbias, in); });
+  } else if (op == 1) {
+    mg::ops::DropoutArgs d;
+    d.p = 0.1f;
+    d.seed = 1234;
+    Tensor dx = empty({n, f}, dt), dbias = random_tensor({f}, dt, 13);
+    run(state, 2 * nf + 2 * f * e, "bias_dropout_add bwd p 10%" + path,
+        [&] { ops().bias_dropout_add_bwd(dx, dbias, in, d); });
+  } else {
+    Tensor targets = mg::bench::cached_tensor({n}, DType::i32, 7, [&] {
+      std::vector<int32_t> t(static_cast<std::size_t>(n));
+      for (int64_t i = 0; i < n; ++i) t[static_cast<std::size_t>(i)] = (i * 7919) % f;
+      return Tensor::from_vector(t, {n}, DType::i32);
+    });
+    Tensor loss = empty({n}, DType::f32), mx = empty({n}, DType::f32), se = empty({n}, DType::f32);
+    run(state, nf + 16.0 * n, "cross_entropy fwd" + path,
+        [&] { ops().cross_entropy_fwd(loss, mx, se, in, targets); });
+  }
+}
+
 // ---- AdamW: args numel, tensors (the numel split evenly), model_param dtype (0 none, 1 bf16) ----
 
 void BM_adamw(benchmark::State& state) {
@@ -418,6 +457,19 @@ void ce_args(benchmark::internal::Benchmark* b) {
       for (auto [n, v] : shapes) b->Args({n, v, bf, bwd});
 }
 
+void vector_path_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"op", "N", "F", "aligned"});
+  // gpt2-124m: bias grads of H 768 and FFN 3072 over 16384 rows, its bias_dropout_add backward,
+  // its logits [16384, 50304].
+  const int64_t n = gpu() ? 16384 : 1024;
+  for (int64_t aligned : {1, 0}) {
+    b->Args({0, n, 768, aligned});
+    b->Args({0, n, 3072, aligned});
+    b->Args({1, n, 768, aligned});
+    b->Args({2, gpu() ? n : 64, 50304, aligned});
+  }
+}
+
 void adam_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"numel", "tensors", "bf16_param"});
   // GPT-2 124M: one flat buffer (Megatron's contiguous grad buffer) and 148 tensors (per layer).
@@ -445,6 +497,7 @@ BENCHMARK(BM_swiglu)->Apply(swiglu_args)->Apply(setup);
 BENCHMARK(BM_bias_dropout_add)->Apply(bda_args)->Apply(setup);
 BENCHMARK(BM_bda_norm)->Apply(bda_norm_args)->Apply(setup);
 BENCHMARK(BM_cross_entropy)->Apply(ce_args)->Apply(setup);
+BENCHMARK(BM_vector_path)->Apply(vector_path_args)->Apply(setup);
 BENCHMARK(BM_adamw)->Apply(adam_args)->Apply(setup);
 BENCHMARK(BM_rope)->Apply(rope_args)->Apply(setup);
 
