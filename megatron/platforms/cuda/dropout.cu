@@ -152,8 +152,7 @@ __global__ void bias_dropout_add_bwd_vec_kernel(void* dx, const void* dy, bool b
   const int64_t f = 8 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
   if (f >= width) return;
   const int64_t c = blockIdx.y;
-  const int64_t r0 = c * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const auto [r0, r1] = chunk_rows(c, rows_per_chunk, rows);
   double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t i = r * width + f;

@@ -215,8 +215,7 @@ __global__ void norm_bwd_fused_kernel(void* dx, const void* dy, const void* dres
                                       double* partial_g, double* partial_b) {
   extern __shared__ double acc[];  // [h] dgamma partials, then [h] dbeta partials
   const int64_t c = blockIdx.x;
-  const int64_t r0 = c * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const auto [r0, r1] = chunk_rows(c, rows_per_chunk, rows);
   double* acc_b = partial_b ? acc + h : nullptr;
   for (int64_t j = threadIdx.x; j < h; j += blockDim.x) {
     acc[j] = 0.0;
@@ -373,8 +372,7 @@ __global__ void __launch_bounds__(MAX_THREADS)
                         const void* mean, const void* rstd, DType st, Param gamma, int64_t rows,
                         int64_t h, int64_t rows_per_chunk, double* partial_g, double* partial_b) {
   const int64_t c = blockIdx.x, nvec = h / 8;
-  const int64_t r0 = c * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const auto [r0, r1] = chunk_rows(c, rows_per_chunk, rows);
   const float inv_h = 1.0f / static_cast<float>(h);
   float w[VPT][8];
   double ag[VPT][8], ab[VPT][8];
@@ -535,63 +533,48 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
     // before it writes them.
     const std::size_t smem =
         static_cast<std::size_t>(dbeta ? 2 : 1) * static_cast<std::size_t>(h) * sizeof(double);
-    if (rows > 0 &&
-        vec_ok(x.dtype(), h,
-               {dx.raw_data(), dy.raw_data(), x.raw_data(), dres ? dres->raw_data() : nullptr})) {
+    const void* dr = dres ? dres->raw_data() : nullptr;
+    const bool vec =
+        rows > 0 && vec_ok(x.dtype(), h, {dx.raw_data(), dy.raw_data(), x.raw_data(), dr});
+    const bool fused =
+        rows > 0 && h > 0 &&
+        smem <= static_cast<std::size_t>(device_properties(dev).sharedMemPerBlockOptin);
+    if (vec || fused) {
       const auto [chunks, rows_per_chunk] = column_chunking(rows);
       const auto ph = static_cast<std::size_t>(chunks * h);
       Scratch partial(dev, (dbeta ? 2 : 1) * ph * sizeof(double));
       double* pg = partial.as<double>();
       double* pb = dbeta ? pg + ph : nullptr;
       cudaStream_t s = current_stream(dev);
-      const VecGeometry g = vec_geometry(h);
-      const bool bf16 = x.dtype() == DType::bf16;
       const Param gp = param_of(gamma, args.zero_centered_gamma);
-      const void* dr = dres ? dres->raw_data() : nullptr;
       const auto grid = static_cast<unsigned int>(chunks);
-      // Rows of up to 1024 elements (<= 128 threads): four rows per step, twice the bytes in
-      // flight (two ran at 472 GB/s for H = 768 on an H200: one 96-thread block per 32-row chunk
-      // keeps too little in flight). 160 registers: wider rows keep two (118 registers, two
-      // 256-thread blocks per SM instead of one). Not yet measured.
-      if (g.per_thread == 1 && g.threads <= 128)
-        norm_bwd_vec_kernel<1, 4, 128><<<grid, g.threads, 0, s>>>(
-            dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16, mp, rstd.raw_data(), rstd.dtype(),
-            gp, rows, h, rows_per_chunk, pg, pb);
-      else if (g.per_thread == 1)
-        norm_bwd_vec_kernel<1, 2><<<grid, g.threads, 0, s>>>(
-            dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16, mp, rstd.raw_data(), rstd.dtype(),
-            gp, rows, h, rows_per_chunk, pg, pb);
-      else
-        norm_bwd_vec_kernel<2, 1><<<grid, g.threads, 0, s>>>(
-            dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16, mp, rstd.raw_data(), rstd.dtype(),
-            gp, rows, h, rows_per_chunk, pg, pb);
-      MG_CUDA_CHECK_LAUNCH();
-      detail::column_finish_kernel<double>
-          <<<grid_for(h), kThreads, 0, s>>>(dgamma.raw_data(), dgamma.dtype(), pg, chunks, h);
-      MG_CUDA_CHECK_LAUNCH();
-      if (dbeta) {
-        detail::column_finish_kernel<double>
-            <<<grid_for(h), kThreads, 0, s>>>(dbeta->raw_data(), dbeta->dtype(), pb, chunks, h);
-        MG_CUDA_CHECK_LAUNCH();
+      if (vec) {
+        const VecGeometry g = vec_geometry(h);
+        const bool bf16 = x.dtype() == DType::bf16;
+        auto launch = [&](auto kernel) {
+          kernel<<<grid, g.threads, 0, s>>>(dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16,
+                                            mp, rstd.raw_data(), rstd.dtype(), gp, rows, h,
+                                            rows_per_chunk, pg, pb);
+        };
+        // Rows of up to 1024 elements (<= 128 threads): four rows per step, twice the bytes in
+        // flight (two ran at 472 GB/s for H = 768 on an H200: one 96-thread block per 32-row
+        // chunk keeps too little in flight); 152 registers. Wider rows keep two (118 registers,
+        // two 256-thread blocks per SM instead of one). Not yet measured.
+        if (g.per_thread == 1 && g.threads <= 128)
+          launch(norm_bwd_vec_kernel<1, 4, 128>);
+        else if (g.per_thread == 1)
+          launch(norm_bwd_vec_kernel<1, 2>);
+        else
+          launch(norm_bwd_vec_kernel<2, 1>);
+      } else {
+        if (smem > 48 * 1024)
+          MG_CUDA_CHECK(cudaFuncSetAttribute(norm_bwd_fused_kernel<C>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(smem)));
+        norm_bwd_fused_kernel<C><<<grid, kThreads, smem, s>>>(
+            dx.raw_data(), dy.raw_data(), dr, x.raw_data(), x.dtype(), mp, rstd.raw_data(),
+            rstd.dtype(), gp, rows, h, rows_per_chunk, pg, pb);
       }
-      return;
-    }
-    if (rows > 0 && h > 0 &&
-        smem <= static_cast<std::size_t>(device_properties(dev).sharedMemPerBlockOptin)) {
-      if (smem > 48 * 1024)
-        MG_CUDA_CHECK(cudaFuncSetAttribute(norm_bwd_fused_kernel<C>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem)));
-      const auto [chunks, rows_per_chunk] = column_chunking(rows);
-      const auto ph = static_cast<std::size_t>(chunks * h);
-      Scratch partial(dev, (dbeta ? 2 : 1) * ph * sizeof(double));
-      double* pg = partial.as<double>();
-      double* pb = dbeta ? pg + ph : nullptr;
-      cudaStream_t s = current_stream(dev);
-      norm_bwd_fused_kernel<C><<<static_cast<unsigned int>(chunks), kThreads, smem, s>>>(
-          dx.raw_data(), dy.raw_data(), dres ? dres->raw_data() : nullptr, x.raw_data(), x.dtype(),
-          mp, rstd.raw_data(), rstd.dtype(), param_of(gamma, args.zero_centered_gamma), rows, h,
-          rows_per_chunk, pg, pb);
       MG_CUDA_CHECK_LAUNCH();
       detail::column_finish_kernel<double>
           <<<grid_for(h), kThreads, 0, s>>>(dgamma.raw_data(), dgamma.dtype(), pg, chunks, h);

@@ -25,6 +25,16 @@
 
 namespace mg::platforms::cuda {
 
+// Rows [begin, end) of chunk c (column_chunking's chunks: rows_per_chunk rows each, the last one
+// short or empty).
+struct ChunkRows {
+  int64_t begin, end;
+};
+__device__ __forceinline__ ChunkRows chunk_rows(int64_t c, int64_t rows_per_chunk, int64_t rows) {
+  const int64_t r0 = c * rows_per_chunk;
+  return {r0, r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows};
+}
+
 namespace detail {
 
 template <typename G>
@@ -33,8 +43,7 @@ __global__ void column_partial_kernel(double* partial, int64_t rows, int64_t wid
   const int64_t f = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (f >= width) return;
   const int64_t c = blockIdx.y;
-  const int64_t r0 = c * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const auto [r0, r1] = chunk_rows(c, rows_per_chunk, rows);
   double s = 0.0;
   for (int64_t r = r0; r < r1; ++r) s += g(r, f);
   partial[c * width + f] = s;
@@ -51,8 +60,7 @@ __global__ void column_partial8_kernel(double* partial, int64_t rows, int64_t wi
   const int64_t f = 8 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
   if (f >= width) return;
   const int64_t c = blockIdx.y;
-  const int64_t r0 = c * rows_per_chunk;
-  const int64_t r1 = r0 + rows_per_chunk < rows ? r0 + rows_per_chunk : rows;
+  const auto [r0, r1] = chunk_rows(c, rows_per_chunk, rows);
   double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
 #pragma unroll 4
   for (int64_t r = r0; r < r1; ++r) {
