@@ -22,6 +22,7 @@
 #include <cmath>
 
 #include "megatron/core/ops/ops.h"
+#include "megatron/core/transformer/moe/router_math.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
@@ -155,7 +156,7 @@ void moe_unpermute_bwd(Tensor& drows, Tensor& dprob, const Tensor& dout, const T
 }
 
 constexpr int kMaxRouterTopk = 64;
-constexpr double kSigmoidNormEps = 1e-20;  // Megatron's "+ 1e-20" (moe_utils.cpp)
+using transformer::moe::kSigmoidNormEps;
 
 struct Pick {
   double v;
@@ -391,35 +392,7 @@ __global__ void moe_router_topk_bwd_kernel(double* dlogits, const double* dprob,
         for (int k = 0; k < K; ++k) unscaled[k] /= sum;
         p = unscaled;
       }
-      if (!a.sigmoid) {
-        if (a.pre_softmax) {
-          auto ds = [&](int64_t e) {
-            double v = 0.0;
-            for (int k = 0; k < K; ++k)
-              if (ex[k] == e) v += g[k];
-            return v;
-          };
-          double dot = 0.0;
-          for (int64_t e = 0; e < E; ++e) dot += s[e] * ds(e);
-          for (int64_t e = 0; e < E; ++e) dl[e] += s[e] * (ds(e) - dot);
-        } else {
-          double dot = 0.0;
-          for (int k = 0; k < K; ++k) dot += p[k] * g[k];
-          for (int k = 0; k < K; ++k) dl[ex[k]] += p[k] * (g[k] - dot);
-        }
-      } else {
-        double sum = 0.0, gq = 0.0;
-        for (int k = 0; k < K; ++k) {
-          sum += s[ex[k]];
-          gq += g[k] * s[ex[k]];
-        }
-        const double den = sum + kSigmoidNormEps;
-        for (int k = 0; k < K; ++k) {
-          const double q = s[ex[k]];
-          const double dq = K > 1 ? g[k] / den - gq / (den * den) : g[k];
-          dl[ex[k]] += dq * q * (1.0 - q);
-        }
-      }
+      transformer::moe::router_topk_token_backward(ex, p, g, s, K, E, a.sigmoid, a.pre_softmax, dl);
     }
     if (aux_dscores) {
       // The load-balancing scores are the softmax scores, or the sigmoid scores normalised.

@@ -253,6 +253,11 @@ bool vec_ok(DType t, int64_t h, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
+// The k-th 8-element vector of this thread's row share (thread t owns vectors t, t + T, ...).
+__device__ __forceinline__ int64_t vec_of_thread(int k) {
+  return threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+}
+
 // a and b summed over the block (blockDim.x a multiple of 32, <= 1024) in a fixed order; every
 // thread gets both sums. Safe to call repeatedly.
 __device__ __forceinline__ void block_sum2(float& a, float& b) {
@@ -296,7 +301,7 @@ __global__ void __launch_bounds__(kVecMaxThreads)
   float s = 0.0f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
     const int64_t j0 = vi * 8;
     if (in.x) {
@@ -331,7 +336,7 @@ __global__ void __launch_bounds__(kVecMaxThreads)
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -348,7 +353,7 @@ __global__ void __launch_bounds__(kVecMaxThreads)
   }
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
     const int64_t j0 = vi * 8;
     float o[8];
@@ -378,7 +383,7 @@ __global__ void __launch_bounds__(MAX_THREADS)
   double ag[VPT][8], ab[VPT][8];
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    const int64_t vi = vec_of_thread(k);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       w[k][e] = vi < nvec ? gamma.at<float>(vi * 8 + e) : 0.0f;
@@ -400,7 +405,7 @@ __global__ void __launch_bounds__(MAX_THREADS)
       rs[q] = load<float>(rstd, st, rr);
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        const int64_t vi = vec_of_thread(k);
         if (vi >= nvec) continue;
         float xv[8], dv[8];
         load8_half(x, rr * h + vi * 8, bf16, xv);
@@ -428,7 +433,7 @@ __global__ void __launch_bounds__(MAX_THREADS)
       const float mgx = sgx[q] * inv_h;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
-        const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+        const int64_t vi = vec_of_thread(k);
         if (vi >= nvec) continue;
         float o[8];
 #pragma unroll
@@ -445,7 +450,7 @@ __global__ void __launch_bounds__(MAX_THREADS)
   }
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {

@@ -9,12 +9,11 @@
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/common/host_sync.h"
+#include "megatron/core/transformer/moe/router_math.h"
 
 namespace mg::transformer::moe {
 
 namespace {
-
-constexpr double kSigmoidNormEps = 1e-20;  // Megatron's "+ 1e-20" in the sigmoid normalisation
 
 double sigmoid(double x) {
   return 1.0 / (1.0 + std::exp(-x));
@@ -216,7 +215,7 @@ void topk_routing_backward(const Routing& r, const std::vector<double>& logits,
   const int64_t T = r.num_tokens, E = r.num_experts, K = r.topk;
   check_sizes(dprob, T, K, "topk_routing_backward dprob");
   check_sizes(dlogits, T, E, "topk_routing_backward dlogits");
-  std::vector<double> g(static_cast<std::size_t>(K)), ds(static_cast<std::size_t>(E));
+  std::vector<double> g(static_cast<std::size_t>(K));
   std::vector<double> sel(static_cast<std::size_t>(K)), unscaled(static_cast<std::size_t>(K));
   for (int64_t t = 0; t < T; ++t) {
     const int64_t* ex = r.expert.data() + t * K;
@@ -236,31 +235,8 @@ void topk_routing_backward(const Routing& r, const std::vector<double>& logits,
       softmax_row(sel.data(), K, unscaled.data());
       p = unscaled.data();
     }
-    if (o.score_function == MoeScoreFunction::softmax) {
-      if (o.pre_softmax) {
-        std::fill(ds.begin(), ds.end(), 0.0);
-        for (int64_t k = 0; k < K; ++k) ds[ex[k]] += g[k];
-        double dot = 0.0;
-        for (int64_t e = 0; e < E; ++e) dot += s[e] * ds[e];
-        for (int64_t e = 0; e < E; ++e) dl[e] += s[e] * (ds[e] - dot);
-      } else {
-        double dot = 0.0;
-        for (int64_t k = 0; k < K; ++k) dot += p[k] * g[k];
-        for (int64_t k = 0; k < K; ++k) dl[ex[k]] += p[k] * (g[k] - dot);
-      }
-    } else {
-      double sum = 0.0, gq = 0.0;
-      for (int64_t k = 0; k < K; ++k) {
-        sum += s[ex[k]];
-        gq += g[k] * s[ex[k]];
-      }
-      const double den = sum + kSigmoidNormEps;
-      for (int64_t k = 0; k < K; ++k) {
-        const double q = s[ex[k]];
-        const double dq = K > 1 ? g[k] / den - gq / (den * den) : g[k];
-        dl[ex[k]] += dq * q * (1.0 - q);
-      }
-    }
+    router_topk_token_backward(ex, p, g.data(), s, K, E,
+                               o.score_function == MoeScoreFunction::sigmoid, o.pre_softmax, dl);
   }
 }
 
