@@ -167,7 +167,8 @@ void BM_gemm_bf16_into_f32(benchmark::State& s) {
 // MLP): args M, N, K, ta, tb, beta, epilogue (0 bias, 1 bias_gelu, 2 dgelu_bgrad, 3 bgrad). A, B, C
 // and aux bf16 (C f32 for bgrad: main_grad), bias bf16, dbias f32. On a GPU gpt2-124m's shapes (T =
 // 16384): QKV fwd + bias, fc1 fwd + bias-GELU, fc2's dgrad + dGELU + fc1 bias grad, the fc1 wgrad +
-// bias grad; compare with BM_gemm_bf16_workload (the GEMM alone) on the same shape.
+// bias grad, and the QKV / proj / fc2 wgrads + bias grad; compare with BM_gemm_bf16_workload and
+// BM_gemm_bf16_into_f32_workload (the GEMM alone) on the same shape.
 void BM_gemm_epilogue(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = state.range(2);
   mg::ops::GemmEpilogueArgs g;
@@ -208,6 +209,11 @@ void epilogue_args(benchmark::internal::Benchmark* b) {
   b->Args({t, 3072, 768, 0, 1, 0, 1});  // fc1 fwd + bias-GELU
   b->Args({t, 3072, 768, 0, 0, 0, 2});  // fc2 dgrad dY [T, H] @ W2 [H, F] + dGELU + fc1 dbias
   b->Args({3072, 768, t, 1, 0, 1, 3});  // fc1 wgrad dW [F, H] += dY^T X + dbias [F]
+  if (mg::bench::gpu_requested()) {     // the other wgrads with a bias: QKV, proj, fc2
+    b->Args({2304, 768, t, 1, 0, 1, 3});
+    b->Args({768, 768, t, 1, 0, 1, 3});
+    b->Args({768, 3072, t, 1, 0, 1, 3});
+  }
   b->Unit(benchmark::kMillisecond);
   mg::bench::set_timing(b);
 }

@@ -28,7 +28,7 @@
 # the test binaries' names must match), PERF_RUNS (replaces the measurement list: "name limit
 # workload micro-batch [flags...]" separated by ';'), MULTIRANK_ONLY (overrides the
 # multi-rank part list; `all`: every part of gpu_multirank.sh), MULTIRANK_BUDGET (s), PERF_ITERS
-# (timed iterations, default 10).
+# (timed iterations, default 10), KERNELS and KERNEL_ENV (part 3b, kernel benchmarks, off unless set).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/gpu_out}
@@ -120,6 +120,31 @@ if [[ $skip != *",multirank,"* ]]; then
   else
     note "## Several ranks: not run (${l}s left)"
   fi
+fi
+
+# 3b. kernel benchmarks, only when KERNELS names them: "binary:filter;binary:filter" (the
+# Google Benchmark binaries of the bundle: fused_kernels_bench, gemm_bench, attention_bench; the
+# filter is --benchmark_filter's regex), each under 60 s, MG_BENCH_PLATFORM=cuda, short minimum
+# times. KERNEL_ENV: extra VAR=value words for those runs (e.g. CUDNN_FRONTEND_LOG_INFO=1
+# CUDNN_FRONTEND_LOG_FILE=stderr: cuDNN's engine list for the attention graphs).
+if [ -n "${KERNELS:-}" ] && [[ $skip != *",kernels,"* ]]; then
+  mkdir -p "$stage/kernels"
+  note "## Kernel benchmarks (KERNELS=$KERNELS)"
+  note ""
+  IFS=';' read -ra kruns <<< "$KERNELS"
+  for kr in "${kruns[@]}"; do
+    kb=${kr%%:*}
+    kf=${kr#*:}
+    [ "$(left)" -lt 40 ] && { note "- $kb: not run, $(left)s left"; continue; }
+    # shellcheck disable=SC2086
+    env ${KERNEL_ENV:-} MG_BENCH_PLATFORM=cuda timeout 60 "$bindir/$kb" --benchmark_filter="$kf" \
+      --benchmark_min_time=0.05 --benchmark_counters_tabular=true \
+      > "$stage/kernels/$kb.txt" 2> "$stage/kernels/$kb.err"
+    note "### $kb ($kf): rc=$?"
+    note ""
+    grep -E '^(BM_|-|Benchmark)' "$stage/kernels/$kb.txt" | sed 's/^/    /' | tee -a "$md"
+    note ""
+  done
 fi
 
 # 4. measurements

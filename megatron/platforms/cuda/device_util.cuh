@@ -22,14 +22,21 @@ using dmath::store;
 // Eight consecutive bf16 / f16 elements [i, i + 8) of p (16-byte aligned, i a multiple of 8) as
 // one 16-byte access, widened to f32 / rounded from f32 exactly as load<float> / store<float> do
 // (the vector kernels' element access: the same bits as the scalar kernels).
-__device__ __forceinline__ void load8_half(const void* p, int64_t i, bool bf16, float (&o)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
+// The 16 bytes of 8 bf16/f16 values at element i (16-byte aligned), undecoded: lets a kernel issue
+// the load early and decode it later with unpack8_half.
+__device__ __forceinline__ uint4 load8_raw(const void* p, int64_t i) {
+  return *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + i);
+}
+__device__ __forceinline__ void unpack8_half(const uint4& raw, bool bf16, float (&o)[8]) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const auto b = static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2)));
     o[k] = bf16 ? dmath::bf16_to_f32(b) : dmath::f16_to_f32(b);
   }
+}
+__device__ __forceinline__ void load8_half(const void* p, int64_t i, bool bf16, float (&o)[8]) {
+  unpack8_half(load8_raw(p, i), bf16, o);
 }
 __device__ __forceinline__ void store8_half(void* p, int64_t i, bool bf16, const float (&v)[8]) {
   uint32_t w[4] = {0, 0, 0, 0};

@@ -758,8 +758,19 @@ bool epilogue_fused(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, cons
                               MatrixTerm{c.raw_data(), c.dtype(), d.n}, dev);
         return true;
       }
-      // cuBLASLt writes the bias gradient: into a scratch vector, added to dbias afterwards.
-      // f32 first; C's dtype (the documented default) when f32 has no algorithm.
+      // The weight-gradient GEMM of a layer with a bias (A = dY [K tokens, M], trans_a): the
+      // plain GEMM, then dbias += the column sums of A in f64 (reduce.cuh). cuBLASLt's BGRADB
+      // epilogue ran these GEMMs (long K, small M x N) at 347 TFLOP/s against 707 for the plain
+      // GEMMs of the same gpt2-124m step on an H200 (2026-11-26-h200-lease-s19.md), and does not
+      // document its reduction's precision; the column sums of dY read 2 K M bytes once.
+      if (args.trans_a) {
+        if (!run_fused(x)) return false;
+        column_sum_accumulate(dbias.raw_data(), dbias.dtype(), d.k, d.m,
+                              MatrixTerm{a.raw_data(), a.dtype(), d.m}, dev);
+        return true;
+      }
+      // A [M, K]: row sums, which cuBLASLt's epilogue writes into a scratch vector, added to
+      // dbias afterwards. f32 first; C's dtype (the documented default) when f32 has no algorithm.
       x.epilogue = CUBLASLT_EPILOGUE_BGRADB;
       const int64_t len = d.m;
       for (DType tg : {DType::f32, c.dtype()}) {

@@ -206,7 +206,7 @@ __global__ void norm_bwd_kernel(void* dx, const void* dy, const void* dres, cons
 // takes chunk c of column_chunking(rows) (reduce.cuh), keeps the partial sums of dy * xhat (and
 // of dy for dbeta) of the columns its threads own in shared memory, in row order, and writes them
 // as column_sum_accumulate's partials [chunks, h] would be (the same terms in the same order:
-// the same bits); column_finish_kernel then adds them into dgamma / dbeta. Saves the two extra
+// the same bits); column_finish then adds them into dgamma / dbeta. Saves the two extra
 // passes over dy and x (norm_bwd_add ran at 255-420 GB/s on an H200: 6-12 % of a step).
 template <typename C>
 __global__ void norm_bwd_fused_kernel(void* dx, const void* dy, const void* dres, const void* x,
@@ -280,6 +280,34 @@ __device__ __forceinline__ void block_sum2(float& a, float& b) {
   }
   a = sa;
   b = sb;
+}
+
+// v[0..N) each summed over the block, as N calls of block_sum2 would sum them (the same shuffle
+// tree, then the warps' partials in warp order: the same bits), with one pair of barriers for all
+// N instead of one pair per call.
+template <int N>
+__device__ __forceinline__ void block_sum_n(float (&v)[N]) {
+  __shared__ float part[32][N];
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int nwarps = static_cast<int>(blockDim.x >> 5);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+  }
+  __syncthreads();  // a previous call may still be reading `part`
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) part[warp][i] = v[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    float t = part[0][i];
+    for (int w = 1; w < nwarps; ++w) t += part[w][i];
+    v[i] = t;
+  }
 }
 
 __device__ __forceinline__ float round_half(float v, bool bf16) {
@@ -368,8 +396,9 @@ __global__ void __launch_bounds__(kVecMaxThreads)
 }
 
 // norm_bwd_fused_kernel's vector form: block c takes chunk c of column_chunking(rows), ROWS rows
-// per step (their loads issued together), and keeps the dgamma / dbeta partials of the columns its
-// threads own in f64 registers, row by row in row order (the same terms and order as
+// per step (their loads of x, dy and the residual gradient issued together, the 2 * ROWS row sums
+// reduced over the block with one pair of barriers), and keeps the dgamma / dbeta partials of the
+// columns its threads own in f64 registers, row by row in row order (the same terms and order as
 // NormParamTerm through column_sum_accumulate: the same bits).
 template <int VPT, int ROWS, int MAX_THREADS = kVecMaxThreads>
 __global__ void __launch_bounds__(MAX_THREADS)
@@ -393,11 +422,12 @@ __global__ void __launch_bounds__(MAX_THREADS)
   }
   for (int64_t r = r0; r < r1; r += ROWS) {
     float xh[ROWS][VPT][8], g[ROWS][VPT][8];
-    float rs[ROWS], sg[ROWS], sgx[ROWS];
+    float rs[ROWS], sums[2 * ROWS];  // sums[2q], sums[2q + 1]: row q's sum g and sum g * xhat
+    uint4 dr_raw[ROWS][VPT];         // the residual gradient, loaded with x and dy
 #pragma unroll
     for (int q = 0; q < ROWS; ++q) {
-      sg[q] = 0.0f;
-      sgx[q] = 0.0f;
+      sums[2 * q] = 0.0f;
+      sums[2 * q + 1] = 0.0f;
       rs[q] = 0.0f;
       const int64_t rr = r + q;
       if (rr >= r1) continue;
@@ -407,6 +437,7 @@ __global__ void __launch_bounds__(MAX_THREADS)
       for (int k = 0; k < VPT; ++k) {
         const int64_t vi = vec_of_thread(k);
         if (vi >= nvec) continue;
+        if (dres) dr_raw[q][k] = load8_raw(dres, rr * h + vi * 8);
         float xv[8], dv[8];
         load8_half(x, rr * h + vi * 8, bf16, xv);
         load8_half(dy, rr * h + vi * 8, bf16, dv);
@@ -416,21 +447,20 @@ __global__ void __launch_bounds__(MAX_THREADS)
           const float gg = dv[e] * w[k][e];
           xh[q][k][e] = xhat;
           g[q][k][e] = gg;
-          sg[q] += gg;
-          sgx[q] += gg * xhat;
+          sums[2 * q] += gg;
+          sums[2 * q + 1] += gg * xhat;
           ag[k][e] += static_cast<double>(dv[e] * xhat);
           if (partial_b) ab[k][e] += static_cast<double>(dv[e]);
         }
       }
     }
-#pragma unroll
-    for (int q = 0; q < ROWS; ++q) block_sum2(sg[q], sgx[q]);
+    block_sum_n<2 * ROWS>(sums);
 #pragma unroll
     for (int q = 0; q < ROWS; ++q) {
       const int64_t rr = r + q;
       if (rr >= r1) continue;
-      const float mg = mean ? sg[q] * inv_h : 0.0f;
-      const float mgx = sgx[q] * inv_h;
+      const float mg = mean ? sums[2 * q] * inv_h : 0.0f;
+      const float mgx = sums[2 * q + 1] * inv_h;
 #pragma unroll
       for (int k = 0; k < VPT; ++k) {
         const int64_t vi = vec_of_thread(k);
@@ -440,7 +470,7 @@ __global__ void __launch_bounds__(MAX_THREADS)
         for (int e = 0; e < 8; ++e) o[e] = rs[q] * (g[q][k][e] - mg - xh[q][k][e] * mgx);
         if (dres) {
           float dr[8];
-          load8_half(dres, rr * h + vi * 8, bf16, dr);
+          unpack8_half(dr_raw[q][k], bf16, dr);
 #pragma unroll
           for (int e = 0; e < 8; ++e) o[e] = __fadd_rn(round_half(o[e], bf16), dr[e]);
         }
@@ -562,9 +592,9 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
                                             rows_per_chunk, pg, pb);
         };
         // Rows of up to 1024 elements (<= 128 threads): four rows per step, twice the bytes in
-        // flight (two ran at 472 GB/s for H = 768 on an H200: one 96-thread block per 32-row
-        // chunk keeps too little in flight); 152 registers. Wider rows keep two (118 registers,
-        // two 256-thread blocks per SM instead of one). Not yet measured.
+        // flight (the op ran at 472 GB/s for H = 768 on an H200 with two rows per step and the
+        // serial column finish: one 96-thread block per 32-row chunk keeps little in flight).
+        // Wider rows keep two (two 256-thread blocks per SM instead of one). Not yet measured.
         if (g.per_thread == 1 && g.threads <= 128)
           launch(norm_bwd_vec_kernel<1, 4, 128>);
         else if (g.per_thread == 1)
@@ -581,14 +611,8 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
             rstd.dtype(), gp, rows, h, rows_per_chunk, pg, pb);
       }
       MG_CUDA_CHECK_LAUNCH();
-      detail::column_finish_kernel<double>
-          <<<grid_for(h), kThreads, 0, s>>>(dgamma.raw_data(), dgamma.dtype(), pg, chunks, h);
-      MG_CUDA_CHECK_LAUNCH();
-      if (dbeta) {
-        detail::column_finish_kernel<double>
-            <<<grid_for(h), kThreads, 0, s>>>(dbeta->raw_data(), dbeta->dtype(), pb, chunks, h);
-        MG_CUDA_CHECK_LAUNCH();
-      }
+      column_finish(dgamma.raw_data(), dgamma.dtype(), pg, chunks, h, s);
+      if (dbeta) column_finish(dbeta->raw_data(), dbeta->dtype(), pb, chunks, h, s);
       return;
     }
     // Parameter gradients first: dx may alias dy.

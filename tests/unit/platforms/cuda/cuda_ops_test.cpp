@@ -385,6 +385,50 @@ TEST_P(CudaOps, ReductionsAreDeterministicAndMatchCpu) {
   EXPECT_TRUE(test::all_close(to_doubles(db.gpu), to_doubles(db.cpu), {1e-4, 1e-5}));
 }
 
+// reduce.cuh's column_finish (every column sum's last pass: the partials staged in shared memory,
+// each column added in chunk order) against its serial reference kernel and the host's f64 sum in
+// chunk order: the same adds in the same order, so the same bits, into f64 and f32 outputs. Chunk
+// counts 1 (32 columns per block), 129 (31), 512 (8), 1024 (4, column_chunking's most), 4096 (1)
+// and 5000 (no column fits 32 KiB: the serial kernel); widths below, at and not a multiple of the
+// block's columns (the last block short).
+TEST(CudaColumnFinish, StagedIsBitwiseTheSerialKernelAndChunkOrder) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  using Fn = void (*)(Tensor&, const Tensor&, bool);
+  const auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "mg_cuda_column_finish_with"));
+  if (!fn) GTEST_SKIP() << "mg_cuda_column_finish_with not in the process";
+  for (int64_t chunks : {1, 129, 512, 1024, 4096, 5000})
+    for (int64_t width : {1, 3, 8, 13, 770, 3072}) {
+      if (chunks > 1024 && width > 770) continue;  // keeps the host side small
+      // Partials of mixed signs and magnitudes 2^-30 .. 2^30: the order of the adds shows.
+      std::vector<double> p = random_values(static_cast<std::size_t>(chunks * width),
+                                            static_cast<uint64_t>(chunks * 7919 + width));
+      for (std::size_t i = 0; i < p.size(); ++i)
+        p[i] = std::ldexp(p[i], static_cast<int>(i % 61) - 30);
+      const std::vector<double> init = random_values(static_cast<std::size_t>(width), 77);
+      const Tensor partial = Tensor::from_vector(p, {chunks, width}, DType::f64).to(kGpu);
+      for (DType out_t : {DType::f64, DType::f32}) {
+        const std::string what = "chunks " + std::to_string(chunks) + " width " +
+                                 std::to_string(width) + " " + std::string(dtype_name(out_t));
+        Tensor staged = make_tensor(init, {width}, out_t, kGpu).t;
+        Tensor serial = staged.clone();
+        const std::vector<double> start = to_doubles(staged);
+        fn(staged, partial, true);
+        fn(serial, partial, false);
+        const auto got = to_doubles(staged);
+        EXPECT_EQ(bits_of(got), bits_of(to_doubles(serial))) << what;
+        std::vector<double> want(static_cast<std::size_t>(width));
+        for (int64_t f = 0; f < width; ++f) {
+          double acc = 0.0;
+          for (int64_t c = 0; c < chunks; ++c) acc += p[static_cast<std::size_t>(c * width + f)];
+          const double sum = start[static_cast<std::size_t>(f)] + acc;
+          want[static_cast<std::size_t>(f)] =
+              out_t == DType::f32 ? static_cast<double>(static_cast<float>(sum)) : sum;
+        }
+        EXPECT_EQ(bits_of(got), bits_of(want)) << what << " (the host's sums in chunk order)";
+      }
+    }
+}
+
 // bias_grad and bias_dropout_add_bwd's dbias (reduce.cuh's MatrixTerm; dropout.cu's one-pass
 // dx + dbias kernel, or MaskedGrad): for bf16/f16 rows a multiple of 8 wide and 16-byte aligned
 // the 8-column vector kernel runs, and its sums are the scalar kernel's bits (the same f64 terms
