@@ -142,7 +142,7 @@ if [ -n "${KERNELS:-}" ] && [[ $skip != *",kernels,"* ]]; then
       > "$stage/kernels/$kb.txt" 2> "$stage/kernels/$kb.err"
     note "### $kb ($kf): rc=$?"
     note ""
-    grep -E '^(BM_|-|Benchmark)' "$stage/kernels/$kb.txt" | sed 's/^/    /' | tee -a "$md"
+    grep -E '(manual_time|^Benchmark|^---)' "$stage/kernels/$kb.txt" | sed 's/^/    /' | tee -a "$md"
     note ""
   done
 fi

@@ -29,9 +29,10 @@
 // Vector paths (bf16/f16 storage, H % 8 == 0, H <= 8192, 16-byte aligned rows): the row is held
 // in registers as 8-element vectors (16-byte loads and stores, device_util.cuh's load8_half), a
 // block of 32..512 threads spans it (thread t owns vectors t, t + T, ...), the two row sums of
-// the backward share one block reduction, and the backward takes two rows per step so twice the
-// bytes are in flight. The same per-element expressions and, for dgamma / dbeta, the same f64
-// terms in the same row order per chunk (the same bits as the scalar kernels); the row sums
+// the backward share one block reduction; the backward's dgamma / dbeta partials are a pass of
+// their own before the dx rows (norm_param_partial8_kernel). The same per-element expressions
+// and, for dgamma / dbeta, the same f64 terms in the same row order per chunk (the same bits as
+// the scalar kernels); the row sums
 // (mean, variance, mean(g), mean(g xhat)) are reduced in another order than the scalar kernel's
 // (the CPU tolerance applies, as for the scalar kernel). The scalar kernels serve the rest.
 // Not here: fp8 outputs; the MLP-BDA + next layer's input norm fusion.
@@ -395,98 +396,99 @@ __global__ void __launch_bounds__(kVecMaxThreads)
   }
 }
 
-// norm_bwd_fused_kernel's vector form: block c takes chunk c of column_chunking(rows), ROWS rows
-// per step (their loads of x, dy and the residual gradient issued together, the 2 * ROWS row sums
-// reduced over the block with one pair of barriers), and keeps the dgamma / dbeta partials of the
-// columns its threads own in f64 registers, row by row in row order (the same terms and order as
-// NormParamTerm through column_sum_accumulate: the same bits).
-template <int VPT, int ROWS, int MAX_THREADS = kVecMaxThreads>
-__global__ void __launch_bounds__(MAX_THREADS)
-    norm_bwd_vec_kernel(void* dx, const void* dy, const void* dres, const void* x, bool bf16,
-                        const void* mean, const void* rstd, DType st, Param gamma, int64_t rows,
-                        int64_t h, int64_t rows_per_chunk, double* partial_g, double* partial_b) {
-  const int64_t c = blockIdx.x, nvec = h / 8;
+// The vector backward is two passes (bf16 / f16 rows, vec_ok):
+//  1. norm_param_partial8_kernel: the dgamma (and dbeta) partials of column_chunking's chunks, one
+//     thread per 8 columns of a chunk, its rows in row order, the terms dy * xhat (and dy) widened
+//     to f64: NormParamTerm's terms in column_sum_accumulate's order, so the same bits as the
+//     scalar path; column_finish adds the chunks.
+//  2. norm_bwd_dx_vec_kernel: dx, one block per row, the row in registers as 16-byte vectors.
+// One fused pass (the dx rows and the partials in the same block, a chunk of 32 rows per block)
+// ran at 550 GB/s for gpt2-124m's [16384, 768] on an H200: 512 blocks of 3 warps, 162 registers,
+// 18 % occupancy, stalled on instruction fetch (Nsight Compute, 2026-11-26); the passes apart each
+// keep every multiprocessor full. The partials pass runs first: dx may alias dy.
+__global__ void norm_param_partial8_kernel(double* partial_g, double* partial_b, const void* dy,
+                                           const void* x, bool bf16, const void* mean,
+                                           const void* rstd, DType st, int64_t rows, int64_t h,
+                                           int64_t rows_per_chunk) {
+  const int64_t f = 8 * (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (f >= h) return;
+  const int64_t c = blockIdx.y;
   const auto [r0, r1] = chunk_rows(c, rows_per_chunk, rows);
-  const float inv_h = 1.0f / static_cast<float>(h);
-  float w[VPT][8];
-  double ag[VPT][8], ab[VPT][8];
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = vec_of_thread(k);
+  double sg[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  double sb[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+#pragma unroll 4
+  for (int64_t r = r0; r < r1; ++r) {
+    const float mu = mean ? load<float>(mean, st, r) : 0.0f;
+    const float rs = load<float>(rstd, st, r);
+    float xv[8], dv[8];
+    load8_half(x, r * h + f, bf16, xv);
+    load8_half(dy, r * h + f, bf16, dv);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      w[k][e] = vi < nvec ? gamma.at<float>(vi * 8 + e) : 0.0f;
-      ag[k][e] = 0.0;
-      ab[k][e] = 0.0;
+      const float xhat = (xv[e] - mu) * rs;
+      sg[e] += static_cast<double>(dv[e] * xhat);
+      if (partial_b) sb[e] += static_cast<double>(dv[e]);
     }
   }
-  for (int64_t r = r0; r < r1; r += ROWS) {
-    float xh[ROWS][VPT][8], g[ROWS][VPT][8];
-    float rs[ROWS], sums[2 * ROWS];  // sums[2q], sums[2q + 1]: row q's sum g and sum g * xhat
-    uint4 dr_raw[ROWS][VPT];         // the residual gradient, loaded with x and dy
 #pragma unroll
-    for (int q = 0; q < ROWS; ++q) {
-      sums[2 * q] = 0.0f;
-      sums[2 * q + 1] = 0.0f;
-      rs[q] = 0.0f;
-      const int64_t rr = r + q;
-      if (rr >= r1) continue;
-      const float mu = mean ? load<float>(mean, st, rr) : 0.0f;
-      rs[q] = load<float>(rstd, st, rr);
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int64_t vi = vec_of_thread(k);
-        if (vi >= nvec) continue;
-        if (dres) dr_raw[q][k] = load8_raw(dres, rr * h + vi * 8);
-        float xv[8], dv[8];
-        load8_half(x, rr * h + vi * 8, bf16, xv);
-        load8_half(dy, rr * h + vi * 8, bf16, dv);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float xhat = (xv[e] - mu) * rs[q];
-          const float gg = dv[e] * w[k][e];
-          xh[q][k][e] = xhat;
-          g[q][k][e] = gg;
-          sums[2 * q] += gg;
-          sums[2 * q + 1] += gg * xhat;
-          ag[k][e] += static_cast<double>(dv[e] * xhat);
-          if (partial_b) ab[k][e] += static_cast<double>(dv[e]);
-        }
-      }
-    }
-    block_sum_n<2 * ROWS>(sums);
-#pragma unroll
-    for (int q = 0; q < ROWS; ++q) {
-      const int64_t rr = r + q;
-      if (rr >= r1) continue;
-      const float mg = mean ? sums[2 * q] * inv_h : 0.0f;
-      const float mgx = sums[2 * q + 1] * inv_h;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        const int64_t vi = vec_of_thread(k);
-        if (vi >= nvec) continue;
-        float o[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = rs[q] * (g[q][k][e] - mg - xh[q][k][e] * mgx);
-        if (dres) {
-          float dr[8];
-          unpack8_half(dr_raw[q][k], bf16, dr);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o[e] = __fadd_rn(round_half(o[e], bf16), dr[e]);
-        }
-        store8_half(dx, rr * h + vi * 8, bf16, o);
-      }
-    }
+  for (int e = 0; e < 8; ++e) {
+    partial_g[c * h + f + e] = sg[e];
+    if (partial_b) partial_b[c * h + f + e] = sb[e];
   }
+}
+
+// dx of row block_row() (+ the residual gradient dres, when given, added to the rounded dx), the
+// row's 2 sums reduced over the block once. dx may alias dy or dres: each thread reads its
+// elements before it writes them.
+template <int VPT>
+__global__ void __launch_bounds__(kVecMaxThreads)
+    norm_bwd_dx_vec_kernel(void* dx, const void* dy, const void* dres, const void* x, bool bf16,
+                           const void* mean, const void* rstd, DType st, Param gamma, int64_t rows,
+                           int64_t h) {
+  const int64_t r = block_row();
+  if (r >= rows) return;
+  const int64_t base = r * h, nvec = h / 8;
+  const float inv_h = 1.0f / static_cast<float>(h);
+  const float mu = mean ? load<float>(mean, st, r) : 0.0f;
+  const float rs = load<float>(rstd, st, r);
+  float xh[VPT][8], g[VPT][8];
+  uint4 dr_raw[VPT];
+  float sums[2] = {0.0f, 0.0f};  // sum g, sum g * xhat
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
+    if (dres) dr_raw[k] = load8_raw(dres, base + vi * 8);
+    float xv[8], dv[8];
+    load8_half(x, base + vi * 8, bf16, xv);
+    load8_half(dy, base + vi * 8, bf16, dv);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      partial_g[c * h + vi * 8 + e] = ag[k][e];
-      if (partial_b) partial_b[c * h + vi * 8 + e] = ab[k][e];
+      const float xhat = (xv[e] - mu) * rs;
+      const float gg = dv[e] * gamma.at<float>(vi * 8 + e);
+      xh[k][e] = xhat;
+      g[k][e] = gg;
+      sums[0] += gg;
+      sums[1] += gg * xhat;
     }
+  }
+  block_sum_n<2>(sums);
+  const float mg = mean ? sums[0] * inv_h : 0.0f;
+  const float mgx = sums[1] * inv_h;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t vi = vec_of_thread(k);
+    if (vi >= nvec) continue;
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = rs * (g[k][e] - mg - xh[k][e] * mgx);
+    if (dres) {
+      float dr[8];
+      unpack8_half(dr_raw[k], bf16, dr);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = __fadd_rn(round_half(o[e], bf16), dr[e]);
+    }
+    store8_half(dx, base + vi * 8, bf16, o);
   }
 }
 
@@ -563,9 +565,10 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
   with_compute(x.dtype(), [&](auto tag) {
     using C = decltype(tag);
     const void* mp = mean ? mean->raw_data() : nullptr;
-    // Fused: the row pass writes the parameter gradients' column partials too, when their
-    // shared-memory accumulators fit. dx may alias dy: each thread reads its dy elements of a row
-    // before it writes them.
+    // Vector path (bf16/f16, vec_ok): the partials pass, then the dx rows (see
+    // norm_param_partial8_kernel). Otherwise fused: the row pass writes the parameter gradients'
+    // column partials too, when their shared-memory accumulators fit. dx may alias dy: each
+    // thread reads its dy elements of a row before it writes them.
     const std::size_t smem =
         static_cast<std::size_t>(dbeta ? 2 : 1) * static_cast<std::size_t>(h) * sizeof(double);
     const void* dr = dres ? dres->raw_data() : nullptr;
@@ -586,21 +589,22 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
       if (vec) {
         const VecGeometry g = vec_geometry(h);
         const bool bf16 = x.dtype() == DType::bf16;
+        const int64_t v = h / 8;
+        const int pt = column_partial8_threads(v);
+        const dim3 pgrid(static_cast<unsigned int>((v + pt - 1) / pt), grid);
+        norm_param_partial8_kernel<<<pgrid, pt, 0, s>>>(pg, pb, dy.raw_data(), x.raw_data(), bf16,
+                                                        mp, rstd.raw_data(), rstd.dtype(), rows, h,
+                                                        rows_per_chunk);
+        MG_CUDA_CHECK_LAUNCH();
         auto launch = [&](auto kernel) {
-          kernel<<<grid, g.threads, 0, s>>>(dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16,
-                                            mp, rstd.raw_data(), rstd.dtype(), gp, rows, h,
-                                            rows_per_chunk, pg, pb);
+          kernel<<<grid_rows(rows), g.threads, 0, s>>>(dx.raw_data(), dy.raw_data(), dr,
+                                                       x.raw_data(), bf16, mp, rstd.raw_data(),
+                                                       rstd.dtype(), gp, rows, h);
         };
-        // Rows of up to 1024 elements (<= 128 threads): four rows per step, twice the bytes in
-        // flight (the op ran at 472 GB/s for H = 768 on an H200 with two rows per step and the
-        // serial column finish: one 96-thread block per 32-row chunk keeps little in flight).
-        // Wider rows keep two (two 256-thread blocks per SM instead of one). Not yet measured.
-        if (g.per_thread == 1 && g.threads <= 128)
-          launch(norm_bwd_vec_kernel<1, 4, 128>);
-        else if (g.per_thread == 1)
-          launch(norm_bwd_vec_kernel<1, 2>);
+        if (g.per_thread == 1)
+          launch(norm_bwd_dx_vec_kernel<1>);
         else
-          launch(norm_bwd_vec_kernel<2, 1>);
+          launch(norm_bwd_dx_vec_kernel<2>);
       } else {
         if (smem > 48 * 1024)
           MG_CUDA_CHECK(cudaFuncSetAttribute(norm_bwd_fused_kernel<C>,

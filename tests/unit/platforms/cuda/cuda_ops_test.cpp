@@ -434,7 +434,7 @@ TEST(CudaColumnFinish, StagedIsBitwiseTheSerialKernelAndChunkOrder) {
 // the 8-column vector kernel runs, and its sums are the scalar kernel's bits (the same f64 terms
 // added in the same order per chunk), into an f64 dbias (the partials' full bits) and an f32 one.
 // Widths not a multiple of 8, unaligned views and f32/f64 take the scalar kernel. Rows: one,
-// fewer than a chunk, a last chunk of 3 rows (4099 = 128 * 32 + 3), and 1024 chunks of 33 rows
+// fewer than a chunk, a last chunk of 3 rows (4099 = 256 * 16 + 3), and 1024 chunks of 33 rows
 // with the last 24 chunks empty (33000).
 TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
@@ -466,7 +466,7 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
       if (out_t == DType::f64) {
         // Against the exact sums (long double): two-level f64 summation, at most
         // rows_per_chunk + chunks + 1 roundings of magnitude <= u * (|init| + sum |x|).
-        const int64_t chunks = std::min<int64_t>(1024, (c.rows + 31) / 32);
+        const int64_t chunks = std::min<int64_t>(1024, (c.rows + 15) / 16);
         const int64_t per_chunk = (c.rows + chunks - 1) / chunks;
         for (int64_t f = 0; f < c.width; ++f) {
           long double exact = init[f], mag = std::fabs(init[f]);
