@@ -65,11 +65,10 @@ RopeStats rope_stats();
 void rope_apply_with(Tensor& y, const Tensor& x, const ops::RopeArgs& args, bool backward,
                      bool force_scalar);
 
-// out [width] += the column sums of partial [chunks, width] (f64, on out's device), added in
-// chunk order: reduce.cuh's column_finish (staged: the shared-memory kernel every column sum
-// uses) or its serial reference kernel (staged = false); tests compare the two bit for bit. Also
-// exported as the C symbol mg_cuda_column_finish_with.
-void column_finish_with(Tensor& out, const Tensor& partial, bool staged);
+// out [width] += the column sums of partial [chunks, width] (f64, on out's device): reduce.cuh's
+// column_finish, every column sum's last pass (its fixed order: column_finish_kernel). Also
+// exported as the C symbol mg_cuda_column_finish_with (tests emulate the order on the host).
+void column_finish_with(Tensor& out, const Tensor& partial);
 
 // Counters since process start of the calls that took a 16-byte vector path (bf16/f16, widths a
 // multiple of 8, 16-byte aligned data) or its scalar fallback, the same bits either way:

@@ -141,7 +141,7 @@ struct MaskedGrad {
 // the layout of reduce.cuh's column_partial8_kernel (thread t of chunk c takes columns
 // [8t, 8t + 8) of the chunk's rows, column_chunking's chunks), dy loaded once, the mask from
 // keep8 once, dx written (unless kWriteDx is false: p == 0 in place) and MaskedGrad's dbias terms
-// added in row order to the thread's f64 partials, which column_finish adds in chunk order.
+// added in row order to the thread's f64 partials, which column_finish adds up.
 // So dbias and dx are the bits of column_sum_accumulate(MaskedGrad) followed by dropout_vec_kernel
 // (which read dy and ran the Philox rounds twice). dx may alias dy: each thread reads its 8
 // elements before writing them.

@@ -125,7 +125,7 @@ void count_vector_path(VectorPath path, bool vector) {
                                                                         std::memory_order_relaxed);
 }
 
-void column_finish_with(Tensor& out, const Tensor& partial, bool staged) {
+void column_finish_with(Tensor& out, const Tensor& partial) {
   MG_CHECK(partial.dtype() == DType::f64 && partial.dim() == 2,
            "column_finish_with: partial must be an f64 [chunks, width], got " << partial.str());
   const int64_t chunks = partial.size(0), width = partial.size(1);
@@ -135,14 +135,8 @@ void column_finish_with(Tensor& out, const Tensor& partial, bool staged) {
                                       << "] on partial's CUDA device");
   const int dev = out.device().index;
   DeviceGuard guard(dev);
-  cudaStream_t s = current_stream(dev);
-  if (staged) {
-    column_finish(out.raw_data(), out.dtype(), partial.data<double>(), chunks, width, s);
-  } else if (width > 0) {
-    detail::column_finish_kernel<double><<<grid_for(width), kThreads, 0, s>>>(
-        out.raw_data(), out.dtype(), partial.data<double>(), chunks, width);
-    MG_CUDA_CHECK_LAUNCH();
-  }
+  column_finish(out.raw_data(), out.dtype(), partial.data<double>(), chunks, width,
+                current_stream(dev));
 }
 
 VectorPathStats vector_path_stats() {
@@ -159,7 +153,6 @@ VectorPathStats vector_path_stats() {
 extern "C" mg::platforms::cuda::VectorPathStats mg_cuda_vector_path_stats() {
   return mg::platforms::cuda::vector_path_stats();
 }
-extern "C" void mg_cuda_column_finish_with(mg::Tensor& out, const mg::Tensor& partial,
-                                           bool staged) {
-  mg::platforms::cuda::column_finish_with(out, partial, staged);
+extern "C" void mg_cuda_column_finish_with(mg::Tensor& out, const mg::Tensor& partial) {
+  mg::platforms::cuda::column_finish_with(out, partial);
 }

@@ -1,11 +1,12 @@
 // Deterministic column sums over rows for parameter gradients (bias_grad, dgamma, dbeta, dbias):
 //   out[f] += sum_r g(r, f)   for f < width,
-// in f64, in two passes: chunks of rows write partial sums, then each column adds its chunks in
-// order. The result does not depend on scheduling, and out may have any kernel float dtype (an f32
-// main-grad buffer for bf16 weights). g is a device functor (no extended lambdas in this build).
-// column_chunking() is the chunking; a kernel that fuses the column partials into its own row pass
-// (norm.cu's backward) uses it, writes the same partials and finishes with column_finish_kernel,
-// so its sums are the same bits.
+// in f64, in two passes: chunks of rows write partial sums (each column's terms in row order),
+// then column_finish adds each column's chunks in a fixed order (column_finish_kernel). The result
+// does not depend on scheduling, and out may have any kernel float dtype (an f32 main-grad buffer
+// for bf16 weights). g is a device functor (no extended lambdas in this build).
+// column_chunking() is the chunking; a kernel that writes the partials of its own terms
+// (norm.cu's backward, dropout.cu's one-pass bias-dropout-add backward) uses it, writes the same
+// partials and finishes with column_finish, so its sums are the same bits.
 // Vector path: a functor with `bool eight_ok() const` (host) and
 // `__device__ void operator()(int64_t r, int64_t f, double (&out)[8]) const` (the terms of columns
 // [f, f + 8) of row r from one 16-byte load8_half; MatrixTerm, dropout.cu's MaskedGrad) is summed
@@ -73,84 +74,63 @@ __global__ void column_partial8_kernel(double* partial, int64_t rows, int64_t wi
   for (int k = 0; k < 8; ++k) partial[c * width + f + k] = s[k];
 }
 
-// out[f] += sum of the chunk partials of column f, in chunk order. A template only so that every
-// including file may instantiate it (no relocatable device code in this build). One thread per
-// column loading its `chunks` partials one after another: the reference order, and the fallback
-// of column_finish() when a block cannot stage one column's partials in shared memory.
+// The finish of a column sum: out[f] += the chunk partials of column f, added in a fixed order
+// (kFinishSlices slices, then a tree): slice l (0..31) adds chunks l, l + 32, l + 64, ... in
+// increasing order into an f64 starting at 0; then, for o = 16, 8, 4, 2, 1, slice l < o becomes
+// slice l + slice (l + o); out[f] = out[f] + slice 0 (in Acc, stored in out's dtype). Fixed, so
+// deterministic; tests/unit/platforms/cuda/cuda_ops_test.cpp emulates it on the host bit for bit.
+// A block of 256 threads takes kFinishCols = 8 consecutive columns (thread t: column t % 8, slice
+// t / 8), so the 8 threads of a slice read 64 contiguous bytes of each chunk row. One thread per
+// column adding every chunk in order ran at ~58 cycles per add on an H200 (15 us for 512 chunks,
+// 30 us for 1024: Nsight Compute, 2026-11-26); here each thread adds chunks / 32 partials.
+// A template only so that every including file may instantiate it (no relocatable device code
+// in this build).
+inline constexpr int kFinishSlices = 32, kFinishCols = 8;
 template <typename Acc = double>
-__global__ void column_finish_kernel(void* out, DType out_type, const Acc* partial, int64_t chunks,
-                                     int64_t width) {
-  for (int64_t f = grid_start(); f < width; f += grid_stride()) {
-    Acc s = 0;
-    for (int64_t c = 0; c < chunks; ++c) s += partial[c * width + f];
-    store<Acc>(out, out_type, f, load<Acc>(out, out_type, f) + s);
-  }
-}
-
-// column_finish_kernel's sums, the same adds in the same order (so the same bits), with the loads
-// taken off the chain: block b stages the partials of columns [b * cols, b * cols + cols) of
-// every chunk in shared memory (all its threads' loads in flight at once, rows of `cols`
-// consecutive values), then thread j < cols adds column j's partials in chunk order from shared
-// memory. The serial kernel had width threads (768 for gpt2's hidden size: 3 blocks on a
-// 132-multiprocessor GPU) each waiting on `chunks` (512) dependent global loads, ~40-80 us per
-// finish on an H200; staged, the global loads are one round trip and the chain is `chunks` f64
-// adds from shared memory.
-template <typename Acc = double>
-__global__ void column_finish_staged_kernel(void* out, DType out_type, const Acc* partial,
-                                            int64_t chunks, int64_t width, int cols) {
-  extern __shared__ __align__(16) unsigned char column_finish_smem[];
-  Acc* tile = reinterpret_cast<Acc*>(column_finish_smem);
-  const int64_t f0 = static_cast<int64_t>(blockIdx.x) * cols;
-  const int64_t left = width - f0;
-  const int n = left < cols ? static_cast<int>(left) : cols;
-  for (int64_t i = threadIdx.x; i < chunks * n; i += blockDim.x) {
-    const int64_t c = i / n;
-    const int j = static_cast<int>(i - c * n);
-    tile[c * cols + j] = partial[c * width + f0 + j];
-  }
-  __syncthreads();
-  if (static_cast<int>(threadIdx.x) >= n) return;
-  // Eight partials to registers, then their eight adds in order: the shared-memory loads of a
-  // batch are in flight together, the chain waits on the adds only (one load-then-add per chunk
-  // took ~58 cycles each: 15 us for 512 chunks on an H200).
+__global__ void __launch_bounds__(kFinishSlices* kFinishCols)
+    column_finish_kernel(void* out, DType out_type, const Acc* partial, int64_t chunks,
+                         int64_t width) {
+  __shared__ Acc slice_sum[kFinishSlices][kFinishCols];
+  const int j = static_cast<int>(threadIdx.x) % kFinishCols;
+  const int l = static_cast<int>(threadIdx.x) / kFinishCols;
+  const int64_t f = static_cast<int64_t>(blockIdx.x) * kFinishCols + j;
   Acc s = 0;
-  const Acc* col = tile + threadIdx.x;
-  int64_t c = 0;
-  for (; c + 8 <= chunks; c += 8) {
-    Acc v[8];
+  if (f < width) {
+    int64_t c = l;
+    // Four loads in flight before their adds (in order).
+    for (; c + 3 * kFinishSlices < chunks; c += 4 * kFinishSlices) {
+      Acc v[4];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = col[(c + k) * cols];
+      for (int k = 0; k < 4; ++k) v[k] = partial[(c + k * kFinishSlices) * width + f];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) s += v[k];
+      for (int k = 0; k < 4; ++k) s += v[k];
+    }
+    for (; c < chunks; c += kFinishSlices) s += partial[c * width + f];
   }
-  for (; c < chunks; ++c) s += col[c * cols];
-  const int64_t f = f0 + threadIdx.x;
-  store<Acc>(out, out_type, f, load<Acc>(out, out_type, f) + s);
+  slice_sum[l][j] = s;
+  __syncthreads();
+#pragma unroll
+  for (int o = kFinishSlices / 2; o > 0; o >>= 1) {
+    if (l < o) slice_sum[l][j] += slice_sum[l + o][j];
+    __syncthreads();
+  }
+  if (l == 0 && f < width)
+    store<Acc>(out, out_type, f, load<Acc>(out, out_type, f) + slice_sum[0][j]);
 }
 
 }  // namespace detail
 
-// out[f] += the chunk partials [chunks, width] of column f summed in chunk order (column_finish_
-// kernel's bits), on `stream`: column_finish_staged_kernel with as many columns per block as fit
-// 32 KiB of shared memory (at most 32; 8 for 512 chunks, 4 for column_chunking's 1024), or the
-// serial kernel where not even one column's partials fit.
+// out[f] += the chunk partials [chunks, width] of column f, in column_finish_kernel's order, on
+// `stream`.
 template <typename Acc = double>
 void column_finish(void* out, DType out_type, const Acc* partial, int64_t chunks, int64_t width,
                    cudaStream_t stream) {
   if (width <= 0) return;
-  constexpr int64_t kStageBytes = 32 * 1024, kMaxCols = 32;
-  const int64_t per_column = chunks * static_cast<int64_t>(sizeof(Acc));
-  int64_t cols = per_column > 0 ? kStageBytes / per_column : kMaxCols;
-  cols = cols > kMaxCols ? kMaxCols : cols;
-  if (cols < 1) {
-    detail::column_finish_kernel<Acc>
-        <<<grid_for(width), kThreads, 0, stream>>>(out, out_type, partial, chunks, width);
-  } else {
-    const auto blocks = static_cast<unsigned int>((width + cols - 1) / cols);
-    const auto smem = static_cast<std::size_t>(cols * per_column);
-    detail::column_finish_staged_kernel<Acc><<<blocks, kThreads, smem, stream>>>(
-        out, out_type, partial, chunks, width, static_cast<int>(cols));
-  }
+  const auto blocks =
+      static_cast<unsigned int>((width + detail::kFinishCols - 1) / detail::kFinishCols);
+  detail::column_finish_kernel<Acc>
+      <<<blocks, detail::kFinishSlices * detail::kFinishCols, 0, stream>>>(out, out_type, partial,
+                                                                           chunks, width);
   MG_CUDA_CHECK_LAUNCH();
 }
 
