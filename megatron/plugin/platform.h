@@ -134,6 +134,16 @@ class Platform {
   // Element-wise dtype conversion of n elements, both buffers on `device` (see dtype.h).
   virtual void convert(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n,
                        int device) = 0;
+
+  // Device work submitted by this process since it started (all devices), for the op profile's
+  // launches per step: the kernels the platform's own code launched, and its calls into vendor
+  // libraries (GEMMs, fused attention; each may launch more than one kernel). counted = false
+  // (the default, and the CPU platform's: its ops run on host threads) prints no such line.
+  struct LaunchCounts {
+    bool counted = false;
+    uint64_t kernels = 0, library_calls = 0;
+  };
+  virtual LaunchCounts launch_counts() const { return {}; }
 };
 
 }  // namespace mg::plugin

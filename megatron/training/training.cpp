@@ -84,7 +84,9 @@ struct Run {
   // before them: it outlives them). profile_out: this rank's log (a profiled rank may not be 0).
   std::unique_ptr<ops::OpProfiler> profiler;
   std::ostream* profile_out = nullptr;
-  HostSyncCounts profile_syncs;                   // host round-trips inside the profiled steps
+  HostSyncCounts profile_syncs;  // host round-trips inside the profiled steps
+  // Device work submitted inside the profiled steps (Platform::launch_counts differences).
+  plugin::Platform::LaunchCounts profile_launches;
   std::unique_ptr<models::LanguageModule> model;  // the schedules' and DDP's interface
   distributed::DataParallelModel dp_model;        // DDP (and the ZeRO shard) around `model`
   std::unique_ptr<optimizer::MegatronOptimizer> opt;
@@ -722,8 +724,19 @@ void finish_profile(Run& r) {
      << rep.platform << ", " << rep.steps << " step(s) ending at iteration " << r.iteration << ", "
      << std::fixed << std::setprecision(3) << rep.step_ms / steps << " ms/step:\n"
      << std::defaultfloat << ops::format_op_profile(rep)
-     << "host round-trips per step: " << r.profile_syncs.str(steps) << std::endl;
+     << "host round-trips per step: " << r.profile_syncs.str(steps) << "\n";
+  const plugin::Platform::LaunchCounts& l = r.profile_launches;
+  if (l.counted)
+    os << "kernel launches per step: " << std::fixed << std::setprecision(1)
+       << static_cast<double>(l.kernels) / steps << " of the platform's kernels + "
+       << static_cast<double>(l.library_calls) / steps
+       << " vendor-library calls (GEMMs, fused attention; each may launch more than one kernel)"
+       << std::defaultfloat << std::endl;
+  else
+    os << "kernel launches per step: not counted (platform " << rep.platform
+       << " runs its ops on host threads)" << std::endl;
   r.profile_syncs = HostSyncCounts{};
+  r.profile_launches = plugin::Platform::LaunchCounts{};
 }
 
 void train(Run& r) {
@@ -752,10 +765,15 @@ void train(Run& r) {
       r.profiler->begin_step();
     }
     const HostSyncCounts syncs_before = host_sync_counts();
+    const plugin::Platform::LaunchCounts launches_before = r.rt->platform->launch_counts();
     StepOutcome o = train_step(r);
     if (profiled) {
       r.profiler->end_step();
       r.profile_syncs = r.profile_syncs + (host_sync_counts() - syncs_before);
+      const plugin::Platform::LaunchCounts now = r.rt->platform->launch_counts();
+      r.profile_launches.counted = now.counted;
+      r.profile_launches.kernels += now.kernels - launches_before.kernels;
+      r.profile_launches.library_calls += now.library_calls - launches_before.library_calls;
     }
     ++r.iteration;
     if (profiled && r.iteration == lg.profile_step_end) finish_profile(r);

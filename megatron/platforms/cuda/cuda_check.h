@@ -10,6 +10,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "megatron/core/common/error.h"
 
 namespace mg::platforms::cuda::detail {
@@ -42,5 +45,22 @@ inline bool cuda_ok_or_ignore(cudaError_t err) {
       ::mg::platforms::cuda::detail::throw_cublas_error(mg_cublas_st_, #call, __FILE__, __LINE__); \
   } while (0)
 
+namespace mg::platforms::cuda::detail {
+// Kernel launches of the platform's code (counted by MG_CUDA_CHECK_LAUNCH, which follows each
+// launch: one check per <<<...>>>, branches that launch one of two kernels share it) and calls into
+// cuBLAS / cuBLASLt / cuDNN (count_library_call at each), since the process started:
+// CudaPlatform::launch_counts(), the op profile's launches per step.
+inline std::atomic<uint64_t> g_kernel_launches{0};
+inline std::atomic<uint64_t> g_library_calls{0};
+inline void count_library_call() {
+  g_library_calls.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace mg::platforms::cuda::detail
+
 // After a <<<...>>> launch: configuration errors surface here, execution errors at the next sync.
-#define MG_CUDA_CHECK_LAUNCH() MG_CUDA_CHECK(cudaGetLastError())
+// Counts the launch (detail::g_kernel_launches).
+#define MG_CUDA_CHECK_LAUNCH()                                                                \
+  do {                                                                                        \
+    ::mg::platforms::cuda::detail::g_kernel_launches.fetch_add(1, std::memory_order_relaxed); \
+    MG_CUDA_CHECK(cudaGetLastError());                                                        \
+  } while (0)

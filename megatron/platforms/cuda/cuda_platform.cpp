@@ -347,6 +347,11 @@ class CudaPlatform final : public plugin::Platform {
   void range_pop() override { nvtxRangePop(); }
   void profiler_start() override { MG_CUDA_CHECK(cudaProfilerStart()); }
   void profiler_stop() override { MG_CUDA_CHECK(cudaProfilerStop()); }
+  LaunchCounts launch_counts() const override {
+    return {.counted = true,
+            .kernels = detail::g_kernel_launches.load(std::memory_order_relaxed),
+            .library_calls = detail::g_library_calls.load(std::memory_order_relaxed)};
+  }
 
   void manual_seed(uint64_t seed) override { seed_.store(seed); }
   uint64_t seed() const override { return seed_.load(); }

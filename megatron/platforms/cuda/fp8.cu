@@ -440,6 +440,7 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
   const float alpha = 1.0f, beta = args.beta;
   std::lock_guard<std::mutex> lock(plan->mu);
   set_scale_pointers(plan->op, sa, sb);
+  detail::count_library_call();
   MG_CUBLAS_CHECK(cublasLtMatmul(h, plan->op, &alpha, b.raw_data(), plan->la, a.raw_data(),
                                  plan->lb, &beta, c.raw_data(), plan->lc, c.raw_data(), plan->lc,
                                  &plan->algo, workspace.get(), plan->workspace, s));

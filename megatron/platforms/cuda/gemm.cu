@@ -149,6 +149,7 @@ void gemm_ex(void* c, DType tc, const void* a, const void* b, DType tab, const G
   MG_CUBLAS_CHECK(cublasSetStream(h, s));
   MG_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
   const float alpha = args.alpha, beta = args.beta;
+  detail::count_library_call();
   MG_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       h, g.op_a, g.op_b, static_cast<int>(d.n), static_cast<int>(d.m), static_cast<int>(d.k),
       &alpha, b, cuda_type(tab), static_cast<int>(g.rows_a), g.stride_a, a, cuda_type(tab),
@@ -411,6 +412,7 @@ bool run_lt(const LtCall& x, int dev, cudaStream_t s) {
   std::lock_guard<std::mutex> lock(p->mu);
   if (!p->found.load()) return false;  // refused at run time by another thread
   if (x.epilogue != CUBLASLT_EPILOGUE_DEFAULT) set_pointers(p->op, x);
+  detail::count_library_call();
   const cublasStatus_t st =
       cublasLtMatmul(h, p->op, &x.alpha, x.b, p->a, x.a, p->b, &x.beta, x.c, p->c, x.c, p->c,
                      &p->algo, workspace.get(), p->workspace, s);
@@ -445,6 +447,7 @@ void gemm_f64(void* c, const void* a, const void* b, const GemmDims& d, const Ge
   cublasHandle_t h = cublas_handle(dev);
   MG_CUBLAS_CHECK(cublasSetStream(h, s));
   const double alpha = args.alpha, beta = args.beta;
+  detail::count_library_call();
   MG_CUBLAS_CHECK(cublasDgemmStridedBatched(
       h, g.op_a, g.op_b, static_cast<int>(d.n), static_cast<int>(d.m), static_cast<int>(d.k),
       &alpha, static_cast<const double*>(b), static_cast<int>(g.rows_a), g.stride_a,
@@ -557,6 +560,7 @@ void grouped_gemm(std::span<Tensor> c, std::span<const Tensor> a, std::span<cons
   cublasHandle_t h = cublas_handle(dev);
   MG_CUBLAS_CHECK(cublasSetStream(h, s));
   MG_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+  detail::count_library_call();
   MG_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
       h, op_a.data(), op_b.data(), m.data(), nn.data(), k.data(), alpha.data(), d, cuda_type(tab),
       lda.data(), d + n, cuda_type(tab), ldb.data(), beta.data(),

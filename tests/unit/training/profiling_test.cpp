@@ -152,6 +152,37 @@ TEST(ProfileOpTable, TrainingStepTableAndHostRoundTrips) {
   // check, as Megatron's FP32Optimizer).
   EXPECT_NE(table.find("host round-trips per step: loss 1, grad_norm 1\n"), std::string::npos)
       << table;
+  // The CPU platform does not launch kernels: the line says so rather than printing zeros.
+  EXPECT_NE(table.find("kernel launches per step: not counted (platform cpu runs its ops on host "
+                       "threads)\n"),
+            std::string::npos)
+      << table;
+}
+
+// On a GPU the table counts the device work of a step: the platform's kernels and the
+// vendor-library calls, at least one per GEMM call of the table (cuBLAS / cuBLASLt providers).
+TEST(ProfileOpTable, CountsKernelLaunchesPerStepOnCuda) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const std::string log = run(tiny({"--profile-op-table", "--platform", "cuda"}));
+  const std::regex line(
+      R"(kernel launches per step: ([0-9.]+) of the platform's kernels \+ ([0-9.]+) vendor-library )"
+      R"(calls \(GEMMs, fused attention; each may launch more than one kernel\)\n)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, line)) << log;
+  const double kernels = std::stod(m[1]), library = std::stod(m[2]);
+  const auto at = log.find("op profile (--profile-op-table)");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string table = log.substr(at);
+  const std::regex row(R"(\n([a-z_0-9.]+) +(\S+) +(\d+) +[0-9.]+ +[0-9.]+ )");
+  double gemm_calls = 0.0;
+  for (std::sregex_iterator it(table.begin(), table.end(), row), end; it != end; ++it) {
+    const std::string op = (*it)[1], provider = (*it)[2];
+    if (op.rfind("gemm", 0) == 0 && provider.find("cublas") != std::string::npos)
+      gemm_calls += std::stod((*it)[3]) / 2.0;  // 2 profiled steps
+  }
+  EXPECT_GT(gemm_calls, 0.0) << table;
+  EXPECT_GE(library, gemm_calls) << table;
+  EXPECT_GT(kernels, 0.0) << table;  // norms, activations, the optimizer, ...
 }
 
 TEST(ProfileOpTable, Fp16StepReadsFoundInfOnce) {

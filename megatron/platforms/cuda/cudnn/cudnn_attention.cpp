@@ -283,6 +283,7 @@ void run(const Key& key, std::unordered_map<int64_t, void*>& pack, const char* o
   cudaStream_t stream = current_stream(key.device);
   MG_CHECK(cudnnSetStream(h, stream) == CUDNN_STATUS_SUCCESS, op << ": cudnnSetStream failed");
   Scratch ws(key.device, static_cast<std::size_t>(e.workspace > 0 ? e.workspace : 1));
+  detail::count_library_call();
   fe::error_t st = e.graph->execute(h, pack, ws.get());
   MG_CHECK(st.is_good(), op << " (cuda:cudnn): " << st.get_message());
   ++(key.backward ? g_stats.bwd_calls : g_stats.fwd_calls);
