@@ -1120,6 +1120,75 @@ MoePermuteDims validate_moe_unpermute_bwd(const Placement& on, const Tensor& dro
   return {dout.size(0), r, dout.size(1)};
 }
 
+// ---- MoE shared-expert gate --------------------------------------------------------------------
+
+namespace {
+
+// A [T, H] kernel-float matrix named `name` (dtype f64 when f64_only).
+void check_th(const Placement& on, const char* op, const char* name, const Tensor& t, int64_t rows,
+              int64_t h, bool f64_only = false) {
+  check_matrix(on, op, name, t);
+  MG_CHECK(t.size(0) == rows && t.size(1) == h,
+           op << ": " << name << " is " << t.str() << ", expected [" << rows << ", " << h << "]");
+  MG_CHECK(!f64_only || t.dtype() == DType::f64,
+           op << ": " << name << " is " << t.str() << ", expected f64");
+}
+
+// w [H] or [1, H], a kernel float.
+void check_gate_weight(const Placement& on, const char* op, const Tensor& w, int64_t h) {
+  on.check(op, "w", w);
+  check_float_dtype(op, "w", w);
+  MG_CHECK(w.numel() == h && (w.dim() == 1 || (w.dim() == 2 && w.size(0) == 1)),
+           op << ": w is " << w.str() << ", expected [" << h << "] or [1, " << h << "]");
+}
+
+void check_gate(const Placement& on, const char* op, const Tensor& gate, int64_t t) {
+  on.check(op, "gate", gate);
+  MG_CHECK(gate.dtype() == DType::f64 && gate.dim() == 1 && gate.size(0) == t,
+           op << ": gate is " << gate.str() << ", expected [" << t << "] f64");
+}
+
+}  // namespace
+
+MoeSharedGateDims validate_moe_shared_gate_fwd(const Placement& on, const Tensor& out,
+                                               const Tensor& gate, const Tensor& y, const Tensor& z,
+                                               const Tensor& x, const Tensor& w) {
+  const char* op = "moe_shared_gate_fwd";
+  check_matrix(on, op, "x", x);
+  const int64_t t = x.size(0), h = x.size(1);
+  check_th(on, op, "out", out, t, h);
+  check_th(on, op, "y", y, t, h, /*f64_only=*/true);
+  check_th(on, op, "z", z, t, h);
+  check_gate_weight(on, op, w, h);
+  check_gate(on, op, gate, t);
+  for (const Tensor* in : {&y, &z, &x, &w})
+    MG_CHECK(!overlaps(out, *in) && !overlaps(gate, *in),
+             op << ": out and gate must not overlap the inputs");
+  return {t, h};
+}
+
+MoeSharedGateDims validate_moe_shared_gate_bwd(const Placement& on, const Tensor& dz,
+                                               const Tensor& dx, const Tensor& dw, const Tensor& dy,
+                                               const Tensor& z, const Tensor& x, const Tensor& w,
+                                               const Tensor& gate) {
+  const char* op = "moe_shared_gate_bwd";
+  check_matrix(on, op, "dy", dy);
+  const int64_t t = dy.size(0), h = dy.size(1);
+  check_th(on, op, "dz", dz, t, h);
+  check_th(on, op, "dx", dx, t, h);
+  check_th(on, op, "z", z, t, h);
+  check_th(on, op, "x", x, t, h);
+  check_gate_weight(on, op, w, h);
+  check_gate(on, op, gate, t);
+  on.check(op, "dw", dw);
+  MG_CHECK(dw.dtype() == DType::f64 && dw.numel() == h,
+           op << ": dw is " << dw.str() << ", expected [" << h << "] f64");
+  for (const Tensor* o : {&dz, &dx, &dw})
+    for (const Tensor* in : {&dy, &z, &x, &w, &gate})
+      MG_CHECK(!overlaps(*o, *in), op << ": dz, dx and dw must not overlap the inputs");
+  return {t, h};
+}
+
 namespace {
 
 void check_router_tensor(const Placement& on, const char* op, const char* name, const Tensor& t,

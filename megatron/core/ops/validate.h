@@ -279,6 +279,21 @@ MoePermuteDims validate_moe_unpermute_bwd(const Placement& on, const Tensor& dro
                                           const Tensor& dprob, const Tensor& dout,
                                           const Tensor& rows, const Tensor& prob,
                                           const Tensor& index);
+// ---- MoE shared-expert gate --------------------------------------------------------------------
+struct MoeSharedGateDims {
+  int64_t t = 0, h = 0;  // tokens, hidden size
+};
+// out [T, H] and z, x [T, H] kernel floats, y [T, H] f64, w [H] (or [1, H]) a kernel float, gate
+// [T] f64; out must not overlap an input.
+MoeSharedGateDims validate_moe_shared_gate_fwd(const Placement& on, const Tensor& out,
+                                               const Tensor& gate, const Tensor& y, const Tensor& z,
+                                               const Tensor& x, const Tensor& w);
+// dz, dx [T, H] kernel floats, dw [H] f64, dy, z, x [T, H], w [H], gate [T] f64; the outputs must
+// not overlap the inputs.
+MoeSharedGateDims validate_moe_shared_gate_bwd(const Placement& on, const Tensor& dz,
+                                               const Tensor& dx, const Tensor& dw, const Tensor& dy,
+                                               const Tensor& z, const Tensor& x, const Tensor& w,
+                                               const Tensor& gate);
 // ---- MoE router --------------------------------------------------------------------------------
 struct MoeRouterDims {
   int64_t t = 0, e = 0, k = 0;  // tokens, experts, topk

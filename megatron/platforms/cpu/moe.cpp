@@ -3,7 +3,9 @@
 // probability-weighted sum that brings the expert outputs back to their tokens. And the router
 // (moe_router_topk / moe_router_topk_bwd): the host routing math of transformer/moe/moe_utils.h
 // (topk_routing, topk_routing_backward, the one f64 implementation in megatron_core) on the op's
-// host tensors, so the op's results are that code's bit for bit.
+// host tensors, so the op's results are that code's bit for bit. And the shared-expert gate
+// (moe_shared_gate_fwd / _bwd): the f64 arithmetic the MoE layer did on the host before it was an
+// op, in the same order (serial loops).
 //
 // Gradient rule: activation gradients are written (=): drows, dprob, and moe_unpermute's out
 // (which is moe_permute's backward). Numerics: every sum in f64, rounded once to the output's
@@ -13,6 +15,7 @@
 // thread count (each output row is one thread's).
 // Not here: index values are checked from the host tensors (every call), CUDA's kernels do not.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -202,6 +205,67 @@ void moe_router_topk_bwd(Tensor& dlogits, const Tensor& dprob, const Tensor& aux
   write(dlogits, dl);
 }
 
+// ---- shared-expert gate: the arithmetic the MoE layer did on the host, as ops ----
+
+// t's elements widened to f64 (exact for every kernel float).
+std::vector<double> widen(const Tensor& t) {
+  std::vector<double> v(static_cast<std::size_t>(t.numel()));
+  convert_host(v.data(), DType::f64, t.raw_data(), t.dtype(), v.size());
+  return v;
+}
+// v rounded into t (Tensor::from_vector's conversion).
+void narrow_into(Tensor& t, const std::vector<double>& v) {
+  convert_host(t.raw_data(), t.dtype(), v.data(), DType::f64, v.size());
+}
+
+// out = y + sigmoid(x . w) * z per token, gate = the sigmoid (f64; serial loops: the order the
+// op list gives, which the CUDA kernels follow per token).
+void moe_shared_gate_fwd(Tensor& out, Tensor& gate, const Tensor& y, const Tensor& z,
+                         const Tensor& x, const Tensor& w) {
+  const ops::MoeSharedGateDims d =
+      ops::validate_moe_shared_gate_fwd(kOnHost, out, gate, y, z, x, w);
+  const int64_t t_n = d.t, h = d.h;
+  std::vector<double> acc = widen(y);
+  const std::vector<double> zh = widen(z), xh = widen(x), wh = widen(w);
+  double* g_out = gate.data<double>();
+  for (int64_t t = 0; t < t_n; ++t) {
+    double g = 0.0;
+    for (int64_t j = 0; j < h; ++j) g += xh[t * h + j] * wh[j];
+    const double sig = 1.0 / (1.0 + std::exp(-g));
+    g_out[t] = sig;
+    for (int64_t j = 0; j < h; ++j) acc[t * h + j] += sig * zh[t * h + j];
+  }
+  narrow_into(out, acc);
+}
+
+// dz = g dy, dg = (dy . z) g (1 - g), dx = dg w, dw = sum_t dg x_t.
+void moe_shared_gate_bwd(Tensor& dz, Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& z,
+                         const Tensor& x, const Tensor& w, const Tensor& gate) {
+  const ops::MoeSharedGateDims d =
+      ops::validate_moe_shared_gate_bwd(kOnHost, dz, dx, dw, dy, z, x, w, gate);
+  const int64_t t_n = d.t, h = d.h;
+  const std::vector<double> dyh = widen(dy), zh = widen(z), xh = widen(x), wh = widen(w);
+  const double* g_in = gate.data<double>();
+  std::vector<double> dzv(dyh.size()), dxv(dyh.size());
+  double* dwp = dw.data<double>();
+  std::fill(dwp, dwp + h, 0.0);
+  for (int64_t t = 0; t < t_n; ++t) {
+    const double sig = g_in[t];
+    double dot = 0.0;
+    for (int64_t j = 0; j < h; ++j) {
+      dzv[t * h + j] = sig * dyh[t * h + j];
+      dot += dyh[t * h + j] * zh[t * h + j];
+    }
+    const double dg = dot * sig * (1.0 - sig);
+    for (int64_t j = 0; j < h; ++j) {
+      dwp[j] += dg * xh[t * h + j];
+      dxv[t * h + j] = dg * wh[j];
+    }
+  }
+  narrow_into(dz, dzv);
+  narrow_into(dx, dxv);
+}
+
 }  // namespace
 
 void register_moe_kernels(plugin::Registry& r) {
@@ -210,6 +274,8 @@ void register_moe_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::moe_permute>("cpu", &moe_permute, "cpu:omp");
   r.register_op<ops::OpId::moe_unpermute>("cpu", &moe_unpermute, "cpu:omp");
   r.register_op<ops::OpId::moe_unpermute_bwd>("cpu", &moe_unpermute_bwd, "cpu:omp");
+  r.register_op<ops::OpId::moe_shared_gate_fwd>("cpu", &moe_shared_gate_fwd, "cpu:host");
+  r.register_op<ops::OpId::moe_shared_gate_bwd>("cpu", &moe_shared_gate_bwd, "cpu:host");
 }
 
 }  // namespace mg::platforms::cpu

@@ -18,6 +18,12 @@
 // equal to the CPU up to exp/log rounding and FMA contraction (the same choices unless two
 // selection values differ only in that rounding). Correct-first: O((T K)^2) capacity, O(E T K)
 // counts; topk and group_topk at most kMaxRouterTopk.
+//
+// The shared-expert gate (moe_shared_gate_fwd / _bwd): one thread per token for its dot products
+// (f64, j ascending, __dadd_rn / __dmul_rn so that nvcc does not contract them: the CPU's order
+// and roundings), element-wise kernels for out, dz and dx, and dw's column sums over the tokens
+// through reduce.cuh (f64, chunked: deterministic, equal to the CPU's t-ascending sums up to their
+// order). Equal to the CPU up to exp's rounding and that order.
 #include <algorithm>
 #include <cmath>
 
@@ -26,6 +32,7 @@
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/platforms/cuda/reduce.cuh"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cuda {
@@ -523,12 +530,107 @@ void moe_router_topk_bwd(Tensor& dlogits, const Tensor& dprob, const Tensor& aux
 
 }  // namespace
 
+// ---- shared-expert gate ----
+
+// One thread per token: gate[t] = sigmoid(a_t . b_t) (b_row_stride 0: b is one row, w), or with
+// `backward` dg[t] = (a_t . b_t) g_t (1 - g_t) from the forward's gate g.
+__global__ void shared_gate_token_kernel(double* out, const void* a, DType ta, const void* b,
+                                         DType tb, int64_t b_row_stride, const double* gate,
+                                         int64_t t_n, int64_t h) {
+  for (int64_t t = grid_start(); t < t_n; t += grid_stride()) {
+    double dot = 0.0;
+    for (int64_t j = 0; j < h; ++j)
+      dot = __dadd_rn(dot, __dmul_rn(load<double>(a, ta, t * h + j),
+                                     load<double>(b, tb, t * b_row_stride + j)));
+    if (gate) {
+      const double g = gate[t];
+      out[t] = __dmul_rn(__dmul_rn(dot, g), __dadd_rn(1.0, -g));
+    } else {
+      out[t] = 1.0 / (1.0 + exp(-dot));
+    }
+  }
+}
+
+// out = y + g_t z (f64, rounded once).
+__global__ void shared_gate_out_kernel(void* out, DType to, const double* y, const void* z,
+                                       DType tz, const double* gate, int64_t t_n, int64_t h) {
+  const int64_t n = t_n * h;
+  for (int64_t e = grid_start(); e < n; e += grid_stride())
+    store<double>(out, to, e, __dadd_rn(y[e], __dmul_rn(gate[e / h], load<double>(z, tz, e))));
+}
+
+// dz = g_t dy, dx = dg_t w (each rounded once).
+__global__ void shared_gate_bwd_rows_kernel(void* dz, DType tdz, void* dx, DType tdx,
+                                            const void* dy, DType tdy, const void* w, DType tw,
+                                            const double* gate, const double* dg, int64_t t_n,
+                                            int64_t h) {
+  const int64_t n = t_n * h;
+  for (int64_t e = grid_start(); e < n; e += grid_stride()) {
+    const int64_t t = e / h, j = e - t * h;
+    store<double>(dz, tdz, e, __dmul_rn(gate[t], load<double>(dy, tdy, e)));
+    store<double>(dx, tdx, e, __dmul_rn(dg[t], load<double>(w, tw, j)));
+  }
+}
+
+// dw's term of (token r, column f): dg_r x[r, f].
+struct SharedGateWeightTerm {
+  const double* dg;
+  const void* x;
+  DType t;
+  int64_t h;
+  __device__ double operator()(int64_t r, int64_t f) const {
+    return __dmul_rn(dg[r], load<double>(x, t, r * h + f));
+  }
+};
+
+void moe_shared_gate_fwd(Tensor& out, Tensor& gate, const Tensor& y, const Tensor& z,
+                         const Tensor& x, const Tensor& w) {
+  const ops::MoeSharedGateDims d =
+      ops::validate_moe_shared_gate_fwd(OnCudaDevice{}, out, gate, y, z, x, w);
+  if (d.t == 0) return;
+  const int dev = x.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  shared_gate_token_kernel<<<grid_for(d.t), kThreads, 0, s>>>(
+      gate.data<double>(), x.raw_data(), x.dtype(), w.raw_data(), w.dtype(), 0, nullptr, d.t, d.h);
+  MG_CUDA_CHECK_LAUNCH();
+  if (d.h == 0) return;
+  shared_gate_out_kernel<<<grid_for(d.t * d.h), kThreads, 0, s>>>(
+      out.raw_data(), out.dtype(), y.data<double>(), z.raw_data(), z.dtype(), gate.data<double>(),
+      d.t, d.h);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void moe_shared_gate_bwd(Tensor& dz, Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& z,
+                         const Tensor& x, const Tensor& w, const Tensor& gate) {
+  const ops::MoeSharedGateDims d =
+      ops::validate_moe_shared_gate_bwd(OnCudaDevice{}, dz, dx, dw, dy, z, x, w, gate);
+  const int dev = dy.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  if (d.h > 0) MG_CUDA_CHECK(cudaMemsetAsync(dw.raw_data(), 0, dw.nbytes(), s));
+  if (d.t == 0 || d.h == 0) return;
+  Scratch dg(dev, static_cast<std::size_t>(d.t) * sizeof(double));
+  shared_gate_token_kernel<<<grid_for(d.t), kThreads, 0, s>>>(dg.as<double>(), dy.raw_data(),
+                                                              dy.dtype(), z.raw_data(), z.dtype(),
+                                                              d.h, gate.data<double>(), d.t, d.h);
+  MG_CUDA_CHECK_LAUNCH();
+  shared_gate_bwd_rows_kernel<<<grid_for(d.t * d.h), kThreads, 0, s>>>(
+      dz.raw_data(), dz.dtype(), dx.raw_data(), dx.dtype(), dy.raw_data(), dy.dtype(), w.raw_data(),
+      w.dtype(), gate.data<double>(), dg.as<double>(), d.t, d.h);
+  MG_CUDA_CHECK_LAUNCH();
+  column_sum_accumulate(dw.raw_data(), DType::f64, d.t, d.h,
+                        SharedGateWeightTerm{dg.as<double>(), x.raw_data(), x.dtype(), d.h}, dev);
+}
+
 void register_moe_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::moe_router_topk>("cuda", &moe_router_topk, "cuda:moe");
   r.register_op<ops::OpId::moe_router_topk_bwd>("cuda", &moe_router_topk_bwd, "cuda:moe");
   r.register_op<ops::OpId::moe_permute>("cuda", &moe_permute, "cuda:moe");
   r.register_op<ops::OpId::moe_unpermute>("cuda", &moe_unpermute, "cuda:moe");
   r.register_op<ops::OpId::moe_unpermute_bwd>("cuda", &moe_unpermute_bwd, "cuda:moe");
+  r.register_op<ops::OpId::moe_shared_gate_fwd>("cuda", &moe_shared_gate_fwd, "cuda:moe");
+  r.register_op<ops::OpId::moe_shared_gate_bwd>("cuda", &moe_shared_gate_bwd, "cuda:moe");
 }
 
 }  // namespace mg::platforms::cuda

@@ -306,5 +306,118 @@ INSTANTIATE_TEST_SUITE_P(Ops, MoeRouterTest,
                                             ::testing::Values(DType::f64, DType::f32)),
                          test::PlatformDTypeName{});
 
+// ---- moe_shared_gate_fwd / _bwd --------------------------------------------------------------
+
+class MoeSharedGateTest : public ::testing::TestWithParam<test::PlatformDType> {};
+
+// The op list's definition in long double: g_t = sigmoid(x_t . w), out = y + g z; dz = g dy,
+// dg = (dy . z) g (1 - g), dx = dg w, dw = sum_t dg x_t. Every output against it within the
+// output dtype's rounding (plus f64 summation error), on each platform; and the backward against
+// central differences of sum(dy * out) in f64 (the gradient of the forward as implemented).
+TEST_P(MoeSharedGateTest, MatchesTheDefinitionAndItsGradient) {
+  const auto& [platform, dtype] = GetParam();
+  MG_SKIP_IF_UNAVAILABLE(platform);
+  const Device dev = test::device_for(platform);
+  const auto& ops = test::ops_on(platform);
+  const int64_t T = 37, H = 24;
+  const std::vector<double> y = test::random_values(T * H, 1, -1.0, 1.0),
+                            z = test::random_values(T * H, 2, -1.0, 1.0),
+                            x = test::random_values(T * H, 3, -1.0, 1.0),
+                            w = test::random_values(H, 4, -0.5, 0.5),
+                            dy = test::random_values(T * H, 5, -1.0, 1.0);
+  auto on_dev = [&](const std::vector<double>& v, const Shape& s, DType t) {
+    return Tensor::from_vector(v, s, t).to(dev);
+  };
+  // The inputs as the op sees them (rounded to dtype once).
+  auto rounded = [&](const std::vector<double>& v) {
+    return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, dtype).to_vector<double>();
+  };
+  const auto zr = rounded(z), xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
+  Tensor out = Tensor::empty({T, H}, dtype, dev), gate = Tensor::empty({T}, DType::f64, dev);
+  ops.moe_shared_gate_fwd(out, gate, on_dev(y, {T, H}, DType::f64), on_dev(z, {T, H}, dtype),
+                          on_dev(x, {T, H}, dtype), on_dev(w, {H}, dtype));
+  Tensor dz = Tensor::empty({T, H}, dtype, dev), dx = Tensor::empty({T, H}, dtype, dev);
+  Tensor dw = Tensor::empty({H}, DType::f64, dev);
+  ops.moe_shared_gate_bwd(dz, dx, dw, on_dev(dy, {T, H}, dtype), on_dev(z, {T, H}, dtype),
+                          on_dev(x, {T, H}, dtype), on_dev(w, {H}, dtype), gate);
+  const auto out_v = out.to_vector<double>(), gate_v = gate.to_vector<double>(),
+             dz_v = dz.to_vector<double>(), dx_v = dx.to_vector<double>(),
+             dw_v = dw.to_vector<double>();
+  const double u = dtype == DType::f64 ? 0x1p-52 : dtype == DType::f32 ? 0x1p-23 : 0x1p-7;
+  const double e64 = 1e-12;  // f64 sums of H or T terms of magnitude <= 1 (and exp's rounding)
+  std::vector<long double> dw_ref(static_cast<std::size_t>(H), 0.0L), dw_mag(dw_ref);
+  for (int64_t t = 0; t < T; ++t) {
+    long double dot = 0.0L, dyz = 0.0L;
+    for (int64_t j = 0; j < H; ++j) {
+      dot += static_cast<long double>(xr[t * H + j]) * wr[j];
+      dyz += static_cast<long double>(dyr[t * H + j]) * zr[t * H + j];
+    }
+    const long double g = 1.0L / (1.0L + std::exp(-dot));
+    ASSERT_NEAR(gate_v[t], static_cast<double>(g), e64) << platform << " token " << t;
+    const long double dg = dyz * g * (1.0L - g);
+    for (int64_t j = 0; j < H; ++j) {
+      const auto i = static_cast<std::size_t>(t * H + j);
+      const long double o = y[i] + g * zr[i], dzr = g * dyr[i], dxr = dg * wr[j];
+      EXPECT_NEAR(out_v[i], static_cast<double>(o), u * std::fabs(static_cast<double>(o)) + e64)
+          << platform << " out " << t << "," << j;
+      EXPECT_NEAR(dz_v[i], static_cast<double>(dzr), u * std::fabs(static_cast<double>(dzr)) + e64)
+          << platform << " dz " << t << "," << j;
+      EXPECT_NEAR(dx_v[i], static_cast<double>(dxr), u * std::fabs(static_cast<double>(dxr)) + e64)
+          << platform << " dx " << t << "," << j;
+      dw_ref[static_cast<std::size_t>(j)] += dg * xr[i];
+      dw_mag[static_cast<std::size_t>(j)] += std::fabs(dg * xr[i]);
+    }
+  }
+  for (int64_t j = 0; j < H; ++j)
+    EXPECT_NEAR(dw_v[j], static_cast<double>(dw_ref[j]),
+                1e-13 * (1.0 + static_cast<double>(dw_mag[j])))
+        << platform << " dw " << j;
+  // The gradient of L = sum(dy * out) with respect to w, by central differences (f64 only: the
+  // differences of rounded outputs say nothing in narrower dtypes).
+  if (dtype != DType::f64) return;
+  const double h = 1e-6;
+  for (int64_t j = 0; j < H; j += 5) {
+    auto loss_at = [&](double dwj) {
+      std::vector<double> w2 = w;
+      w2[j] += dwj;
+      Tensor o2 = Tensor::empty({T, H}, dtype, dev), g2 = Tensor::empty({T}, DType::f64, dev);
+      ops.moe_shared_gate_fwd(o2, g2, on_dev(y, {T, H}, DType::f64), on_dev(z, {T, H}, dtype),
+                              on_dev(x, {T, H}, dtype), on_dev(w2, {H}, dtype));
+      const auto ov = o2.to_vector<double>();
+      double l = 0.0;
+      for (std::size_t i = 0; i < ov.size(); ++i) l += dy[i] * ov[i];
+      return l;
+    };
+    const double numeric = (loss_at(h) - loss_at(-h)) / (2 * h);
+    EXPECT_NEAR(dw_v[j], numeric, 1e-7 * (1.0 + std::fabs(numeric))) << platform << " dw " << j;
+  }
+}
+
+TEST_P(MoeSharedGateTest, RefusesBadShapes) {
+  const auto& [platform, dtype] = GetParam();
+  MG_SKIP_IF_UNAVAILABLE(platform);
+  const Device dev = test::device_for(platform);
+  const auto& ops = test::ops_on(platform);
+  Tensor out = Tensor::empty({4, 8}, dtype, dev), gate = Tensor::empty({4}, DType::f64, dev);
+  const Tensor y64 = Tensor::zeros({4, 8}, DType::f64, dev), y = Tensor::zeros({4, 8}, dtype, dev);
+  const Tensor x = Tensor::zeros({4, 8}, dtype, dev), w = Tensor::zeros({8}, dtype, dev);
+  const Tensor w7 = Tensor::zeros({7}, dtype, dev);
+  auto fwd = [&](const Tensor& yy, const Tensor& ww) {
+    return test::error_message([&] { ops.moe_shared_gate_fwd(out, gate, yy, x, x, ww); });
+  };
+  if (dtype != DType::f64) {
+    EXPECT_NE(fwd(y, w).find("moe_shared_gate_fwd: y is"), std::string::npos) << fwd(y, w);
+  }
+  EXPECT_NE(fwd(y64, w7).find("w is"), std::string::npos) << fwd(y64, w7);
+  EXPECT_NE(
+      test::error_message([&] { ops.moe_shared_gate_fwd(out, gate, y64, x, x, out); }).find("w is"),
+      std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, MoeSharedGateTest,
+                         ::testing::Combine(::testing::ValuesIn(test::op_test_platforms()),
+                                            ::testing::Values(DType::f64, DType::f32, DType::bf16)),
+                         test::PlatformDTypeName{});
+
 }  // namespace
 }  // namespace mg

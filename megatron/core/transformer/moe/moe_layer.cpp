@@ -603,27 +603,20 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   }
 
   const bool gated = shared_ && c.moe_shared_expert_gate;
-  std::vector<double> y;
-  Tensor yt;  // [T, H] on the device (alltoall: f64 when the gate adds to it on the host)
+  Tensor yt;  // [T, H] on the device (alltoall: f64 when the gate adds to it)
   if (ep_size() == 1 || c.moe_token_dispatcher_type == MoeTokenDispatcherType::alltoall)
     yt = dispatch_alltoall(s, gated ? DType::f64 : ctx_.dtype);
   else
     yt = dispatch_allgather(s);
-  if (gated) y = host_read<double>(yt, HostSync::moe);
   if (gated) {
-    // y += sigmoid(x . gate_weight) * shared(x), per token, on the host in f64.
-    s.shared_out = host_read<double>(shared_->forward(x, s.shared), HostSync::moe);
-    const std::vector<double> xh = host_read<double>(s.x, HostSync::moe),
-                              w = host_read<double>(shared_gate_w_.value, HostSync::moe);
-    s.shared_gate.assign(static_cast<std::size_t>(T), 0.0);
-    for (int64_t t = 0; t < T; ++t) {
-      double g = 0.0;
-      for (int64_t j = 0; j < h_; ++j) g += xh[t * h_ + j] * w[j];
-      const double sig = 1.0 / (1.0 + std::exp(-g));
-      s.shared_gate[t] = sig;
-      for (int64_t j = 0; j < h_; ++j) y[t * h_ + j] += sig * s.shared_out[t * h_ + j];
-    }
-    return device_tensor(ctx_, y, s.shape, ctx_.dtype);
+    // y + sigmoid(x . gate_weight) * shared(x), per token (moe_shared_gate_fwd: f64, rounded once).
+    s.shared_out = shared_->forward(x, s.shared).view({T, h_});
+    s.shared_gate = Tensor::empty({T}, DType::f64, ctx_.device);
+    Tensor out = ctx_.empty({T, h_});
+    if (yt.dtype() != DType::f64) yt = yt.to(DType::f64);  // the allgather dispatcher's (exact)
+    ctx_.op().moe_shared_gate_fwd(out, s.shared_gate, yt.view({T, h_}), s.shared_out, s.x,
+                                  shared_gate_w_.value);
+    return out.view(s.shape);
   }
   Tensor out = yt.view(s.shape);
   if (shared_) {
@@ -735,30 +728,15 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
   }
   Tensor out = dxt.view(s.shape);
   if (shared_ && c.moe_shared_expert_gate) {
-    // z' = sig * z: dz = sig * dy; dg = (dy . z) sig (1 - sig); dw += dg x; dx += dg w.
-    const std::vector<double> dyh = host_read<double>(dy, HostSync::moe),
-                              xh = host_read<double>(s.x, HostSync::moe),
-                              w = host_read<double>(shared_gate_w_.value, HostSync::moe);
-    std::vector<double> dz(dyh.size()), dw(static_cast<std::size_t>(h_), 0.0),
-        dxg(static_cast<std::size_t>(T * h_));
-    for (int64_t t = 0; t < T; ++t) {
-      const double sig = s.shared_gate[t];
-      double dot = 0.0;
-      for (int64_t j = 0; j < h_; ++j) {
-        dz[t * h_ + j] = sig * dyh[t * h_ + j];
-        dot += dyh[t * h_ + j] * s.shared_out[t * h_ + j];
-      }
-      const double dg = dot * sig * (1.0 - sig);
-      for (int64_t j = 0; j < h_; ++j) {
-        dw[j] += dg * xh[t * h_ + j];
-        dxg[t * h_ + j] = dg * w[j];
-      }
-    }
-    ctx_.op().axpy(shared_gate_w_.grad,
-                   device_tensor(ctx_, dw, {1, h_}, shared_gate_w_.grad.dtype()), 1.0f);
-    ctx_.op().axpy(out, device_tensor(ctx_, dxg, s.shape, ctx_.dtype), 1.0f);
-    Tensor dxs = shared_->backward(device_tensor(ctx_, dz, s.shape, ctx_.dtype), s.x.view(s.shape),
-                                   s.shared);
+    // z' = sig * z: dz = sig * dy; dg = (dy . z) sig (1 - sig); dw += dg x; dx += dg w
+    // (moe_shared_gate_bwd, f64).
+    Tensor dz = ctx_.empty({T, h_}), dxg = ctx_.empty({T, h_});
+    Tensor dw = Tensor::empty({h_}, DType::f64, ctx_.device);
+    ctx_.op().moe_shared_gate_bwd(dz, dxg, dw, dy.view({T, h_}), s.shared_out, s.x,
+                                  shared_gate_w_.value, s.shared_gate);
+    ctx_.op().axpy(shared_gate_w_.grad, dw.to(shared_gate_w_.grad.dtype()).view({1, h_}), 1.0f);
+    ctx_.op().axpy(out, dxg.view(s.shape), 1.0f);
+    Tensor dxs = shared_->backward(dz.view(s.shape), s.x.view(s.shape), s.shared);
     ctx_.op().axpy(out, dxs, 1.0f);
   } else if (shared_) {
     Tensor dxs = shared_->backward(dy, s.x.view(s.shape), s.shared);

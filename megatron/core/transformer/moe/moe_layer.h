@@ -135,7 +135,7 @@ class MoELayer {
     // the experts ran on all of them (expert_in etc. are the gathered rows).
     std::vector<int64_t> etp_counts;
     MLP::Saved shared;
-    std::vector<double> shared_out, shared_gate;  // --moe-shared-expert-gate: z [T, H], sigmoid [T]
+    Tensor shared_out, shared_gate;  // --moe-shared-expert-gate: z [T, H], sigmoid [T] f64
   };
 
   // prefix: "decoder.layers.N.mlp."; shared_experts: the spec of the shared experts' MLP (built

@@ -400,8 +400,9 @@ TEST(CudaColumnFinish, SumsInTheDocumentedOrder) {
   for (int64_t chunks : {1, 5, 32, 129, 512, 1024, 5000})
     for (int64_t width : {1, 3, 8, 13, 770, 3072}) {
       if (chunks > 1024 && width > 770) continue;  // keeps the host side small
-      std::vector<double> p = random_values(static_cast<std::size_t>(chunks * width),
-                                            static_cast<uint64_t>(chunks * 7919 + width));
+      std::vector<double> p =
+          random_values(static_cast<std::size_t>(chunks * width),
+                        static_cast<uint64_t>(chunks * 7919 + width), -1.0, 1.0);
       for (std::size_t i = 0; i < p.size(); ++i)
         p[i] = std::ldexp(p[i], static_cast<int>(i % 61) - 30);
       const std::vector<double> init = random_values(static_cast<std::size_t>(width), 77);
