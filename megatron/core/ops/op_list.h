@@ -164,15 +164,15 @@
          const Tensor& expert, const Tensor& prob, const Tensor& kept, const Tensor& scores,      \
          const MoeRouterArgs& a))                                                                 \
   /* MoE shared-expert gate (--moe-shared-expert-gate, Qwen2-MoE's sigmoid gate): per token t,    \
-     g_t = sigmoid(x_t . w) with the dot in f64 (j ascending), gate [T] f64 = g_t, out [T, H] =    \
-     y_t + g_t * z_t in f64 rounded once to out's dtype; y [T, H] f64 (the routed experts' sum),   \
+     g_t = sigmoid(x_t . w) with the dot in f64 (j ascending), gate [T] f64 = g_t, out [T, H] =   \
+     y_t + g_t * z_t in f64 rounded once to out's dtype; y [T, H] f64 (the routed experts' sum),  \
      z [T, H] (the shared experts' output), x [T, H], w [H] kernel floats; written. */            \
   X(moe_shared_gate_fwd, op, "moe_shared_gate_bwd",                                               \
     void(Tensor & out, Tensor & gate, const Tensor& y, const Tensor& z, const Tensor& x,          \
          const Tensor& w))                                                                        \
   /* its backward, from the forward's gate: dz [T, H] = g_t * dy_t, dg_t = (dy_t . z_t) g_t       \
      (1 - g_t) (the dot in f64, j ascending), dx [T, H] = dg_t * w (dz and dx rounded once to     \
-     their dtypes), dw [H] f64 = sum over t ascending of dg_t * x_t; all written (the caller adds  \
+     their dtypes), dw [H] f64 = sum over t ascending of dg_t * x_t; all written (the caller adds \
      dx and dw where they accumulate). */                                                         \
   X(moe_shared_gate_bwd, op, "",                                                                  \
     void(Tensor & dz, Tensor & dx, Tensor & dw, const Tensor& dy, const Tensor& z,                \
