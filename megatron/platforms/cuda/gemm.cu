@@ -763,10 +763,11 @@ bool epilogue_fused(Tensor& c, Tensor& aux, Tensor& dbias, const Tensor& a, cons
         return true;
       }
       // The weight-gradient GEMM of a layer with a bias (A = dY [K tokens, M], trans_a): the
-      // plain GEMM, then dbias += the column sums of A in f64 (reduce.cuh). cuBLASLt's BGRADB
-      // epilogue ran these GEMMs (long K, small M x N) at 347 TFLOP/s against 707 for the plain
-      // GEMMs of the same gpt2-124m step on an H200 (2026-11-26-h200-lease-s19.md), and does not
-      // document its reduction's precision; the column sums of dY read 2 K M bytes once.
+      // plain GEMM, then dbias += the column sums of A in f64 (reduce.cuh), deterministic and of
+      // a known precision (cuBLASLt's BGRADB does not document its reduction's). The cost is
+      // about the same: gpt2-124m's QKV wgrads (three 768 x 768 x 16384 GEMMs a layer, split-K)
+      // took 2.09 ms a step this way against 2.00 with BGRADB on an H200
+      // (2026-11-26-h200-lease-s20.md); what makes them slow is their small M x N.
       if (args.trans_a) {
         if (!run_fused(x)) return false;
         column_sum_accumulate(dbias.raw_data(), dbias.dtype(), d.k, d.m,
