@@ -259,33 +259,9 @@ __device__ __forceinline__ int64_t vec_of_thread(int k) {
   return threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
 }
 
-// a and b summed over the block (blockDim.x a multiple of 32, <= 1024) in a fixed order; every
-// thread gets both sums. Safe to call repeatedly.
-__device__ __forceinline__ void block_sum2(float& a, float& b) {
-  __shared__ float2 part[32];
-  const int lane = static_cast<int>(threadIdx.x & 31u);
-  const int warp = static_cast<int>(threadIdx.x >> 5);
-  const int nwarps = static_cast<int>(blockDim.x >> 5);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    a += __shfl_xor_sync(0xffffffffu, a, o);
-    b += __shfl_xor_sync(0xffffffffu, b, o);
-  }
-  __syncthreads();  // a previous call may still be reading `part`
-  if (lane == 0) part[warp] = make_float2(a, b);
-  __syncthreads();
-  float sa = part[0].x, sb = part[0].y;
-  for (int w = 1; w < nwarps; ++w) {
-    sa += part[w].x;
-    sb += part[w].y;
-  }
-  a = sa;
-  b = sb;
-}
-
-// v[0..N) each summed over the block, as N calls of block_sum2 would sum them (the same shuffle
-// tree, then the warps' partials in warp order: the same bits), with one pair of barriers for all
-// N instead of one pair per call.
+// v[0..N) each summed over the block (blockDim.x a multiple of 32, <= 1024) in a fixed order: a
+// warp's shuffle tree, then the warps' partials in warp order; every thread gets the sums. One
+// pair of barriers for all N values; safe to call repeatedly.
 template <int N>
 __device__ __forceinline__ void block_sum_n(float (&v)[N]) {
   __shared__ float part[32][N];
@@ -358,9 +334,9 @@ __global__ void __launch_bounds__(kVecMaxThreads)
   }
   float mu = 0.0f;
   if (mean) {
-    float unused = 0.0f;
-    block_sum2(s, unused);
-    mu = s * inv_h;
+    float sum[1] = {s};
+    block_sum_n<1>(sum);
+    mu = sum[0] * inv_h;
   }
   float ss = 0.0f;
 #pragma unroll
@@ -373,9 +349,9 @@ __global__ void __launch_bounds__(kVecMaxThreads)
       ss += d * d;
     }
   }
-  float unused = 0.0f;
-  block_sum2(ss, unused);
-  const float rs = 1.0f / sqrtf(ss * inv_h + eps);
+  float sq[1] = {ss};
+  block_sum_n<1>(sq);
+  const float rs = 1.0f / sqrtf(sq[0] * inv_h + eps);
   if (threadIdx.x == 0) {
     if (mean) store<float>(mean, st, r, mu);
     store<float>(rstd, st, r, rs);
