@@ -28,8 +28,9 @@
 // element is read, then written, by one thread); y must not overlap sum (validated).
 // Vector paths (bf16/f16 storage, H % 8 == 0, H <= 8192, 16-byte aligned rows): the row is held
 // in registers as 8-element vectors (16-byte loads and stores, device_util.cuh's load8_half), a
-// block of 32..512 threads spans it (thread t owns vectors t, t + T, ...), the two row sums of
-// the backward share one block reduction; the backward's dgamma / dbeta partials are a pass of
+// row of H <= 1024 is a warp's (its sums are shuffles alone, 4 rows a block), a wider one a
+// block's of 32..512 threads (thread t owns vectors t, t + T, ...; RowTeam), the two row sums of
+// the backward share one reduction; the backward's dgamma / dbeta partials are a pass of
 // their own before the dx rows (norm_param_partial8_kernel). The same per-element expressions
 // and, for dgamma / dbeta, the same f64 terms in the same row order per chunk (the same bits as
 // the scalar kernels); the row sums
@@ -37,6 +38,7 @@
 // (the CPU tolerance applies, as for the scalar kernel). The scalar kernels serve the rest.
 // Not here: fp8 outputs; the MLP-BDA + next layer's input norm fusion.
 #include <initializer_list>
+#include <type_traits>
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"
@@ -234,16 +236,49 @@ __global__ void norm_bwd_fused_kernel(void* dx, const void* dy, const void* dres
 
 constexpr int kVecMaxThreads = 512;  // threads spanning one row
 constexpr int kVecMaxPerThread = 2;  // 8-element vectors per thread: H <= 8 * 512 * 2
+// Rows of at most 32 * kWarpRowMaxVec vectors (H <= 1024) are a warp's: the row sums are warp
+// shuffles alone (no shared memory, no barrier), kWarpRowsPerBlock rows a block. A block per row
+// spent most of gpt2-124m's [16384, 768] norm kernels in its two barriers (the forward at ~850
+// GB/s, the backward's dx pass likewise, H200, 2026-11-26).
+constexpr int kWarpRowMaxVec = 4, kWarpRowsPerBlock = 4;
 
-// Vectors per thread and threads per block for a row of h (h % 8 == 0) elements.
+// Vectors per thread, threads per block and the grid for `rows` rows of h (h % 8 == 0) elements;
+// warp: one warp per row (else one block per row).
 struct VecGeometry {
   int per_thread = 0, threads = 0;
+  bool warp = false;
+  dim3 grid;
 };
-VecGeometry vec_geometry(int64_t h) {
+VecGeometry vec_geometry(int64_t h, int64_t rows) {
   const int64_t nvec = h / 8;
+  if (nvec <= 32 * kWarpRowMaxVec) {
+    const int64_t blocks = (rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+    return {static_cast<int>((nvec + 31) / 32), 32 * kWarpRowsPerBlock, true,
+            dim3(static_cast<unsigned int>(blocks < 1 ? 1 : blocks))};
+  }
   const int64_t vpt = (nvec + kVecMaxThreads - 1) / kVecMaxThreads;
   const int64_t threads = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
-  return {static_cast<int>(vpt), static_cast<int>(threads)};
+  return {static_cast<int>(vpt), static_cast<int>(threads), false, grid_rows(rows)};
+}
+// Calls f(integral_constant<int, VPT>, bool_constant<warp>) for g's kernel instantiation.
+template <typename F>
+void with_vec_geometry(const VecGeometry& g, F&& f) {
+  using std::bool_constant;
+  using std::integral_constant;
+  if (g.warp) {
+    switch (g.per_thread) {
+      case 1:
+        return f(integral_constant<int, 1>{}, bool_constant<true>{});
+      case 2:
+        return f(integral_constant<int, 2>{}, bool_constant<true>{});
+      case 3:
+        return f(integral_constant<int, 3>{}, bool_constant<true>{});
+      default:
+        return f(integral_constant<int, 4>{}, bool_constant<true>{});
+    }
+  }
+  if (g.per_thread == 1) return f(integral_constant<int, 1>{}, bool_constant<false>{});
+  return f(integral_constant<int, 2>{}, bool_constant<false>{});
 }
 bool vec_ok(DType t, int64_t h, std::initializer_list<const void*> ptrs) {
   if ((t != DType::bf16 && t != DType::f16) || h % 8 != 0 || h <= 0 ||
@@ -252,11 +287,6 @@ bool vec_ok(DType t, int64_t h, std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (p && !aligned_for_8_halves(p)) return false;
   return true;
-}
-
-// The k-th 8-element vector of this thread's row share (thread t owns vectors t, t + T, ...).
-__device__ __forceinline__ int64_t vec_of_thread(int k) {
-  return threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
 }
 
 // v[0..N) each summed over the block (blockDim.x a multiple of 32, <= 1024) in a fixed order: a
@@ -287,18 +317,56 @@ __device__ __forceinline__ void block_sum_n(float (&v)[N]) {
   }
 }
 
+// v[0..N) each summed over the warp by a shuffle butterfly: every lane computes each step's a + b
+// as its partner computes b + a, so all lanes hold the same bits.
+template <int N>
+__device__ __forceinline__ void warp_sum_n(float (&v)[N]) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+  }
+}
+
+// The threads that share a row (vec_geometry): a warp (kWarp) or the whole block. rank() and size()
+// place the 8-element vectors (thread t owns vectors t, t + size, ...); sum() reduces over them.
+template <bool kWarp>
+struct RowTeam {
+  __device__ static int64_t row() {
+    if constexpr (kWarp)
+      return static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    else
+      return block_row();
+  }
+  __device__ static int64_t vec(int k) {
+    if constexpr (kWarp)
+      return static_cast<int64_t>(threadIdx.x & 31u) + 32 * static_cast<int64_t>(k);
+    else
+      return threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+  }
+  template <int N>
+  __device__ static void sum(float (&v)[N]) {
+    if constexpr (kWarp)
+      warp_sum_n<N>(v);
+    else
+      block_sum_n<N>(v);
+  }
+};
+
 __device__ __forceinline__ float round_half(float v, bool bf16) {
   return bf16 ? dmath::bf16_to_f32(dmath::f32_to_bf16(v)) : dmath::f16_to_f32(dmath::f32_to_f16(v));
 }
 
-// One block per row: y, mean, rstd <- x, or with `bda` (in.x non-null) sum = residual + dropout(x
+// One row per RowTeam (a warp or a block): y, mean, rstd <- x, or with `bda` (in.x non-null) sum =
+// residual + dropout(x
 // + bias) stored first and normalised from its rounded values (bda_norm_fwd_kernel's element).
-template <int VPT>
+template <int VPT, bool kWarp>
 __global__ void __launch_bounds__(kVecMaxThreads)
     norm_fwd_vec_kernel(void* y, void* sum, void* mean, void* rstd, DType st, bool bf16,
                         const void* x, BdaArgs in, float scale, Param gamma, Param beta, float eps,
                         int64_t rows, int64_t h) {
-  const int64_t r = block_row();
+  using Team = RowTeam<kWarp>;
+  const int64_t r = Team::row();
   if (r >= rows) return;
   const int64_t base = r * h, nvec = h / 8;
   const float inv_h = 1.0f / static_cast<float>(h);
@@ -306,7 +374,7 @@ __global__ void __launch_bounds__(kVecMaxThreads)
   float s = 0.0f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = vec_of_thread(k);
+    const int64_t vi = Team::vec(k);
     if (vi >= nvec) continue;
     const int64_t j0 = vi * 8;
     if (in.x) {
@@ -335,13 +403,13 @@ __global__ void __launch_bounds__(kVecMaxThreads)
   float mu = 0.0f;
   if (mean) {
     float sum[1] = {s};
-    block_sum_n<1>(sum);
+    Team::template sum<1>(sum);
     mu = sum[0] * inv_h;
   }
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = vec_of_thread(k);
+    const int64_t vi = Team::vec(k);
     if (vi >= nvec) continue;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -350,15 +418,15 @@ __global__ void __launch_bounds__(kVecMaxThreads)
     }
   }
   float sq[1] = {ss};
-  block_sum_n<1>(sq);
+  Team::template sum<1>(sq);
   const float rs = 1.0f / sqrtf(sq[0] * inv_h + eps);
-  if (threadIdx.x == 0) {
+  if (Team::vec(0) == 0) {
     if (mean) store<float>(mean, st, r, mu);
     store<float>(rstd, st, r, rs);
   }
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = vec_of_thread(k);
+    const int64_t vi = Team::vec(k);
     if (vi >= nvec) continue;
     const int64_t j0 = vi * 8;
     float o[8];
@@ -413,51 +481,66 @@ __global__ void norm_param_partial8_kernel(double* partial_g, double* partial_b,
   }
 }
 
-// dx of row block_row() (+ the residual gradient dres, when given, added to the rounded dx), the
-// row's 2 sums reduced over the block once. dx may alias dy or dres: each thread reads its
-// elements before it writes them.
-template <int VPT>
+// dx of one row per RowTeam (+ the residual gradient dres, when given, added to the rounded dx),
+// the row's 2 sums reduced over the team once. The loads are issued first and kept raw (4
+// registers a vector), the terms recomputed after the sums by the same expressions. dx may alias
+// dy or dres: each thread reads its elements before it writes them.
+template <int VPT, bool kWarp>
 __global__ void __launch_bounds__(kVecMaxThreads)
     norm_bwd_dx_vec_kernel(void* dx, const void* dy, const void* dres, const void* x, bool bf16,
                            const void* mean, const void* rstd, DType st, Param gamma, int64_t rows,
                            int64_t h) {
-  const int64_t r = block_row();
+  using Team = RowTeam<kWarp>;
+  const int64_t r = Team::row();
   if (r >= rows) return;
   const int64_t base = r * h, nvec = h / 8;
   const float inv_h = 1.0f / static_cast<float>(h);
   const float mu = mean ? load<float>(mean, st, r) : 0.0f;
   const float rs = load<float>(rstd, st, r);
-  float xh[VPT][8], g[VPT][8];
-  uint4 dr_raw[VPT];
+  uint4 x_raw[VPT], dy_raw[VPT], dr_raw[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t vi = Team::vec(k);
+    if (vi >= nvec) continue;
+    x_raw[k] = load8_raw(x, base + vi * 8);
+    dy_raw[k] = load8_raw(dy, base + vi * 8);
+    if (dres) dr_raw[k] = load8_raw(dres, base + vi * 8);
+  }
+  // xhat and g = dy * gamma of vector k, element e (the same expressions in both loops).
+  auto terms = [&](int k, int64_t vi, float(&xh)[8], float(&g)[8]) {
+    float xv[8], dv[8];
+    unpack8_half(x_raw[k], bf16, xv);
+    unpack8_half(dy_raw[k], bf16, dv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      xh[e] = (xv[e] - mu) * rs;
+      g[e] = dv[e] * gamma.at<float>(vi * 8 + e);
+    }
+  };
   float sums[2] = {0.0f, 0.0f};  // sum g, sum g * xhat
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = vec_of_thread(k);
+    const int64_t vi = Team::vec(k);
     if (vi >= nvec) continue;
-    if (dres) dr_raw[k] = load8_raw(dres, base + vi * 8);
-    float xv[8], dv[8];
-    load8_half(x, base + vi * 8, bf16, xv);
-    load8_half(dy, base + vi * 8, bf16, dv);
+    float xh[8], g[8];
+    terms(k, vi, xh, g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float xhat = (xv[e] - mu) * rs;
-      const float gg = dv[e] * gamma.at<float>(vi * 8 + e);
-      xh[k][e] = xhat;
-      g[k][e] = gg;
-      sums[0] += gg;
-      sums[1] += gg * xhat;
+      sums[0] += g[e];
+      sums[1] += g[e] * xh[e];
     }
   }
-  block_sum_n<2>(sums);
+  Team::template sum<2>(sums);
   const float mg = mean ? sums[0] * inv_h : 0.0f;
   const float mgx = sums[1] * inv_h;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = vec_of_thread(k);
+    const int64_t vi = Team::vec(k);
     if (vi >= nvec) continue;
-    float o[8];
+    float xh[8], g[8], o[8];
+    terms(k, vi, xh, g);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = rs * (g[k][e] - mg - xh[k][e] * mgx);
+    for (int e = 0; e < 8; ++e) o[e] = rs * (g[e] - mg - xh[e] * mgx);
     if (dres) {
       float dr[8];
       unpack8_half(dr_raw[k], bf16, dr);
@@ -496,15 +579,13 @@ Param param_of(const Tensor& t, bool plus_one) {
 void launch_fwd_vec(void* y, void* sum, void* mean, void* rstd, DType st, DType t, const void* x,
                     const BdaArgs& in, float scale, const Param& gamma, const Param& beta,
                     float eps, int64_t rows, int64_t h, int dev) {
-  const VecGeometry g = vec_geometry(h);
+  const VecGeometry g = vec_geometry(h, rows);
   const bool bf16 = t == DType::bf16;
   cudaStream_t s = current_stream(dev);
-  if (g.per_thread == 1)
-    norm_fwd_vec_kernel<1><<<grid_rows(rows), g.threads, 0, s>>>(
+  with_vec_geometry(g, [&](auto vpt, auto warp) {
+    norm_fwd_vec_kernel<decltype(vpt)::value, decltype(warp)::value><<<g.grid, g.threads, 0, s>>>(
         y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h);
-  else
-    norm_fwd_vec_kernel<2><<<grid_rows(rows), g.threads, 0, s>>>(
-        y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h);
+  });
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -563,7 +644,7 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
       const Param gp = param_of(gamma, args.zero_centered_gamma);
       const auto grid = static_cast<unsigned int>(chunks);
       if (vec) {
-        const VecGeometry g = vec_geometry(h);
+        const VecGeometry g = vec_geometry(h, rows);
         const bool bf16 = x.dtype() == DType::bf16;
         const int64_t v = h / 8;
         const int pt = column_partial8_threads(v);
@@ -572,15 +653,11 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
                                                         mp, rstd.raw_data(), rstd.dtype(), rows, h,
                                                         rows_per_chunk);
         MG_CUDA_CHECK_LAUNCH();
-        auto launch = [&](auto kernel) {
-          kernel<<<grid_rows(rows), g.threads, 0, s>>>(dx.raw_data(), dy.raw_data(), dr,
-                                                       x.raw_data(), bf16, mp, rstd.raw_data(),
-                                                       rstd.dtype(), gp, rows, h);
-        };
-        if (g.per_thread == 1)
-          launch(norm_bwd_dx_vec_kernel<1>);
-        else
-          launch(norm_bwd_dx_vec_kernel<2>);
+        with_vec_geometry(g, [&](auto vpt, auto warp) {
+          norm_bwd_dx_vec_kernel<decltype(vpt)::value, decltype(warp)::value>
+              <<<g.grid, g.threads, 0, s>>>(dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16,
+                                            mp, rstd.raw_data(), rstd.dtype(), gp, rows, h);
+        });
       } else {
         if (smem > 48 * 1024)
           MG_CUDA_CHECK(cudaFuncSetAttribute(norm_bwd_fused_kernel<C>,

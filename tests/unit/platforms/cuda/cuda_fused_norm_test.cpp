@@ -243,7 +243,9 @@ TEST_P(CudaFusedNorm, VectorPathMatchesScalarPath) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   const DType dt = dtype();
   if (dt != DType::bf16 && dt != DType::f16) GTEST_SKIP() << "no vector path for this dtype";
-  for (const Shape& shape : {Shape{70, 768}, Shape{9, 8192}}) {
+  // A warp per row (H <= 1024: 1, 2, 3 and 4 vectors a lane) and a block per row (8192).
+  for (const Shape& shape :
+       {Shape{70, 768}, Shape{37, 1024}, Shape{5, 264}, Shape{3, 64}, Shape{9, 8192}}) {
     const int64_t h = shape.back(), n = shape_numel(shape), rows = n / h;
     for (NormKind kind : {NormKind::layernorm, NormKind::rmsnorm}) {
       const bool ln = kind == NormKind::layernorm;
