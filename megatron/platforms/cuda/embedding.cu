@@ -5,7 +5,8 @@
 //
 // This rank holds rows [vocab_start, vocab_start + Vl) of the full [V, H] table. Forward copies
 // out[n] = weight[ids[n] - vocab_start] bit for bit for ids inside the shard and writes zeros
-// elsewhere (negative ids included: the forward does not synchronise to inspect ids). Backward adds
+// elsewhere (negative ids included: the forward does not synchronise to inspect ids), 16 bytes at
+// a time where the rows allow. Backward adds
 // dout[n] into dweight[ids[n] - vocab_start] deterministically and as the CPU does: the ids are
 // sorted by row (tokens ascending within a row), and one block
 // per distinct row sums its dout rows in increasing token order in f32 (f64 when dweight or dout is
@@ -30,7 +31,8 @@ namespace mg::platforms::cuda {
 
 namespace {
 
-// out [N, H] = weight [Vl, H] rows, raw element copies (U: an unsigned type of the element size).
+// out [N, H] = weight [Vl, H] rows, raw copies of U (an unsigned type of the element size, or
+// uint4: 16 bytes of a row at once, h then counting 16-byte pieces).
 template <typename U>
 __global__ void embedding_fwd_kernel(U* out, const void* ids, DType id_type, const U* weight,
                                      int64_t vocab_start, int64_t v, int64_t n, int64_t h) {
@@ -38,7 +40,7 @@ __global__ void embedding_fwd_kernel(U* out, const void* ids, DType id_type, con
   for (int64_t i = grid_start(); i < total; i += grid_stride()) {
     const int64_t tok = i / h, j = i - tok * h;
     const int64_t local = load_index(ids, id_type, tok) - vocab_start;
-    out[i] = local >= 0 && local < v ? weight[local * h + j] : U(0);
+    out[i] = local >= 0 && local < v ? weight[local * h + j] : U{};
   }
 }
 
@@ -71,13 +73,22 @@ void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& weight, int64_t
   const int dev = weight.device().index;
   DeviceGuard guard(dev);
   cudaStream_t s = current_stream(dev);
-  auto launch = [&](auto tag) {
+  auto launch = [&](auto tag, int64_t units) {
     using U = decltype(tag);
-    embedding_fwd_kernel<U><<<grid_for(n * h), kThreads, 0, s>>>(
+    embedding_fwd_kernel<U><<<grid_for(n * units), kThreads, 0, s>>>(
         static_cast<U*>(out.raw_data()), ids.raw_data(), ids.dtype(),
-        static_cast<const U*>(weight.raw_data()), vocab_start, v, n, h);
+        static_cast<const U*>(weight.raw_data()), vocab_start, v, n, units);
   };
-  with_element_bits(weight.dtype(), op, launch);
+  // Rows of whole 16-byte pieces, both tables 16-byte aligned: a piece per thread (element by
+  // element, gpt2-124m's [65536, 768] bf16 lookup ran at ~0.5 TB/s on an H200).
+  const auto row_bytes = static_cast<int64_t>(h * dtype_size(weight.dtype()));
+  const auto aligned16 = [](const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  };
+  if (row_bytes % 16 == 0 && aligned16(out.raw_data()) && aligned16(weight.raw_data()))
+    launch(uint4{}, row_bytes / 16);
+  else
+    with_element_bits(weight.dtype(), op, [&](auto tag) { launch(tag, h); });
   MG_CUDA_CHECK_LAUNCH();
 }
 

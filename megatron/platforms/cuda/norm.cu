@@ -26,19 +26,17 @@
 // dx may alias dy or dresidual: the column sums run before the dx kernel, and each dx element is
 // written by the thread that read it last. In the fused forward, sum may alias x or residual (each
 // element is read, then written, by one thread); y must not overlap sum (validated).
-// Vector paths (bf16/f16 storage, H % 8 == 0, H <= 8192, 16-byte aligned rows): the row is held
-// in registers as 8-element vectors (16-byte loads and stores, device_util.cuh's load8_half), a
-// row of H <= 1024 is a warp's (its sums are shuffles alone, 4 rows a block), a wider one a
-// block's of 32..512 threads (thread t owns vectors t, t + T, ...; RowTeam), the two row sums of
-// the backward share one reduction; the backward's dgamma / dbeta partials are a pass of
-// their own before the dx rows (norm_param_partial8_kernel). The same per-element expressions
-// and, for dgamma / dbeta, the same f64 terms in the same row order per chunk (the same bits as
-// the scalar kernels); the row sums
-// (mean, variance, mean(g), mean(g xhat)) are reduced in another order than the scalar kernel's
-// (the CPU tolerance applies, as for the scalar kernel). The scalar kernels serve the rest.
-// Not here: fp8 outputs; the MLP-BDA + next layer's input norm fusion.
+// Vector paths (bf16/f16 storage, H % 8 == 0, H <= 8192, 16-byte aligned rows and weights): the row
+// is held in registers as 8-element vectors (16-byte loads and stores, device_util.cuh's
+// load8_half), a block of 32..512 threads spans it (thread t owns vectors t, t + T, ...), the two
+// row sums of the backward share one block reduction; the backward's dgamma / dbeta partials are a
+// pass of their own before the dx rows (norm_param_partial8_kernel). The same per-element
+// expressions and, for dgamma / dbeta, the same f64 terms in the same row order per chunk (the same
+// bits as the scalar kernels); the row sums (mean, variance, mean(g), mean(g xhat)) are reduced in
+// another order than the scalar kernel's (the CPU tolerance applies, as for the scalar kernel). The
+// scalar kernels serve the rest. Not here: fp8 outputs; the MLP-BDA + next layer's input norm
+// fusion.
 #include <initializer_list>
-#include <type_traits>
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"
@@ -63,6 +61,27 @@ struct Param {
   __device__ __forceinline__ C at(int64_t j) const {
     const C w = load<C>(p, t, j);
     return plus_one ? w + C(1) : w;
+  }
+  // at<float>(j + e) for e in [0, 8) by 16-byte loads (j a multiple of 8, p 16-byte aligned: the
+  // vector paths check it). Read element by element, a thread's 8 weights were 8 scalar loads,
+  // the threads of a warp 32 bytes apart: that L1 traffic bounded the vector norm kernels (the
+  // forward of gpt2-124m's [16384, 768] went from 59 to 37 us a call, H200, 2026-11-26).
+  __device__ __forceinline__ void at8(int64_t j, float (&w)[8]) const {
+    if (t == DType::f32) {
+      const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(p) + j);
+      const float4 a = q[0], b = q[1];
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z,
+      w[7] = b.w;
+    } else if (t == DType::bf16 || t == DType::f16) {
+      load8_half(p, j, t == DType::bf16, w);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) w[e] = load<float>(p, t, j + e);
+    }
+    if (plus_one) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) w[e] = w[e] + 1.0f;
+    }
   }
 };
 
@@ -236,49 +255,16 @@ __global__ void norm_bwd_fused_kernel(void* dx, const void* dy, const void* dres
 
 constexpr int kVecMaxThreads = 512;  // threads spanning one row
 constexpr int kVecMaxPerThread = 2;  // 8-element vectors per thread: H <= 8 * 512 * 2
-// Rows of at most 32 * kWarpRowMaxVec vectors (H <= 1024) are a warp's: the row sums are warp
-// shuffles alone (no shared memory, no barrier), kWarpRowsPerBlock rows a block. A block per row
-// spent most of gpt2-124m's [16384, 768] norm kernels in its two barriers (the forward at ~850
-// GB/s, the backward's dx pass likewise, H200, 2026-11-26).
-constexpr int kWarpRowMaxVec = 4, kWarpRowsPerBlock = 4;
 
-// Vectors per thread, threads per block and the grid for `rows` rows of h (h % 8 == 0) elements;
-// warp: one warp per row (else one block per row).
+// Vectors per thread and threads per block for a row of h (h % 8 == 0) elements.
 struct VecGeometry {
   int per_thread = 0, threads = 0;
-  bool warp = false;
-  dim3 grid;
 };
-VecGeometry vec_geometry(int64_t h, int64_t rows) {
+VecGeometry vec_geometry(int64_t h) {
   const int64_t nvec = h / 8;
-  if (nvec <= 32 * kWarpRowMaxVec) {
-    const int64_t blocks = (rows + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
-    return {static_cast<int>((nvec + 31) / 32), 32 * kWarpRowsPerBlock, true,
-            dim3(static_cast<unsigned int>(blocks < 1 ? 1 : blocks))};
-  }
   const int64_t vpt = (nvec + kVecMaxThreads - 1) / kVecMaxThreads;
   const int64_t threads = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
-  return {static_cast<int>(vpt), static_cast<int>(threads), false, grid_rows(rows)};
-}
-// Calls f(integral_constant<int, VPT>, bool_constant<warp>) for g's kernel instantiation.
-template <typename F>
-void with_vec_geometry(const VecGeometry& g, F&& f) {
-  using std::bool_constant;
-  using std::integral_constant;
-  if (g.warp) {
-    switch (g.per_thread) {
-      case 1:
-        return f(integral_constant<int, 1>{}, bool_constant<true>{});
-      case 2:
-        return f(integral_constant<int, 2>{}, bool_constant<true>{});
-      case 3:
-        return f(integral_constant<int, 3>{}, bool_constant<true>{});
-      default:
-        return f(integral_constant<int, 4>{}, bool_constant<true>{});
-    }
-  }
-  if (g.per_thread == 1) return f(integral_constant<int, 1>{}, bool_constant<false>{});
-  return f(integral_constant<int, 2>{}, bool_constant<false>{});
+  return {static_cast<int>(vpt), static_cast<int>(threads)};
 }
 bool vec_ok(DType t, int64_t h, std::initializer_list<const void*> ptrs) {
   if ((t != DType::bf16 && t != DType::f16) || h % 8 != 0 || h <= 0 ||
@@ -287,6 +273,11 @@ bool vec_ok(DType t, int64_t h, std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (p && !aligned_for_8_halves(p)) return false;
   return true;
+}
+
+// The k-th 8-element vector of this thread's row share (thread t owns vectors t, t + T, ...).
+__device__ __forceinline__ int64_t vec_of_thread(int k) {
+  return threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
 }
 
 // v[0..N) each summed over the block (blockDim.x a multiple of 32, <= 1024) in a fixed order: a
@@ -317,56 +308,18 @@ __device__ __forceinline__ void block_sum_n(float (&v)[N]) {
   }
 }
 
-// v[0..N) each summed over the warp by a shuffle butterfly: every lane computes each step's a + b
-// as its partner computes b + a, so all lanes hold the same bits.
-template <int N>
-__device__ __forceinline__ void warp_sum_n(float (&v)[N]) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
-  }
-}
-
-// The threads that share a row (vec_geometry): a warp (kWarp) or the whole block. rank() and size()
-// place the 8-element vectors (thread t owns vectors t, t + size, ...); sum() reduces over them.
-template <bool kWarp>
-struct RowTeam {
-  __device__ static int64_t row() {
-    if constexpr (kWarp)
-      return static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    else
-      return block_row();
-  }
-  __device__ static int64_t vec(int k) {
-    if constexpr (kWarp)
-      return static_cast<int64_t>(threadIdx.x & 31u) + 32 * static_cast<int64_t>(k);
-    else
-      return threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-  }
-  template <int N>
-  __device__ static void sum(float (&v)[N]) {
-    if constexpr (kWarp)
-      warp_sum_n<N>(v);
-    else
-      block_sum_n<N>(v);
-  }
-};
-
 __device__ __forceinline__ float round_half(float v, bool bf16) {
   return bf16 ? dmath::bf16_to_f32(dmath::f32_to_bf16(v)) : dmath::f16_to_f32(dmath::f32_to_f16(v));
 }
 
-// One row per RowTeam (a warp or a block): y, mean, rstd <- x, or with `bda` (in.x non-null) sum =
-// residual + dropout(x
+// One block per row: y, mean, rstd <- x, or with `bda` (in.x non-null) sum = residual + dropout(x
 // + bias) stored first and normalised from its rounded values (bda_norm_fwd_kernel's element).
-template <int VPT, bool kWarp>
+template <int VPT>
 __global__ void __launch_bounds__(kVecMaxThreads)
     norm_fwd_vec_kernel(void* y, void* sum, void* mean, void* rstd, DType st, bool bf16,
                         const void* x, BdaArgs in, float scale, Param gamma, Param beta, float eps,
                         int64_t rows, int64_t h) {
-  using Team = RowTeam<kWarp>;
-  const int64_t r = Team::row();
+  const int64_t r = block_row();
   if (r >= rows) return;
   const int64_t base = r * h, nvec = h / 8;
   const float inv_h = 1.0f / static_cast<float>(h);
@@ -374,7 +327,7 @@ __global__ void __launch_bounds__(kVecMaxThreads)
   float s = 0.0f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = Team::vec(k);
+    const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
     const int64_t j0 = vi * 8;
     if (in.x) {
@@ -403,13 +356,13 @@ __global__ void __launch_bounds__(kVecMaxThreads)
   float mu = 0.0f;
   if (mean) {
     float sum[1] = {s};
-    Team::template sum<1>(sum);
+    block_sum_n<1>(sum);
     mu = sum[0] * inv_h;
   }
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = Team::vec(k);
+    const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -418,22 +371,24 @@ __global__ void __launch_bounds__(kVecMaxThreads)
     }
   }
   float sq[1] = {ss};
-  Team::template sum<1>(sq);
+  block_sum_n<1>(sq);
   const float rs = 1.0f / sqrtf(sq[0] * inv_h + eps);
-  if (Team::vec(0) == 0) {
+  if (threadIdx.x == 0) {
     if (mean) store<float>(mean, st, r, mu);
     store<float>(rstd, st, r, rs);
   }
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = Team::vec(k);
+    const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
     const int64_t j0 = vi * 8;
-    float o[8];
+    float o[8], gw[8], bw[8];
+    gamma.at8(j0, gw);
+    if (beta.p) beta.at8(j0, bw);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      float t = (v[k][e] - mu) * rs * gamma.at<float>(j0 + e);
-      if (beta.p) t += beta.at<float>(j0 + e);
+      float t = (v[k][e] - mu) * rs * gw[e];
+      if (beta.p) t += bw[e];
       o[e] = t;
     }
     store8_half(y, base + j0, bf16, o);
@@ -450,6 +405,10 @@ __global__ void __launch_bounds__(kVecMaxThreads)
 // ran at 550 GB/s for gpt2-124m's [16384, 768] on an H200: 512 blocks of 3 warps, 162 registers,
 // 18 % occupancy, stalled on instruction fetch (Nsight Compute, 2026-11-26); the passes apart each
 // keep every multiprocessor full. The partials pass runs first: dx may alias dy.
+// A warp per row (rows of H <= 1024, the sums by shuffles alone, no barrier) was slower on the
+// H200 in every gpt2-124m norm op: norm_bwd_add 130 against 107 us a call, the fused forward 89
+// against 63, layernorm_fwd 46 against 37 (op tables, 2026-11-26).
+template <int kBatch>
 __global__ void norm_param_partial8_kernel(double* partial_g, double* partial_b, const void* dy,
                                            const void* x, bool bf16, const void* mean,
                                            const void* rstd, DType st, int64_t rows, int64_t h,
@@ -460,18 +419,33 @@ __global__ void norm_param_partial8_kernel(double* partial_g, double* partial_b,
   const auto [r0, r1] = chunk_rows(c, rows_per_chunk, rows);
   double sg[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
   double sb[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-#pragma unroll 4
-  for (int64_t r = r0; r < r1; ++r) {
-    const float mu = mean ? load<float>(mean, st, r) : 0.0f;
-    const float rs = load<float>(rstd, st, r);
-    float xv[8], dv[8];
-    load8_half(x, r * h + f, bf16, xv);
-    load8_half(dy, r * h + f, bf16, dv);
+  // The loads of kBatch rows are issued before their adds (which stay in row order): with the
+  // loads interleaved with the adds this pass waited on memory (39 us for [16384, 768], 28 % of
+  // DRAM bandwidth: Nsight Compute, H200, 2026-11-26). 4 rows (95 registers) beat 8 (158): the
+  // whole layernorm backward of [16384, 768] took 81 against 87 us (95 before).
+  for (int64_t rb = r0; rb < r1; rb += kBatch) {
+    uint4 xr[kBatch], dr[kBatch];
+    float mu[kBatch], rs[kBatch];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float xhat = (xv[e] - mu) * rs;
-      sg[e] += static_cast<double>(dv[e] * xhat);
-      if (partial_b) sb[e] += static_cast<double>(dv[e]);
+    for (int i = 0; i < kBatch; ++i) {
+      const int64_t r = rb + i < r1 ? rb + i : r1 - 1;  // past the chunk: a load that is not used
+      xr[i] = load8_raw(x, r * h + f);
+      dr[i] = load8_raw(dy, r * h + f);
+      mu[i] = mean ? load<float>(mean, st, r) : 0.0f;
+      rs[i] = load<float>(rstd, st, r);
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (rb + i >= r1) break;
+      float xv[8], dv[8];
+      unpack8_half(xr[i], bf16, xv);
+      unpack8_half(dr[i], bf16, dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float xhat = (xv[e] - mu[i]) * rs[i];
+        sg[e] += static_cast<double>(dv[e] * xhat);
+        if (partial_b) sb[e] += static_cast<double>(dv[e]);
+      }
     }
   }
 #pragma unroll
@@ -481,66 +455,52 @@ __global__ void norm_param_partial8_kernel(double* partial_g, double* partial_b,
   }
 }
 
-// dx of one row per RowTeam (+ the residual gradient dres, when given, added to the rounded dx),
-// the row's 2 sums reduced over the team once. The loads are issued first and kept raw (4
-// registers a vector), the terms recomputed after the sums by the same expressions. dx may alias
-// dy or dres: each thread reads its elements before it writes them.
-template <int VPT, bool kWarp>
+// dx of row block_row() (+ the residual gradient dres, when given, added to the rounded dx), the
+// row's 2 sums reduced over the block once. dx may alias dy or dres: each thread reads its
+// elements before it writes them.
+template <int VPT>
 __global__ void __launch_bounds__(kVecMaxThreads)
     norm_bwd_dx_vec_kernel(void* dx, const void* dy, const void* dres, const void* x, bool bf16,
                            const void* mean, const void* rstd, DType st, Param gamma, int64_t rows,
                            int64_t h) {
-  using Team = RowTeam<kWarp>;
-  const int64_t r = Team::row();
+  const int64_t r = block_row();
   if (r >= rows) return;
   const int64_t base = r * h, nvec = h / 8;
   const float inv_h = 1.0f / static_cast<float>(h);
   const float mu = mean ? load<float>(mean, st, r) : 0.0f;
   const float rs = load<float>(rstd, st, r);
-  uint4 x_raw[VPT], dy_raw[VPT], dr_raw[VPT];
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = Team::vec(k);
-    if (vi >= nvec) continue;
-    x_raw[k] = load8_raw(x, base + vi * 8);
-    dy_raw[k] = load8_raw(dy, base + vi * 8);
-    if (dres) dr_raw[k] = load8_raw(dres, base + vi * 8);
-  }
-  // xhat and g = dy * gamma of vector k, element e (the same expressions in both loops).
-  auto terms = [&](int k, int64_t vi, float(&xh)[8], float(&g)[8]) {
-    float xv[8], dv[8];
-    unpack8_half(x_raw[k], bf16, xv);
-    unpack8_half(dy_raw[k], bf16, dv);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      xh[e] = (xv[e] - mu) * rs;
-      g[e] = dv[e] * gamma.at<float>(vi * 8 + e);
-    }
-  };
+  float xh[VPT][8], g[VPT][8];
+  uint4 dr_raw[VPT];
   float sums[2] = {0.0f, 0.0f};  // sum g, sum g * xhat
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = Team::vec(k);
+    const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
-    float xh[8], g[8];
-    terms(k, vi, xh, g);
+    if (dres) dr_raw[k] = load8_raw(dres, base + vi * 8);
+    float xv[8], dv[8], gw[8];
+    load8_half(x, base + vi * 8, bf16, xv);
+    load8_half(dy, base + vi * 8, bf16, dv);
+    gamma.at8(vi * 8, gw);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      sums[0] += g[e];
-      sums[1] += g[e] * xh[e];
+      const float xhat = (xv[e] - mu) * rs;
+      const float gg = dv[e] * gw[e];
+      xh[k][e] = xhat;
+      g[k][e] = gg;
+      sums[0] += gg;
+      sums[1] += gg * xhat;
     }
   }
-  Team::template sum<2>(sums);
+  block_sum_n<2>(sums);
   const float mg = mean ? sums[0] * inv_h : 0.0f;
   const float mgx = sums[1] * inv_h;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
-    const int64_t vi = Team::vec(k);
+    const int64_t vi = vec_of_thread(k);
     if (vi >= nvec) continue;
-    float xh[8], g[8], o[8];
-    terms(k, vi, xh, g);
+    float o[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = rs * (g[e] - mg - xh[e] * mgx);
+    for (int e = 0; e < 8; ++e) o[e] = rs * (g[k][e] - mg - xh[k][e] * mgx);
     if (dres) {
       float dr[8];
       unpack8_half(dr_raw[k], bf16, dr);
@@ -579,13 +539,15 @@ Param param_of(const Tensor& t, bool plus_one) {
 void launch_fwd_vec(void* y, void* sum, void* mean, void* rstd, DType st, DType t, const void* x,
                     const BdaArgs& in, float scale, const Param& gamma, const Param& beta,
                     float eps, int64_t rows, int64_t h, int dev) {
-  const VecGeometry g = vec_geometry(h, rows);
+  const VecGeometry g = vec_geometry(h);
   const bool bf16 = t == DType::bf16;
   cudaStream_t s = current_stream(dev);
-  with_vec_geometry(g, [&](auto vpt, auto warp) {
-    norm_fwd_vec_kernel<decltype(vpt)::value, decltype(warp)::value><<<g.grid, g.threads, 0, s>>>(
+  if (g.per_thread == 1)
+    norm_fwd_vec_kernel<1><<<grid_rows(rows), g.threads, 0, s>>>(
         y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h);
-  });
+  else
+    norm_fwd_vec_kernel<2><<<grid_rows(rows), g.threads, 0, s>>>(
+        y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -595,7 +557,9 @@ void launch_fwd(Tensor& y, Tensor* mean, Tensor& rstd, const Tensor& x, const Te
   if (rows == 0) return;
   const int dev = x.device().index;
   DeviceGuard guard(dev);
-  if (vec_ok(x.dtype(), h, {y.raw_data(), x.raw_data()})) {
+  if (vec_ok(x.dtype(), h,
+             {y.raw_data(), x.raw_data(), gamma.raw_data(),
+              beta.defined() ? beta.raw_data() : nullptr})) {
     launch_fwd_vec(y.raw_data(), nullptr, mean ? mean->raw_data() : nullptr, rstd.raw_data(),
                    rstd.dtype(), x.dtype(), x.raw_data(), BdaArgs{}, 1.0f,
                    param_of(gamma, args.zero_centered_gamma), param_of(beta, false),
@@ -630,7 +594,8 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
         static_cast<std::size_t>(dbeta ? 2 : 1) * static_cast<std::size_t>(h) * sizeof(double);
     const void* dr = dres ? dres->raw_data() : nullptr;
     const bool vec =
-        rows > 0 && vec_ok(x.dtype(), h, {dx.raw_data(), dy.raw_data(), x.raw_data(), dr});
+        rows > 0 &&
+        vec_ok(x.dtype(), h, {dx.raw_data(), dy.raw_data(), x.raw_data(), dr, gamma.raw_data()});
     const bool fused =
         rows > 0 && h > 0 &&
         smem <= static_cast<std::size_t>(device_properties(dev).sharedMemPerBlockOptin);
@@ -644,20 +609,24 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
       const Param gp = param_of(gamma, args.zero_centered_gamma);
       const auto grid = static_cast<unsigned int>(chunks);
       if (vec) {
-        const VecGeometry g = vec_geometry(h, rows);
+        const VecGeometry g = vec_geometry(h);
         const bool bf16 = x.dtype() == DType::bf16;
         const int64_t v = h / 8;
         const int pt = column_partial8_threads(v);
         const dim3 pgrid(static_cast<unsigned int>((v + pt - 1) / pt), grid);
-        norm_param_partial8_kernel<<<pgrid, pt, 0, s>>>(pg, pb, dy.raw_data(), x.raw_data(), bf16,
-                                                        mp, rstd.raw_data(), rstd.dtype(), rows, h,
-                                                        rows_per_chunk);
+        norm_param_partial8_kernel<4><<<pgrid, pt, 0, s>>>(pg, pb, dy.raw_data(), x.raw_data(),
+                                                           bf16, mp, rstd.raw_data(), rstd.dtype(),
+                                                           rows, h, rows_per_chunk);
         MG_CUDA_CHECK_LAUNCH();
-        with_vec_geometry(g, [&](auto vpt, auto warp) {
-          norm_bwd_dx_vec_kernel<decltype(vpt)::value, decltype(warp)::value>
-              <<<g.grid, g.threads, 0, s>>>(dx.raw_data(), dy.raw_data(), dr, x.raw_data(), bf16,
-                                            mp, rstd.raw_data(), rstd.dtype(), gp, rows, h);
-        });
+        auto launch = [&](auto kernel) {
+          kernel<<<grid_rows(rows), g.threads, 0, s>>>(dx.raw_data(), dy.raw_data(), dr,
+                                                       x.raw_data(), bf16, mp, rstd.raw_data(),
+                                                       rstd.dtype(), gp, rows, h);
+        };
+        if (g.per_thread == 1)
+          launch(norm_bwd_dx_vec_kernel<1>);
+        else
+          launch(norm_bwd_dx_vec_kernel<2>);
       } else {
         if (smem > 48 * 1024)
           MG_CUDA_CHECK(cudaFuncSetAttribute(norm_bwd_fused_kernel<C>,
@@ -668,8 +637,8 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
             rstd.dtype(), gp, rows, h, rows_per_chunk, pg, pb);
       }
       MG_CUDA_CHECK_LAUNCH();
-      column_finish(dgamma.raw_data(), dgamma.dtype(), pg, chunks, h, s);
-      if (dbeta) column_finish(dbeta->raw_data(), dbeta->dtype(), pb, chunks, h, s);
+      column_finish(dgamma.raw_data(), dgamma.dtype(), pg, chunks, h, s,
+                    dbeta ? dbeta->raw_data() : nullptr, dbeta ? dbeta->dtype() : DType::f32, pb);
       return;
     }
     // Parameter gradients first: dx may alias dy.
@@ -732,7 +701,9 @@ void bias_dropout_add_norm_fwd(Tensor& y, Tensor& sum, Tensor& mean, Tensor& rst
   const bool ln = kind == NormKind::layernorm;
   const int dev = x.device().index;
   DeviceGuard guard(dev);
-  if (vec_ok(x.dtype(), nd.h, {y.raw_data(), sum.raw_data(), x.raw_data(), residual.raw_data()})) {
+  if (vec_ok(x.dtype(), nd.h,
+             {y.raw_data(), sum.raw_data(), x.raw_data(), residual.raw_data(), gamma.raw_data(),
+              ln && beta.defined() ? beta.raw_data() : nullptr})) {
     const BdaArgs in{x.raw_data(), bias.defined() ? bias.raw_data() : nullptr, residual.raw_data(),
                      make_mask(dropout)};
     launch_fwd_vec(y.raw_data(), sum.raw_data(), ln ? mean.raw_data() : nullptr, rstd.raw_data(),

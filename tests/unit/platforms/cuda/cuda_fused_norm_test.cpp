@@ -243,7 +243,8 @@ TEST_P(CudaFusedNorm, VectorPathMatchesScalarPath) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   const DType dt = dtype();
   if (dt != DType::bf16 && dt != DType::f16) GTEST_SKIP() << "no vector path for this dtype";
-  // A warp per row (H <= 1024: 1, 2, 3 and 4 vectors a lane) and a block per row (8192).
+  // Rows of 8 to 128 vectors (blocks of 32 to 128 threads, some idle) and of 8192 (2 vectors a
+  // thread of 512).
   for (const Shape& shape :
        {Shape{70, 768}, Shape{37, 1024}, Shape{5, 264}, Shape{3, 64}, Shape{9, 8192}}) {
     const int64_t h = shape.back(), n = shape_numel(shape), rows = n / h;
