@@ -205,13 +205,10 @@ std::string packed_refusal(const Key& k) {
   return "";
 }
 
-// Builds the graph of `k` (caller holds g_mu); an Entry without a graph says why not.
-Entry build(const Key& k, cudnnHandle_t handle) {
+// Builds the graph of `k` with the forward implementation `impl` (caller holds g_mu); an Entry
+// without a graph says why not.
+Entry build_with(const Key& k, cudnnHandle_t handle, fe::AttentionImplementation_t impl) {
   Entry e;
-  if (k.docs > 0) {
-    e.why = packed_refusal(k);
-    if (!e.why.empty()) return e;
-  }
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe_type(k.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -243,7 +240,8 @@ Entry build(const Key& k, cudnnHandle_t handle) {
     auto attrs = fe::graph::SDPA_attributes()
                      .set_name("mg_sdpa_fwd")
                      .set_generate_stats(true)
-                     .set_attn_scale(k.scale);
+                     .set_attn_scale(k.scale)
+                     .set_implementation(impl);
     if (k.causal) {
       if (bottom_right)
         attrs.set_causal_mask_bottom_right(true);
@@ -314,6 +312,31 @@ Entry build(const Key& k, cudnnHandle_t handle) {
     return e;
   }
   e.graph = std::move(g);
+  return e;
+}
+
+// The graph of `k`: the frontend's choice of forward implementation first; where that fails, the
+// composite one (the frontend may pick its unified node, whose support of ragged layouts differs).
+Entry build(const Key& k, cudnnHandle_t handle) {
+  auto attempt = [&](fe::AttentionImplementation_t impl) {
+    try {
+      return build_with(k, handle, impl);
+    } catch (const std::exception& ex) {  // the frontend throws where no implementation fits
+      Entry e;
+      e.why = ex.what();
+      return e;
+    }
+  };
+  if (k.docs > 0) {
+    Entry e;
+    e.why = packed_refusal(k);
+    if (!e.why.empty()) return e;
+  }
+  Entry e = attempt(fe::AttentionImplementation_t::AUTO);
+  if (e.graph || k.backward) return e;
+  Entry composite = attempt(fe::AttentionImplementation_t::COMPOSITE);
+  if (composite.graph) return composite;
+  e.why += "; with the composite implementation: " + composite.why;
   return e;
 }
 
@@ -423,7 +446,7 @@ void run(const Key& key, const AttentionArgs& args, std::unordered_map<int64_t, 
     pack[kSeed] = seed_offset.as<int64_t>();
     pack[kOffset] = seed_offset.as<int64_t>() + 1;
   }
-  const auto* cu = static_cast<const int32_t*>(args.cu_seqlens.raw_data());
+  const auto* cu = key.docs > 0 ? static_cast<const int32_t*>(args.cu_seqlens.raw_data()) : nullptr;
   pack[kStats] = lse;
   if (key.docs > 0) {
     const int64_t nb = key.b * key.docs;
