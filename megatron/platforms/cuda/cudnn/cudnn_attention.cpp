@@ -440,11 +440,12 @@ void run(const Key& key, const AttentionArgs& args, std::unordered_map<int64_t, 
   Scratch ws(key.device, static_cast<std::size_t>(e.workspace > 0 ? e.workspace : 1));
   Scratch seed_offset, seq_len, q_off, kv_off, stats;
   if (key.dropout > 0.0f) {
-    seed_offset = Scratch(key.device, 2 * sizeof(int64_t));
-    cudnn::write_dropout_seed_offset(seed_offset.as<int64_t>(), args.dropout.seed,
-                                     args.dropout.offset, stream);
-    pack[kSeed] = seed_offset.as<int64_t>();
-    pack[kOffset] = seed_offset.as<int64_t>() + 1;
+    // Two 16-byte slots: the frontend declares every tensor 16-byte aligned.
+    seed_offset = Scratch(key.device, 4 * sizeof(int64_t));
+    int64_t* so = seed_offset.as<int64_t>();
+    cudnn::write_dropout_seed_offset(so, so + 2, args.dropout.seed, args.dropout.offset, stream);
+    pack[kSeed] = so;
+    pack[kOffset] = so + 2;
   }
   const auto* cu = key.docs > 0 ? static_cast<const int32_t*>(args.cu_seqlens.raw_data()) : nullptr;
   pack[kStats] = lse;

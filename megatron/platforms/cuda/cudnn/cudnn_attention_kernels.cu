@@ -9,9 +9,10 @@
 namespace mg::platforms::cuda::cudnn {
 namespace {
 
-__global__ void seed_offset_kernel(int64_t* out, int64_t seed, int64_t offset) {
-  out[0] = seed;
-  out[1] = offset;
+__global__ void seed_offset_kernel(int64_t* seed_out, int64_t* offset_out, int64_t seed,
+                                   int64_t offset) {
+  *seed_out = seed;
+  *offset_out = offset;
 }
 
 // Document d's token range [lo, hi) clamped into [0, S] (so that invalid cu_seqlens, recorded by
@@ -88,9 +89,9 @@ __global__ void lse_to_stats_kernel(const float* lse, float* stats, const int32_
 
 }  // namespace
 
-void write_dropout_seed_offset(int64_t* seed_offset, uint64_t seed, uint64_t offset,
-                               cudaStream_t stream) {
-  seed_offset_kernel<<<1, 1, 0, stream>>>(seed_offset, static_cast<int64_t>(seed),
+void write_dropout_seed_offset(int64_t* seed_out, int64_t* offset_out, uint64_t seed,
+                               uint64_t offset, cudaStream_t stream) {
+  seed_offset_kernel<<<1, 1, 0, stream>>>(seed_out, offset_out, static_cast<int64_t>(seed),
                                           static_cast<int64_t>(offset));
   MG_CUDA_CHECK_LAUNCH();
 }

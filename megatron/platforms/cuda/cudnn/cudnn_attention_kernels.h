@@ -17,10 +17,10 @@
 
 namespace mg::platforms::cuda::cudnn {
 
-// seed_offset[0] = seed, seed_offset[1] = offset (cuDNN's Philox dropout inputs, int64 on the
-// device), written on `stream` so that every later use on it sees this call's values.
-void write_dropout_seed_offset(int64_t* seed_offset, uint64_t seed, uint64_t offset,
-                               cudaStream_t stream);
+// *seed_out = seed, *offset_out = offset (cuDNN's Philox dropout inputs, int64 on the device),
+// written on `stream` so that every later use on it sees this call's values.
+void write_dropout_seed_offset(int64_t* seed_out, int64_t* offset_out, uint64_t seed,
+                               uint64_t offset, cudaStream_t stream);
 
 // From cu [D+1] (device i32): seq_len [B*D] i32 = cu[d+1] - cu[d]; ragged offsets [B*D+1] i64 in
 // elements of the sbhd tensors: q_off[n] = (cu[d]*B + b) * q_row (q_row = NH*HD: q, out, dout, dq),
