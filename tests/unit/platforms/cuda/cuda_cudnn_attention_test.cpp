@@ -10,11 +10,12 @@
 // backward use that same mask; the kept fraction is within 6 binomial sigma of 1 - p; the same
 // (seed, offset) gives the same bits, another offset or seed other bits. The provider's call
 // counters (the C symbol mg_cuda_cudnn_attention_stats) prove cuDNN ran; calls it does not serve
-// (doc_ids, with or without dropout) fall back to our kernels and still match the CPU (masks
-// included: our kernels draw the CPU's dropout bits). Where cuDNN refuses a packed-document graph
-// (its check_support: library, GPU), the test says so (the provider's stderr line gives cuDNN's
-// reason) and checks the fallback's result. The deterministic backward is bit-identical run to run.
-// The resolution tests need a cuDNN build only; the numerical ones skip without a GPU, saying why.
+// (doc_ids, with or without dropout; cu_seqlens with dropout) fall back to our kernels and still
+// match the CPU (masks included: our kernels draw the CPU's dropout bits). Where cuDNN refuses a
+// packed-document graph (its check_support: library, GPU), the test says so (the provider's stderr
+// line gives cuDNN's reason) and checks the fallback's result. The deterministic backward is
+// bit-identical run to run. The resolution tests need a cuDNN build only; the numerical ones skip
+// without a GPU, saying why.
 //
 // Tolerances, derived (u: the unit roundoff of the storage dtype, 2^-8 for bf16, 2^-11 for f16;
 // inputs in [0.1, 1] with random signs, so max|q|, max|k|, max|v|, max|dO| <= 1; scale = HD^-1/2):
@@ -343,7 +344,8 @@ TEST_P(CudaCudnnAttention, BackwardMatchesCpu) {
 
 // Calls cuDNN does not serve here fall back to our kernels (and still match the CPU within our
 // tiled kernel's tolerance, dropout included: our kernels draw the CPU's bits); cuDNN's counters do
-// not move. doc_ids (--reset-attention-mask's per-row ids) have no cuDNN equivalent here.
+// not move. doc_ids (--reset-attention-mask's per-row ids) have no cuDNN equivalent here;
+// cu_seqlens with dropout is not served until a test covers the pair.
 TEST_P(CudaCudnnAttention, UnservedCallsFallBack) {
   MG_SKIP_WITHOUT_CUDNN();
   MG_SKIP_IF_UNAVAILABLE("cuda");
@@ -352,15 +354,18 @@ TEST_P(CudaCudnnAttention, UnservedCallsFallBack) {
   auto q = random_pair({s, b, nh, hd}, dt, 51);
   auto k = random_pair({s, b, nh, hd}, dt, 52);
   auto v = random_pair({s, b, nh, hd}, dt, 53);
-  std::vector<ops::AttentionArgs> calls(2);
+  std::vector<ops::AttentionArgs> calls(3);
   std::vector<int32_t> docs(static_cast<std::size_t>(b * s));
   for (std::size_t i = 0; i < docs.size(); ++i) docs[i] = static_cast<int32_t>((i % s) / 40);
   calls[0].doc_ids = Tensor::from_vector(docs, {b, s}, DType::i32);
   calls[1].doc_ids = calls[0].doc_ids;
   calls[1].dropout = {0.1f, 5, 0};
+  calls[2].cu_seqlens = Tensor::from_vector(std::vector<int32_t>{0, 30, 96}, {3}, DType::i32);
+  calls[2].dropout = {0.1f, 5, 0};
   for (const auto& ac : calls) {
     ops::AttentionArgs ag = ac;
     if (ac.doc_ids.defined()) ag.doc_ids = ac.doc_ids.to(kGpu);
+    if (ac.cu_seqlens.defined()) ag.cu_seqlens = ac.cu_seqlens.to(kGpu);
     auto out = poisoned_pair({s, b, nh, hd}, dt);
     auto lse = poisoned_pair({b, nh, s}, DType::f32);
     const Stats before = stats_fn()();
