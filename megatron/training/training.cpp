@@ -1188,10 +1188,13 @@ AttentionBackendChoice choose_attention_backend(const std::string& backend,
     prefer("cuda:cudnn", cudnn_bwd);
     const auto version =
         reinterpret_cast<const char* (*)()>(dlsym(RTLD_DEFAULT, "mg_cuda_cudnn_attention_version"));
-    what = "cuDNN fused attention" + (version ? " (" + std::string(version()) + ")" : "") +
-           (deterministic ? ", deterministic backward" : "") +
-           "; calls it does not serve (dropout, document masks, causal with Sk < Sq, f32, other "
-           "head dims) run our kernels";
+    what =
+        "cuDNN fused attention" + (version ? " (" + std::string(version()) + ")" : "") +
+        (deterministic ? ", deterministic backward" : "") +
+        "; calls it does not serve (doc_ids masks, cu_seqlens with dropout, causal with Sk < Sq, "
+        "f32, other head dims) "
+        "run our kernels; its attention dropout masks are cuDNN's own (--attention-backend "
+        "local: the CPU's)";
   } else if (backend == "unfused" && has(fwd, "cuda:attention-rows") &&
              has(bwd, "cuda:attention-rows")) {
     prefer("cuda:attention-rows", "cuda:attention-rows");

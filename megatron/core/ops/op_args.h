@@ -122,7 +122,9 @@ struct DropoutArgs {
 // documents [cu[d], cu[d+1]). A query with a negative doc id is padding, and so is any query that
 // may attend no key: its output is 0 and its lse is -inf (never NaN), and it gets no gradient.
 // Softmax in f32 (f64 for f64 inputs) with -inf masking, unlike Megatron's -10000 fill. Optional
-// attention dropout on the probabilities.
+// attention dropout on the probabilities: our kernels (CPU and CUDA) draw the mask indexed as
+// below, bit for bit alike; cuDNN's provider (cuda:cudnn) draws its own Philox mask from the same
+// (seed, offset), same distribution, other bits (its forward and backward agree).
 struct AttentionArgs {
   bool causal = true;
   float softmax_scale = 0.0f;  // 0 -> 1/sqrt(HD)

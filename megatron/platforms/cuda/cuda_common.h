@@ -43,7 +43,9 @@ struct DeferredError {
   int32_t op;     // DeferredOp
   int64_t row, value, limit;
 };
-enum DeferredOp : int32_t { kDeferredCrossEntropyTarget = 1 };
+// kDeferredCuSeqlens: cu_seqlens entry `row` holds `value`, not a valid boundary of [0, S = limit]
+// (cuDNN attention's ragged offsets, cudnn/cudnn_attention_kernels.cu).
+enum DeferredOp : int32_t { kDeferredCrossEntropyTarget = 1, kDeferredCuSeqlens = 2 };
 static_assert(sizeof(DeferredError) == 32 && offsetof(DeferredError, row) == 8,
               "device_util.cuh's record_deferred_error writes this layout");
 // The record of `device`, as a device pointer.

@@ -456,6 +456,13 @@ void raise_deferred_error(int device) {
       MG_THROW("cross_entropy_fwd: target "
                << value << " of row " << row << " is outside [0, V = " << limit
                << ") (found on cuda:" << device << " by the kernel; its loss is NaN)");
+    case kDeferredCuSeqlens:
+      MG_THROW("attention (cuda:cudnn): cu_seqlens["
+               << row << "] = " << value
+               << " breaks the contract (cu_seqlens[0] = 0, cu_seqlens[D] "
+               << "= S = " << limit << ", monotone; found on cuda:" << device
+               << " by the kernel that builds cuDNN's ragged offsets; that attention's results are "
+                  "meaningless)");
     default:
       MG_THROW("cuda:" << device << ": a kernel recorded the deferred error " << op << " (row "
                        << row << ", value " << value << ", limit " << limit << ")");

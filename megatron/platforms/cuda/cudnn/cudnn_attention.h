@@ -4,7 +4,8 @@
 // cuDNN / frontend versions for logs; counters since process start: graphs built, shapes cuDNN
 // refused (cached as such), calls run. Also exported as the C symbols
 // mg_cuda_cudnn_attention_stats / mg_cuda_cudnn_attention_version (dlsym: tests, benchmarks and
-// the training log, which link no CUDA code).
+// the training log, which link no CUDA code), and, for tests only,
+// mg_cuda_cudnn_attention_fwd_rng_dump (a forward that also returns cuDNN's dropout mask).
 #pragma once
 
 #include <cstdint>
