@@ -405,7 +405,9 @@ __global__ void __launch_bounds__(kVecMaxThreads)
 // ran at 550 GB/s for gpt2-124m's [16384, 768] on an H200: 512 blocks of 3 warps, 162 registers,
 // 18 % occupancy, stalled on instruction fetch (Nsight Compute, 2026-11-26); the passes apart each
 // keep every multiprocessor full. The partials pass runs first: dx may alias dy.
-// A warp per row (rows of H <= 1024, the sums by shuffles alone, no barrier) was slower on the
+// Four rows per block (their loads issued together, their sums in one block reduction) was
+// twice as slow for [16384, 768] (the forward 74 against 34 us, H200, 2026-11-26), and
+// a warp per row (rows of H <= 1024, the sums by shuffles alone, no barrier) was slower on the
 // H200 in every gpt2-124m norm op: norm_bwd_add 130 against 107 us a call, the fused forward 89
 // against 63, layernorm_fwd 46 against 37 (op tables, 2026-11-26).
 template <int kBatch>
