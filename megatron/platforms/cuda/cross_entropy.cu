@@ -3,8 +3,7 @@
 // -> combine), with the one backward both use.
 //
 // Gradient rule: no parameters; dlogits is an activation gradient and is written (=).
-// Invariants: one thread block per row at a time for the row statistics (the serial forward's
-// blocks loop over rows: ce_row_grid); math in f32 for f32/bf16/f16
+// Invariants: one thread block per row for the row statistics; math in f32 for f32/bf16/f16
 // logits (f64 for f64); the per-row statistics (loss, max, sum_exp, target_logit, dloss) are [N]
 // f32 (f64 for f64 logits). Leading logits dims flatten into N; targets (i32/i64) and statistics
 // may have any shape with N elements. The serial op checks 0 <= target < V as the CPU does, in the
@@ -18,7 +17,6 @@
 // elements in the scalar order (the same bits as the scalar passes); the backward is vectorised
 // likewise (ce_bwd_vec_kernel).
 // Not here: ignore_index, label smoothing, z-loss, the all-reduces (the caller's group).
-#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -106,29 +104,30 @@ __device__ C row_sum_exp(const void* x, DType t, int64_t base, int64_t v, C m) {
   return block_sum(s);
 }
 
+// One block per row. Blocks looping over rows with about half the L2 cache's worth of rows in
+// flight (2 per multiprocessor for [65536, 50304] bf16, so that the sum pass would re-read its row
+// from L2) were slower: 4.98 against 3.55 ms a gpt2-124m mb-64 step (H200, 2026-11-26).
 // loss, max, sum_exp [N] <- logits [N, V], targets [N]; a target outside [0, V) is recorded as a
 // deferred error (raised by the host's next synchronisation) and its row's loss is NaN.
-// Rows r = blockIdx.x, + gridDim.x, ... (ce_row_grid: few enough rows in flight that the sum pass
-// re-reads its row from L2, not from memory).
 template <typename C, bool kVec>
 __global__ void ce_fwd_kernel(void* loss, void* max, void* sum_exp, DType st, const void* x,
                               DType t, const void* targets, DType tt, int64_t n, int64_t v,
                               DeferredError* err) {
-  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const int64_t base = r * v;
-    const C m = row_max<C, kVec>(x, t, base, v);
-    const C s = row_sum_exp<C, kVec>(x, t, base, v, m);
-    if (threadIdx.x == 0) {
-      store<C>(max, st, r, m);
-      store<C>(sum_exp, st, r, s);
-      const int64_t target = load_index(targets, tt, r);
-      if (target < 0 || target >= v) {
-        record_deferred_error(err, kDeferredCrossEntropyTarget, r, target, v);
-        store<C>(loss, st, r, C(NAN));
-      } else {
-        store<C>(loss, st, r, log_c(s) + m - load<C>(x, t, base + target));
-      }
+  const int64_t r = block_row();
+  if (r >= n) return;
+  const int64_t base = r * v;
+  const C m = row_max<C, kVec>(x, t, base, v);
+  const C s = row_sum_exp<C, kVec>(x, t, base, v, m);
+  if (threadIdx.x == 0) {
+    store<C>(max, st, r, m);
+    store<C>(sum_exp, st, r, s);
+    const int64_t target = load_index(targets, tt, r);
+    if (target < 0 || target >= v) {
+      record_deferred_error(err, kDeferredCrossEntropyTarget, r, target, v);
+      store<C>(loss, st, r, C(NAN));
+      return;
     }
+    store<C>(loss, st, r, log_c(s) + m - load<C>(x, t, base + target));
   }
 }
 
@@ -223,21 +222,6 @@ void with_row_passes(const Tensor& logits, int64_t v, F&& f) {
   with_compute(logits.dtype(), [&](auto tag) { f(tag, std::false_type{}); });
 }
 
-// The grid of ce_fwd_kernel over n rows of row_bytes: one block per row where the rows are
-// small; else about half the L2 cache's worth of rows in flight (at least one block per
-// multiprocessor), so that the row-sum pass finds the row the max pass just read in L2. One block
-// per row of gpt2-124m's logits [65536, 50304] bf16 (100 KB rows, ~1000 blocks resident) read
-// every row twice from memory: 3.5 ms a step at 1.9 TB/s on an H200 (2026-11-26).
-unsigned int ce_row_grid(int64_t n, int64_t row_bytes, int dev) {
-  const cudaDeviceProp& p = device_properties(dev);
-  const int64_t sms = p.multiProcessorCount > 0 ? p.multiProcessorCount : 1;
-  const int64_t l2 = p.l2CacheSize > 0 ? p.l2CacheSize : 0;
-  const int64_t rows_in_l2 = row_bytes > 0 ? (l2 / 2) / row_bytes : n;
-  const int64_t per_sm = std::max<int64_t>(1, (rows_in_l2 + sms / 2) / sms);
-  const int64_t blocks = std::min<int64_t>({n, per_sm * sms, int64_t{1} << 30});
-  return static_cast<unsigned int>(std::max<int64_t>(1, blocks));
-}
-
 void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor& logits,
                        const Tensor& targets) {
   const Rows r =
@@ -247,9 +231,7 @@ void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor&
   DeviceGuard guard(dev);
   with_row_passes(logits, r.v, [&](auto tag, auto vec) {
     using C = decltype(tag);
-    const unsigned int grid =
-        ce_row_grid(r.n, r.v * static_cast<int64_t>(dtype_size(logits.dtype())), dev);
-    ce_fwd_kernel<C, decltype(vec)::value><<<grid, kThreads, 0, current_stream(dev)>>>(
+    ce_fwd_kernel<C, decltype(vec)::value><<<grid_rows(r.n), kThreads, 0, current_stream(dev)>>>(
         loss.raw_data(), max.raw_data(), sum_exp.raw_data(), loss.dtype(), logits.raw_data(),
         logits.dtype(), targets.raw_data(), targets.dtype(), r.n, r.v, deferred_error_record(dev));
   });
