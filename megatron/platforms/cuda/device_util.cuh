@@ -47,9 +47,13 @@ __device__ __forceinline__ void store8_half(void* p, int64_t i, bool bf16, const
   }
   *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p) + i) = make_uint4(w[0], w[1], w[2], w[3]);
 }
+// Whether p is 16-byte aligned (a uint4 / float4 access).
+inline bool aligned_16_bytes(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
 // Whether a tensor's data serves load8_half / store8_half.
 inline bool aligned_for_8_halves(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  return aligned_16_bytes(p);
 }
 
 // Records a bad input value in the deferred-error record (cuda_common.h DeferredError; this

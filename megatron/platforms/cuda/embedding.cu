@@ -82,10 +82,8 @@ void embedding_fwd(Tensor& out, const Tensor& ids, const Tensor& weight, int64_t
   // Rows of whole 16-byte pieces, both tables 16-byte aligned: a piece per thread (element by
   // element, gpt2-124m's [65536, 768] bf16 lookup ran at ~0.5 TB/s on an H200).
   const auto row_bytes = static_cast<int64_t>(h * dtype_size(weight.dtype()));
-  const auto aligned16 = [](const void* p) {
-    return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-  };
-  if (row_bytes % 16 == 0 && aligned16(out.raw_data()) && aligned16(weight.raw_data()))
+  if (row_bytes % 16 == 0 && aligned_16_bytes(out.raw_data()) &&
+      aligned_16_bytes(weight.raw_data()))
     launch(uint4{}, row_bytes / 16);
   else
     with_element_bits(weight.dtype(), op, [&](auto tag) { launch(tag, h); });

@@ -410,7 +410,6 @@ __global__ void __launch_bounds__(kVecMaxThreads)
 // a warp per row (rows of H <= 1024, the sums by shuffles alone, no barrier) was slower on the
 // H200 in every gpt2-124m norm op: norm_bwd_add 130 against 107 us a call, the fused forward 89
 // against 63, layernorm_fwd 46 against 37 (op tables, 2026-11-26).
-template <int kBatch>
 __global__ void norm_param_partial8_kernel(double* partial_g, double* partial_b, const void* dy,
                                            const void* x, bool bf16, const void* mean,
                                            const void* rstd, DType st, int64_t rows, int64_t h,
@@ -425,6 +424,7 @@ __global__ void norm_param_partial8_kernel(double* partial_g, double* partial_b,
   // loads interleaved with the adds this pass waited on memory (39 us for [16384, 768], 28 % of
   // DRAM bandwidth: Nsight Compute, H200, 2026-11-26). 4 rows (95 registers) beat 8 (158): the
   // whole layernorm backward of [16384, 768] took 81 against 87 us (95 before).
+  constexpr int kBatch = 4;
   for (int64_t rb = r0; rb < r1; rb += kBatch) {
     uint4 xr[kBatch], dr[kBatch];
     float mu[kBatch], rs[kBatch];
@@ -616,9 +616,9 @@ void launch_bwd(Tensor& dx, Tensor& dgamma, Tensor* dbeta, const Tensor& dy, con
         const int64_t v = h / 8;
         const int pt = column_partial8_threads(v);
         const dim3 pgrid(static_cast<unsigned int>((v + pt - 1) / pt), grid);
-        norm_param_partial8_kernel<4><<<pgrid, pt, 0, s>>>(pg, pb, dy.raw_data(), x.raw_data(),
-                                                           bf16, mp, rstd.raw_data(), rstd.dtype(),
-                                                           rows, h, rows_per_chunk);
+        norm_param_partial8_kernel<<<pgrid, pt, 0, s>>>(pg, pb, dy.raw_data(), x.raw_data(), bf16,
+                                                        mp, rstd.raw_data(), rstd.dtype(), rows, h,
+                                                        rows_per_chunk);
         MG_CUDA_CHECK_LAUNCH();
         auto launch = [&](auto kernel) {
           kernel<<<grid_rows(rows), g.threads, 0, s>>>(dx.raw_data(), dy.raw_data(), dr,

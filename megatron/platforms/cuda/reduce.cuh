@@ -81,8 +81,8 @@ __global__ void column_partial8_kernel(double* partial, int64_t rows, int64_t wi
 // deterministic; tests/unit/platforms/cuda/cuda_ops_test.cpp emulates it on the host bit for bit.
 // A block of 256 threads takes kFinishCols = 8 consecutive columns (thread t: column t % 8, slice
 // t / 8), so the 8 threads of a slice read 64 contiguous bytes of each chunk row. One thread per
-// column adding every chunk in order ran at ~58 cycles per add on an H200 (15 us for 512 chunks:
-// Nsight Compute, 2026-11-26); here each thread adds chunks / 32 partials.
+// column adding every chunk in order ran at ~58 cycles per add on an H200 (15 us for 512 chunks,
+// 30 us for 1024: Nsight Compute, 2026-11-26); here each thread adds chunks / 32 partials.
 // A template only so that every including file may instantiate it (no relocatable device code
 // in this build).
 inline constexpr int kFinishSlices = 32, kFinishCols = 8;
