@@ -254,6 +254,14 @@ struct MoeRouterArgs {
   double z_loss_scale = 1.0;  // and its gradient's seed (the aux-loss scale)
 };
 
+// moe_dispatch_index: how the chosen experts are laid out and which are selected.
+struct MoeDispatchArgs {
+  int64_t topk = 1;          // K: choices per token, token-major ([tokens, K])
+  int64_t first_expert = 0;  // the selected experts: [first_expert, first_expert + L)
+  // choice_counts: the choices [count_first, count_first + count_num) (multiples of K).
+  int64_t count_first = 0, count_num = 0;
+};
+
 // Weight initialisation from the counter-based generator: element i of the FULL tensor draws from
 // counter (offset + i), so a shard initialised with offset + its global start equals the slice of
 // the full tensor (TP-invariant init).

@@ -144,6 +144,25 @@
   X(moe_unpermute_bwd, op, "",                                                                    \
     void(Tensor & drows, Tensor & dprob, const Tensor& dout, const Tensor& rows,                  \
          const Tensor& prob, const Tensor& index))                                                \
+  /* MoE dispatch index lists (MoeDispatchArgs a): the stable counting sort of the chosen         \
+     experts, expert [N] i64 (N = tokens * a.topk, token-major), kept [N] u8 (optional: all       \
+     kept). Selected: the kept choices whose expert is in [a.first_expert, a.first_expert + L).   \
+     Written: counts [L], the selected choices per expert; rows ordered by expert, then choice:   \
+     row_choice [N] (row r's choice) and row_token [N] (its token, choice / K) for r < R = the    \
+     sum of counts, -1 after; moe_unpermute's lists choice_offsets [N + 1] / choice_rows [N]      \
+     (each choice's row, none when not selected) and token_offsets [N / K + 1] / token_rows       \
+     [N] (each token's rows ascending), -1 after R; choice_counts [G, E] (optional) = the         \
+     choices i in [a.count_first, a.count_first + a.count_num) per expert before selection,       \
+     in row ((i - a.count_first) / K) mod G. All i64. */                                          \
+  X(moe_dispatch_index, op, "",                                                                   \
+    void(Tensor & counts, Tensor & choice_counts, Tensor & row_choice, Tensor & row_token,        \
+         Tensor & choice_offsets, Tensor & choice_rows, Tensor & token_offsets,                   \
+         Tensor & token_rows, const Tensor& expert, const Tensor& kept,                           \
+         const MoeDispatchArgs& args))                                                            \
+  /* The all-to-all's received rows, chunks [source rank j][local expert i] of counts [EP, L]     \
+     i64 rows, put in [i][j] order: order [R] i64 = each [i][j]-ordered row's index in the        \
+     received layout, inverse [R] i64 its inverse (R = the sum of counts); written. */            \
+  X(moe_chunk_order, op, "", void(Tensor & order, Tensor & inverse, const Tensor& counts))        \
   /* MoE router (MoeRouterArgs a): logits [T, E] f32/f64, expert_bias [E] f32 (optional; sigmoid) \
      -> expert [T, K] i64 (descending score, ties to the lower expert), prob [T, K] f64, kept     \
      [T, K] u8 (0: dropped for capacity), scores [T, E] f64 (the score function's, saved),        \

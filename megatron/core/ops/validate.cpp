@@ -1088,6 +1088,85 @@ MoePermuteDims validate_moe_unpermute(const Placement& on, const Tensor& out, co
   return {out.size(0), rows.size(0), out.size(1)};
 }
 
+MoeDispatchDims validate_moe_dispatch_index(const Placement& on, const Tensor& counts,
+                                            const Tensor& choice_counts, const Tensor& row_choice,
+                                            const Tensor& row_token, const Tensor& choice_offsets,
+                                            const Tensor& choice_rows, const Tensor& token_offsets,
+                                            const Tensor& token_rows, const Tensor& expert,
+                                            const Tensor& kept, const MoeDispatchArgs& args) {
+  const char* op = "moe_dispatch_index";
+  on.check(op, "expert", expert);
+  MG_CHECK(expert.dtype() == DType::i64 && expert.dim() == 1,
+           op << ": expert is " << expert.str() << ", expected [choices] i64");
+  MoeDispatchDims d;
+  d.n = expert.size(0);
+  d.k = args.topk;
+  MG_CHECK(d.k >= 1 && d.n % d.k == 0,
+           op << ": topk " << d.k << " must be >= 1 and divide the " << d.n << " choices");
+  d.tokens = d.n / d.k;
+  MG_CHECK(args.first_expert >= 0, op << ": first_expert " << args.first_expert << " is negative");
+  MG_CHECK(args.count_first >= 0 && args.count_num >= 0 && args.count_first % d.k == 0 &&
+               args.count_num % d.k == 0 && args.count_first + args.count_num <= d.n,
+           op << ": the counted choices [" << args.count_first << ", "
+              << args.count_first + args.count_num << ") must be whole tokens (multiples of topk "
+              << d.k << ") within the " << d.n << " choices");
+  if (kept.defined()) {
+    on.check(op, "kept", kept);
+    MG_CHECK(kept.dtype() == DType::u8 && kept.dim() == 1 && kept.size(0) == d.n,
+             op << ": kept is " << kept.str() << ", expected [" << d.n << "] u8");
+  }
+  on.check(op, "counts", counts);
+  MG_CHECK(counts.dtype() == DType::i64 && counts.dim() == 1 && counts.size(0) >= 1,
+           op << ": counts is " << counts.str() << ", expected [experts >= 1] i64");
+  d.l = counts.size(0);
+  if (choice_counts.defined()) {
+    on.check(op, "choice_counts", choice_counts);
+    MG_CHECK(
+        choice_counts.dtype() == DType::i64 && choice_counts.dim() == 2 &&
+            choice_counts.size(0) >= 1 && choice_counts.size(1) >= 1,
+        op << ": choice_counts is " << choice_counts.str() << ", expected [G >= 1, E >= 1] i64");
+    d.g = choice_counts.size(0);
+    d.e = choice_counts.size(1);
+  }
+  check_i64_vector(on, op, "row_choice", row_choice, d.n);
+  check_i64_vector(on, op, "row_token", row_token, d.n);
+  check_i64_vector(on, op, "choice_offsets", choice_offsets, d.n + 1);
+  check_i64_vector(on, op, "choice_rows", choice_rows, d.n);
+  check_i64_vector(on, op, "token_offsets", token_offsets, d.tokens + 1);
+  check_i64_vector(on, op, "token_rows", token_rows, d.n);
+  const std::pair<const char*, const Tensor*> outs[] = {{"counts", &counts},
+                                                        {"choice_counts", &choice_counts},
+                                                        {"row_choice", &row_choice},
+                                                        {"row_token", &row_token},
+                                                        {"choice_offsets", &choice_offsets},
+                                                        {"choice_rows", &choice_rows},
+                                                        {"token_offsets", &token_offsets},
+                                                        {"token_rows", &token_rows}};
+  for (std::size_t i = 0; i < std::size(outs); ++i) {
+    if (!outs[i].second->defined()) continue;
+    for (const Tensor* in : {&expert, &kept})
+      MG_CHECK(!in->defined() || !overlaps(*outs[i].second, *in),
+               op << ": " << outs[i].first << " must not alias an input");
+    for (std::size_t j = i + 1; j < std::size(outs); ++j)
+      MG_CHECK(!outs[j].second->defined() || !overlaps(*outs[i].second, *outs[j].second),
+               op << ": " << outs[i].first << " and " << outs[j].first << " overlap");
+  }
+  return d;
+}
+
+void validate_moe_chunk_order(const Placement& on, const Tensor& order, const Tensor& inverse,
+                              const Tensor& counts) {
+  const char* op = "moe_chunk_order";
+  on.check(op, "counts", counts);
+  MG_CHECK(counts.dtype() == DType::i64 && counts.dim() == 2 && counts.size(0) >= 1 &&
+               counts.size(1) >= 1,
+           op << ": counts is " << counts.str() << ", expected [EP >= 1, L >= 1] i64");
+  check_i64_vector(on, op, "order", order, order.defined() ? order.size(0) : 0);
+  check_i64_vector(on, op, "inverse", inverse, order.size(0));
+  MG_CHECK(!overlaps(order, inverse) && !overlaps(order, counts) && !overlaps(inverse, counts),
+           op << ": order, inverse and counts must not overlap");
+}
+
 MoePermuteDims validate_moe_unpermute_bwd(const Placement& on, const Tensor& drows,
                                           const Tensor& dprob, const Tensor& dout,
                                           const Tensor& rows, const Tensor& prob,

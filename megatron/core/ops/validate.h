@@ -279,6 +279,25 @@ MoePermuteDims validate_moe_unpermute_bwd(const Placement& on, const Tensor& dro
                                           const Tensor& dprob, const Tensor& dout,
                                           const Tensor& rows, const Tensor& prob,
                                           const Tensor& index);
+// ---- MoE dispatch index lists ------------------------------------------------------------------
+struct MoeDispatchDims {
+  int64_t n = 0, k = 0, tokens = 0;  // choices, topk, tokens (n / k)
+  int64_t l = 0;                     // selected experts (counts' size)
+  int64_t g = 0, e = 0;              // choice_counts' rows and experts (0 when not given)
+};
+// counts [L] i64 (L >= 1); choice_counts [G, E] i64 (optional); row_choice, row_token,
+// choice_rows, token_rows [N] i64; choice_offsets [N + 1], token_offsets [N / K + 1] i64; expert
+// [N] i64, kept [N] u8 (optional); args: K >= 1 dividing N, first_expert >= 0, count_first and
+// count_num multiples of K within [0, N]. The outputs must not overlap each other or the inputs.
+MoeDispatchDims validate_moe_dispatch_index(const Placement& on, const Tensor& counts,
+                                            const Tensor& choice_counts, const Tensor& row_choice,
+                                            const Tensor& row_token, const Tensor& choice_offsets,
+                                            const Tensor& choice_rows, const Tensor& token_offsets,
+                                            const Tensor& token_rows, const Tensor& expert,
+                                            const Tensor& kept, const MoeDispatchArgs& args);
+// order, inverse [R] i64, counts [EP, L] i64 (EP, L >= 1); order and inverse distinct.
+void validate_moe_chunk_order(const Placement& on, const Tensor& order, const Tensor& inverse,
+                              const Tensor& counts);
 // ---- MoE shared-expert gate --------------------------------------------------------------------
 struct MoeSharedGateDims {
   int64_t t = 0, h = 0;  // tokens, hidden size

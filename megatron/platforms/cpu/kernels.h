@@ -20,6 +20,7 @@ void register_cross_entropy_kernels(plugin::Registry& r);  // cross_entropy_*, c
 void register_optimizer_kernels(plugin::Registry& r);  // adamw_step, l2_norm_sq, multi_tensor_scale
 void register_init_kernels(plugin::Registry& r);       // init_normal, init_uniform
 void register_fp8_kernels(plugin::Registry& r);        // fp8_cast_transpose, fp8_gemm
-void register_moe_kernels(
-    plugin::Registry& r);  // moe_permute, moe_unpermute(_bwd), moe_router_topk(_bwd)
+// moe_permute, moe_unpermute(_bwd), moe_router_topk(_bwd), moe_dispatch_index, moe_chunk_order,
+// moe_shared_gate_fwd/_bwd
+void register_moe_kernels(plugin::Registry& r);
 }  // namespace mg::platforms::cpu

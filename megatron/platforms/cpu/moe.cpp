@@ -5,7 +5,8 @@
 // (topk_routing, topk_routing_backward, the one f64 implementation in megatron_core) on the op's
 // host tensors, so the op's results are that code's bit for bit. And the shared-expert gate
 // (moe_shared_gate_fwd / _bwd): the f64 arithmetic the MoE layer did on the host before it was an
-// op, in the same order (serial loops).
+// op, in the same order (serial loops). And the dispatch's index lists (moe_dispatch_index,
+// moe_chunk_order): the layer's former host counting sorts, serial.
 //
 // Gradient rule: activation gradients are written (=): drows, dprob, and moe_unpermute's out
 // (which is moe_permute's backward). Numerics: every sum in f64, rounded once to the output's
@@ -127,6 +128,110 @@ void moe_unpermute_bwd(Tensor& drows, Tensor& dprob, const Tensor& dout, const T
         }
       });
   });
+}
+
+// The stable counting sort of the chosen experts (moe_dispatch_index), serial: the MoE layer's
+// former host loops (rows per expert in choice order; each token's rows ascending).
+void moe_dispatch_index(Tensor& counts, Tensor& choice_counts, Tensor& row_choice,
+                        Tensor& row_token, Tensor& choice_offsets, Tensor& choice_rows,
+                        Tensor& token_offsets, Tensor& token_rows, const Tensor& expert,
+                        const Tensor& kept, const ops::MoeDispatchArgs& args) {
+  constexpr const char* op = "moe_dispatch_index";
+  const ops::MoeDispatchDims d = ops::validate_moe_dispatch_index(
+      kOnHost, counts, choice_counts, row_choice, row_token, choice_offsets, choice_rows,
+      token_offsets, token_rows, expert, kept, args);
+  const auto ex = i64_span(expert);
+  const int64_t n = d.n, k = d.k, l = d.l, first = args.first_expert;
+  const int64_t c0 = args.count_first, c1 = args.count_first + args.count_num;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t e = ex[static_cast<std::size_t>(i)];
+    MG_CHECK(e >= 0, op << ": expert[" << i << "] = " << e << " is negative");
+    MG_CHECK(d.e == 0 || i < c0 || i >= c1 || e < d.e, op << ": expert[" << i << "] = " << e
+                                                          << " is outside choice_counts' " << d.e
+                                                          << " experts");
+  }
+  const uint8_t* kp = kept.defined() ? kept.data<uint8_t>() : nullptr;
+  auto selected = [&](int64_t i) {
+    const int64_t e = ex[static_cast<std::size_t>(i)];
+    return (kp == nullptr || kp[i] != 0) && e >= first && e < first + l;
+  };
+  int64_t* c = counts.data<int64_t>();
+  std::fill(c, c + l, int64_t{0});
+  for (int64_t i = 0; i < n; ++i)
+    if (selected(i)) ++c[ex[static_cast<std::size_t>(i)] - first];
+  // Rows: expert-major, choices ascending within an expert.
+  std::vector<int64_t> next(static_cast<std::size_t>(l)), row_of(static_cast<std::size_t>(n), -1);
+  int64_t r = 0;
+  for (int64_t e = 0; e < l; ++e) {
+    next[static_cast<std::size_t>(e)] = r;
+    r += c[e];
+  }
+  int64_t* rc = row_choice.data<int64_t>();
+  int64_t* rt = row_token.data<int64_t>();
+  std::fill(rc, rc + n, int64_t{-1});
+  std::fill(rt, rt + n, int64_t{-1});
+  for (int64_t i = 0; i < n; ++i)
+    if (selected(i)) {
+      const int64_t row = next[static_cast<std::size_t>(ex[static_cast<std::size_t>(i)] - first)]++;
+      rc[row] = i;
+      rt[row] = i / k;
+      row_of[static_cast<std::size_t>(i)] = row;
+    }
+  // Each choice's row, and each token's rows ascending (a token's experts are distinct, but the
+  // sort makes no use of that).
+  int64_t* co = choice_offsets.data<int64_t>();
+  int64_t* cr = choice_rows.data<int64_t>();
+  int64_t* to = token_offsets.data<int64_t>();
+  int64_t* tr = token_rows.data<int64_t>();
+  std::fill(cr, cr + n, int64_t{-1});
+  std::fill(tr, tr + n, int64_t{-1});
+  int64_t m = 0;
+  co[0] = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (row_of[static_cast<std::size_t>(i)] >= 0) cr[m++] = row_of[static_cast<std::size_t>(i)];
+    co[i + 1] = m;
+  }
+  std::vector<int64_t> mine;
+  for (int64_t t = 0; t < d.tokens; ++t) {
+    to[t] = co[t * k];
+    mine.assign(cr + co[t * k], cr + co[(t + 1) * k]);
+    std::sort(mine.begin(), mine.end());
+    std::copy(mine.begin(), mine.end(), tr + co[t * k]);
+  }
+  to[d.tokens] = co[n];
+  if (choice_counts.defined()) {
+    int64_t* cc = choice_counts.data<int64_t>();
+    std::fill(cc, cc + d.g * d.e, int64_t{0});
+    for (int64_t i = c0; i < c1; ++i)
+      ++cc[((i - c0) / k) % d.g * d.e + ex[static_cast<std::size_t>(i)]];
+  }
+}
+
+// The received rows' [source][local expert] chunks in [local expert][source] order
+// (moe_chunk_order), serial.
+void moe_chunk_order(Tensor& order, Tensor& inverse, const Tensor& counts) {
+  constexpr const char* op = "moe_chunk_order";
+  ops::validate_moe_chunk_order(kOnHost, order, inverse, counts);
+  const int64_t ep = counts.size(0), l = counts.size(1), r = order.size(0);
+  const int64_t* c = counts.data<int64_t>();
+  std::vector<int64_t> start(static_cast<std::size_t>(ep * l));
+  int64_t off = 0;
+  for (int64_t j = 0; j < ep * l; ++j) {
+    MG_CHECK(c[j] >= 0,
+             op << ": counts[" << j / l << ", " << j % l << "] = " << c[j] << " is negative");
+    start[static_cast<std::size_t>(j)] = off;
+    off += c[j];
+  }
+  MG_CHECK(off == r, op << ": the counts sum to " << off << " rows, order has " << r);
+  int64_t* o = order.data<int64_t>();
+  int64_t* inv = inverse.data<int64_t>();
+  int64_t q = 0;
+  for (int64_t i = 0; i < l; ++i)
+    for (int64_t j = 0; j < ep; ++j)
+      for (int64_t x = 0; x < c[j * l + i]; ++x, ++q) {
+        o[q] = start[static_cast<std::size_t>(j * l + i)] + x;
+        inv[o[q]] = q;
+      }
 }
 
 namespace moe = transformer::moe;
@@ -274,6 +379,8 @@ void register_moe_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::moe_permute>("cpu", &moe_permute, "cpu:omp");
   r.register_op<ops::OpId::moe_unpermute>("cpu", &moe_unpermute, "cpu:omp");
   r.register_op<ops::OpId::moe_unpermute_bwd>("cpu", &moe_unpermute_bwd, "cpu:omp");
+  r.register_op<ops::OpId::moe_dispatch_index>("cpu", &moe_dispatch_index, "cpu:host");
+  r.register_op<ops::OpId::moe_chunk_order>("cpu", &moe_chunk_order, "cpu:host");
   r.register_op<ops::OpId::moe_shared_gate_fwd>("cpu", &moe_shared_gate_fwd, "cpu:host");
   r.register_op<ops::OpId::moe_shared_gate_bwd>("cpu", &moe_shared_gate_bwd, "cpu:host");
 }

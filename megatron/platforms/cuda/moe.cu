@@ -24,8 +24,27 @@
 // and roundings), element-wise kernels for out, dz and dx, and dw's column sums over the tokens
 // through reduce.cuh (f64, chunked: deterministic, equal to the CPU's t-ascending sums up to their
 // order). Equal to the CPU up to exp's rounding and that order.
+//
+// The dispatch's index lists (moe_dispatch_index, moe_chunk_order), built on the device so that
+// the chosen experts never go to the host (no copy, no synchronisation). moe_dispatch_index: the
+// (local expert, choice) pairs, the unselected keyed after every expert, sorted by CUB's stable
+// radix sort (so choices ascending within an expert, the CPU's counting-sort order); counts by
+// binary search of the sorted keys, the rows from the sorted pairs, choice_offsets an inclusive
+// scan (CUB) of the selected flags, each token's rows placed by their rank among its at most K
+// rows (O(K^2) per token); choice_counts by integer atomics (order-free). All integers, no float
+// atomics: deterministic and equal to the CPU's. moe_chunk_order: the chunk starts of both
+// layouts by one block's scan of the counts, then one thread per row binary-searches its chunk.
+// Not here: the values are not checked (that needs a host read, the CPU refuses them): a negative
+// expert is never selected, one outside choice_counts' [0, E) is not counted, a negative chunk
+// count is an empty chunk, and rows past the counts' total (counts not summing to R) get order -1
+// (and inverse -1 where no row maps); 32-bit sort keys (N < 2^31 choices, checked).
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/transformer/moe/router_math.h"
@@ -623,6 +642,264 @@ void moe_shared_gate_bwd(Tensor& dz, Tensor& dx, Tensor& dw, const Tensor& dy, c
                         SharedGateWeightTerm{dg.as<double>(), x.raw_data(), x.dtype(), d.h}, dev);
 }
 
+// ---- moe_dispatch_index / moe_chunk_order ------------------------------------------------------
+
+namespace {
+
+// The first p in [0, n) with a[p] >= v (n when none): a binary search of the sorted keys.
+__device__ __forceinline__ int64_t lower_bound_i32(const int32_t* a, int64_t n, int32_t v) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (a[mid] < v)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// keys[i] = choice i's local expert (l when not selected: sorted after every expert), vals[i] = i,
+// selected[i] = 1 or 0 (the choice_offsets scan's input).
+__global__ void dispatch_keys_kernel(int32_t* keys, int32_t* vals, int64_t* selected,
+                                     const int64_t* expert, const uint8_t* kept, int64_t first,
+                                     int64_t l, int64_t n) {
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    const int64_t x = expert[i];
+    const bool sel = (kept == nullptr || kept[i] != 0) && x >= first && x - first < l;
+    keys[i] = static_cast<int32_t>(sel ? x - first : l);
+    vals[i] = static_cast<int32_t>(i);
+    selected[i] = sel ? 1 : 0;
+  }
+}
+
+// counts[e] = the length of expert e's run in the sorted keys.
+__global__ void dispatch_counts_kernel(int64_t* counts, const int32_t* skeys, int64_t l,
+                                       int64_t n) {
+  for (int64_t e = grid_start(); e < l; e += grid_stride())
+    counts[e] = lower_bound_i32(skeys, n, static_cast<int32_t>(e + 1)) -
+                lower_bound_i32(skeys, n, static_cast<int32_t>(e));
+}
+
+// Row r of the sorted pairs: its choice and token (-1 past the selected rows), and row_of[choice].
+__global__ void dispatch_rows_kernel(int64_t* row_choice, int64_t* row_token, int64_t* row_of,
+                                     const int32_t* skeys, const int32_t* svals, int64_t k,
+                                     int64_t l, int64_t n) {
+  for (int64_t r = grid_start(); r < n; r += grid_stride()) {
+    if (skeys[r] < l) {
+      const int64_t i = svals[r];
+      row_choice[r] = i;
+      row_token[r] = i / k;
+      row_of[i] = r;
+    } else {
+      row_choice[r] = -1;
+      row_token[r] = -1;
+    }
+  }
+}
+
+// choice_rows[choice_offsets[i]] = row_of[i] for the selected choices (choice_offsets[i + 1] >
+// choice_offsets[i]); choice_rows and token_rows are -1 from R = choice_offsets[n] on.
+__global__ void dispatch_choice_rows_kernel(int64_t* choice_rows, int64_t* token_rows,
+                                            const int64_t* choice_offsets, const int64_t* row_of,
+                                            int64_t n) {
+  const int64_t r = choice_offsets[n];
+  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+    if (choice_offsets[i + 1] > choice_offsets[i]) choice_rows[choice_offsets[i]] = row_of[i];
+    if (i >= r) {
+      choice_rows[i] = -1;
+      token_rows[i] = -1;
+    }
+  }
+}
+
+// token_offsets[t] = choice_offsets[t k] for t <= tokens; token t's selected rows (distinct) at
+// token_rows[token_offsets[t] + their rank among them], so ascending (O(k^2), k is small).
+__global__ void dispatch_token_kernel(int64_t* token_offsets, int64_t* token_rows,
+                                      const int64_t* choice_offsets, const int64_t* row_of,
+                                      int64_t k, int64_t tokens) {
+  for (int64_t t = grid_start(); t <= tokens; t += grid_stride()) {
+    const int64_t base = choice_offsets[t * k];
+    token_offsets[t] = base;
+    if (t == tokens) continue;
+    const int64_t c = t * k;
+    for (int64_t a = 0; a < k; ++a) {
+      if (choice_offsets[c + a + 1] == choice_offsets[c + a]) continue;
+      const int64_t row = row_of[c + a];
+      int64_t rank = 0;
+      for (int64_t b = 0; b < k; ++b)
+        rank += choice_offsets[c + b + 1] > choice_offsets[c + b] && row_of[c + b] < row;
+      token_rows[base + rank] = row;
+    }
+  }
+}
+
+// choice_counts[((i - c0) / k) mod g, expert[i]] += 1 for i in [c0, c0 + num); an expert outside
+// [0, e) is skipped. Integer atomics: the counts do not depend on the order.
+__global__ void dispatch_choice_counts_kernel(int64_t* choice_counts, const int64_t* expert,
+                                              int64_t c0, int64_t num, int64_t k, int64_t g,
+                                              int64_t e) {
+  for (int64_t j = grid_start(); j < num; j += grid_stride()) {
+    const int64_t x = expert[c0 + j];
+    if (x < 0 || x >= e) continue;
+    atomicAdd(reinterpret_cast<unsigned long long*>(choice_counts + (j / k) % g * e + x), 1ULL);
+  }
+}
+
+void moe_dispatch_index(Tensor& counts, Tensor& choice_counts, Tensor& row_choice,
+                        Tensor& row_token, Tensor& choice_offsets, Tensor& choice_rows,
+                        Tensor& token_offsets, Tensor& token_rows, const Tensor& expert,
+                        const Tensor& kept, const ops::MoeDispatchArgs& args) {
+  constexpr const char* op = "moe_dispatch_index";
+  const ops::MoeDispatchDims d = ops::validate_moe_dispatch_index(
+      OnCudaDevice{}, counts, choice_counts, row_choice, row_token, choice_offsets, choice_rows,
+      token_offsets, token_rows, expert, kept, args);
+  const int64_t n = d.n, k = d.k, l = d.l;
+  MG_CHECK(
+      n < std::numeric_limits<int32_t>::max() && l < std::numeric_limits<int32_t>::max(),
+      op << ": " << n << " choices or " << l << " experts exceed the device sort's 32-bit keys");
+  const int dev = expert.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  if (choice_counts.defined()) {
+    MG_CUDA_CHECK(cudaMemsetAsync(choice_counts.raw_data(), 0, choice_counts.nbytes(), s));
+    if (args.count_num > 0) {
+      dispatch_choice_counts_kernel<<<grid_for(args.count_num), kThreads, 0, s>>>(
+          choice_counts.data<int64_t>(), expert.data<int64_t>(), args.count_first, args.count_num,
+          k, d.g, d.e);
+      MG_CUDA_CHECK_LAUNCH();
+    }
+  }
+  if (n == 0) {  // no rows: zero counts, offsets [0] (the [N] outputs are empty)
+    MG_CUDA_CHECK(cudaMemsetAsync(counts.raw_data(), 0, counts.nbytes(), s));
+    MG_CUDA_CHECK(cudaMemsetAsync(choice_offsets.raw_data(), 0, choice_offsets.nbytes(), s));
+    MG_CUDA_CHECK(cudaMemsetAsync(token_offsets.raw_data(), 0, token_offsets.nbytes(), s));
+    return;
+  }
+  const auto nn = static_cast<std::size_t>(n);
+  // row_of | selected (i64) | keys | vals | sorted keys | sorted vals (i32).
+  Scratch buf(dev, nn * (2 * sizeof(int64_t) + 4 * sizeof(int32_t)));
+  int64_t* row_of = buf.as<int64_t>();
+  int64_t* selected = row_of + nn;
+  int32_t* keys = reinterpret_cast<int32_t*>(selected + nn);
+  int32_t *vals = keys + nn, *skeys = keys + 2 * nn, *svals = keys + 3 * nn;
+  dispatch_keys_kernel<<<grid_for(n), kThreads, 0, s>>>(
+      keys, vals, selected, expert.data<int64_t>(), kept.defined() ? kept.data<uint8_t>() : nullptr,
+      args.first_expert, l, n);
+  MG_CUDA_CHECK_LAUNCH();
+  // Stable: choices ascending within an expert.
+  int end_bit = 1;
+  while (end_bit < 31 && (int64_t{1} << end_bit) <= l) ++end_bit;  // keys in [0, l]
+  const int ni = static_cast<int>(n);
+  std::size_t sort_bytes = 0, scan_bytes = 0;
+  int64_t* co = choice_offsets.data<int64_t>();
+  MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, skeys, vals, svals, ni,
+                                                0, end_bit, s));
+  MG_CUDA_CHECK(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, selected, co + 1, ni, s));
+  Scratch temp(dev, std::max<std::size_t>({sort_bytes, scan_bytes, 1}));
+  MG_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), sort_bytes, keys, skeys, vals, svals,
+                                                ni, 0, end_bit, s));
+  dispatch_counts_kernel<<<grid_for(l), kThreads, 0, s>>>(counts.data<int64_t>(), skeys, l, n);
+  MG_CUDA_CHECK_LAUNCH();
+  dispatch_rows_kernel<<<grid_for(n), kThreads, 0, s>>>(
+      row_choice.data<int64_t>(), row_token.data<int64_t>(), row_of, skeys, svals, k, l, n);
+  MG_CUDA_CHECK_LAUNCH();
+  // choice_offsets = [0, inclusive sums of selected]; the stream orders the temp storage's reuse.
+  MG_CUDA_CHECK(cudaMemsetAsync(co, 0, sizeof(int64_t), s));
+  MG_CUDA_CHECK(cub::DeviceScan::InclusiveSum(temp.get(), scan_bytes, selected, co + 1, ni, s));
+  dispatch_choice_rows_kernel<<<grid_for(n), kThreads, 0, s>>>(
+      choice_rows.data<int64_t>(), token_rows.data<int64_t>(), co, row_of, n);
+  MG_CUDA_CHECK_LAUNCH();
+  dispatch_token_kernel<<<grid_for(d.tokens + 1), kThreads, 0, s>>>(
+      token_offsets.data<int64_t>(), token_rows.data<int64_t>(), co, row_of, k, d.tokens);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// out[p] = the sum of item(q) over q < p for p in [0, m], item(q) clamped at 0 (a negative count
+// is an empty chunk), by the one block of kThreads threads: each thread sums a contiguous span,
+// a block scan offsets the spans.
+template <typename Item>
+__device__ void block_exclusive_scan(int64_t* out, int64_t m, Item item) {
+  using Scan = cub::BlockScan<int64_t, kThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  __shared__ int64_t total;
+  const int64_t span = (m + kThreads - 1) / kThreads;
+  const int64_t lo = threadIdx.x * span, hi = lo + span < m ? lo + span : m;
+  int64_t sum = 0;
+  auto count = [&](int64_t q) {
+    const int64_t c = item(q);
+    return c > 0 ? c : int64_t{0};
+  };
+  for (int64_t q = lo; q < hi; ++q) sum += count(q);
+  int64_t start = 0, all = 0;
+  Scan(temp).ExclusiveSum(sum, start, all);
+  for (int64_t q = lo; q < hi; ++q) {
+    out[q] = start;
+    start += count(q);
+  }
+  if (threadIdx.x == 0) total = all;
+  __syncthreads();
+  if (threadIdx.x == 0) out[m] = total;
+  __syncthreads();  // temp is reused by the next scan
+}
+
+// received[j l + i] = the start of chunk [source j][local expert i] in the received layout (the
+// counts' order), target[i ep + j] = its start in [i][j] order; both [ep l + 1], the last the
+// total.
+__global__ void chunk_starts_kernel(int64_t* received, int64_t* target, const int64_t* counts,
+                                    int64_t ep, int64_t l) {
+  const int64_t m = ep * l;
+  block_exclusive_scan(received, m, [&](int64_t q) { return counts[q]; });
+  block_exclusive_scan(target, m, [&](int64_t p) { return counts[(p % ep) * l + p / ep]; });
+}
+
+// order[q] = the received index of target row q (chunk c = i ep + j holding q, by binary search of
+// the target starts), inverse[order[q]] = q. Rows past the counts' total get -1.
+__global__ void chunk_order_kernel(int64_t* order, int64_t* inverse, const int64_t* received,
+                                   const int64_t* target, int64_t ep, int64_t l, int64_t r) {
+  const int64_t m = ep * l;
+  for (int64_t q = grid_start(); q < r; q += grid_stride()) {
+    if (q >= target[m]) {
+      order[q] = -1;
+      continue;
+    }
+    int64_t lo = 0, hi = m - 1;  // the last chunk c with target[c] <= q (non-empty: it holds q)
+    while (lo < hi) {
+      const int64_t mid = hi - (hi - lo) / 2;
+      if (target[mid] <= q)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    const int64_t i = lo / ep, j = lo % ep;
+    const int64_t o = received[j * l + i] + (q - target[lo]);
+    order[q] = o;
+    if (o >= 0 && o < r) inverse[o] = q;
+  }
+}
+
+void moe_chunk_order(Tensor& order, Tensor& inverse, const Tensor& counts) {
+  ops::validate_moe_chunk_order(OnCudaDevice{}, order, inverse, counts);
+  const int64_t ep = counts.size(0), l = counts.size(1), r = order.size(0);
+  if (r == 0) return;
+  const int dev = counts.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  const auto m = static_cast<std::size_t>(ep * l + 1);
+  Scratch starts(dev, 2 * m * sizeof(int64_t));  // received | target
+  int64_t* received = starts.as<int64_t>();
+  int64_t* target = received + m;
+  chunk_starts_kernel<<<1, kThreads, 0, s>>>(received, target, counts.data<int64_t>(), ep, l);
+  MG_CUDA_CHECK_LAUNCH();
+  // -1 where no row maps (only when the counts do not sum to R, which is not checked here).
+  MG_CUDA_CHECK(cudaMemsetAsync(inverse.raw_data(), 0xff, inverse.nbytes(), s));
+  chunk_order_kernel<<<grid_for(r), kThreads, 0, s>>>(
+      order.data<int64_t>(), inverse.data<int64_t>(), received, target, ep, l, r);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
 void register_moe_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::moe_router_topk>("cuda", &moe_router_topk, "cuda:moe");
   r.register_op<ops::OpId::moe_router_topk_bwd>("cuda", &moe_router_topk_bwd, "cuda:moe");
@@ -631,6 +908,8 @@ void register_moe_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::moe_unpermute_bwd>("cuda", &moe_unpermute_bwd, "cuda:moe");
   r.register_op<ops::OpId::moe_shared_gate_fwd>("cuda", &moe_shared_gate_fwd, "cuda:moe");
   r.register_op<ops::OpId::moe_shared_gate_bwd>("cuda", &moe_shared_gate_bwd, "cuda:moe");
+  r.register_op<ops::OpId::moe_dispatch_index>("cuda", &moe_dispatch_index, "cuda:moe");
+  r.register_op<ops::OpId::moe_chunk_order>("cuda", &moe_chunk_order, "cuda:moe");
 }
 
 }  // namespace mg::platforms::cuda

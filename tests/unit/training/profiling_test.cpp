@@ -193,6 +193,24 @@ TEST(ProfileOpTable, Fp16StepReadsFoundInfOnce) {
       << log;
 }
 
+// An MoE step reads one small buffer of counts per MoE layer and micro-batch (the rows per expert;
+// this rank's choices per expert for the log and the load-balancing loss), whatever the router
+// options: the chosen experts and the kept mask stay on the device (moe_dispatch_index). 2 MoE
+// layers x 4 micro-batches, with a capacity (which used to read the kept mask too) and the
+// sequence load-balancing loss; the tiny GPT's log line is not in the profiled steps.
+TEST(ProfileOpTable, MoeReadsOneBufferPerLayerAndMicroBatch) {
+  for (const char* balancing : {"aux_loss", "seq_aux_loss"}) {
+    const std::string log = run(
+        tiny({"--profile-op-table", "--num-experts", "4", "--moe-router-topk", "2",
+              "--moe-router-load-balancing-type", balancing, "--moe-aux-loss-coeff", "1e-2",
+              "--moe-expert-capacity-factor", "1.0", "--moe-token-dispatcher-type", "alltoall"}));
+    EXPECT_NE(log.find("host round-trips per step: loss 1, grad_norm 1, moe 8\n"),
+              std::string::npos)
+        << balancing << "\n"
+        << log;
+  }
+}
+
 TEST(ProfileOpTable, ProfileOnTheCpuSaysThereIsNoTimelineTool) {
   const std::string log = run(tiny({"--profile"}));
   EXPECT_NE(log.find("--profile (platform cpu has no timeline tool: no ranges recorded)"),

@@ -17,49 +17,15 @@ Tensor device_tensor(const ModuleContext& ctx, const std::vector<double>& v, con
   return Tensor::from_vector(v, shape, dtype).to(ctx.device);
 }
 
-void all_reduce_host(const ModuleContext& ctx, comm::ProcessGroup& g, std::vector<double>& v) {
-  if (g.size() == 1 || v.empty()) return;
-  Tensor t = device_tensor(ctx, v, {static_cast<int64_t>(v.size())}, DType::f64);
-  g.all_reduce(t, comm::ReduceOp::sum)->wait();
-  v = host_read<double>(t, HostSync::moe);
-}
-
-// Received rows are laid out [source rank j][local expert i]; the experts want [i][j]. Returns,
-// for each row in [i][j] order, its index in the received layout.
-std::vector<int64_t> chunk_order(const std::vector<int64_t>& counts, int64_t ep, int64_t local) {
-  std::vector<int64_t> start(static_cast<std::size_t>(ep * local));
-  int64_t off = 0;
-  for (int64_t j = 0; j < ep; ++j)
-    for (int64_t i = 0; i < local; ++i) {
-      start[j * local + i] = off;
-      off += counts[j * local + i];
-    }
-  std::vector<int64_t> order;
-  order.reserve(static_cast<std::size_t>(off));
-  for (int64_t i = 0; i < local; ++i)
-    for (int64_t j = 0; j < ep; ++j)
-      for (int64_t r = 0; r < counts[j * local + i]; ++r) order.push_back(start[j * local + i] + r);
-  return order;
-}
-
 Tensor index_tensor(const ModuleContext& ctx, const std::vector<int64_t>& v) {
   return Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::i64).to(ctx.device);
 }
 
-// rows [index.size(), H] = x[index] on the device (moe_permute: an exact copy).
-Tensor gather_rows(const ModuleContext& ctx, const Tensor& x, const std::vector<int64_t>& index) {
-  Tensor rows =
-      Tensor::empty({static_cast<int64_t>(index.size()), x.size(1)}, x.dtype(), ctx.device);
-  ctx.op().moe_permute(rows, x, index_tensor(ctx, index));
+// rows [R, H] = x[index] on the device, index [R] i64 (moe_permute: an exact copy).
+Tensor gather_rows(const ModuleContext& ctx, const Tensor& x, const Tensor& index) {
+  Tensor rows = Tensor::empty({index.size(0), x.size(1)}, x.dtype(), ctx.device);
+  ctx.op().moe_permute(rows, x, index);
   return rows;
-}
-
-// The inverse of a permutation: inv[order[r]] = r.
-std::vector<int64_t> inverse(const std::vector<int64_t>& order) {
-  std::vector<int64_t> inv(order.size());
-  for (std::size_t r = 0; r < order.size(); ++r)
-    inv[static_cast<std::size_t>(order[r])] = static_cast<int64_t>(r);
-  return inv;
 }
 
 // all_to_all_v of rows [*, h] on the device: send_counts[j] rows to member j, recv_counts[j]
@@ -77,21 +43,6 @@ Tensor exchange_rows(const ModuleContext& ctx, comm::ProcessGroup& g, const Tens
   Tensor flat = out.view({out.numel()});
   g.all_to_all_v(flat, in, sc, rc)->wait();
   return out;
-}
-
-// Each token's rows in row order (a counting sort of row_token): moe_unpermute's offsets [T + 1]
-// and token_rows [R], on the device.
-void token_rows(const ModuleContext& ctx, const std::vector<int64_t>& row_token, int64_t t,
-                Tensor& offsets, Tensor& rows) {
-  std::vector<int64_t> off(static_cast<std::size_t>(t + 1), 0), list(row_token.size());
-  for (int64_t tok : row_token) ++off[static_cast<std::size_t>(tok + 1)];
-  for (int64_t i = 0; i < t; ++i) off[i + 1] += off[i];
-  std::vector<int64_t> fill(off.begin(), off.end() - 1);
-  for (std::size_t i = 0; i < row_token.size(); ++i)
-    list[static_cast<std::size_t>(fill[static_cast<std::size_t>(row_token[i])]++)] =
-        static_cast<int64_t>(i);
-  offsets = index_tensor(ctx, off);
-  rows = index_tensor(ctx, list);
 }
 
 }  // namespace
@@ -283,6 +234,11 @@ Tensor MoELayer::etp_gather_rows(const Tensor& rows, Saved& s) const {
     Tensor cout = Tensor::empty({etp * local_}, DType::i64, ctx_.device);
     g.all_gather(cout, cin)->wait();
     s.etp_counts = host_read<int64_t>(cout, HostSync::moe);
+    // The group's rows from [member][local expert] to [local expert][member] order and back.
+    const int64_t all = std::accumulate(s.etp_counts.begin(), s.etp_counts.end(), int64_t{0});
+    s.etp_order_t = Tensor::empty({all}, DType::i64, ctx_.device);
+    s.etp_inverse_t = Tensor::empty({all}, DType::i64, ctx_.device);
+    ctx_.op().moe_chunk_order(s.etp_order_t, s.etp_inverse_t, cout.view({etp, local_}));
   }
   const int64_t mine = std::accumulate(s.local_counts.begin(), s.local_counts.end(), int64_t{0});
   std::vector<int64_t> send(static_cast<std::size_t>(etp), mine),
@@ -295,9 +251,9 @@ Tensor MoELayer::etp_gather_rows(const Tensor& rows, Saved& s) const {
   rep.reserve(static_cast<std::size_t>(mine * etp));
   for (int64_t j = 0; j < etp; ++j)
     for (int64_t q = 0; q < mine; ++q) rep.push_back(q);
-  const Tensor got =
-      exchange_rows(ctx_, g, gather_rows(ctx_, rows.view({mine, h_}), rep), send, recv);
-  return gather_rows(ctx_, got, chunk_order(s.etp_counts, etp, local_));
+  const Tensor got = exchange_rows(
+      ctx_, g, gather_rows(ctx_, rows.view({mine, h_}), index_tensor(ctx_, rep)), send, recv);
+  return gather_rows(ctx_, got, s.etp_order_t);
 }
 
 Tensor MoELayer::etp_scatter_rows(const Tensor& rows, const Saved& s) const {
@@ -308,10 +264,9 @@ Tensor MoELayer::etp_scatter_rows(const Tensor& rows, const Saved& s) const {
       recv(static_cast<std::size_t>(etp), mine);
   for (int64_t j = 0; j < etp; ++j)
     for (int64_t i = 0; i < local_; ++i) send[j] += s.etp_counts[j * local_ + i];
-  const std::vector<int64_t> order = chunk_order(s.etp_counts, etp, local_);
   // A reduce-scatter of unequal row counts: member j's rows to member j, summed here in member
   // order (moe_unpermute without probabilities: f64, rounded once).
-  const Tensor got = exchange_rows(ctx_, g, gather_rows(ctx_, rows, inverse(order)), send, recv);
+  const Tensor got = exchange_rows(ctx_, g, gather_rows(ctx_, rows, s.etp_inverse_t), send, recv);
   std::vector<int64_t> off(static_cast<std::size_t>(mine + 1)), list;
   list.reserve(static_cast<std::size_t>(mine * etp));
   for (int64_t q = 0; q <= mine; ++q) off[static_cast<std::size_t>(q)] = q * etp;
@@ -372,38 +327,104 @@ Tensor MoELayer::experts_backward(const Tensor& drows, Saved& s) {
   return etp == 1 ? din : etp_scatter_rows(din, s);
 }
 
+void MoELayer::dispatch_index(Saved& s, int64_t aux_rows) const {
+  const TransformerConfig& c = *ctx_.config;
+  const int64_t T = s.x.size(0), tk = T * k_, nss = seq_partition();
+  const bool allgather =
+      ep_size() > 1 && c.moe_token_dispatcher_type == MoeTokenDispatcherType::allgather;
+  const bool a2a = !allgather && ep_size() > 1;
+  const bool capacity = router_.capacity_factor.has_value();
+  const bool summed = s.aux.lb && nss > 1;
+  const bool own_kept = allgather && c.moe_router_enable_expert_bias && s.training;
+  // The choices to sort: this rank's (selected: every expert), or the EP group's all-gathered
+  // (selected: this rank's experts; counted: this rank's part).
+  Tensor expert = s.expert_t.view({tk}), kept = capacity ? s.kept_t.view({tk}) : Tensor();
+  ops::MoeDispatchArgs a{.topk = k_, .first_expert = 0, .count_first = 0, .count_num = tk};
+  int64_t sel = e_;
+  if (allgather) {
+    comm::ProcessGroup& g = *ctx_.ep_group;
+    const int64_t ep = g.size();
+    Tensor eg = Tensor::empty({ep * tk}, DType::i64, ctx_.device);
+    g.all_gather(eg, expert)->wait();
+    expert = eg;
+    if (capacity) {
+      Tensor kg = Tensor::empty({ep * tk}, DType::u8, ctx_.device);
+      g.all_gather(kg, kept)->wait();
+      kept = kg;
+    }
+    a.first_expert = first_;
+    a.count_first = static_cast<int64_t>(g.rank()) * tk;
+    sel = local_;
+  }
+  const int64_t n = expert.size(0), ge = aux_rows * e_;
+  // The host's buffer: [sel] rows per selected expert | [E] received per [source][local expert]
+  // (a2a) | [G, E] this rank's choices | [G, E] summed over the sequence partition (summed) |
+  // [E] this rank's kept choices (own_kept).
+  const int64_t at_recv = sel, at_own = at_recv + (a2a ? e_ : 0), at_sum = at_own + ge;
+  const int64_t at_kept = at_sum + (summed ? ge : 0), len = at_kept + (own_kept ? e_ : 0);
+  Tensor host = Tensor::empty({len}, DType::i64, ctx_.device);
+  // The index lists, slices of one allocation: rows, tokens, each choice's row, each token's rows
+  // [n] each (valid up to the row count), then the choices' and the tokens' offsets.
+  Tensor lists = Tensor::empty({4 * n + (n + 1) + (n / k_ + 1)}, DType::i64, ctx_.device);
+  Tensor counts = host.slice(0, sel), own = host.slice(at_own, ge).view({aux_rows, e_});
+  s.row_choice_t = lists.slice(0, n);
+  s.row_token_t = lists.slice(n, n);
+  s.entry_rows_t = lists.slice(2 * n, n);
+  s.token_rows_t = lists.slice(3 * n, n);
+  s.entry_offsets_t = lists.slice(4 * n, n + 1);
+  s.token_offsets_t = lists.slice(5 * n + 1, n / k_ + 1);
+  ctx_.op().moe_dispatch_index(counts, own, s.row_choice_t, s.row_token_t, s.entry_offsets_t,
+                               s.entry_rows_t, s.token_offsets_t, s.token_rows_t, expert, kept, a);
+  if (a2a) {
+    // The all-to-all split sizes: rows per [source rank][local expert], exchanged on the device.
+    s.recv_counts_t = host.slice(at_recv, e_);
+    ctx_.ep_group->all_to_all(s.recv_counts_t, counts)->wait();
+  }
+  if (summed) {
+    Tensor sum = host.slice(at_sum, ge);
+    sum.copy_(own.view({ge}));
+    seq_partition_group()->all_reduce(sum, comm::ReduceOp::sum)->wait();
+  }
+  if (own_kept) host.slice(at_kept, e_).copy_(s.kept_counts_t);  // the router's, this rank's
+  const std::vector<int64_t> v = host_read<int64_t>(host, HostSync::moe);
+  auto part = [&](int64_t at, int64_t len_) {
+    return std::vector<int64_t>(v.begin() + at, v.begin() + at + len_);
+  };
+  s.expert_counts = part(0, sel);
+  s.rows = std::accumulate(s.expert_counts.begin(), s.expert_counts.end(), int64_t{0});
+  if (a2a) s.recv_expert_counts = part(at_recv, e_);
+  // This rank's choices per expert (all rows of the [G, E] counts), and the aux losses' counts.
+  s.tokens_per_expert.assign(static_cast<std::size_t>(e_), 0.0);
+  for (int64_t i = 0; i < ge; ++i)
+    s.tokens_per_expert[i % e_] += static_cast<double>(v[at_own + i]);
+  if (s.aux.lb) {
+    const int64_t from = summed ? at_sum : at_own;
+    s.aux.counts.assign(v.begin() + from, v.begin() + from + ge);
+  }
+  if (c.moe_router_enable_expert_bias && s.training)
+    s.kept_per_expert = own_kept ? part(at_kept, e_) : s.expert_counts;
+  // The lists' valid parts.
+  s.row_choice_t = s.row_choice_t.slice(0, s.rows);
+  s.row_token_t = s.row_token_t.slice(0, s.rows);
+  s.entry_rows_t = s.entry_rows_t.slice(0, s.rows);
+  s.token_rows_t = s.token_rows_t.slice(0, s.rows);
+}
+
 Tensor MoELayer::dispatch_alltoall(Saved& s, DType out_dtype) const {
-  const int64_t ep = ep_size(), T = s.x.size(0);
-  const Permutation p = permutation(s.routing);
-  s.row_token = p.row_token;
-  s.row_slot = p.row_slot;
-  const int64_t rows = static_cast<int64_t>(p.row_token.size());
-  // Per row: its choice (t K + k) and that choice's probability, gathered on the device; the
-  // token sums' index lists, and each choice's row (d(prob) in backward).
-  std::vector<int64_t> entry(static_cast<std::size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) entry[i] = s.row_token[i] * k_ + s.row_slot[i];
+  const int64_t ep = ep_size(), T = s.x.size(0), rows = s.rows;
+  // Per row its choice's probability and its token's input, gathered on the device.
   Tensor row_prob = Tensor::empty({rows, 1}, DType::f64, ctx_.device);
-  ctx_.op().moe_permute(row_prob, s.prob_t.view({T * k_, 1}), index_tensor(ctx_, entry));
+  ctx_.op().moe_permute(row_prob, s.prob_t.view({T * k_, 1}), s.row_choice_t);
   s.row_prob_t = row_prob.view({rows});
-  s.row_token_t = index_tensor(ctx_, s.row_token);
-  token_rows(ctx_, s.row_token, T, s.token_offsets_t, s.token_rows_t);
-  token_rows(ctx_, entry, T * k_, s.entry_offsets_t, s.entry_rows_t);
-  Tensor send = Tensor::empty({rows, h_}, ctx_.dtype, ctx_.device);
-  ctx_.op().moe_permute(send, s.x, s.row_token_t);
+  const Tensor send = gather_rows(ctx_, s.x, s.row_token_t);
   s.send_counts.assign(static_cast<std::size_t>(ep), 0);
-  for (int64_t e = 0; e < e_; ++e) s.send_counts[e / local_] += p.expert_counts[e];
+  for (int64_t e = 0; e < e_; ++e) s.send_counts[e / local_] += s.expert_counts[e];
   Tensor recv;
   if (ep == 1) {
     s.recv_counts = s.send_counts;
-    s.recv_expert_counts = p.expert_counts;
+    s.recv_expert_counts = s.expert_counts;
     recv = send;
   } else {
-    // The all-to-all split sizes: the one host synchronisation of the dispatch (Megatron's too
-    // when no capacity is set).
-    Tensor cin = Tensor::from_vector(p.expert_counts, {e_}, DType::i64).to(ctx_.device);
-    Tensor cout = Tensor::empty({e_}, DType::i64, ctx_.device);
-    ctx_.ep_group->all_to_all(cout, cin)->wait();
-    s.recv_expert_counts = host_read<int64_t>(cout, HostSync::moe);
     s.recv_counts.assign(static_cast<std::size_t>(ep), 0);
     for (int64_t j = 0; j < ep; ++j)
       for (int64_t i = 0; i < local_; ++i) s.recv_counts[j] += s.recv_expert_counts[j * local_ + i];
@@ -412,71 +433,40 @@ Tensor MoELayer::dispatch_alltoall(Saved& s, DType out_dtype) const {
   s.local_counts.assign(static_cast<std::size_t>(local_), 0);
   for (int64_t j = 0; j < ep; ++j)
     for (int64_t i = 0; i < local_; ++i) s.local_counts[i] += s.recv_expert_counts[j * local_ + i];
-  s.order = chunk_order(s.recv_expert_counts, ep, local_);
-  const Tensor out = experts_forward(gather_rows(ctx_, recv, s.order), s);
-  Tensor back = gather_rows(ctx_, out, inverse(s.order));
-  if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, s.recv_counts, s.send_counts);
+  Tensor out;
+  if (ep == 1) {
+    // One source rank: the received rows are already in expert order.
+    out = experts_forward(recv, s);
+  } else {
+    const int64_t r = recv.size(0);
+    s.order_t = Tensor::empty({r}, DType::i64, ctx_.device);
+    s.inverse_t = Tensor::empty({r}, DType::i64, ctx_.device);
+    ctx_.op().moe_chunk_order(s.order_t, s.inverse_t, s.recv_counts_t.view({ep, local_}));
+    out = gather_rows(ctx_, experts_forward(gather_rows(ctx_, recv, s.order_t), s), s.inverse_t);
+    out = exchange_rows(ctx_, *ctx_.ep_group, out, s.recv_counts, s.send_counts);
+  }
   // Combine on the token's rank: y[t] = sum_k prob[t, k] * expert output (f64, rounded once).
   Tensor y = Tensor::empty({T, h_}, out_dtype, ctx_.device);
-  ctx_.op().moe_unpermute(y, back, s.row_prob_t, s.token_offsets_t, s.token_rows_t);
-  s.out_rows_t = back;
+  ctx_.op().moe_unpermute(y, out, s.row_prob_t, s.token_offsets_t, s.token_rows_t);
+  s.out_rows_t = out;
   return y;
-}
-
-void MoELayer::gather_routing(Saved& s) const {
-  comm::ProcessGroup& g = *ctx_.ep_group;
-  const int64_t ep = g.size(), tk = s.x.size(0) * k_;
-  // The EP group's chosen experts (read: the index lists) and, under a capacity, kept masks.
-  Tensor eg = Tensor::empty({ep * tk}, DType::i64, ctx_.device);
-  g.all_gather(eg, s.expert_t.view({tk}))->wait();
-  s.gathered_expert = host_read<int64_t>(eg, HostSync::moe);
-  s.gathered_kept.clear();
-  if (router_.capacity_factor) {
-    Tensor kg = Tensor::empty({ep * tk}, DType::u8, ctx_.device);
-    g.all_gather(kg, s.kept_t.view({tk}))->wait();
-    s.gathered_kept = host_read<uint8_t>(kg, HostSync::moe);
-  }
 }
 
 Tensor MoELayer::dispatch_allgather(Saved& s) const {
   comm::ProcessGroup& g = *ctx_.ep_group;
   const int64_t ep = g.size(), t_local = s.x.size(0), tk = t_local * k_, tg = ep * t_local;
-  // The EP group's tokens and probabilities on the device (its chosen experts: gather_routing).
+  // The EP group's tokens and probabilities on the device (its chosen experts: dispatch_index).
   Tensor xg = Tensor::empty({tg * h_}, ctx_.dtype, ctx_.device);
   g.all_gather(xg, s.x.view({t_local * h_}))->wait();
   Tensor pg = Tensor::empty({ep * tk}, DType::f64, ctx_.device);
   g.all_gather(pg, s.prob_t.view({tk}))->wait();
-  const std::vector<int64_t>& eall = s.gathered_expert;
-  const std::vector<uint8_t>& kall = s.gathered_kept;
-  // Rows for this rank's experts: expert-major, then gathered token order, then choice.
-  s.local_counts.assign(static_cast<std::size_t>(local_), 0);
-  std::vector<std::vector<int64_t>> per(static_cast<std::size_t>(local_));
-  for (int64_t i = 0; i < ep * tk; ++i) {
-    const int64_t e = eall[static_cast<std::size_t>(i)];
-    if ((!kall.empty() && kall[static_cast<std::size_t>(i)] == 0) || e < first_ ||
-        e >= first_ + local_)
-      continue;
-    per[static_cast<std::size_t>(e - first_)].push_back(i);
-  }
-  std::vector<int64_t> entry;
-  for (int64_t l = 0; l < local_; ++l) {
-    s.local_counts[l] = static_cast<int64_t>(per[l].size());
-    for (int64_t i : per[l]) {
-      s.row_token.push_back(i / k_);
-      s.row_slot.push_back(i % k_);
-      entry.push_back(i);
-    }
-  }
-  const int64_t r = static_cast<int64_t>(s.row_token.size());
-  // The rows and their probabilities (exact copies), each token's rows and each choice's row.
-  s.row_token_t = index_tensor(ctx_, s.row_token);
-  Tensor rows = Tensor::empty({r, h_}, ctx_.dtype, ctx_.device);
-  ctx_.op().moe_permute(rows, xg.view({tg, h_}), s.row_token_t);
-  Tensor row_prob = Tensor::empty({r, 1}, DType::f64, ctx_.device);
-  ctx_.op().moe_permute(row_prob, pg.view({ep * tk, 1}), index_tensor(ctx_, entry));
-  s.row_prob_t = row_prob.view({r});
-  token_rows(ctx_, s.row_token, tg, s.token_offsets_t, s.token_rows_t);
-  token_rows(ctx_, entry, ep * tk, s.entry_offsets_t, s.entry_rows_t);
+  // Rows for this rank's experts: expert-major, then gathered token order, then choice; their
+  // inputs and probabilities (exact copies).
+  s.local_counts = s.expert_counts;
+  const Tensor rows = gather_rows(ctx_, xg.view({tg, h_}), s.row_token_t);
+  Tensor row_prob = Tensor::empty({s.rows, 1}, DType::f64, ctx_.device);
+  ctx_.op().moe_permute(row_prob, pg.view({ep * tk, 1}), s.row_choice_t);
+  s.row_prob_t = row_prob.view({s.rows});
   s.out_rows_t = experts_forward(rows, s);
   // The group's tokens: sum of prob * expert output (f64, rounded once), reduce-scattered back.
   Tensor yall = Tensor::empty({tg, h_}, ctx_.dtype, ctx_.device);
@@ -523,9 +513,9 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   s.training = training;
   const int64_t nss = seq_partition();
 
-  // Router: logits in f32 (f64 for f64) and the routing (moe_router_topk) on the device. The host
-  // reads the chosen experts (with a capacity, the kept mask too) to build the dispatch's index
-  // lists; the probabilities stay on the device, the aux losses' values are read when logged.
+  // Router: logits in f32 (f64 for f64) and the routing (moe_router_topk) on the device; the
+  // dispatch's index lists from it on the device too (dispatch_index: the one host read of
+  // counts); the aux losses' values are read when logged.
   s.logits = Tensor::empty({T, e_}, ctx_.stat_dtype(), ctx_.device);
   if (T > 0) ctx_.op().gemm(s.logits, s.x, router_w_.value, ops::GemmArgs{.trans_b = true});
   const bool lb = training && c.moe_router_load_balancing_type != MoeLoadBalancingType::none;
@@ -544,7 +534,10 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   s.prob_t = Tensor::empty({T, k_}, DType::f64, ctx_.device);
   s.kept_t = Tensor::empty({T, k_}, DType::u8, ctx_.device);
   s.scores_t = Tensor::empty({T, e_}, DType::f64, ctx_.device);
-  Tensor tpe = Tensor::empty({e_}, DType::f64, ctx_.device), none;
+  Tensor tpe = Tensor::empty({e_}, DType::f64, ctx_.device);
+  if (training && c.moe_router_enable_expert_bias && ep_size() > 1 &&
+      c.moe_token_dispatcher_type == MoeTokenDispatcherType::allgather)
+    s.kept_counts_t = Tensor::empty({e_}, DType::i64, ctx_.device);
   // The aux losses' sums in one buffer: [aux_rows, E] score sums, then the z-loss's sum.
   if (lb || zl) aux.sums = ctx_.moe->metrics_tracker.device_slot(aux_rows * e_ + 1, ctx_.device);
   Tensor aux_sums = lb ? aux.sums.slice(0, aux_rows * e_).view({aux_rows, e_}) : Tensor();
@@ -554,51 +547,20 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
           ? Tensor::from_vector(ctx_.moe->expert_bias.at(layer_).expert_bias, {e_}, DType::f32)
                 .to(ctx_.device)
           : Tensor();
-  ctx_.op().moe_router_topk(s.expert_t, s.prob_t, s.kept_t, s.scores_t, tpe, none, aux_sums, z_sum,
-                            s.logits, bias, router_args_);
-  Routing& r = s.routing;
-  r.num_tokens = T;
-  r.num_experts = e_;
-  r.topk = k_;
-  if (ep_size() > 1 && c.moe_token_dispatcher_type == MoeTokenDispatcherType::allgather) {
-    // The allgather dispatcher reads the EP group's chosen experts: this rank's are a part.
-    gather_routing(s);
-    const auto first = s.gathered_expert.begin() + ctx_.ep_group->rank() * T * k_;
-    r.expert.assign(first, first + T * k_);
-    if (s.gathered_kept.empty()) {
-      r.kept.assign(static_cast<std::size_t>(T * k_), 1);
-    } else {
-      const auto kfirst = s.gathered_kept.begin() + ctx_.ep_group->rank() * T * k_;
-      r.kept.assign(kfirst, kfirst + T * k_);
-    }
-  } else {
-    r.expert = host_read<int64_t>(s.expert_t, HostSync::moe);
-    if (router_.capacity_factor)
-      r.kept = host_read<uint8_t>(s.kept_t, HostSync::moe);
-    else
-      r.kept.assign(static_cast<std::size_t>(T * k_), 1);
-  }
-  // Tokens per expert: the choices before dropping (topk_routing's counts), from the ids.
-  r.tokens_per_expert.assign(static_cast<std::size_t>(e_), 0.0);
-  for (int64_t i = 0; i < T * k_; ++i)
-    r.tokens_per_expert[static_cast<std::size_t>(r.expert[static_cast<std::size_t>(i)])] += 1.0;
+  ctx_.op().moe_router_topk(s.expert_t, s.prob_t, s.kept_t, s.scores_t, tpe, s.kept_counts_t,
+                            aux_sums, z_sum, s.logits, bias, router_args_);
+  dispatch_index(s, lb && aux.seq_aux ? aux_rows : 1);
 
   // The load-balancing loss: its gradient's rows d loss / d scores now (from the token counts,
   // summed over the sequence partition), its value from the device's score sums when logged.
   if (lb) {
     if (!aux.seq_aux) {
-      aux.counts = r.tokens_per_expert;
-      if (nss > 1) all_reduce_host(ctx_, *seq_partition_group(), aux.counts);
       switch_load_balancing_loss_from_sums(std::vector<double>(static_cast<std::size_t>(e_), 0.0),
                                            T, e_, aux.counts, k_, nss, 1.0, &s.aux_drows);
     } else {
-      const int64_t seq = x.size(0), b = x.size(1);
-      aux.counts.assign(static_cast<std::size_t>(b * e_), 0.0);
-      for (int64_t i = 0; i < T * k_; ++i) aux.counts[(i / k_) % b * e_ + r.expert[i]] += 1.0;
-      if (nss > 1) all_reduce_host(ctx_, *seq_partition_group(), aux.counts);
       sequence_load_balancing_loss_from_sums(
-          std::vector<double>(static_cast<std::size_t>(b * e_), 0.0), seq, b, e_, aux.counts, k_,
-          nss, 1.0, &s.aux_drows);
+          std::vector<double>(static_cast<std::size_t>(x.size(1) * e_), 0.0), x.size(0), x.size(1),
+          e_, aux.counts, k_, nss, 1.0, &s.aux_drows);
     }
   }
 
@@ -628,7 +590,7 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
 
 Tensor MoELayer::combine_backward_alltoall(const Tensor& dy, Saved& s, Tensor& dprob) {
   const int64_t ep = ep_size(), T = s.x.size(0);
-  const int64_t rows = static_cast<int64_t>(s.row_token.size());
+  const int64_t rows = s.rows;
   // d(rows) = prob * dy[t] (rounded once); d(prob) = dy[t] . expert output (f64).
   Tensor drows = Tensor::empty({rows, h_}, ctx_.dtype, ctx_.device);
   Tensor dp = Tensor::empty({rows}, DType::f64, ctx_.device);
@@ -640,11 +602,14 @@ Tensor MoELayer::combine_backward_alltoall(const Tensor& dy, Saved& s, Tensor& d
   Tensor dprob_rows = dprob.view({T * k_, 1});
   ctx_.op().moe_unpermute(dprob_rows, dp.view({rows, 1}), Tensor(), s.entry_offsets_t,
                           s.entry_rows_t);
-  Tensor recv =
-      ep > 1 ? exchange_rows(ctx_, *ctx_.ep_group, drows, s.send_counts, s.recv_counts) : drows;
-  const Tensor din = experts_backward(gather_rows(ctx_, recv, s.order), s);
-  Tensor back = gather_rows(ctx_, din, inverse(s.order));
-  if (ep > 1) back = exchange_rows(ctx_, *ctx_.ep_group, back, s.recv_counts, s.send_counts);
+  Tensor back;
+  if (ep == 1) {
+    back = experts_backward(drows, s);
+  } else {
+    const Tensor recv = exchange_rows(ctx_, *ctx_.ep_group, drows, s.send_counts, s.recv_counts);
+    back = gather_rows(ctx_, experts_backward(gather_rows(ctx_, recv, s.order_t), s), s.inverse_t);
+    back = exchange_rows(ctx_, *ctx_.ep_group, back, s.recv_counts, s.send_counts);
+  }
   // dx[t] = sum of its rows' input gradients (moe_permute's backward: f64, rounded once).
   Tensor dx = ctx_.empty({T, h_});
   ctx_.op().moe_unpermute(dx, back, Tensor(), s.token_offsets_t, s.token_rows_t);
@@ -659,7 +624,7 @@ Tensor MoELayer::combine_backward_allgather(const Tensor& dy, Saved& s, Tensor& 
   g.all_gather(dyg, dyc)->wait();
   // d(rows) = prob * dy[t] (rounded once); d(prob) = dy[t] . expert output (f64), moved to the
   // group's choices and summed over the EP group; this rank's part.
-  const int64_t r = static_cast<int64_t>(s.row_token.size());
+  const int64_t r = s.rows;
   Tensor drows = Tensor::empty({r, h_}, ctx_.dtype, ctx_.device);
   Tensor dp = Tensor::empty({r}, DType::f64, ctx_.device);
   ctx_.op().moe_unpermute_bwd(drows, dp, dyg.view({tg, h_}), s.out_rows_t, s.row_prob_t,
@@ -710,17 +675,17 @@ Tensor MoELayer::backward(const Tensor& dy, Saved& s) {
     // The values without coefficients, read from the device when the log resolves the tracker.
     MoEMetricsTracker& tracker = ctx_.moe->metrics_tracker;
     if (s.aux.sums.defined())
-      tracker.add_pending(layer_, s.routing.tokens_per_expert, s.aux.sums,
+      tracker.add_pending(layer_, s.tokens_per_expert, s.aux.sums,
                           [aux = s.aux](std::span<const double> v) { return aux.values_from(v); });
     else
-      tracker.add(layer_, 0.0, 0.0, s.routing.tokens_per_expert);
+      tracker.add(layer_, 0.0, 0.0, s.tokens_per_expert);
   }
   if (s.training && c.moe_router_enable_expert_bias) {
     // Megatron's local_tokens_per_expert += routing_map.sum(0): the kept choices.
     std::vector<double>& tokens = ctx_.moe->expert_bias.at(layer_).local_tokens_per_expert;
-    for (int64_t i = 0; i < T * k_; ++i)
-      if (s.routing.kept[static_cast<std::size_t>(i)])
-        tokens[static_cast<std::size_t>(s.routing.expert[static_cast<std::size_t>(i)])] += 1.0;
+    for (int64_t e = 0; e < e_; ++e)
+      tokens[static_cast<std::size_t>(e)] +=
+          static_cast<double>(s.kept_per_expert[static_cast<std::size_t>(e)]);
   }
   if (T > 0) {
     const Tensor dl = dlogits.to(ctx_.dtype);

@@ -53,20 +53,25 @@
 // ModuleContext::moe.
 //
 // Routing runs on the device: moe_router_topk (f64; the host's moe_utils arithmetic on the CPU)
-// and, in backward, moe_router_topk_bwd with the aux and z losses' gradients. The host reads the
-// chosen experts (and the kept mask under a capacity) once per micro-batch; the aux losses' values
-// wait on the device for the log. The alltoall dispatcher (and EP 1) moves the tokens on the
-// device: moe_permute gathers the rows (and their probabilities), all-to-all-v exchanges them,
+// and, in backward, moe_router_topk_bwd with the aux and z losses' gradients. The dispatch's index
+// lists are built on the device too (moe_dispatch_index: the stable counting sort of the chosen
+// experts; moe_chunk_order for the all-to-all's received chunks); the chosen experts never reach
+// the host. The host reads one small i64 buffer per MoE layer and micro-batch: the rows per
+// expert (the experts' GEMM sizes), with the alltoall dispatcher and EP > 1 the all-to-all split
+// sizes (exchanged on the device first), and this rank's choices per expert (the log's tokens
+// per expert; the load-balancing loss's counts, summed over the sequence partition on the device)
+// - the one synchronisation Megatron's dropless dispatcher has too. The aux losses' values wait
+// on the device for the log. The alltoall dispatcher (and EP 1) moves the tokens on the device:
+// moe_permute gathers the rows (and their probabilities), all-to-all-v exchanges them,
 // moe_permute orders them per expert and back, moe_unpermute sums prob * expert output per token
-// in f64 (its backward moe_unpermute_bwd; d(prob) back to [T, K] by moe_unpermute); the host builds
-// the index lists from the chosen experts and reads the all-to-all split sizes (one
-// synchronisation, as Megatron's dropless dispatcher).
+// in f64 (its backward moe_unpermute_bwd; d(prob) back to [T, K] by moe_unpermute).
 // The allgather dispatcher gathers the EP group's tokens, chosen experts and probabilities on the
-// device (the host reads the gathered chosen experts for the index lists), gathers its experts'
-// rows with moe_permute, sums prob * expert output per gathered token with moe_unpermute and
-// reduce-scatters the sums; backward: moe_unpermute_bwd, d(prob) all-reduced over the EP group,
-// moe_unpermute and reduce-scatter for dx (the former host arithmetic bit for bit). The expert and
-// router GEMMs and activations go through the op table.
+// device, gathers its experts' rows with moe_permute, sums prob * expert output per gathered
+// token with moe_unpermute and reduce-scatters the sums; backward: moe_unpermute_bwd, d(prob)
+// all-reduced over the EP group, moe_unpermute and reduce-scatter for dx (the former host
+// arithmetic bit for bit). The expert and router GEMMs and activations go through the op table.
+// Expert TP still builds its gather / scatter lists on the host from the group's row counts (one
+// more read of counts per micro-batch).
 #pragma once
 
 #include <memory>
@@ -104,36 +109,42 @@ class MoELayer {
     // moe_router_topk's outputs, on the device: [T, K] chosen experts, probabilities, kept mask;
     // [T, E] scores.
     Tensor expert_t, prob_t, kept_t, scores_t;
-    // The host's part: the chosen experts, the kept mask and the tokens per expert (no prob and
-    // scores: those stay on the device).
-    Routing routing;
+    // [E] i64 kept choices per expert (the allgather dispatcher with an expert bias: this rank's
+    // for the bias update; the alltoall one has them as its rows per expert).
+    Tensor kept_counts_t;
+    // The host's part, from the layer's one read per micro-batch (dispatch_index): this rank's
+    // choices per expert before dropping (the log's tokens per expert) and (with an expert bias)
+    // its kept choices per expert.
+    std::vector<double> tokens_per_expert;
+    std::vector<int64_t> kept_per_expert;
     bool training = false;
     // The aux losses (training): their values, and the load-balancing loss's gradient rows
     // d loss / d scores ([G, E]; empty: no load-balancing loss).
     AuxLossValues aux;
     std::vector<double> aux_drows;
-    // Dispatch: the rows this rank's tokens send (alltoall: Permutation over global experts;
-    // allgather: rows of the gathered tokens for this rank's experts), and what came back.
-    std::vector<int64_t> row_token, row_slot;  // per row: token (gathered index) and its choice
-    // allgather: the EP group's chosen experts [EP, T, K] and (capacity) kept masks.
-    std::vector<int64_t> gathered_expert;
-    std::vector<uint8_t> gathered_kept;
+    // Dispatch: the rows this rank's tokens send (alltoall: to every expert; allgather: the
+    // gathered tokens' rows for this rank's experts), and what came back. On the device, from
+    // moe_dispatch_index: per row its choice, token (gathered index) and probability (f64); each
+    // token's rows (moe_unpermute's offsets / token_rows); each choice's row (none when dropped:
+    // moe_unpermute's lists for d(prob)); the expert outputs [rows, H] (alltoall: back on this
+    // rank; allgather: the gathered tokens' rows for this rank's experts).
+    int64_t rows = 0;
+    std::vector<int64_t> expert_counts;             // rows per selected expert (alltoall: [E])
     std::vector<int64_t> send_counts, recv_counts;  // alltoall, per EP rank (rows)
     std::vector<int64_t> recv_expert_counts;        // alltoall, [EP][L] rows received
-    // On the device: per row its token (i64) and probability (f64), each token's rows
-    // (moe_unpermute's offsets / token_rows), the expert outputs [rows, H] (alltoall: back on
-    // this rank; order: the received rows in [local expert][source rank] order; allgather: the
-    // gathered tokens' rows for this rank's experts).
-    Tensor row_token_t, row_prob_t, token_offsets_t, token_rows_t, out_rows_t;
-    // Each choice t K + k's row (none when dropped): moe_unpermute's lists for d(prob).
+    Tensor row_choice_t, row_token_t, row_prob_t, token_offsets_t, token_rows_t, out_rows_t;
     Tensor entry_offsets_t, entry_rows_t;
-    std::vector<int64_t> order;
+    // alltoall, EP > 1: the received rows' [source][local expert] counts on the device, and the
+    // [local expert][source] order of the rows (moe_chunk_order) with its inverse.
+    Tensor recv_counts_t, order_t, inverse_t;
     // The experts: input rows per local expert and their activations.
     std::vector<int64_t> local_counts;  // [L]
     std::vector<Tensor> expert_in, fc1_out, act_out;
     // Expert TP (ETP > 1): rows per local expert of every member of the expert-TP group [ETP][L];
     // the experts ran on all of them (expert_in etc. are the gathered rows).
     std::vector<int64_t> etp_counts;
+    Tensor etp_order_t,
+        etp_inverse_t;  // the group's rows [member][L] <-> [L][member] (moe_chunk_order)
     MLP::Saved shared;
     Tensor shared_out, shared_gate;  // --moe-shared-expert-gate: z [T, H], sigmoid [T] f64
   };
@@ -185,12 +196,15 @@ class MoELayer {
   Tensor etp_gather_rows(const Tensor& rows, Saved& s) const;
   Tensor etp_scatter_rows(const Tensor& rows, const Saved& s) const;
   // Token rows to their experts and back (moe_permute / moe_unpermute on the device) -> y [T, H]
-  // in out_dtype; the host sees the routing and the all-to-all split sizes only.
+  // in out_dtype, from dispatch_index's lists and counts.
   Tensor dispatch_alltoall(Saved& s, DType out_dtype) const;
   Tensor dispatch_allgather(Saved& s) const;
-  // allgather: the EP group's chosen experts (and kept masks) all-gathered and read (one host
-  // round trip; this rank's routing is its part).
-  void gather_routing(Saved& s) const;
+  // The dispatch's index lists on the device (moe_dispatch_index over this rank's chosen experts;
+  // allgather: the EP group's, all-gathered) and the layer's one host read: the rows per selected
+  // expert, (alltoall, EP > 1) the all-to-all's split sizes, this rank's choices per expert (and
+  // the aux losses' counts, summed over the sequence partition on the device). Sets s's counts,
+  // index tensors, tokens_per_expert and aux.counts.
+  void dispatch_index(Saved& s, int64_t aux_rows) const;
   // dy -> dx [T, H] (written); dprob: [T, K] f64 on the device (written).
   Tensor combine_backward_alltoall(const Tensor& dy, Saved& s, Tensor& dprob);
   Tensor combine_backward_allgather(const Tensor& dy, Saved& s, Tensor& dprob);

@@ -490,7 +490,7 @@ TEST(MoELayer, ExpertBiasCountsTrainingChoicesAndSteersRouting) {
   s = MoELayer::Saved{};
   fx.layer->forward(x, s, true);
   EXPECT_EQ(eb.local_tokens_per_expert, std::vector<double>(4, 0.0));  // forward alone: nothing
-  const std::vector<int64_t> chosen = s.routing.expert;
+  const std::vector<int64_t> chosen = s.expert_t.to_vector<int64_t>();
   fx.layer->backward(dy, s);
   std::vector<double> want(4, 0.0);
   for (int64_t e : chosen) want[static_cast<std::size_t>(e)] += 1.0;
@@ -506,9 +506,10 @@ TEST(MoELayer, ExpertBiasCountsTrainingChoicesAndSteersRouting) {
   eb.expert_bias = {0.0f, 0.0f, 0.0f, 5.0f};  // sigmoid scores < 1: expert 3 always wins
   s = MoELayer::Saved{};
   fx.layer->forward(x, s, false);
+  const std::vector<int64_t> steered = s.expert_t.to_vector<int64_t>();
   for (int64_t t = 0; t < T; ++t) {
-    EXPECT_EQ(s.routing.expert[t * 2], 3) << "token " << t;
-    EXPECT_EQ(s.routing.expert[t * 2 + 1], 2) << "token " << t;  // the same group (2 of 2)
+    EXPECT_EQ(steered[t * 2], 3) << "token " << t;
+    EXPECT_EQ(steered[t * 2 + 1], 2) << "token " << t;  // the same group (2 of 2)
   }
 }
 
