@@ -129,6 +129,10 @@ class DistributedDataParallel {
   // range as the engine tracks them).
   int64_t resident_buffer_bytes() const { return resident_bytes_; }
   int64_t peak_resident_buffer_bytes() const { return peak_resident_bytes_; }
+  // FSDP on a device: backs the (discarded) gradients of these parameters again before code
+  // outside DDP writes them after finish_grad_sync (the sequence-parallel all-reduce of
+  // finalize_model_grads). Nothing on the host.
+  void commit_grads_of(std::span<const std::size_t> param_indices);
   // FSDP optim_grads_params: all-gathers run by use_params (sync or prefetched) since construction.
   int64_t param_gathers() const { return param_gathers_; }
 
@@ -160,6 +164,9 @@ class DistributedDataParallel {
   // Discards this bucket's params / grads outside this rank's chunk (FSDP) and marks it so.
   void discard_params(std::size_t bucket);
   void discard_grads(std::size_t bucket);
+  // Backs a bucket's discarded params / grads again (commit_range) before they are written.
+  void commit_params(std::size_t bucket);
+  void commit_grads(std::size_t bucket);
   void account(int64_t delta_bytes);
   // Bucket bi's parameter storage for flat elements [lo, lo + n): the model-dtype buffer, or the
   // FP8 bytes of an fp8 bucket; and its element size.
@@ -185,9 +192,14 @@ class DistributedDataParallel {
   std::size_t last_used_bucket_ = 0;  // ZeRO-3 prefetch: the first bucket of the last use
 };
 
-// Discards the contents of a 1-D tensor view (they read as zeros afterwards): on the host the
-// whole pages inside it go back to the OS (madvise MADV_DONTNEED; the edges are zeroed), on a
-// device it is zeroed. Returns the bytes given back (0 on a device).
-int64_t release_host_range(const Tensor& view);
+// Discards the contents of a 1-D tensor view (they read as zeros afterwards) through its
+// platform's decommit: on the host the whole pages inside it go back to the OS (madvise
+// MADV_DONTNEED; the edges are zeroed); on a device, the whole granules inside a sparse buffer
+// (Tensor::zeros_sparse; CUDA: virtual memory management) are unmapped and freed, the rest
+// zeroed. Returns the bytes given back.
+int64_t release_range(const Tensor& view);
+// Makes a released view writable again (Platform::commit; nothing on the host): what was given
+// back reads as zeros, the rest keeps its contents.
+void commit_range(const Tensor& view);
 
 }  // namespace mg::distributed
