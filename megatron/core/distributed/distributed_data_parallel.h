@@ -24,7 +24,8 @@
 // FSDP (config.use_megatron_fsdp, Megatron FSDP's sharding strategies over the same buckets and
 // the same collectives, so the numbers equal the distributed optimizer's):
 //   optim_grads (ZeRO-2): after a bucket's reduce-scatter, the rest of its gradients is discarded
-//     (release_host_range: the pages go back to the OS on the host; zeroed on a device), so
+//     (release_range: the pages go back to the OS on the host; on a device the whole granules
+//     of the sparse buffers are unmapped and freed, see below), so
 //     between steps each rank holds only its gradient shard;
 //   optim_grads_params (ZeRO-3): also the parameters outside this rank's chunk are discarded after
 //     the optimizer step; the model's param-use hook (use_params, forward AND backward) all-gathers
@@ -32,8 +33,15 @@
 //     the next bucket's all-gather is already in flight), its param-release hook (release_params)
 //     discards them again once no module in flight uses them. finish_param_sync() gathers every
 //     bucket (checkpoint save, end of training); reshard_params() discards them again.
-// Memory saved is real on the host (madvise(MADV_DONTNEED) of whole pages inside a range); on a
-// device the flat buffer stays allocated (only the contents are dropped): see docs/architecture.md.
+// Memory saved is real on the host (madvise(MADV_DONTNEED) of whole pages inside a range) and, on
+// a device whose platform has sparse memory (CUDA virtual memory management: the model's flat
+// buffers then come from Platform::sparse_allocator), for the whole granules inside a range
+// (Platform::decommit; the edges are zeroed). A released device range has no memory behind it:
+// it is committed (commit_range) before anything writes it again: the parameter all-gather
+// (launch_gather), the gradients at zero_grad_buffer (a device keeps its gradients mapped between
+// the micro-batches of a step and releases them in finish_grad_sync), the sequence-parallel
+// all-reduce (commit_grads_of). Without VMM a device range is only zeroed. NOT yet run on a GPU.
+// See docs/architecture.md.
 // With expert parallelism (or TP with whole experts, or CP) the distributed optimizer and FSDP
 // shard expert buckets over the expert data-parallel group (their reduce-scatters and gathers run
 // there; optimizer_shard_ranges() includes their chunks), dense ones over the dp-cp group.
