@@ -76,8 +76,9 @@ TEST(CudaVmm, DecommitFreesWholeGranulesAndCommitBringsZeros) {
     EXPECT_EQ(cuda.decommit(view.raw_data(), view.nbytes(), 0), 0u);  // again: harmless
     cuda.commit(view.raw_data(), view.nbytes(), 0);
     cuda.commit(view.raw_data(), view.nbytes(), 0);  // again: harmless
-    if (info.releases)
+    if (info.releases) {
       EXPECT_EQ(alloc.stats().reserved_bytes, physical0 + static_cast<std::size_t>(6 * g));
+    }
     const std::vector<uint8_t> all = read(t);
     for (int64_t i = 0; i < n; ++i)
       ASSERT_EQ(all[static_cast<std::size_t>(i)], i >= lo && i < hi ? 0 : pattern(i)) << i;
