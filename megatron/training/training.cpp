@@ -651,6 +651,8 @@ StepOutcome train_step(Run& r) {
   // overflows are the scaler's). Stop, naming the first parameter with a non-finite gradient.
   if (s.found_inf && !a.optimizer.fp16) {
     out.nan = true;
+    // The diagnostic below reads every gradient: FSDP's released device ranges are backed first.
+    if (a.training.check_for_nan_in_loss_and_grad) r.dp_model.ddp->commit_all_grads();
     MG_CHECK(!a.training.check_for_nan_in_loss_and_grad,
              "grad norm is " << s.grad_norm << " at iteration " << r.iteration + 1 << " (lm loss "
                              << out.lm_loss << ", lr " << out.lr

@@ -218,6 +218,11 @@ void DistributedDataParallel::commit_grads_of(std::span<const std::size_t> param
   }
 }
 
+void DistributedDataParallel::commit_all_grads() {
+  if (buffer_.grads.is_host()) return;
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) commit_grads(bi);
+}
+
 DistributedDataParallel::~DistributedDataParallel() {
   for (auto& s : state_)
     for (comm::WorkPtr* w : {&s.work, &s.gather_work})

@@ -141,6 +141,10 @@ class DistributedDataParallel {
   // outside DDP writes them after finish_grad_sync (the sequence-parallel all-reduce of
   // finalize_model_grads). Nothing on the host.
   void commit_grads_of(std::span<const std::size_t> param_indices);
+  // FSDP on a device: backs every discarded gradient range again (they read as zeros) for code
+  // that reads the whole gradient buffer (the non-finite-gradient diagnostic of train_step).
+  // Nothing on the host. The resident-bytes count is not raised (the run stops after it).
+  void commit_all_grads();
   // FSDP optim_grads_params: all-gathers run by use_params (sync or prefetched) since construction.
   int64_t param_gathers() const { return param_gathers_; }
 
