@@ -144,6 +144,34 @@ class Platform {
     uint64_t kernels = 0, library_calls = 0;
   };
   virtual LaunchCounts launch_counts() const { return {}; }
+
+  // Sparse-capable memory: buffers whose ranges can give their memory back and take it again
+  // (FSDP's discarded parameter and gradient ranges, distributed_data_parallel.h). Added last so
+  // that the slots above keep their places for plugins built against the older interface.
+  // sparse_allocator(device): allocations that decommit / commit can release (the default: the
+  // ordinary allocator, whose memory they cannot). decommit(ptr, bytes, device): the range reads
+  // as zeros afterwards; the physical memory of every whole granule inside it is given back (the
+  // bytes outside whole granules are zeroed); returns the bytes given back. commit: the range is
+  // backed again and reads as zeros where it had been given back (the rest keeps its contents);
+  // a range must be committed before it is written. Both are harmless on a range already in
+  // that state and work on any memory of the device (memory not from sparse_allocator is zeroed,
+  // 0 bytes given back). The defaults: on a host platform (device_type() cpu) decommit is
+  // release_host_pages and commit nothing (a page faults back in, zeroed, when written); on
+  // another platform decommit zeroes the range (memset_zero) and gives back nothing.
+  struct SparseMemoryInfo {
+    bool releases = false;        // decommit really gives memory back
+    std::size_t granularity = 0;  // bytes of one granule (host: the page size)
+    std::string note;             // what backs it, or why nothing is given back
+  };
+  virtual SparseMemoryInfo sparse_memory_info(int device);
+  virtual Allocator& sparse_allocator(int device) { return allocator(device); }
+  virtual std::size_t decommit(void* ptr, std::size_t bytes, int device);
+  virtual void commit(void* /*ptr*/, std::size_t /*bytes*/, int /*device*/) {}
 };
+
+// Host decommit: zeroes [ptr, ptr + bytes) and gives the whole pages inside it back to the OS
+// (madvise MADV_DONTNEED: private anonymous memory, as the host allocator's, then reads as zeros
+// and faults back in when written); returns the bytes given back.
+std::size_t release_host_pages(void* ptr, std::size_t bytes);
 
 }  // namespace mg::plugin

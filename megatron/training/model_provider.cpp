@@ -16,6 +16,7 @@ models::GPTModelParallel model_parallel_options(const Arguments& args, const Par
   par.tp_cp_group = ps.tp_cp.get();
   if (ps.pp) par.pipeline_chunks = ps.layout.chunks(ps.pp->rank());
   par.amax_group = ps.amax.get();
+  par.sparse_buffers = args.ddp.use_megatron_fsdp && args.ddp.shards_grads();
   return par;
 }
 

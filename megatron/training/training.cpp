@@ -29,6 +29,7 @@
 #include "megatron/core/pipeline_parallel/schedules.h"
 #include "megatron/core/tokenizers/build_tokenizer.h"
 #include "megatron/core/transformer/moe/moe_utils.h"
+#include "megatron/plugin/registry.h"
 #include "megatron/runtime.h"
 #include "megatron/training/checkpoint_model.h"
 #include "megatron/training/checkpointing.h"
@@ -404,6 +405,15 @@ std::string data_parallel_summary(const Run& r) {
                               : std::string())
       << (d.overlap_grad_reduce ? ", overlap-grad-reduce" : "")
       << (d.overlap_param_gather ? ", overlap-param-gather" : "") << "\n";
+  const Tensor& grads = r.model->buffer().grads;
+  if (d.use_megatron_fsdp && d.shards_grads() && !grads.is_host()) {
+    const plugin::Platform::SparseMemoryInfo info = plugin::global_registry()
+                                                        .platform(grads.device().type)
+                                                        .sparse_memory_info(grads.device().index);
+    s << (info.releases ? "FSDP: discarded ranges free device memory ("
+                        : "FSDP: discarded ranges do NOT free device memory (")
+      << info.note << ")\n";
+  }
   if (r.args.use_torch_fsdp2)
     s << "note: --use-torch-fsdp2 runs the Megatron FSDP engine with optim_grads_params\n";
   if (r.args.optimizer.optimizer_cpu_offload && r.opt->offloaded_numel() == 0)
@@ -641,6 +651,8 @@ StepOutcome train_step(Run& r) {
   // overflows are the scaler's). Stop, naming the first parameter with a non-finite gradient.
   if (s.found_inf && !a.optimizer.fp16) {
     out.nan = true;
+    // The diagnostic below reads every gradient: FSDP's released device ranges are backed first.
+    if (a.training.check_for_nan_in_loss_and_grad) r.dp_model.ddp->commit_all_grads();
     MG_CHECK(!a.training.check_for_nan_in_loss_and_grad,
              "grad norm is " << s.grad_norm << " at iteration " << r.iteration + 1 << " (lm loss "
                              << out.lm_loss << ", lr " << out.lr

@@ -38,6 +38,8 @@ const char* host_sync_name(HostSync site) {
       return "device_copy";
     case HostSync::kernel:
       return "kernel";
+    case HostSync::memory:
+      return "memory";
     case HostSync::other:
       return "other";
   }

@@ -31,6 +31,7 @@ enum class HostSync : int {
   device_copy,  // a copy between two devices, which Platform::copy waits for on CUDA (a copy
                 // within one device returns queued on the current stream)
   kernel,       // a kernel's own round trip (CUDA: attention's cu_seqlens)
+  memory,       // a release of device memory that waits for the device (CUDA VMM's decommit)
   other,        // any other device-to-host copy (Tensor::copy_ on a device platform)
 };
 inline constexpr int kNumHostSyncSites = static_cast<int>(HostSync::other) + 1;

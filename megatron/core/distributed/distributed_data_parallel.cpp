@@ -2,9 +2,6 @@
 // (distributed_data_parallel.h).
 #include "megatron/core/distributed/distributed_data_parallel.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,31 +9,25 @@
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/common/host_sync.h"
+#include "megatron/plugin/registry.h"
 
 namespace mg::distributed {
 
-int64_t release_host_range(const Tensor& view) {
+namespace {
+plugin::Platform& platform_of(const Tensor& t) {
+  return plugin::global_registry().platform(t.device().type);
+}
+}  // namespace
+
+int64_t release_range(const Tensor& view) {
   if (view.numel() == 0) return 0;
-  if (!view.device().is_host()) {
-    Tensor v = view;
-    v.zero_();
-    return 0;
-  }
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  auto* base = static_cast<char*>(view.raw_data());
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
-  const uintptr_t hi = lo + static_cast<uintptr_t>(view.nbytes());
-  const uintptr_t plo = (lo + page - 1) / page * page, phi = hi / page * page;
-  if (phi <= plo) {  // no whole page inside: just zero it
-    std::memset(base, 0, view.nbytes());
-    return 0;
-  }
-  std::memset(base, 0, plo - lo);
-  std::memset(reinterpret_cast<void*>(phi), 0, hi - phi);
-  // Private anonymous memory (the host allocator's): the pages are freed and read as zeros.
-  MG_CHECK(madvise(reinterpret_cast<void*>(plo), phi - plo, MADV_DONTNEED) == 0,
-           "release_host_range: madvise(MADV_DONTNEED) of " << (phi - plo) << " bytes failed");
-  return static_cast<int64_t>(phi - plo);
+  return static_cast<int64_t>(
+      platform_of(view).decommit(view.raw_data(), view.nbytes(), view.device().index));
+}
+
+void commit_range(const Tensor& view) {
+  if (view.numel() == 0) return;
+  platform_of(view).commit(view.raw_data(), view.nbytes(), view.device().index);
 }
 
 struct DistributedDataParallel::BucketState {
@@ -54,6 +45,9 @@ struct DistributedDataParallel::BucketState {
   int uses = 0;
   // FSDP optim_grads / optim_grads_params: the grads outside this rank's chunk are discarded.
   bool grads_discarded = false;
+  // Whether a discarded range may have given its memory back (decommit) and must be committed
+  // before it is written again: the params (all-gather) and the grads (backward).
+  bool params_decommitted = false, grads_decommitted = false;
   // FSDP with per-micro-batch reduce-scatters: the sum of this step's reduced shards so far.
   Tensor grad_acc;
   bool acc_valid = false;
@@ -177,7 +171,8 @@ void DistributedDataParallel::discard_params(std::size_t bi) {
   BucketState& s = state_[bi];
   const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
   for (auto [lo, hi] : {a, b})
-    if (hi > lo) release_host_range(param_slice(bi, lo, hi - lo));
+    if (hi > lo) release_range(param_slice(bi, lo, hi - lo));
+  s.params_decommitted = true;
   if (s.params_resident) account(-param_elem_size(bi) * (a.second - a.first + b.second - b.first));
   s.params_resident = false;
 }
@@ -186,11 +181,46 @@ void DistributedDataParallel::discard_grads(std::size_t bi) {
   BucketState& s = state_[bi];
   const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
   for (auto [lo, hi] : {a, b})
-    if (hi > lo) release_host_range(buffer_.grads.slice(lo, hi - lo));
+    if (hi > lo) release_range(buffer_.grads.slice(lo, hi - lo));
+  s.grads_decommitted = true;
   if (!s.grads_discarded)
     account(-static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) *
             (a.second - a.first + b.second - b.first));
   s.grads_discarded = true;
+}
+
+void DistributedDataParallel::commit_params(std::size_t bi) {
+  BucketState& s = state_[bi];
+  if (!s.params_decommitted) return;
+  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
+  for (auto [lo, hi] : {a, b})
+    if (hi > lo) commit_range(param_slice(bi, lo, hi - lo));
+  s.params_decommitted = false;
+}
+
+void DistributedDataParallel::commit_grads(std::size_t bi) {
+  BucketState& s = state_[bi];
+  if (!s.grads_decommitted) return;
+  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
+  for (auto [lo, hi] : {a, b})
+    if (hi > lo) commit_range(buffer_.grads.slice(lo, hi - lo));
+  s.grads_decommitted = false;
+}
+
+void DistributedDataParallel::commit_grads_of(std::span<const std::size_t> param_indices) {
+  if (buffer_.grads.is_host()) return;  // host pages fault back in by themselves
+  for (std::size_t i : param_indices) {
+    MG_CHECK(i < params_.size(), "DistributedDataParallel::commit_grads_of: parameter "
+                                     << i << " of " << params_.size());
+    bool decommitted = false;
+    for (std::size_t bi : buckets_of_param_[i]) decommitted |= state_[bi].grads_decommitted;
+    if (decommitted) commit_range(params_[i].main_grad.view({-1}));
+  }
+}
+
+void DistributedDataParallel::commit_all_grads() {
+  if (buffer_.grads.is_host()) return;
+  for (std::size_t bi = 0; bi < buckets_.size(); ++bi) commit_grads(bi);
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -266,7 +296,19 @@ void DistributedDataParallel::complete_bucket(std::size_t bi) {
     own.zero_();  // the next micro-batch accumulates its local grads from zero again
   }
   s.acc_valid = true;
-  discard_grads(bi);
+  if (buffer_.grads.is_host()) {
+    discard_grads(bi);
+  } else {
+    // A device gives the memory back only in finish_grad_sync, when the step's backward is
+    // over: a later micro-batch's backward writes the bucket again, and nothing commits it
+    // between micro-batches. Until then the rest of the bucket is zeroed and stays resident.
+    const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
+    for (auto [glo, ghi] : {a, b})
+      if (ghi > glo) {
+        Tensor g = buffer_.grads.slice(glo, ghi - glo);
+        g.zero_();
+      }
+  }
 }
 
 void DistributedDataParallel::launch(std::size_t bi) {
@@ -380,6 +422,7 @@ void DistributedDataParallel::finish_grad_sync() {
         dst.copy_(s.grad_acc);
       }
       s.acc_valid = false;
+      if (!s.grads_discarded) discard_grads(bi);  // a device's buckets (complete_bucket)
     }
   } else {
     start_grad_sync();
@@ -418,6 +461,18 @@ void DistributedDataParallel::zero_grad_buffer() {
     // back before backward needs them); the shards and any bucket not discarded are zeroed. A
     // bucket's full gradients count as resident again from its launch (its backward wrote them).
     for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
+      // A device's discarded grads are backed again before backward writes them (commit: they
+      // read as zeros; nothing on the host, where the pages fault back in). From here they are
+      // resident: a device counts them so (on the host, from the bucket's launch).
+      if (!buffer_.grads.is_host() && state_[bi].grads_decommitted) {
+        commit_grads(bi);
+        if (state_[bi].grads_discarded) {
+          const auto [lo, hi] = own_range(bi);
+          account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) *
+                  (buckets_[bi].numel() - (hi - lo)));
+          state_[bi].grads_discarded = false;
+        }
+      }
       const GradBucket& b = buckets_[bi];
       const auto [lo, hi] =
           state_[bi].grads_discarded ? own_range(bi) : std::pair<int64_t, int64_t>{b.start, b.end};
@@ -447,6 +502,7 @@ void DistributedDataParallel::launch_gather(std::size_t bi) {
   const int dp = g.size();
   const GradBucket& b = buckets_[bi];
   BucketState& s = state_[bi];
+  commit_params(bi);  // the all-gather writes the whole bucket
   const Tensor params = param_slice(bi, b.start, b.numel());  // FP8 bytes for an fp8 bucket
   if (!s.gather_in.defined())
     s.gather_in = Tensor::zeros({b.shard_size}, params.dtype(), params.device());

@@ -24,7 +24,8 @@
 // FSDP (config.use_megatron_fsdp, Megatron FSDP's sharding strategies over the same buckets and
 // the same collectives, so the numbers equal the distributed optimizer's):
 //   optim_grads (ZeRO-2): after a bucket's reduce-scatter, the rest of its gradients is discarded
-//     (release_host_range: the pages go back to the OS on the host; zeroed on a device), so
+//     (release_range: the pages go back to the OS on the host; on a device the whole granules
+//     of the sparse buffers are unmapped and freed, see below), so
 //     between steps each rank holds only its gradient shard;
 //   optim_grads_params (ZeRO-3): also the parameters outside this rank's chunk are discarded after
 //     the optimizer step; the model's param-use hook (use_params, forward AND backward) all-gathers
@@ -32,8 +33,15 @@
 //     the next bucket's all-gather is already in flight), its param-release hook (release_params)
 //     discards them again once no module in flight uses them. finish_param_sync() gathers every
 //     bucket (checkpoint save, end of training); reshard_params() discards them again.
-// Memory saved is real on the host (madvise(MADV_DONTNEED) of whole pages inside a range); on a
-// device the flat buffer stays allocated (only the contents are dropped): see docs/architecture.md.
+// Memory saved is real on the host (madvise(MADV_DONTNEED) of whole pages inside a range) and, on
+// a device whose platform has sparse memory (CUDA virtual memory management: the model's flat
+// buffers then come from Platform::sparse_allocator), for the whole granules inside a range
+// (Platform::decommit; the edges are zeroed). A released device range has no memory behind it:
+// it is committed (commit_range) before anything writes it again: the parameter all-gather
+// (launch_gather), the gradients at zero_grad_buffer (a device keeps its gradients mapped between
+// the micro-batches of a step and releases them in finish_grad_sync), the sequence-parallel
+// all-reduce (commit_grads_of). Without VMM a device range is only zeroed. NOT yet run on a GPU.
+// See docs/architecture.md.
 // With expert parallelism (or TP with whole experts, or CP) the distributed optimizer and FSDP
 // shard expert buckets over the expert data-parallel group (their reduce-scatters and gathers run
 // there; optimizer_shard_ranges() includes their chunks), dense ones over the dp-cp group.
@@ -129,6 +137,14 @@ class DistributedDataParallel {
   // range as the engine tracks them).
   int64_t resident_buffer_bytes() const { return resident_bytes_; }
   int64_t peak_resident_buffer_bytes() const { return peak_resident_bytes_; }
+  // FSDP on a device: backs the (discarded) gradients of these parameters again before code
+  // outside DDP writes them after finish_grad_sync (the sequence-parallel all-reduce of
+  // finalize_model_grads). Nothing on the host.
+  void commit_grads_of(std::span<const std::size_t> param_indices);
+  // FSDP on a device: backs every discarded gradient range again (they read as zeros) for code
+  // that reads the whole gradient buffer (the non-finite-gradient diagnostic of train_step).
+  // Nothing on the host. The resident-bytes count is not raised (the run stops after it).
+  void commit_all_grads();
   // FSDP optim_grads_params: all-gathers run by use_params (sync or prefetched) since construction.
   int64_t param_gathers() const { return param_gathers_; }
 
@@ -160,6 +176,9 @@ class DistributedDataParallel {
   // Discards this bucket's params / grads outside this rank's chunk (FSDP) and marks it so.
   void discard_params(std::size_t bucket);
   void discard_grads(std::size_t bucket);
+  // Backs a bucket's discarded params / grads again (commit_range) before they are written.
+  void commit_params(std::size_t bucket);
+  void commit_grads(std::size_t bucket);
   void account(int64_t delta_bytes);
   // Bucket bi's parameter storage for flat elements [lo, lo + n): the model-dtype buffer, or the
   // FP8 bytes of an fp8 bucket; and its element size.
@@ -185,9 +204,14 @@ class DistributedDataParallel {
   std::size_t last_used_bucket_ = 0;  // ZeRO-3 prefetch: the first bucket of the last use
 };
 
-// Discards the contents of a 1-D tensor view (they read as zeros afterwards): on the host the
-// whole pages inside it go back to the OS (madvise MADV_DONTNEED; the edges are zeroed), on a
-// device it is zeroed. Returns the bytes given back (0 on a device).
-int64_t release_host_range(const Tensor& view);
+// Discards the contents of a 1-D tensor view (they read as zeros afterwards) through its
+// platform's decommit: on the host the whole pages inside it go back to the OS (madvise
+// MADV_DONTNEED; the edges are zeroed); on a device, the whole granules inside a sparse buffer
+// (Tensor::zeros_sparse; CUDA: virtual memory management) are unmapped and freed, the rest
+// zeroed. Returns the bytes given back.
+int64_t release_range(const Tensor& view);
+// Makes a released view writable again (Platform::commit; nothing on the host): what was given
+// back reads as zeros, the rest keeps its contents.
+void commit_range(const Tensor& view);
 
 }  // namespace mg::distributed

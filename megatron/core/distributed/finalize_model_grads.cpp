@@ -40,6 +40,14 @@ models::LossSums finalize_model_grads(models::LanguageModule& model,
   // 3. Sequence parallelism: replicated parameters' partial grads summed over TP.
   if (config.sequence_parallel && config.tp_group && config.tp_group->size() > 1) {
     ScopedTimer t(config.timers, "layernorm-grads-all-reduce", 1);
+    if (config.ddp && config.ddp->config().shards_grads()) {
+      // FSDP on a device: their discarded ranges may have given their memory back.
+      std::vector<std::size_t> sp;
+      const auto& ps = model.parameters();
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        if (ps[i].sequence_parallel) sp.push_back(i);
+      config.ddp->commit_grads_of(sp);
+    }
     tensor_parallel::all_reduce_sequence_parallel_grads(model.parameters(), *config.tp_group);
   }
   // 4. The global batch's loss sums.
@@ -48,9 +56,17 @@ models::LossSums finalize_model_grads(models::LanguageModule& model,
   if (config.calculate_per_token_loss) {
     MG_CHECK(global.num_tokens > 0.0,
              "calculate_per_token_loss: the global batch has no unmasked token");
-    Tensor grads = model.buffer().grads;
     Tensor none;
-    model.ops().multi_tensor_scale(std::span<Tensor>(&grads, 1), 1.0 / global.num_tokens, none);
+    if (config.ddp && config.ddp->config().shards_grads()) {
+      // FSDP: only this rank's shards (the rest is discarded: zeros, or no memory on a device).
+      std::vector<Tensor> shards;
+      for (const auto& [lo, hi] : config.ddp->optimizer_shard_ranges())
+        shards.push_back(model.buffer().grads.slice(lo, hi - lo));
+      if (!shards.empty()) model.ops().multi_tensor_scale(shards, 1.0 / global.num_tokens, none);
+    } else {
+      Tensor grads = model.buffer().grads;
+      model.ops().multi_tensor_scale(std::span<Tensor>(&grads, 1), 1.0 / global.num_tokens, none);
+    }
   }
   return global;
 }

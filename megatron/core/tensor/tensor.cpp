@@ -44,6 +44,11 @@ Storage::Storage(std::size_t nbytes, plugin::Allocator& allocator, bool pinned)
   data_ = allocator_->allocate(nbytes);
 }
 
+Storage::Storage(std::size_t nbytes, Device device, plugin::Allocator& allocator)
+    : nbytes_(nbytes), device_(device), allocator_(&allocator) {
+  data_ = allocator_->allocate(nbytes);
+}
+
 Storage::~Storage() {
   allocator_->deallocate(data_, nbytes_);
 }
@@ -73,6 +78,19 @@ Tensor Tensor::empty_pinned(const Shape& shape, DType dtype, Device for_device) 
     }
   }
   t.storage_ = std::make_shared<Storage>(t.nbytes(), plugin::host_allocator(), false);
+  return t;
+}
+
+Tensor Tensor::zeros_sparse(const Shape& shape, DType dtype, Device device) {
+  if (device.is_host()) return zeros(shape, dtype, device);
+  Tensor t;
+  t.numel_ = shape_numel(shape);
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), device,
+                                         platform_of(device).sparse_allocator(device.index));
+  t.zero_();
   return t;
 }
 

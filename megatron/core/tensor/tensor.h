@@ -35,6 +35,8 @@ class Storage {
   Storage(std::size_t nbytes, Device device);  // allocates through the device's platform
   // Host storage from `allocator` (a platform's pinned host allocator); pinned() reports it.
   Storage(std::size_t nbytes, plugin::Allocator& allocator, bool pinned);
+  // Storage on `device` from `allocator` (a platform's sparse allocator).
+  Storage(std::size_t nbytes, Device device, plugin::Allocator& allocator);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -58,6 +60,9 @@ class Tensor {
 
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
+  // Zeros from the sparse allocator of `device`'s platform (Platform::sparse_allocator: ranges
+  // whose memory decommit can give back; host: the ordinary host allocator, whose pages can).
+  static Tensor zeros_sparse(const Shape& shape, DType dtype, Device device);
   // Host tensor holding a copy of `values` converted to dtype.
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape, DType dtype);

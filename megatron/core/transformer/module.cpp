@@ -59,8 +59,13 @@ void ParamBuilder::finish(std::vector<Parameter>& params, ParamAndGradBuffer& bu
       params_[i].buffer_offset = total;
       total += shape_numel(shapes_[i]);
     }
-  buffer.params = Tensor::zeros({total}, ctx_.dtype, ctx_.device);
-  buffer.grads = Tensor::zeros({total}, ctx_.grad_dtype, ctx_.device);
+  if (ctx_.sparse_buffers) {  // FSDP: their discarded ranges give device memory back
+    buffer.params = Tensor::zeros_sparse({total}, ctx_.dtype, ctx_.device);
+    buffer.grads = Tensor::zeros_sparse({total}, ctx_.grad_dtype, ctx_.device);
+  } else {
+    buffer.params = Tensor::zeros({total}, ctx_.dtype, ctx_.device);
+    buffer.grads = Tensor::zeros({total}, ctx_.grad_dtype, ctx_.device);
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = params_[i];
     const int64_t n = shape_numel(shapes_[i]);

@@ -55,6 +55,9 @@ struct ModuleContext {
   // expert's linear_fc1 is column- and linear_fc2 row-parallel (null: experts whole).
   comm::ProcessGroup* expert_tp_group = nullptr;
   bool inference_only = false;  // forward only (GPTModelParallel::inference_only)
+  // The flat parameter and gradient buffers come from the platform's sparse allocator (FSDP
+  // optim_grads / optim_grads_params on a device: GPTModelParallel::sparse_buffers).
+  bool sparse_buffers = false;
   // The model's MoE state (aux-loss scale, metrics tracker; moe/moe_utils.h) its MoE layers use;
   // null: the model has no MoE layers.
   moe::MoEState* moe = nullptr;

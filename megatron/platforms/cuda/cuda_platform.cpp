@@ -40,6 +40,7 @@
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
+#include "megatron/platforms/cuda/cuda_vmm.h"
 #if MG_WITH_CUDNN
 #include "megatron/platforms/cuda/cudnn/cudnn_attention.h"
 #endif
@@ -347,6 +348,18 @@ class CudaPlatform final : public plugin::Platform {
   void range_pop() override { nvtxRangePop(); }
   void profiler_start() override { MG_CUDA_CHECK(cudaProfilerStart()); }
   void profiler_stop() override { MG_CUDA_CHECK(cudaProfilerStop()); }
+  SparseMemoryInfo sparse_memory_info(int device) override {
+    Devices::get().check(device);
+    return vmm_info(device);
+  }
+  plugin::Allocator& sparse_allocator(int device) override {
+    Devices::get().check(device);
+    return vmm_allocator(device);
+  }
+  std::size_t decommit(void* ptr, std::size_t bytes, int device) override {
+    return vmm_decommit(ptr, bytes, device);
+  }
+  void commit(void* ptr, std::size_t bytes, int device) override { vmm_commit(ptr, bytes, device); }
   LaunchCounts launch_counts() const override {
     return {.counted = true,
             .kernels = detail::g_kernel_launches.load(std::memory_order_relaxed),

@@ -193,6 +193,7 @@ GPTModel::GPTModel(const TransformerConfig& config, int64_t vocab_size, const op
   m.ctx.ep_group = parallel.ep_group;
   m.ctx.expert_tp_group = parallel.expert_tp_group;
   m.ctx.inference_only = parallel.inference_only;
+  m.ctx.sparse_buffers = parallel.sparse_buffers && !device.is_host();
   m.ctx.cp = parallel.cp;
   m.ctx.tp_cp_group = parallel.tp_cp_group;
   if (c.fp8.enabled()) {

@@ -99,6 +99,10 @@ struct GPTModelParallel {
   // after each pass -- Megatron's amax reduction group, tp-dp-cp (tp-cp with --tp-only-amax-red).
   // Null: this rank's own amaxes.
   comm::ProcessGroup* amax_group = nullptr;
+  // Megatron FSDP optim_grads / optim_grads_params on a device: the flat parameter and gradient
+  // buffers come from the platform's sparse allocator, so that their discarded ranges give
+  // device memory back (distributed_data_parallel.h). No effect on the host.
+  bool sparse_buffers = false;
 };
 
 namespace detail {
