@@ -5,7 +5,8 @@
 # np 4: EP 4 (8 experts, 2 per rank) with the alltoall and the allgather dispatcher; EP 4 with 4
 # experts (1 per rank); EP 2 x DP 4; EP 2 x TP 2 (+ SP, expert TP 1); EP 4 with a capacity factor
 # (tokens dropped per micro-batch as on one rank; the run differs from the dropless one, so tokens
-# were dropped). np 2: EP 2 with both dispatchers.
+# were dropped). np 2: EP 2 with both dispatchers; DeepSeek-V3 routing (expert bias, seq aux loss)
+# with both, and its resume.
 # usage: pretrain_gpt_moe.sh <pretrain_gpt> <np> <mpiexec> [mpiexec args...]
 # (CTest label `mpi`; tests/CMakeLists.txt.) lm loss to 2e-6 relative (f32 round-off of a
 # different summation order), grad norm (3 decimals) to 2e-3, load_balancing_loss to 1e-5.
@@ -59,6 +60,10 @@ if [ "$np" -eq 2 ]; then
     || { echo "FAIL: no per-layer MoE log (--moe-per-layer-logging)"; cat "$work/single_ds.log"; exit 1; }
   run "$work/ep2_ds.log" 2 $ds --expert-model-parallel-size 2 --save "$work/ck_ds" --save-interval 2
   compare "$work/single_ds.log" "$work/ep2_ds.log" "EP 2 DeepSeek routing"
+  # The allgather dispatcher selects this rank's experts from the gathered choices; the expert
+  # bias still counts this rank's own kept choices (the router's counts).
+  run "$work/ep2_ds_ag.log" 2 $ds --expert-model-parallel-size 2 --moe-token-dispatcher-type allgather
+  compare "$work/single_ds.log" "$work/ep2_ds_ag.log" "EP 2 DeepSeek routing (allgather)"
   expect_line "$work/ep2_ds.log" "EP 2 DeepSeek routing" \
     "^moe router: group-limited, 4 groups \(2 chosen per token\); probabilities x 2.5; expert bias \(aux-loss-free\), update rate 0.01, tokens summed over 2 ranks"
   if [ "$(values "$work/single_ds.log" "lm loss" | tail -1)" = "$(values "$work/single8.log" "lm loss" | tail -1)" ]; then
