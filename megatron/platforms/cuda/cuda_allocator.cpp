@@ -35,6 +35,14 @@ bool detail::BlockLedger::taken_back(void* ptr, std::size_t& block) {
   return true;
 }
 
+void CudaAllocator::account_external(std::ptrdiff_t bytes) {
+  std::lock_guard lock(mu_);
+  plugin::MemoryStats& st = ledger_.stats;
+  st.allocated_bytes =
+      static_cast<std::size_t>(static_cast<std::ptrdiff_t>(st.allocated_bytes) + bytes);
+  st.peak_allocated_bytes = std::max(st.peak_allocated_bytes, st.allocated_bytes);
+}
+
 std::size_t CudaAllocator::block_size(std::size_t bytes) {
   if (bytes == 0) bytes = 1;
   const std::size_t step = bytes <= kLargeStep ? kSmallStep : kLargeStep;

@@ -70,6 +70,11 @@ class CudaAllocator final : public plugin::Allocator {
   void reset_peak() override;
   // Returns every cached block to the driver (after its pending work completes).
   void release_cached();
+  // Device memory held for tensors outside the cache (the sparse allocator's mapped chunks,
+  // cuda_vmm.h), +bytes when mapped, -bytes when unmapped: counted in allocated_bytes and its
+  // peak, so that stats() (the log's "mem allocated" / "mem max allocated") is the device memory
+  // this process holds for tensors, whichever allocator served them.
+  void account_external(std::ptrdiff_t bytes);
 
   // Size class of a request (exposed for tests of the policy).
   static std::size_t block_size(std::size_t bytes);

@@ -17,6 +17,7 @@
 
 #include "megatron/core/common/error.h"
 #include "megatron/core/common/host_sync.h"
+#include "megatron/platforms/cuda/cuda_allocator.h"
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 
@@ -272,6 +273,13 @@ class VmmAllocator final : public plugin::Allocator {
     }
     r.chunks[i] = h;
     physical_ += granularity_;
+    account(static_cast<std::ptrdiff_t>(granularity_));
+  }
+
+  // The device's memory statistics (the caching allocator's, the log's) count the mapped chunks.
+  void account(std::ptrdiff_t bytes) const {
+    if (auto* c = dynamic_cast<CudaAllocator*>(&device_allocator(device_)))
+      c->account_external(bytes);
   }
 
   std::size_t unmap_granule(Reservation& r, std::size_t i) {
@@ -280,6 +288,7 @@ class VmmAllocator final : public plugin::Allocator {
     check_cu(driver().release(r.chunks[i]), "cuMemRelease");
     r.chunks[i] = 0;
     physical_ -= granularity_;
+    account(-static_cast<std::ptrdiff_t>(granularity_));
     return granularity_;
   }
 

@@ -13,6 +13,8 @@
 // does) sees zeros. The driver functions are resolved at run time through the runtime
 // (cudaGetDriverEntryPointByVersion), so the library does not link libcuda and still loads on a
 // machine without a driver.
+// The chunks mapped are counted in the device caching allocator's statistics (account_external),
+// so Platform::memory_stats and the log's memory figures include them.
 // Where VMM is unsupported (the device attribute, or a failing reservation) or turned off
 // (environment MG_CUDA_VMM=0) an allocation comes from the caching allocator instead, decommit
 // only zeroes it and gives back 0 bytes, and the reason is printed once on stderr. Each decommit

@@ -5,6 +5,7 @@
 //     (cudaMemGetInfo: VMM chunks bypass the caching allocator) grows by as much, the allocator's
 //     physical bytes (stats().reserved_bytes) shrink by as much; the partial-granule edges read
 //     zeros and the bytes outside the range keep their values;
+//   - the platform's memory statistics (the log's "mem allocated") fall by the released bytes;
 //   - decommit again: harmless, 0 bytes; commit: the range reads zeros and can be written; commit
 //     again: harmless; freeing the buffer returns every chunk;
 //   - where VMM is unsupported the test says so and checks the fallback (zeroing, 0 bytes).
@@ -58,6 +59,7 @@ TEST(CudaVmm, DecommitFreesWholeGranulesAndCommitBringsZeros) {
     Tensor view = t.slice(lo, hi - lo);
     cuda.synchronize(0);
     const std::size_t free0 = free_device_bytes();
+    const std::size_t counted0 = cuda.memory_stats(0).allocated_bytes;
     const std::size_t released = cuda.decommit(view.raw_data(), view.nbytes(), 0);
     if (!info.releases) {
       EXPECT_EQ(released, 0u);
@@ -65,6 +67,8 @@ TEST(CudaVmm, DecommitFreesWholeGranulesAndCommitBringsZeros) {
       EXPECT_EQ(released, static_cast<std::size_t>(2 * g));
       EXPECT_GE(free_device_bytes(), free0 + released);
       EXPECT_EQ(alloc.stats().reserved_bytes, physical0 + static_cast<std::size_t>(4 * g));
+      // The device's statistics (the log's memory figures) count the mapped chunks only.
+      EXPECT_EQ(cuda.memory_stats(0).allocated_bytes, counted0 - released);
     }
     // The edges (mapped) read zeros, the rest its values; the released granules are not read.
     const std::vector<uint8_t> left = read(t.slice(0, 2 * g));
