@@ -229,16 +229,15 @@ Tensor MoELayer::experts_compute_backward(const Tensor& dz, const std::vector<in
 Tensor MoELayer::etp_gather_rows(const Tensor& rows, Saved& s) const {
   comm::ProcessGroup& g = *ctx_.expert_tp_group;
   const int64_t etp = g.size();
-  if (s.etp_counts.empty()) {
-    const Tensor cin = Tensor::from_vector(s.local_counts, {local_}, DType::i64).to(ctx_.device);
-    Tensor cout = Tensor::empty({etp * local_}, DType::i64, ctx_.device);
-    g.all_gather(cout, cin)->wait();
-    s.etp_counts = host_read<int64_t>(cout, HostSync::moe);
-    // The group's rows from [member][local expert] to [local expert][member] order and back.
+  if (!s.etp_order_t.defined()) {
+    // The group's rows from [member][local expert] to [local expert][member] order and back
+    // (s.etp_counts: read with the dispatch's counts, dispatch_index).
+    const Tensor counts =
+        Tensor::from_vector(s.etp_counts, {etp, local_}, DType::i64).to(ctx_.device);
     const int64_t all = std::accumulate(s.etp_counts.begin(), s.etp_counts.end(), int64_t{0});
     s.etp_order_t = Tensor::empty({all}, DType::i64, ctx_.device);
     s.etp_inverse_t = Tensor::empty({all}, DType::i64, ctx_.device);
-    ctx_.op().moe_chunk_order(s.etp_order_t, s.etp_inverse_t, cout.view({etp, local_}));
+    ctx_.op().moe_chunk_order(s.etp_order_t, s.etp_inverse_t, counts);
   }
   const int64_t mine = std::accumulate(s.local_counts.begin(), s.local_counts.end(), int64_t{0});
   std::vector<int64_t> send(static_cast<std::size_t>(etp), mine),
@@ -336,6 +335,7 @@ void MoELayer::dispatch_index(Saved& s, int64_t aux_rows) const {
   const bool capacity = router_.capacity_factor.has_value();
   const bool summed = s.aux.lb && nss > 1;
   const bool own_kept = allgather && c.moe_router_enable_expert_bias && s.training;
+  const int64_t etp = ctx_.etp_size();
   // The choices to sort: this rank's (selected: every expert), or the EP group's all-gathered
   // (selected: this rank's experts; counted: this rank's part).
   Tensor expert = s.expert_t.view({tk}), kept = capacity ? s.kept_t.view({tk}) : Tensor();
@@ -359,9 +359,12 @@ void MoELayer::dispatch_index(Saved& s, int64_t aux_rows) const {
   const int64_t n = expert.size(0), ge = aux_rows * e_;
   // The host's buffer: [sel] rows per selected expert | [E] received per [source][local expert]
   // (a2a) | [G, E] this rank's choices | [G, E] summed over the sequence partition (summed) |
-  // [E] this rank's kept choices (own_kept).
+  // [E] this rank's kept choices (own_kept) | [ETP, rows per (source, local expert)] the
+  // expert-TP group's (etp > 1).
   const int64_t at_recv = sel, at_own = at_recv + (a2a ? e_ : 0), at_sum = at_own + ge;
-  const int64_t at_kept = at_sum + (summed ? ge : 0), len = at_kept + (own_kept ? e_ : 0);
+  const int64_t at_kept = at_sum + (summed ? ge : 0), at_etp = at_kept + (own_kept ? e_ : 0);
+  const int64_t per_member = a2a ? e_ : sel;  // this rank's experts' rows, per source rank
+  const int64_t len = at_etp + (etp > 1 ? etp * per_member : 0);
   Tensor host = Tensor::empty({len}, DType::i64, ctx_.device);
   // The index lists, slices of one allocation: rows, tokens, each choice's row, each token's rows
   // [n] each (valid up to the row count), then the choices' and the tokens' offsets.
@@ -386,6 +389,12 @@ void MoELayer::dispatch_index(Saved& s, int64_t aux_rows) const {
     seq_partition_group()->all_reduce(sum, comm::ReduceOp::sum)->wait();
   }
   if (own_kept) host.slice(at_kept, e_).copy_(s.kept_counts_t);  // the router's, this rank's
+  if (etp > 1) {
+    // Expert TP: every member's rows per (source rank, local expert), for the experts' gather.
+    Tensor mine = a2a ? s.recv_counts_t : counts;
+    Tensor group = host.slice(at_etp, etp * per_member);
+    ctx_.expert_tp_group->all_gather(group, mine)->wait();
+  }
   const std::vector<int64_t> v = host_read<int64_t>(host, HostSync::moe);
   auto part = [&](int64_t at, int64_t len_) {
     return std::vector<int64_t>(v.begin() + at, v.begin() + at + len_);
@@ -403,6 +412,14 @@ void MoELayer::dispatch_index(Saved& s, int64_t aux_rows) const {
   }
   if (c.moe_router_enable_expert_bias && s.training)
     s.kept_per_expert = own_kept ? part(at_kept, e_) : s.expert_counts;
+  if (etp > 1) {
+    // Member j's rows per local expert i: summed over its source ranks.
+    s.etp_counts.assign(static_cast<std::size_t>(etp * local_), 0);
+    for (int64_t j = 0; j < etp; ++j)
+      for (int64_t q = 0; q < per_member; ++q)
+        s.etp_counts[static_cast<std::size_t>(j * local_ + q % local_)] +=
+            v[static_cast<std::size_t>(at_etp + j * per_member + q)];
+  }
   // The lists' valid parts.
   s.row_choice_t = s.row_choice_t.slice(0, s.rows);
   s.row_token_t = s.row_token_t.slice(0, s.rows);

@@ -70,8 +70,8 @@
 // token with moe_unpermute and reduce-scatters the sums; backward: moe_unpermute_bwd, d(prob)
 // all-reduced over the EP group, moe_unpermute and reduce-scatter for dx (the former host
 // arithmetic bit for bit). The expert and router GEMMs and activations go through the op table.
-// Expert TP still builds its gather / scatter lists on the host from the group's row counts (one
-// more read of counts per micro-batch).
+// Expert TP's group row counts come in the same read (all-gathered on the device first); its
+// replicate and member-sum lists are built on the host from them and uploaded.
 #pragma once
 
 #include <memory>
@@ -202,8 +202,9 @@ class MoELayer {
   // The dispatch's index lists on the device (moe_dispatch_index over this rank's chosen experts;
   // allgather: the EP group's, all-gathered) and the layer's one host read: the rows per selected
   // expert, (alltoall, EP > 1) the all-to-all's split sizes, this rank's choices per expert (and
-  // the aux losses' counts, summed over the sequence partition on the device). Sets s's counts,
-  // index tensors, tokens_per_expert and aux.counts.
+  // the aux losses' counts, summed over the sequence partition on the device), (expert TP) the
+  // group's rows per local expert. Sets s's counts, index tensors, tokens_per_expert, aux.counts
+  // and etp_counts.
   void dispatch_index(Saved& s, int64_t aux_rows) const;
   // dy -> dx [T, H] (written); dprob: [T, K] f64 on the device (written).
   Tensor combine_backward_alltoall(const Tensor& dy, Saved& s, Tensor& dprob);
