@@ -2,7 +2,8 @@
 # Expert tensor parallelism, experts with biases and --moe-grouped-gemm in pretrain_gpt (4 ranks):
 # each run prints the lm loss, grad norm and load-balancing loss of the single-rank run of the same
 # global batch, with its layout checked from the start-up lines (expect_layout):
-#   - expert TP 2 x EP 2 (TP 1) with the alltoall and the allgather dispatcher;
+#   - expert TP 2 x EP 2 (TP 1) with the alltoall and the allgather dispatcher, and its host
+#     round trips per step (one read per MoE layer and micro-batch);
 #   - TP 2 + SP x EP 2 with Megatron's default expert TP (= TP = 2);
 #   - experts with biases (linear_fc{1,2}.bias): single rank vs expert TP 2 x EP 2, and expert TP
 #     2 x expert-DP 2 with the distributed optimizer;
@@ -50,6 +51,13 @@ for d in alltoall allgather; do
   run "$work/etp.log" $etp2 --moe-token-dispatcher-type $d
   compare "$work/single.log" "$work/etp.log" "ETP 2 x EP 2 ($d)"
 done
+# One host read per MoE layer and micro-batch under expert TP too (the group's row counts come with
+# the dispatch's): 2 layers x 1 micro-batch per rank (log line outside the profiled steps).
+run "$work/etp_sync.log" $etp2 --moe-token-dispatcher-type alltoall --log-interval 10 \
+  --profile-op-table --profile-step-start 1 --profile-step-end 3
+grep -q "^host round-trips per step: .*moe 2$" "$work/etp_sync.log" \
+  || { echo "FAIL: ETP 2 x EP 2 reads more than once per MoE layer and micro-batch"; \
+       grep "host round-trips" "$work/etp_sync.log"; exit 1; }
 run "$work/tp2.log" --tensor-model-parallel-size 2 --sequence-parallel \
   --expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall
 grep -q "expert tensor parallel 2" "$work/tp2.log" \
