@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Numerics fingerprint of a build, for refactors that must keep the numbers bit-identical: runs the
-# demo's training and every multi-rank training script of CTest (pretrain_gpt_{dp,tp,pp,cp,moe},
-# deterministic_mode, checkpoint_reshard) with pretrain_gpt behind a wrapper that records, per
-# command line (temporary paths removed) and rank, every printed "lm loss", "grad norm",
-# "num zeros" and "validation loss" value, exactly as printed. Two fingerprints are compared with
+# demo's training and every multi-rank training script of CTest (pretrain_gpt_{dp,tp,pp,cp,moe,
+# fsdp,moe_layouts,moe_etp}, deterministic_mode, checkpoint_reshard) with pretrain_gpt behind a
+# wrapper that records, per command line (temporary paths removed) and rank, every printed
+# "lm loss", "grad norm", "num zeros", "validation loss", MoE "load_balancing_loss" / "z_loss"
+# value and per-layer "tokens per expert" list, exactly as printed. Two fingerprints are compared with
 # diff: any difference in any printed digit shows.
 #   usage: scripts/loss_parity.sh <build-dir> <out-dir>     (writes <out-dir>/fingerprint.txt)
 #   e.g.   scripts/loss_parity.sh build /tmp/after && diff /tmp/before/fingerprint.txt /tmp/after/fingerprint.txt
@@ -35,7 +36,7 @@ chmod +x "$wrap/pretrain_gpt"
 
 # The multi-rank scripts, with the command lines CTest would run, pretrain_gpt swapped for the wrapper.
 # (The *_cuda tests are the same scripts on the CUDA platform: not CPU numerics, skipped here.)
-ctest --test-dir "$build" -N -V -R 'pretrain_gpt_(dp|tp|pp|cp|moe)_np|deterministic_mode_np|checkpoint_reshard' \
+ctest --test-dir "$build" -N -V -R 'pretrain_gpt_(dp|tp|pp|cp|moe|fsdp|moe_layouts)_np|pretrain_gpt_moe_etp|deterministic_mode_np|checkpoint_reshard' \
   -E '_cuda$' \
   | sed -n 's/^.*Test command: //p' > "$out/commands.txt"
 # The environment CTest gives the mpi tests (tests/CMakeLists.txt).
@@ -56,7 +57,8 @@ bash "$(dirname "$0")/demo.sh" "$wrapped" > "$out/demo.log" 2>&1 || { tail -30 "
 {
   for f in "$out"/runs/*.out; do
     k=$(basename "$f" .out)
-    grep -oE '(lm loss|grad norm|num zeros|lm loss value): [^ |]+' "$f" | sed "s#^#$k #" || true
+    grep -oE '(lm loss|grad norm|num zeros|lm loss value|load_balancing_loss|z_loss): [^ |]+|tokens per expert: \[[^]]*\]' "$f" \
+      | sed "s#^#$k #" || true
   done
 } | LC_ALL=C sort -s -k1,1 > "$out/fingerprint.txt"
 echo "loss_parity: $(wc -l < "$out/fingerprint.txt") values from $(ls "$out"/runs/*.out | wc -l) rank logs -> $out/fingerprint.txt"
