@@ -169,7 +169,7 @@
      tokens_per_expert [E] f64 (choices before dropping), expert_counts [E] i64 (the kept         \
      choices), aux_sums [G, E] f64 (row g: the sum over the tokens t = g mod G, ascending, of     \
      the load-balancing scores), z_sum [1] f64 (sum over t of logsumexp(l_t)^2); the last         \
-     three optional; all written. */                                                              \
+     four optional; all written. */                                                               \
   X(moe_router_topk, op, "moe_router_topk_bwd",                                                   \
     void(Tensor & expert, Tensor & prob, Tensor & kept, Tensor & scores,                          \
          Tensor & tokens_per_expert, Tensor & expert_counts, Tensor & aux_sums, Tensor & z_sum,   \

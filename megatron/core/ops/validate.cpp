@@ -1324,7 +1324,8 @@ MoeRouterDims validate_moe_router_topk(const Placement& on, const Tensor& expert
                                        const MoeRouterArgs& args) {
   const char* op = "moe_router_topk";
   const MoeRouterDims d = check_router_common(on, op, logits, expert, prob, kept, scores, args);
-  check_router_tensor(on, op, "tokens_per_expert", tokens_per_expert, DType::f64, d.e, -1);
+  if (tokens_per_expert.defined())
+    check_router_tensor(on, op, "tokens_per_expert", tokens_per_expert, DType::f64, d.e, -1);
   if (expert_counts.defined())
     check_router_tensor(on, op, "expert_counts", expert_counts, DType::i64, d.e, -1);
   if (aux_sums.defined()) check_router_rows(on, op, "aux_sums", aux_sums, d.e);

@@ -319,7 +319,7 @@ struct MoeRouterDims {
 };
 // logits [T, E] f32 or f64; expert [T, K] i64, prob [T, K] f64, kept [T, K] u8, scores [T, E]
 // f64, tokens_per_expert [E] f64, expert_counts [E] i64, aux_sums [G, E] f64 (G >= 1), z_sum [1]
-// f64 (the last three optional), expert_bias [E] f32 (optional; sigmoid only); args: 1 <= K <= E,
+// f64 (the last four optional), expert_bias [E] f32 (optional; sigmoid only); args: 1 <= K <= E,
 // valid groups (E % G == 0, g <= G, K % g == 0, K / g <= E / G), capacity_factor > 0, finite
 // scaling_factor, z_loss_coeff >= 0 and finite z_loss_scale.
 MoeRouterDims validate_moe_router_topk(const Placement& on, const Tensor& expert,

@@ -257,7 +257,7 @@ void moe_router_topk(Tensor& expert, Tensor& prob, Tensor& kept, Tensor& scores,
   write(prob, r.prob);
   write(kept, r.kept);
   write(scores, r.scores);
-  write(tokens_per_expert, r.tokens_per_expert);
+  if (tokens_per_expert.defined()) write(tokens_per_expert, r.tokens_per_expert);
   if (expert_counts.defined()) {
     int64_t* c = expert_counts.data<int64_t>();
     std::fill(c, c + d.e, int64_t{0});

@@ -341,7 +341,7 @@ __global__ void moe_router_counts_kernel(double* tokens_per_expert, int64_t* exp
         ++chosen;
         kept_n += kept[i] ? 1 : 0;
       }
-    tokens_per_expert[e] = static_cast<double>(chosen);
+    if (tokens_per_expert) tokens_per_expert[e] = static_cast<double>(chosen);
     if (expert_counts) expert_counts[e] = kept_n;
   }
 }
@@ -497,11 +497,13 @@ void moe_router_topk(Tensor& expert, Tensor& prob, Tensor& kept, Tensor& scores,
       MG_CUDA_CHECK_LAUNCH();
     }
   }
-  moe_router_counts_kernel<<<grid_for(d.e), kThreads, 0, s>>>(
-      tokens_per_expert.data<double>(),
-      expert_counts.defined() ? expert_counts.data<int64_t>() : nullptr, expert.data<int64_t>(),
-      kept.data<uint8_t>(), d.t * d.k, d.e);
-  MG_CUDA_CHECK_LAUNCH();
+  if (tokens_per_expert.defined() || expert_counts.defined()) {
+    moe_router_counts_kernel<<<grid_for(d.e), kThreads, 0, s>>>(
+        tokens_per_expert.defined() ? tokens_per_expert.data<double>() : nullptr,
+        expert_counts.defined() ? expert_counts.data<int64_t>() : nullptr, expert.data<int64_t>(),
+        kept.data<uint8_t>(), d.t * d.k, d.e);
+    MG_CUDA_CHECK_LAUNCH();
+  }
   if (aux_sums.defined() || z_sum.defined()) {
     Tensor sig_sum, lse;
     if (aux_sums.defined() && ka.sigmoid)

@@ -551,7 +551,6 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
   s.prob_t = Tensor::empty({T, k_}, DType::f64, ctx_.device);
   s.kept_t = Tensor::empty({T, k_}, DType::u8, ctx_.device);
   s.scores_t = Tensor::empty({T, e_}, DType::f64, ctx_.device);
-  Tensor tpe = Tensor::empty({e_}, DType::f64, ctx_.device);
   if (training && c.moe_router_enable_expert_bias && ep_size() > 1 &&
       c.moe_token_dispatcher_type == MoeTokenDispatcherType::allgather)
     s.kept_counts_t = Tensor::empty({e_}, DType::i64, ctx_.device);
@@ -564,8 +563,10 @@ Tensor MoELayer::forward(const Tensor& x, Saved& s, bool training) const {
           ? Tensor::from_vector(ctx_.moe->expert_bias.at(layer_).expert_bias, {e_}, DType::f32)
                 .to(ctx_.device)
           : Tensor();
-  ctx_.op().moe_router_topk(s.expert_t, s.prob_t, s.kept_t, s.scores_t, tpe, s.kept_counts_t,
-                            aux_sums, z_sum, s.logits, bias, router_args_);
+  // (The tokens per expert come from dispatch_index's counts: the router's are not asked for.)
+  Tensor no_tokens_per_expert;
+  ctx_.op().moe_router_topk(s.expert_t, s.prob_t, s.kept_t, s.scores_t, no_tokens_per_expert,
+                            s.kept_counts_t, aux_sums, z_sum, s.logits, bias, router_args_);
   dispatch_index(s, lb && aux.seq_aux ? aux_rows : 1);
 
   // The load-balancing loss: its gradient's rows d loss / d scores now (from the token counts,

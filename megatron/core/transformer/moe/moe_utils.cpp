@@ -391,25 +391,6 @@ double z_loss_sum(const std::vector<double>& logits, int64_t T, int64_t E) {
   return sum;
 }
 
-Permutation permutation(const Routing& r) {
-  const int64_t T = r.num_tokens, E = r.num_experts, K = r.topk;
-  std::vector<std::vector<int64_t>> per(static_cast<std::size_t>(E));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t k = 0; k < K; ++k)
-      if (r.kept[t * K + k])
-        per[static_cast<std::size_t>(r.expert[t * K + k])].push_back(t * K + k);
-  Permutation p;
-  p.expert_counts.resize(static_cast<std::size_t>(E));
-  for (int64_t e = 0; e < E; ++e) {
-    p.expert_counts[e] = static_cast<int64_t>(per[e].size());
-    for (int64_t i : per[e]) {
-      p.row_token.push_back(i / K);
-      p.row_slot.push_back(i % K);
-    }
-  }
-  return p;
-}
-
 void update_expert_bias(std::vector<float>& bias, const std::vector<double>& tokens, double rate) {
   MG_CHECK(bias.size() == tokens.size(),
            "update_expert_bias: " << bias.size() << " biases for " << tokens.size() << " counts");

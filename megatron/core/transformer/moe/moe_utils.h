@@ -1,7 +1,7 @@
 // Mixture-of-Experts routing math (megatron/core/transformer/moe/moe_utils.py and router.py), on
 // host vectors in f64: score functions, top-k with capacity (token dropping), the load-balancing
-// losses (switch aux loss, sequence aux loss) and the z-loss, each with its exact backward; the
-// token permutation order; Megatron's MoEAuxLossAutoScaler scale and the per-layer metrics
+// losses (switch aux loss, sequence aux loss) and the z-loss, each with its exact backward;
+// Megatron's MoEAuxLossAutoScaler scale and the per-layer metrics
 // tracker that the training log prints (per model: MoEState).
 //
 // Layouts: logits / scores [T, E] row-major (token t = row, sequence-first: t = s * B + b);
@@ -118,15 +118,6 @@ double z_loss(const std::vector<double>& logits, int64_t num_tokens, int64_t num
               double coeff, double scale, std::vector<double>* dlogits);
 // sum_t logsumexp(l_t)^2 over the tokens in order (z_loss = coeff * z_loss_sum / T).
 double z_loss_sum(const std::vector<double>& logits, int64_t num_tokens, int64_t num_experts);
-
-// The permutation of Megatron's permute(): the kept (token, choice) pairs in expert-major order,
-// tokens ascending within an expert. row_token[i] / row_slot[i] say which token and which of its
-// k choices row i is; expert_counts[e] rows go to expert e.
-struct Permutation {
-  std::vector<int64_t> row_token, row_slot;
-  std::vector<int64_t> expert_counts;
-};
-Permutation permutation(const Routing& r);
 
 // Megatron's get_updated_expert_bias in f32: bias[e] += sign(mean - tokens[e]) * rate, mean the
 // average of tokens (already summed over the tp-dp-cp group).
