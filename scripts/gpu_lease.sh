@@ -26,7 +26,8 @@
 # The device call: command "bash scripts/gpu_lease.sh", carry [".gpu_bundle"], timeout_s 560.
 # Env: LEASE_BUDGET (s), SKIP (comma list of tests,multirank,perf), TESTS_ONLY (an extended regex
 # the test binaries' names must match), PERF_RUNS (replaces the measurement list: "name limit
-# workload micro-batch [flags...]" separated by ';'), MULTIRANK_ONLY (overrides the
+# workload micro-batch [VAR=value...] [flags...]" separated by ';'; leading VAR=value words set
+# that run's environment, e.g. MG_CUDA_CE_ROW_CACHE=0 for an A/B pair), MULTIRANK_ONLY (overrides the
 # multi-rank part list; `all`: every part of gpu_multirank.sh), MULTIRANK_BUDGET (s), PERF_ITERS
 # (timed iterations, default 10), KERNELS and KERNEL_ENV (part 3b, kernel benchmarks, off unless set).
 set -uo pipefail
@@ -152,22 +153,28 @@ fi
 # shellcheck source=/dev/null
 source <(sed -n '/^model_flags() {/,/^}/p' benchmarks/run_gpu_e2e.sh)
 iters=${PERF_ITERS:-10}
-perf() {  # perf <name> <limit> <workload> <micro-batch> [extra flags...]
+perf() {  # perf <name> <limit> <workload> <micro-batch> [VAR=value...] [extra flags...]
   local name=$1 limit=$2 w=$3 mbs=$4
   shift 4
+  local envs=()  # leading VAR=value words: the run's environment (A/B switches)
+  while [ $# -gt 0 ] && [[ $1 =~ ^[A-Z_][A-Z0-9_]*= ]]; do
+    envs+=("$1")
+    shift
+  done
   local l
   l=$(left)
   if [ "$l" -lt 20 ]; then note "| $name | not run: ${l}s left | | | | | |"; return; fi
   [ "$limit" -gt "$l" ] && limit=$l
   local t0=$SECONDS
   # shellcheck disable=SC2046
-  timeout --kill-after=5 "$limit" "$bindir/pretrain_gpt" --platform cuda --bf16 --mock-data \
+  timeout --kill-after=5 "$limit" env "${envs[@]}" "$bindir/pretrain_gpt" --platform cuda --bf16 --mock-data \
     $(model_flags "$w" "$mbs") --train-iters $((3 + iters)) --log-interval 1 --eval-iters 0 \
     --eval-interval 1000000 "$@" > "$stage/perf/$name.log" 2>&1
   local rc=$?
-  python3 - "$stage/perf/$name.log" "$name" "$rc" "$((SECONDS - t0))" "$*" <<'EOF' | tee -a "$md"
+  python3 - "$stage/perf/$name.log" "$name" "$rc" "$((SECONDS - t0))" "${envs[*]} $*" <<'EOF' | tee -a "$md"
 import re, statistics, sys
 log, name, rc, secs, extra = sys.argv[1:]
+extra = extra.strip()
 lines = [l for l in open(log, errors="replace") if "elapsed time per iteration" in l]
 ms = [float(re.search(r"per iteration \(ms\): ([0-9.]+)", l).group(1)) for l in lines][3:]
 tps = [float(re.search(r"tokens per second per GPU: ([0-9.]+)", l).group(1)) for l in lines][3:]

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -541,16 +543,24 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
 // 16-byte aligned rows the row passes load 16 bytes at a time through a shared-memory tile of 8192
 // logits, and give the scalar passes' bits (each thread sums its scalar-loop elements in the
 // scalar order). V: one vector, a partial tile, one tile and 8 more, two tiles and a bit; V =
-// 1001 and unaligned views take the scalar passes.
+// 1001 and unaligned views take the scalar passes. cross_entropy_fwd caches a vector-path row in
+// shared memory when its 2 V bytes fit (every V here up to gpt2's 50304, 100.6 KB, on sm_80 and
+// sm_90), and must give the same bits; V = 131072 (256 KiB) fits no device and takes the two-pass
+// tile kernel.
 TEST_P(CudaOps, CrossEntropyVectorRowPassesAreBitwiseTheScalarPasses) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   const auto stats = vector_path_stats_fn();
   if (!stats) GTEST_SKIP() << "mg_cuda_vector_path_stats not in the process";
   const bool half = dtype() == DType::bf16 || dtype() == DType::f16;
   const DType st = dtype() == DType::f64 ? DType::f64 : DType::f32;
-  for (const int64_t v : {8, 1000, 8200, 16400, 1001}) {
+  const bool row_cache_enabled = [] {
+    const char* env = std::getenv("MG_CUDA_CE_ROW_CACHE");
+    return !(env && std::string(env) == "0");
+  }();
+  for (const int64_t v : {8, 1000, 8200, 16400, 1001, 50304, 131072}) {
     const int64_t n = 5;
     const bool vector = half && v % 8 == 0;
+    const bool cached = vector && row_cache_enabled && v <= 50304;
     const std::string what = "V " + std::to_string(v) + " " + std::string(dtype_name(dtype()));
     const auto x = aligned_and_not(n, v, dtype(), 40 + v);
     std::vector<int64_t> t(n);
@@ -571,7 +581,9 @@ TEST_P(CudaOps, CrossEntropyVectorRowPassesAreBitwiseTheScalarPasses) {
     const Out u = run_fwd(x.unaligned);
     const auto s2 = stats();
     EXPECT_EQ(s1.ce_rows_vector - s0.ce_rows_vector, vector ? 1u : 0u) << what;
+    EXPECT_EQ(s1.ce_row_cache - s0.ce_row_cache, cached ? 1u : 0u) << what;
     EXPECT_EQ(s2.ce_rows_vector - s1.ce_rows_vector, 0u) << what;
+    EXPECT_EQ(s2.ce_row_cache - s1.ce_row_cache, 0u) << what;
     EXPECT_EQ(s2.ce_rows_scalar - s1.ce_rows_scalar, 1u) << what;
     for (auto [got, ref, name] :
          {std::tuple{&a.loss, &u.loss, "loss"}, std::tuple{&a.mx, &u.mx, "max"},
