@@ -29,7 +29,8 @@
 # workload micro-batch [VAR=value...] [flags...]" separated by ';'; leading VAR=value words set
 # that run's environment, e.g. MG_CUDA_CE_ROW_CACHE=0 for an A/B pair), MULTIRANK_ONLY (overrides the
 # multi-rank part list; `all`: every part of gpu_multirank.sh), MULTIRANK_BUDGET (s), PERF_ITERS
-# (timed iterations, default 10), KERNELS and KERNEL_ENV (part 3b, kernel benchmarks, off unless set).
+# (timed iterations, default 10), KERNELS and KERNEL_ENV (part 3b, kernel benchmarks, off unless set),
+# FSDP_MEMORY=1 (part 3c, FSDP device memory with and without CUDA virtual memory, off unless set).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/gpu_out}
@@ -144,6 +145,24 @@ if [ -n "${KERNELS:-}" ] && [[ $skip != *",kernels,"* ]]; then
     note "### $kb ($kf): rc=$?"
     note ""
     grep -E '(manual_time|^Benchmark|^---)' "$stage/kernels/$kb.txt" | sed 's/^/    /' | tee -a "$md"
+    note ""
+  done
+fi
+
+# 3c. issue 20's device memory under FSDP, only with FSDP_MEMORY=1: benchmarks/run_fsdp_memory.sh
+# at DP 1 and 2 with the ranks sharing the GPU, with CUDA virtual memory (the default) and with
+# MG_CUDA_VMM=0; ZeRO-2/3's "mem max allocated" should fall only with it. Each under 150 s.
+if [ "${FSDP_MEMORY:-0}" = 1 ] && [[ $skip != *",fsdp,"* ]]; then
+  mkdir -p "$stage/fsdp"
+  for vmm in 1 0; do
+    [ "$(left)" -lt 60 ] && { note "- FSDP memory, MG_CUDA_VMM=$vmm: not run, $(left)s left"; continue; }
+    t0=$SECONDS
+    MG_CUDA_VMM=$vmm MG_FSDP_PLATFORM=cuda MG_FSDP_DP="1 2" timeout 150 \
+      sh benchmarks/run_fsdp_memory.sh .gpu_bundle "$stage/fsdp/vmm$vmm.md" 3 \
+      > "$stage/fsdp/vmm$vmm.log" 2>&1
+    note "## FSDP memory on the GPU, MG_CUDA_VMM=$vmm: rc=$?, $((SECONDS - t0)) s"
+    note ""
+    grep -E '^\|' "$stage/fsdp/vmm$vmm.md" 2>/dev/null | tee -a "$md"
     note ""
   done
 fi
