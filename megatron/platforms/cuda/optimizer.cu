@@ -4,13 +4,16 @@
 //
 // Invariants: adamw_step math is f32 for f32 master params, f64 for f64, with the bias
 // corrections computed in f64 on the host and rounded to the math type (as apex and the CPU do).
-// l2_norm_sq accumulates in f64: every tensor's grid (a function of its size only) writes block
-// partials, and one block adds them in a fixed order, so the result is deterministic.
-// multi_tensor_scale checks finiteness after rounding to the storage type and never clears
-// found_nonfinite (the caller zeroes it, as apex's amp does).
+// All three take the tensors of a call in multi-tensor launches (tables of up to 48 tensors cut
+// into 32768-element chunks, one block a chunk; adamw_step only for its f32 mixed-precision case,
+// the other dtypes one launch per tensor). l2_norm_sq accumulates in f64: every chunk writes a
+// block partial (the partition a function of the tensors' sizes only), and one block adds them in
+// a fixed order, so the result is deterministic. multi_tensor_scale checks finiteness after
+// rounding to the storage type and never clears found_nonfinite (the caller zeroes it, as apex's
+// amp does).
 // Gradient rule: none here (no backward); the optimizer updates param/exp_avg/exp_avg_sq in place.
-// Not here: one launch for all tensors (multi_tensor_apply chunk lists, not yet), the
-// distributed optimizer's sharding.
+// Not here: the distributed optimizer's sharding; the multi-tensor launches have not yet run on a
+// GPU (optimizer_test ManyTensors* are their CUDA cases).
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -26,6 +29,70 @@
 namespace mg::platforms::cuda {
 
 namespace {
+
+// ---- multi-tensor launches ------------------------------------------------------------------
+//
+// The tensors of one call go to a kernel as a by-value table (apex multi_tensor_apply's idea):
+// each tensor is cut into chunks of kMtChunk elements, one block per chunk, so one launch serves
+// up to kMtTensors tensors whatever their sizes. One launch per tensor cost a launch and a ramp
+// each: gpt2-124m's 148 gradients made l2_norm_sq 0.97 ms of a 125 ms mb-64 step (0.5 GB read), and
+// its adamw_step 1.41 ms, on an H200 (session 21's op table). Chunk starts are multiples of 4, so a
+// 16-byte aligned f32 tensor stays aligned in every chunk.
+constexpr int64_t kMtChunk = 32768;
+constexpr int kMtTensors = 48;
+
+struct MtTensor {
+  void* ptr[5];  // the kernel's operands of this tensor (unused slots null)
+  int64_t n;
+  int64_t first_chunk;  // this launch's chunk index of the tensor's chunk 0
+  DType dtype;          // of ptr[0]
+  bool vec;             // ptr[0..) 16-byte aligned f32 (the float4 body; the tail is scalar)
+};
+struct MtTable {
+  MtTensor t[kMtTensors];
+  int count;
+};
+static_assert(sizeof(MtTable) <= 4000, "a kernel parameter must stay within 4 KB");
+
+// This block's tensor and its element range [lo, hi).
+struct MtChunk {
+  const MtTensor* t;
+  int64_t lo, hi;
+};
+__device__ __forceinline__ MtChunk mt_chunk(const MtTable& table) {
+  const int64_t b = blockIdx.x;
+  int i = 0;
+  while (i + 1 < table.count && table.t[i + 1].first_chunk <= b) ++i;
+  const MtTensor& t = table.t[i];
+  const int64_t lo = (b - t.first_chunk) * kMtChunk;
+  return {&t, lo, lo + kMtChunk < t.n ? lo + kMtChunk : t.n};
+}
+
+int64_t mt_chunks(int64_t n) {
+  return (n + kMtChunk - 1) / kMtChunk;
+}
+
+// Calls launch(table, chunks) for consecutive groups of the entries (each with n > 0), up to
+// kMtTensors tensors a launch.
+template <typename F>
+void for_mt_tables(std::vector<MtTensor>& entries, F&& launch) {
+  std::size_t at = 0;
+  while (at < entries.size()) {
+    MtTable table{};
+    int64_t chunks = 0;
+    while (at < entries.size() && table.count < kMtTensors) {
+      MtTensor e = entries[at++];
+      e.first_chunk = chunks;
+      chunks += mt_chunks(e.n);
+      table.t[table.count++] = e;
+    }
+    launch(table, chunks);
+  }
+}
+
+bool aligned16(const void* ptr) {
+  return ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
+}
 
 // ---- adamw_step -----------------------------------------------------------------------------
 
@@ -63,31 +130,42 @@ __global__ void adam_kernel(void* p, void* m, void* v, DType pt, const void* g, 
   }
 }
 
-// The mixed-precision case of every bf16 run: f32 p, m, v and gradient (main_grad), the bf16 model
-// weight (or none), n a multiple of 4 and every pointer aligned: 16-byte loads and stores, no
-// per-element dtype dispatch. The scalar kernel ran at 1.7 TB/s on an H200, 19.6 ms of a 168 ms
-// llama-1b step (benchmarks/results/2026-11-26-h200-lease.md).
-__global__ void adam_f32x4_kernel(float4* p, float4* m, float4* v, const float4* g, uint2* model,
-                                  AdamCoeffs<float> k, int64_t n4) {
-  for (int64_t i = grid_start(); i < n4; i += grid_stride()) {
-    float4 pi = p[i], mi = m[i], vi = v[i];
-    const float4 gi = g[i];
+// The mixed-precision case of every bf16 run (f32 p, m, v and gradient (main_grad), the bf16 model
+// weight or none, 16-byte aligned) over a table of tensors (ptr = p, m, v, g, model or null): the
+// float4 body of each chunk, then the tensor's last n % 4 elements one at a time, with the same
+// adam_update and bf16 rounding as the scalar kernel (the same bits). The scalar kernel ran at
+// 1.7 TB/s on an H200, 19.6 ms of a 168 ms llama-1b step
+// (benchmarks/results/2026-11-26-h200-lease.md); a float4 kernel per tensor at 3.96 TB/s on
+// llama-1b, 2.6 TB/s on gpt2-124m's 148 tensors.
+__global__ void adam_f32_mt_kernel(MtTable table, AdamCoeffs<float> k) {
+  const MtChunk c = mt_chunk(table);
+  auto* p = static_cast<float*>(c.t->ptr[0]);
+  auto* m = static_cast<float*>(c.t->ptr[1]);
+  auto* v = static_cast<float*>(c.t->ptr[2]);
+  const auto* g = static_cast<const float*>(c.t->ptr[3]);
+  auto* model = static_cast<uint16_t*>(c.t->ptr[4]);
+  const int64_t lo4 = c.lo / 4, hi4 = c.hi / 4;  // whole float4s of the chunk
+  for (int64_t i = lo4 + threadIdx.x; i < hi4; i += blockDim.x) {
+    float4 pi = reinterpret_cast<float4*>(p)[i], mi = reinterpret_cast<float4*>(m)[i],
+           vi = reinterpret_cast<float4*>(v)[i];
+    const float4 gi = reinterpret_cast<const float4*>(g)[i];
     adam_update<float>(pi.x, mi.x, vi.x, gi.x, k);
     adam_update<float>(pi.y, mi.y, vi.y, gi.y, k);
     adam_update<float>(pi.z, mi.z, vi.z, gi.z, k);
     adam_update<float>(pi.w, mi.w, vi.w, gi.w, k);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
+    reinterpret_cast<float4*>(p)[i] = pi;
+    reinterpret_cast<float4*>(m)[i] = mi;
+    reinterpret_cast<float4*>(v)[i] = vi;
     if (model) {
       const auto b = [](float f) { return static_cast<uint32_t>(dmath::f32_to_bf16(f)); };
-      model[i] = make_uint2(b(pi.x) | (b(pi.y) << 16), b(pi.z) | (b(pi.w) << 16));
+      reinterpret_cast<uint2*>(model)[i] =
+          make_uint2(b(pi.x) | (b(pi.y) << 16), b(pi.z) | (b(pi.w) << 16));
     }
   }
-}
-
-bool aligned16(const void* ptr) {
-  return ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
+  for (int64_t i = hi4 * 4 + threadIdx.x; i < c.hi; i += blockDim.x) {  // at most 3, last chunk
+    adam_update<float>(p[i], m[i], v[i], g[i], k);
+    if (model) model[i] = dmath::f32_to_bf16(p[i]);
+  }
 }
 
 void adamw_step(std::span<const ops::AdamParam> params, const ops::AdamArgs& args) {
@@ -101,29 +179,52 @@ void adamw_step(std::span<const ops::AdamParam> params, const ops::AdamArgs& arg
       args.bias_correction ? 1.0 - std::pow(double(args.beta2), double(args.step)) : 1.0;
   DeviceGuard guard(dev.index);
   cudaStream_t s = current_stream(dev.index);
-  for (const auto& a : params) {
+  // The mixed-precision case (f32 p, m, v and gradient, bf16 model weight or none, aligned): all
+  // such tensors in multi-tensor launches; the others one launch each.
+  std::vector<MtTensor> f32_entries;
+  std::vector<bool> in_table(params.size(), false);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const ops::AdamParam& a = params[i];
+    const bool has_model = a.model_param.defined();
+    void* model = has_model ? a.model_param.raw_data() : nullptr;
+    if (a.param.numel() > 0 && a.param.dtype() == DType::f32 && a.grad.dtype() == DType::f32 &&
+        (!has_model || a.model_param.dtype() == DType::bf16) && aligned16(a.param.raw_data()) &&
+        aligned16(a.exp_avg.raw_data()) && aligned16(a.exp_avg_sq.raw_data()) &&
+        aligned16(a.grad.raw_data()) &&
+        (!has_model || reinterpret_cast<std::uintptr_t>(model) % 8 == 0)) {
+      MtTensor e{};
+      e.ptr[0] = a.param.raw_data();
+      e.ptr[1] = a.exp_avg.raw_data();
+      e.ptr[2] = a.exp_avg_sq.raw_data();
+      e.ptr[3] = a.grad.raw_data();
+      e.ptr[4] = model;
+      e.n = a.param.numel();
+      e.dtype = DType::f32;
+      e.vec = true;
+      f32_entries.push_back(e);
+      in_table[i] = true;
+    }
+  }
+  if (!f32_entries.empty()) {
+    const AdamCoeffs<float> k{
+        float(args.lr),  float(args.beta1),        float(args.beta2),
+        float(args.eps), float(args.weight_decay), float(bc1),
+        float(bc2),      float(args.grad_scale),   args.decoupled_weight_decay};
+    for_mt_tables(f32_entries, [&](const MtTable& table, int64_t chunks) {
+      adam_f32_mt_kernel<<<static_cast<unsigned int>(chunks), kThreads, 0, s>>>(table, k);
+      MG_CUDA_CHECK_LAUNCH();
+    });
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const ops::AdamParam& a = params[i];
     const int64_t n = a.param.numel();
-    if (n == 0) continue;
+    if (n == 0 || in_table[i]) continue;
     with_compute(a.param.dtype(), [&](auto tag) {
       using C = decltype(tag);
       const AdamCoeffs<C> k{C(args.lr),  C(args.beta1),        C(args.beta2),
                             C(args.eps), C(args.weight_decay), C(bc1),
                             C(bc2),      C(args.grad_scale),   args.decoupled_weight_decay};
       const bool has_model = a.model_param.defined();
-      if constexpr (std::is_same_v<C, float>) {
-        void* model = has_model ? a.model_param.raw_data() : nullptr;
-        if (a.param.dtype() == DType::f32 && a.grad.dtype() == DType::f32 && n % 4 == 0 &&
-            (!has_model || a.model_param.dtype() == DType::bf16) && aligned16(a.param.raw_data()) &&
-            aligned16(a.exp_avg.raw_data()) && aligned16(a.exp_avg_sq.raw_data()) &&
-            aligned16(a.grad.raw_data()) &&
-            (!has_model || reinterpret_cast<std::uintptr_t>(model) % 8 == 0)) {
-          adam_f32x4_kernel<<<grid_for(n / 4), kThreads, 0, s>>>(
-              static_cast<float4*>(a.param.raw_data()), static_cast<float4*>(a.exp_avg.raw_data()),
-              static_cast<float4*>(a.exp_avg_sq.raw_data()),
-              static_cast<const float4*>(a.grad.raw_data()), static_cast<uint2*>(model), k, n / 4);
-          return;
-        }
-      }
       adam_kernel<C><<<grid_for(n), kThreads, 0, s>>>(
           a.param.raw_data(), a.exp_avg.raw_data(), a.exp_avg_sq.raw_data(), a.param.dtype(),
           a.grad.raw_data(), a.grad.dtype(), has_model ? a.model_param.raw_data() : nullptr,
@@ -135,18 +236,29 @@ void adamw_step(std::span<const ops::AdamParam> params, const ops::AdamArgs& arg
 
 // ---- l2_norm_sq -----------------------------------------------------------------------------
 
-constexpr int64_t kMaxPartialBlocks = 1024;
-
-unsigned int l2_blocks(int64_t n) {
-  const int64_t b = (n + 4 * kThreads - 1) / (4 * kThreads);
-  return static_cast<unsigned int>(b < 1 ? 1 : (b > kMaxPartialBlocks ? kMaxPartialBlocks : b));
-}
-
-// partial[blockIdx.x] = sum over this block's grid-stride elements of x^2, in f64.
-__global__ void sum_sq_partial_kernel(double* partial, const void* x, DType t, int64_t n) {
+// partial[blockIdx.x] = the sum of x^2 over this block's chunk, in f64: each thread adds its
+// elements (float4s in order x, y, z, w for an aligned f32 tensor) in ascending order, then the
+// block's fixed-order reduction. The partition depends only on the tensors' sizes: deterministic.
+__global__ void sum_sq_mt_kernel(double* partial, MtTable table) {
+  const MtChunk c = mt_chunk(table);
+  const void* x = c.t->ptr[0];
   double s = 0.0;
-  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
-    const double v = load<double>(x, t, i);
+  int64_t scalar_from = c.lo;
+  if (c.t->vec) {
+    const auto* x4 = static_cast<const float4*>(x);
+    const int64_t hi4 = c.hi / 4;
+#pragma unroll 4
+    for (int64_t i = c.lo / 4 + threadIdx.x; i < hi4; i += blockDim.x) {
+      const float4 v = x4[i];
+      s += static_cast<double>(v.x) * v.x;
+      s += static_cast<double>(v.y) * v.y;
+      s += static_cast<double>(v.z) * v.z;
+      s += static_cast<double>(v.w) * v.w;
+    }
+    scalar_from = hi4 * 4;
+  }
+  for (int64_t i = scalar_from + threadIdx.x; i < c.hi; i += blockDim.x) {
+    const double v = load<double>(x, c.t->dtype, i);
     s += v * v;
   }
   s = block_sum(s);
@@ -161,26 +273,38 @@ __global__ void sum_partials_kernel(void* out, DType t, const double* partial, i
   if (threadIdx.x == 0) store<double>(out, t, 0, s);
 }
 
+// One table entry per non-empty tensor (ptr[0] = its data).
+std::vector<MtTensor> mt_entries(std::span<const Tensor> xs) {
+  std::vector<MtTensor> entries;
+  for (const Tensor& x : xs) {
+    if (!x.defined() || x.numel() == 0) continue;
+    MtTensor e{};
+    e.ptr[0] = const_cast<void*>(x.raw_data());
+    e.n = x.numel();
+    e.dtype = x.dtype();
+    e.vec = x.dtype() == DType::f32 && aligned16(x.raw_data());
+    entries.push_back(e);
+  }
+  return entries;
+}
+
 // out [1] f32/f64 = sum over all xs of sum(x^2), accumulated in f64.
 void l2_norm_sq(Tensor& out, std::span<const Tensor> xs) {
   ops::validate_l2_norm_sq(OnCudaDevice{}, out, xs);
+  std::vector<MtTensor> entries = mt_entries(xs);
   int64_t count = 0;
-  for (const Tensor& x : xs)
-    if (x.numel() > 0) count += l2_blocks(x.numel());
+  for (const MtTensor& e : entries) count += mt_chunks(e.n);
   const int dev = out.device().index;
   DeviceGuard guard(dev);
   cudaStream_t s = current_stream(dev);
   Scratch partial(dev, static_cast<std::size_t>(count < 1 ? 1 : count) * sizeof(double));
   int64_t at = 0;
-  for (const Tensor& x : xs) {
-    const int64_t n = x.numel();
-    if (n == 0) continue;
-    const unsigned int blocks = l2_blocks(n);
-    sum_sq_partial_kernel<<<blocks, kThreads, 0, s>>>(partial.as<double>() + at, x.raw_data(),
-                                                      x.dtype(), n);
+  for_mt_tables(entries, [&](const MtTable& table, int64_t chunks) {
+    sum_sq_mt_kernel<<<static_cast<unsigned int>(chunks), kThreads, 0, s>>>(
+        partial.as<double>() + at, table);
     MG_CUDA_CHECK_LAUNCH();
-    at += blocks;
-  }
+    at += chunks;
+  });
   sum_partials_kernel<<<1, kThreads, 0, s>>>(out.raw_data(), out.dtype(), partial.as<double>(),
                                              count);
   MG_CUDA_CHECK_LAUNCH();
@@ -188,19 +312,40 @@ void l2_norm_sq(Tensor& out, std::span<const Tensor> xs) {
 
 // ---- multi_tensor_scale ---------------------------------------------------------------------
 
-// x [n] *= factor; *found = 1 when a stored result is not finite.
+// x *= factor over this block's chunk (math in C); *found = 1 when a stored result is not finite
+// (checked after rounding to the storage type: a finite product may overflow f16/bf16).
 template <typename C>
-__global__ void scale_kernel(void* x, DType t, C factor, float* found, int64_t n) {
+__global__ void scale_mt_kernel(MtTable table, C factor, float* found) {
+  const MtChunk c = mt_chunk(table);
+  void* x = c.t->ptr[0];
   bool bad = false;
-  for (int64_t i = grid_start(); i < n; i += grid_stride()) {
+  int64_t scalar_from = c.lo;
+  if constexpr (std::is_same_v<C, float>) {
+    if (c.t->vec) {
+      auto* x4 = static_cast<float4*>(x);
+      const int64_t hi4 = c.hi / 4;
+      for (int64_t i = c.lo / 4 + threadIdx.x; i < hi4; i += blockDim.x) {
+        float4 v = x4[i];
+        v.x *= factor;
+        v.y *= factor;
+        v.z *= factor;
+        v.w *= factor;
+        x4[i] = v;
+        bad |= !isfinite_c(v.x) || !isfinite_c(v.y) || !isfinite_c(v.z) || !isfinite_c(v.w);
+      }
+      scalar_from = hi4 * 4;
+    }
+  }
+  const DType t = c.t->dtype;
+  for (int64_t i = scalar_from + threadIdx.x; i < c.hi; i += blockDim.x) {
     store<C>(x, t, i, load<C>(x, t, i) * factor);
-    // Checked after rounding to the storage type: a finite product may overflow f16/bf16.
     bad |= !isfinite_c(load<C>(x, t, i));
   }
   if (bad && found) *found = 1.0f;  // benign race: every writer stores the same value
 }
 
 // xs[i] [*] *= factor in place; found_nonfinite [1] f32 (optional) := 1 if any result is inf/nan.
+// One table per compute type: f64 tensors scale in double, the others in float.
 void multi_tensor_scale(std::span<Tensor> xs, double factor, Tensor& found_nonfinite) {
   ops::validate_multi_tensor_scale(OnCudaDevice{}, xs, found_nonfinite);
   if (xs.empty()) return;
@@ -209,16 +354,19 @@ void multi_tensor_scale(std::span<Tensor> xs, double factor, Tensor& found_nonfi
   cudaStream_t s = current_stream(dev);
   float* found =
       found_nonfinite.defined() ? static_cast<float*>(found_nonfinite.raw_data()) : nullptr;
-  for (Tensor& x : xs) {
-    const int64_t n = x.numel();
-    if (n == 0) continue;
-    with_compute(x.dtype(), [&](auto tag) {
-      using C = decltype(tag);
-      scale_kernel<C><<<grid_for(n), kThreads, 0, s>>>(x.raw_data(), x.dtype(),
-                                                       static_cast<C>(factor), found, n);
-    });
+  std::vector<MtTensor> entries = mt_entries(std::span<const Tensor>(xs.data(), xs.size()));
+  std::vector<MtTensor> f64, other;
+  for (const MtTensor& e : entries) (e.dtype == DType::f64 ? f64 : other).push_back(e);
+  for_mt_tables(other, [&](const MtTable& table, int64_t chunks) {
+    scale_mt_kernel<float><<<static_cast<unsigned int>(chunks), kThreads, 0, s>>>(
+        table, static_cast<float>(factor), found);
     MG_CUDA_CHECK_LAUNCH();
-  }
+  });
+  for_mt_tables(f64, [&](const MtTable& table, int64_t chunks) {
+    scale_mt_kernel<double>
+        <<<static_cast<unsigned int>(chunks), kThreads, 0, s>>>(table, factor, found);
+    MG_CUDA_CHECK_LAUNCH();
+  });
 }
 
 }  // namespace

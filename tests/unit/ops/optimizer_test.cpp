@@ -367,6 +367,100 @@ TEST_P(OptimizerTest, MultiTensorScaleFlagsNonFinite) {
   EXPECT_THROW(ops.multi_tensor_scale(clean, 0.5, bad_flag), mg::Error);
 }
 
+// ---- many tensors in one call
+// --------------------------------------------------------------------
+// The CUDA ops take the tensors of a call in multi-tensor launches (tables of up to 48 tensors,
+// 32768-element chunks, a float4 body for 16-byte aligned f32 tensors and a scalar tail): more
+// tensors than one table holds, sizes over a chunk, sizes that are not multiples of 4, f32 views at
+// an odd element offset (not 16-byte aligned), and other dtypes among them must all be summed,
+// scaled and stepped like one tensor at a time.
+
+// Tensor i of the many-tensor set: its size, its dtype, whether it is an offset view.
+struct ManySpec {
+  int64_t n;
+  DType dtype;
+  bool offset_view;
+};
+std::vector<ManySpec> many_specs(DType dtype) {
+  std::vector<ManySpec> specs;
+  for (int i = 0; i < 110; ++i) {
+    int64_t n = (i * 397) % 3001 + 1;
+    if (i % 37 == 5) n += 70001;  // over two chunks, n % 4 != 0 for some
+    const DType dt = i % 3 == 0 ? dtype : (i % 3 == 1 ? DType::f32 : DType::bf16);
+    specs.push_back({n, dt, i % 5 == 2});
+  }
+  specs[7].n = 0;  // empty tensors are skipped
+  return specs;
+}
+// The tensor of a spec (an offset view into a one-longer tensor when asked) and its values.
+std::pair<Tensor, std::vector<double>> many_tensor(const ManySpec& sp, uint64_t seed,
+                                                   mg::Device dev, double big = 0.0) {
+  std::vector<double> v = random_values(static_cast<std::size_t>(sp.n), seed);
+  if (big != 0.0 && !v.empty()) v[v.size() / 2] = big;
+  if (!sp.offset_view) {
+    auto x = make_tensor(v, {sp.n}, sp.dtype, dev);
+    return {x.t, x.rounded};
+  }
+  std::vector<double> shifted(1, 0.5);
+  shifted.insert(shifted.end(), v.begin(), v.end());
+  auto x = make_tensor(shifted, {sp.n + 1}, sp.dtype, dev);
+  return {x.t.slice(1, sp.n), std::vector<double>(x.rounded.begin() + 1, x.rounded.end())};
+}
+
+TEST_P(OptimizerTest, ManyTensorsL2NormSqAndScale) {
+  MG_SKIP_IF_UNAVAILABLE(platform());
+  const auto& ops = mg::test::ops_on(platform());
+  const auto dev = mg::test::device_for(platform());
+  const auto specs = many_specs(dtype());
+  std::vector<Tensor> xs;
+  std::vector<std::vector<double>> vals;
+  double expected = 0;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    auto [t, v] = many_tensor(specs[i], 500 + i, dev);
+    for (double e : v) expected += e * e;
+    xs.push_back(t);
+    vals.push_back(v);
+  }
+  Tensor out = Tensor::empty({1}, DType::f64, dev);
+  ops.l2_norm_sq(out, xs);
+  EXPECT_TRUE(mg::test::all_close(to_doubles(out), {expected}, Tol{0.0, 1e-12}));
+  Tensor again = Tensor::empty({1}, DType::f64, dev);
+  ops.l2_norm_sq(again, xs);
+  EXPECT_EQ(to_doubles(again), to_doubles(out));  // deterministic
+
+  const double factor = 0.37;
+  Tensor found = Tensor::zeros({1}, DType::f32, dev);
+  ops.multi_tensor_scale(xs, factor, found);
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    std::vector<double> want = vals[i];
+    for (double& e : want) e *= factor;
+    EXPECT_TRUE(mg::test::all_close(to_doubles(xs[i]), want, tolerance(specs[i].dtype)))
+        << "xs[" << i << "] n " << specs[i].n << " offset " << specs[i].offset_view;
+  }
+  EXPECT_EQ(to_doubles(found)[0], 0.0);
+  // One value that overflows, in a tensor of the third table: flagged.
+  const std::size_t bad = 100;
+  const double big = specs[bad].dtype == DType::f64   ? 1e308
+                     : specs[bad].dtype == DType::f16 ? 60000.0
+                                                      : 3e38;
+  xs[bad] = many_tensor(specs[bad], 77, dev, big).first;
+  ops.multi_tensor_scale(xs, 4.0, found);
+  EXPECT_EQ(to_doubles(found)[0], 1.0);
+}
+
+TEST_P(OptimizerTest, ManyTensorsAdamW) {
+  MG_SKIP_IF_UNAVAILABLE(platform());
+  std::vector<Slot> slots;
+  const auto specs = many_specs(dtype());
+  for (std::size_t i = 0; i < 60; ++i)  // f32 main grads (the multi-tensor kernel's case)
+    slots.push_back(make_slot({specs[i].n}, 700 + i,
+                              has_model_param() ? std::optional(DType::f32) : std::nullopt));
+  AdamArgs args;
+  args.lr = 1e-2f;
+  args.weight_decay = 0.1f;
+  run_steps(slots, args, 2, 900, "many tensors");
+}
+
 MG_INSTANTIATE_OP_TEST(OptimizerTest);
 
 }  // namespace
