@@ -67,8 +67,13 @@ struct GemmEpilogueArgs {
 // factors, [1] tensors on the device), rounded to C's dtype (f32, bf16 or f16) once. Both operands
 // have K contiguous (cuBLASLt's "TN", the only FP8 layout of Hopper); fp8_cast_transpose gives the
 // transposed copies a layer needs. beta 0 or 1 (1: weight-gradient accumulation into main_grad).
+// fast_accum: Hopper's FP8 tensor-core accumulation without the periodic promotion of partial sums
+// to f32 (cuBLASLt FAST_ACCUM; Transformer Engine's use_split_accumulator = false), which TE uses
+// for the forward GEMM (_2X_ACC_FPROP = False) and not for the two gradient GEMMs. The CPU
+// emulation ignores it (f32 sums); docs/fp8.md's bound covers both.
 struct Fp8GemmArgs {
   float beta = 0.0f;
+  bool fast_accum = false;
 };
 
 // fp8_scale_update (docs/fp8.md): per slot j of history [L, S]

@@ -99,7 +99,8 @@ Tensor fp8_forward(const ModuleContext& ctx, int id, const Tensor& x2, const Ten
   sv.weight_t = wf.qt[0];
   sv.weight_scale_inv = wf.scale_inv;
   Tensor y = ctx.empty({x2.size(0), w.size(0)});
-  ctx.op().fp8_gemm(y, xq, wf.q[0], sv.input_scale_inv, sv.weight_scale_inv, ops::Fp8GemmArgs{});
+  ctx.op().fp8_gemm(y, xq, wf.q[0], sv.input_scale_inv, sv.weight_scale_inv,
+                    ops::Fp8GemmArgs{.fast_accum = true});  // TE's forward: no split accumulator
   return y;
 }
 
@@ -322,7 +323,7 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
     for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
       Tensor y = ctx_.empty({n, split.part_rows[p]});
       ctx_.op().fp8_gemm(y, xq, wf.q[p], saved.fp8.input_scale_inv, wf.scale_inv,
-                         ops::Fp8GemmArgs{});
+                         ops::Fp8GemmArgs{.fast_accum = true});
       if (b_.defined()) ctx_.op().bias_add(y, bias.slice(base[p], split.part_rows[p]));
       parts.push_back(y);
     }

@@ -23,16 +23,17 @@
 // IEEE divisions): the amax history roll and the scales stay on the device, no host read.
 // fp8_gemm: cuBLASLt with A/B CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2, CUBLAS_COMPUTE_32F, the scale
 // inverses as CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER (device pointers: no host sync), FAST_ACCUM
-// off (TE's split accumulator: partial sums promoted to f32), C = D (beta 1 accumulates into the
+// as Fp8GemmArgs asks (TE: on for the forward GEMM, off -- the split accumulator, partial sums
+// promoted to f32 -- for the gradient GEMMs), C = D (beta 1 accumulates into the
 // f32 main_grad). Row-major c = a b^T is column-major c^T = b a^T: cuBLAS's A is our b with
 // TRANSA = T, its B our a with TRANSB = N -- the "TN" layout, the only one Hopper's FP8 tensor
 // cores take, which is why the op takes both operands K-contiguous. Compute capability 8.9 or 9.0
 // only, else an error naming the device. Plan cache (as gemm.cu's): per device a map from the
-// problem (M, N, K, the three dtypes, beta, the pointers' alignments) to the matmul descriptor, the
-// layouts, the preference and the heuristic's algorithm, built once; a call sets its scale
-// pointers on the cached descriptor and launches under the plan's mutex
+// problem (M, N, K, the three dtypes, beta, fast_accum, the pointers' alignments) to the matmul
+// descriptor, the layouts, the preference and the heuristic's algorithm, built once; a call sets
+// its scale pointers on the cached descriptor and launches under the plan's mutex
 // (fp8_gemm_plan_cache_stats() counts). Not yet: FP8 outputs with an amax epilogue
-// (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER), fast accumulation for the forward GEMM.
+// (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER).
 // Gradient rule: fp8_gemm with beta = 1 accumulates (weight gradients); the rest writes.
 #include <cublasLt.h>
 #include <cuda_fp8.h>
@@ -277,6 +278,7 @@ struct Fp8PlanKey {
   int64_t m, n, k;
   int32_t ta, tb, tc;
   bool accumulate;
+  bool fast_accum;
   uint32_t align_a, align_b, align_c;
   bool operator==(const Fp8PlanKey&) const = default;
 };
@@ -287,7 +289,7 @@ struct Fp8PlanKeyHash {
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     for (int64_t v :
          {k.m, k.n, k.k, int64_t{k.ta}, int64_t{k.tb}, int64_t{k.tc}, int64_t{k.accumulate},
-          int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}})
+          int64_t{k.fast_accum}, int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}})
       mix(static_cast<uint64_t>(v));
     return static_cast<std::size_t>(h);
   }
@@ -353,7 +355,7 @@ std::shared_ptr<Fp8Plan> make_fp8_plan(const Fp8PlanKey& key, DType ta, DType tb
   MG_CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   set_scale_pointers(p->op, sa, sb);
-  const int8_t fast_accum = 0;
+  const int8_t fast_accum = key.fast_accum ? 1 : 0;
   MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM,
                                                  &fast_accum, sizeof(fast_accum)));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, cuda_type(tb), key.k, key.n, key.k));
@@ -413,6 +415,7 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
                        .tb = static_cast<int32_t>(b.dtype()),
                        .tc = static_cast<int32_t>(c.dtype()),
                        .accumulate = args.beta != 0.0f,
+                       .fast_accum = args.fast_accum,
                        .align_a = alignment(a.raw_data()),
                        .align_b = alignment(b.raw_data()),
                        .align_c = alignment(c.raw_data())};
