@@ -108,6 +108,23 @@ __device__ C row_sum_exp(const void* x, DType t, int64_t base, int64_t v, C m) {
   return block_sum(s);
 }
 
+// Thread 0's end of forward row r: max, sum_exp, and the loss log(s) + m - logit(target), or NaN
+// with a deferred error (raised by the host's next synchronisation) for a target outside [0, v).
+template <typename C, typename Logit>
+__device__ void store_ce_row(void* loss, void* max, void* sum_exp, DType st, int64_t r, C m, C s,
+                             const void* targets, DType tt, int64_t v, DeferredError* err,
+                             const Logit& logit) {
+  store<C>(max, st, r, m);
+  store<C>(sum_exp, st, r, s);
+  const int64_t target = load_index(targets, tt, r);
+  if (target < 0 || target >= v) {
+    record_deferred_error(err, kDeferredCrossEntropyTarget, r, target, v);
+    store<C>(loss, st, r, C(NAN));
+    return;
+  }
+  store<C>(loss, st, r, log_c(s) + m - logit(target));
+}
+
 // One block per row. Blocks looping over rows with about half the L2 cache's worth of rows in
 // flight (2 per multiprocessor for [65536, 50304] bf16, so that the sum pass would re-read its row
 // from L2) were slower: 4.98 against 3.55 ms a gpt2-124m mb-64 step (H200, 2026-11-26).
@@ -122,31 +139,25 @@ __global__ void ce_fwd_kernel(void* loss, void* max, void* sum_exp, DType st, co
   const int64_t base = r * v;
   const C m = row_max<C, kVec>(x, t, base, v);
   const C s = row_sum_exp<C, kVec>(x, t, base, v, m);
-  if (threadIdx.x == 0) {
-    store<C>(max, st, r, m);
-    store<C>(sum_exp, st, r, s);
-    const int64_t target = load_index(targets, tt, r);
-    if (target < 0 || target >= v) {
-      record_deferred_error(err, kDeferredCrossEntropyTarget, r, target, v);
-      store<C>(loss, st, r, C(NAN));
-      return;
-    }
-    store<C>(loss, st, r, log_c(s) + m - load<C>(x, t, base + target));
-  }
+  if (threadIdx.x == 0)
+    store_ce_row<C>(loss, max, sum_exp, st, r, m, s, targets, tt, v, err,
+                    [&](int64_t j) { return load<C>(x, t, base + j); });
 }
 
 // The forward with the row cached in shared memory (bf16 / f16 logits, V % 8 == 0, 16-byte aligned
 // rows, 2 V bytes of dynamic shared memory a block): the row is read from DRAM once instead of
-// twice. The two-pass kernel above read each row for the max and again for the sum of exps: 4.98 ms
-// of a 125 ms gpt2-124m mb-64 step at 1.3 TB/s of logits (H200, session 21's op table), and the L2
-// cannot hold the rows in between (the note above). The copy is cp.async (16-byte pieces, no
-// registers), issued whole at the start in kCacheChunks commit groups; the max pass takes chunk c
-// as soon as it has landed, while the later chunks are still in flight. Chunk boundaries are
-// multiples of kThreads logits, so thread t still visits j = t, t + kThreads, ... in that order
-// across the chunks: each thread's partial max and sum are the scalar loop's, and block_max /
-// block_sum give the two-pass kernels' bits (CrossEntropyVectorRowPassesAreBitwiseTheScalarPasses).
-// Blocks per multiprocessor: 2 at V 50304 (100.6 KB a row), 3 at V 32000; while one block waits
-// for its row, another computes.
+// twice. The two-pass kernel above reads each row for the max and again for the sum of exps: 3.55
+// ms of a gpt2-124m mb-64 step (H200, session 21), 13.2 GB at 3.7 TB/s, and the L2 cannot hold the
+// rows in between (the note above). The floors here: 6.6 GB of DRAM, ~1.7 ms, and about 15
+// instructions per logit (the accurate expf), ~1.5 ms at full issue; with 2 rows (16 warps) per
+// multiprocessor at gpt2's V the issue rate is the open question. The copy is cp.async (16-byte
+// pieces, no registers), issued whole at the start in kCacheChunks commit groups; the max pass
+// takes chunk c as soon as it has landed, while the later chunks are still in flight. Chunk
+// boundaries are multiples of kThreads logits, so thread t still visits j = t, t + kThreads, ... in
+// that order across the chunks: each thread's partial max and sum are the scalar loop's, and
+// block_max / block_sum give the two-pass kernels' bits
+// (CrossEntropyVectorRowPassesAreBitwiseTheScalarPasses). Blocks per multiprocessor: 2 at V 50304
+// (100.6 KB a row), 3 at V 32000; while one block waits for its row, another computes.
 constexpr int kCacheChunks = 4;
 
 __global__ void ce_fwd_cached_kernel(void* loss, void* max, void* sum_exp, DType st, const void* x,
@@ -185,17 +196,8 @@ __global__ void ce_fwd_cached_kernel(void* loss, void* max, void* sum_exp, DType
   float s = 0;
   for (int64_t j = threadIdx.x; j < v; j += kThreads) s += exp_c(logit(j) - m);
   s = block_sum(s);
-  if (threadIdx.x == 0) {
-    store<float>(max, st, r, m);
-    store<float>(sum_exp, st, r, s);
-    const int64_t target = load_index(targets, tt, r);
-    if (target < 0 || target >= v) {
-      record_deferred_error(err, kDeferredCrossEntropyTarget, r, target, v);
-      store<float>(loss, st, r, NAN);
-      return;
-    }
-    store<float>(loss, st, r, log_c(s) + m - logit(target));
-  }
+  if (threadIdx.x == 0)
+    store_ce_row<float>(loss, max, sum_exp, st, r, m, s, targets, tt, v, err, logit);
 }
 
 template <typename C, bool kVec>
