@@ -112,12 +112,14 @@ Tensor TransformerLayer::forward(const Tensor& x, Saved& saved, const AttentionI
 Tensor TransformerLayer::backward(const Tensor& dout, Saved& saved, const AttentionInputs& in,
                                   const DropoutCtx& rng) {
   const TransformerConfig& c = *ctx_.config;
-  // mlp_bda: dz = dropout'(dout), d(fc2 bias) += sum; the residual passes dout through.
-  Tensor dz = ctx_.empty(dout.shape());
+  // mlp_bda: dz = dropout'(dout), d(fc2 bias) += sum; the residual passes dout through. Without
+  // dropout (p 0, as in Megatron's pretraining recipes) dz is dout itself: the op only sums the
+  // bias gradient instead of also copying dout (the same values; nothing downstream writes dz).
+  const ops::DropoutArgs mlp_drop =
+      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::mlp_bda, dout);
+  Tensor dz = mlp_drop.p == 0.0f ? dout : ctx_.empty(dout.shape());
   Tensor no_bias;
-  ctx_.op().bias_dropout_add_bwd(
-      dz, moe_ ? no_bias : mlp_->fc2_bias().grad, dout,
-      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::mlp_bda, dout));
+  ctx_.op().bias_dropout_add_bwd(dz, moe_ ? no_bias : mlp_->fc2_bias().grad, dout, mlp_drop);
   Tensor dln2 = moe_ ? moe_->backward(dz, saved.moe) : mlp_->backward(dz, saved.ln2, saved.mlp);
   // pre_mlp_layernorm's dx + the residual path's dout, in one pass.
   Tensor dh = dln2;
@@ -125,11 +127,11 @@ Tensor TransformerLayer::backward(const Tensor& dout, Saved& saved, const Attent
     dh = norm2_->backward_add(dln2, dout, saved.h, saved.norm2);
   else
     ctx_.op().axpy(dh, dout, 1.0f);
-  // self_attn_bda
-  Tensor dy = ctx_.empty(dh.shape());
-  ctx_.op().bias_dropout_add_bwd(
-      dy, attn_->proj_bias().grad, dh,
-      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::attention_bda, dout));
+  // self_attn_bda (dy is dh itself without dropout, as above)
+  const ops::DropoutArgs attn_drop =
+      hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::attention_bda, dout);
+  Tensor dy = attn_drop.p == 0.0f ? dh : ctx_.empty(dh.shape());
+  ctx_.op().bias_dropout_add_bwd(dy, attn_->proj_bias().grad, dh, attn_drop);
   const ops::DropoutArgs probs = attention_dropout(ctx_, rng, c.attention_dropout, layer_);
   Tensor dln1 = attn_->backward(dy, saved.ln1, saved.attn, in, probs);
   // input_layernorm's dx + the residual path's dh, in one pass.

@@ -154,6 +154,9 @@ __global__ void bias_dropout_add_bwd_vec_kernel(void* dx, const void* dy, bool b
   const int64_t c = blockIdx.y;
   const auto [r0, r1] = chunk_rows(c, rows_per_chunk, rows);
   double s[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  // Unrolled as column_partial8_kernel: without dx stores (p 0 in place, the layer's backward
+  // without dropout) the loads of four rows can be in flight before their adds (same order).
+#pragma unroll 4
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t i = r * width + f;
     float v[8], o[8];
