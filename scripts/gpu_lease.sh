@@ -13,7 +13,8 @@
 #      TP2 x PP2 x DP2 on 8 ranks) and then FSDP, MoE ETP and MoE layouts in CUDA mode  ~200-250 s
 #   4. measurements, pretrain_gpt --platform cuda --bf16 --mock-data, 3 warm-up + 10 timed
 #      iterations each (benchmarks/run_gpu_e2e.sh's model shapes):
-#        gpt2-124m micro-batch 16 (issue 16), then with --profile-op-table;
+#        gpt2-124m micro-batch 64 (issue 16's target), again with MG_CUDA_CE_ROW_CACHE=0 (the
+#        cross entropy's two-pass kernel, A/B), then with --profile-op-table;
 #        llama-1b micro-batch 4, BF16 and FP8 hybrid (issue 22);
 #        MoE (8 experts, top-2, grouped GEMM) vs the dense model of equal active parameters
 #        (issue 21);
@@ -220,13 +221,14 @@ if [[ $skip != *",perf,"* ]]; then
     done
     finish
   fi
-  perf gpt2-124m 40 gpt2-124m 16
+  perf gpt2-124m 40 gpt2-124m 64
+  perf gpt2-124m-ce-two-pass 40 gpt2-124m 64 MG_CUDA_CE_ROW_CACHE=0
   perf llama-1b-bf16 60 llama-1b 4
   perf llama-1b-fp8 60 llama-1b 4 --fp8-format hybrid
   perf moe-8x-top2 50 moe-8x 4
   perf dense-equal-active 40 dense-moe-active 4
   perf gpt2-124m-offload 50 gpt2-124m 16 --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d
-  perf gpt2-124m-optable 40 gpt2-124m 16 --profile-op-table --profile-step-start 8 --profile-step-end 10
+  perf gpt2-124m-optable 40 gpt2-124m 64 --profile-op-table --profile-step-start 8 --profile-step-end 10
   perf llama-1b-optable 60 llama-1b 4 --profile-op-table --profile-step-start 8 --profile-step-end 10
   perf llama-1b-fp8-optable 60 llama-1b 4 --fp8-format hybrid --profile-op-table --profile-step-start 8 --profile-step-end 10
   note ""
