@@ -13,8 +13,8 @@
 #      TP2 x PP2 x DP2 on 8 ranks) and then FSDP, MoE ETP and MoE layouts in CUDA mode  ~200-250 s
 #   4. measurements, pretrain_gpt --platform cuda --bf16 --mock-data, 3 warm-up + 10 timed
 #      iterations each (benchmarks/run_gpu_e2e.sh's model shapes):
-#        gpt2-124m micro-batch 64 (issue 16's target), again with MG_CUDA_CE_ROW_CACHE=0 (the
-#        cross entropy's two-pass kernel, A/B), then with --profile-op-table;
+#        gpt2-124m micro-batch 64 (issue 16's target), again with MG_CUDA_CE_FWD=two-pass and
+#        =online (the cross entropy forward's kernels, A/B), then with --profile-op-table;
 #        llama-1b micro-batch 4, BF16 and FP8 hybrid (issue 22);
 #        MoE (8 experts, top-2, grouped GEMM) vs the dense model of equal active parameters
 #        (issue 21);
@@ -28,7 +28,7 @@
 # Env: LEASE_BUDGET (s), SKIP (comma list of tests,multirank,perf), TESTS_ONLY (an extended regex
 # the test binaries' names must match), PERF_RUNS (replaces the measurement list: "name limit
 # workload micro-batch [VAR=value...] [flags...]" separated by ';'; leading VAR=value words set
-# that run's environment, e.g. MG_CUDA_CE_ROW_CACHE=0 for an A/B pair), MULTIRANK_ONLY (overrides the
+# that run's environment, e.g. MG_CUDA_CE_FWD=two-pass for an A/B pair), MULTIRANK_ONLY (overrides the
 # multi-rank part list; `all`: every part of gpu_multirank.sh), MULTIRANK_BUDGET (s), PERF_ITERS
 # (timed iterations, default 10), KERNELS and KERNEL_ENV (part 3b, kernel benchmarks, off unless set),
 # FSDP_MEMORY=1 (part 3c, FSDP device memory with and without CUDA virtual memory, off unless set).
@@ -222,7 +222,8 @@ if [[ $skip != *",perf,"* ]]; then
     finish
   fi
   perf gpt2-124m 40 gpt2-124m 64
-  perf gpt2-124m-ce-two-pass 40 gpt2-124m 64 MG_CUDA_CE_ROW_CACHE=0
+  perf gpt2-124m-ce-two-pass 40 gpt2-124m 64 MG_CUDA_CE_FWD=two-pass
+  perf gpt2-124m-ce-online 40 gpt2-124m 64 MG_CUDA_CE_FWD=online
   perf llama-1b-bf16 60 llama-1b 4
   perf llama-1b-fp8 60 llama-1b 4 --fp8-format hybrid
   perf moe-8x-top2 50 moe-8x 4

@@ -200,6 +200,42 @@ __global__ void ce_fwd_cached_kernel(void* loss, void* max, void* sum_exp, DType
     store_ce_row<float>(loss, max, sum_exp, st, r, m, s, targets, tt, v, err, logit);
 }
 
+// The forward in one pass without a cached row (MG_CUDA_CE_FWD=online; bf16 / f16 logits, V % 8
+// == 0, 16-byte aligned rows): each thread keeps a running max m and sum s of exp(x - m) over its
+// 16-byte pieces (8 logits; s = s exp(m_old - m_new) when the max grows), and the block combines
+// them: M = block_max(m), S = block_sum(s exp(m - M)). One DRAM read at full occupancy (no shared
+// memory), against the row cache's 2 rows per multiprocessor at gpt2's V; S adds the terms in
+// another order than the two-pass kernels (not their bits; M is the same): cuda_ops_test bounds
+// the difference. For the A/B measurement against the row cache and the two-pass kernel.
+__global__ void ce_fwd_online_kernel(void* loss, void* max, void* sum_exp, DType st, const void* x,
+                                     bool bf16, const void* targets, DType tt, int64_t n, int64_t v,
+                                     DeferredError* err) {
+  const int64_t r = block_row();
+  if (r >= n) return;
+  const int64_t base = r * v;
+  float m = neg_inf<float>(), s = 0.0f;
+#pragma unroll 2
+  for (int64_t j = static_cast<int64_t>(threadIdx.x) * 8; j < v; j += int64_t{kThreads} * 8) {
+    float e[8];
+    load8_half(x, base + j, bf16, e);
+    float vm = e[0];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) vm = e[k] > vm ? e[k] : vm;
+    if (vm > m) {
+      s *= exp_c(m - vm);  // 0 at the first piece (m = -inf, s = 0)
+      m = vm;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; ++k) s += exp_c(e[k] - m);
+  }
+  const float mm = block_max(m);
+  const float ss = block_sum(m == neg_inf<float>() ? 0.0f : s * exp_c(m - mm));
+  if (threadIdx.x == 0)
+    store_ce_row<float>(loss, max, sum_exp, st, r, mm, ss, targets, tt, v, err, [&](int64_t j) {
+      return load<float>(x, bf16 ? DType::bf16 : DType::f16, base + j);
+    });
+}
+
 template <typename C, bool kVec>
 __global__ void ce_local_max_kernel(void* max, DType st, const void* x, DType t, int64_t n,
                                     int64_t v) {
@@ -291,16 +327,22 @@ void with_row_passes(const Tensor& logits, int64_t v, F&& f) {
   with_compute(logits.dtype(), [&](auto tag) { f(tag, std::false_type{}); });
 }
 
-// Whether cross_entropy_fwd caches its rows in shared memory (ce_fwd_cached_kernel): a vector-path
-// row whose 2 V bytes fit the device's per-block opt-in limit beside the reductions' static
-// arrays. MG_CUDA_CE_ROW_CACHE=0 keeps the two-pass kernel (for A/B measurements; the same bits).
-bool ce_row_cache(int dev, int64_t v) {
-  static const bool enabled = [] {
-    const char* env = std::getenv("MG_CUDA_CE_ROW_CACHE");
-    return !(env && std::string(env) == "0");
-  }();
+// cross_entropy_fwd's kernel for a vector-path row: MG_CUDA_CE_FWD (read at each call, for A/B
+// runs and tests) = row-cache (the default: ce_fwd_cached_kernel, where the row's 2 V bytes fit
+// the device's per-block opt-in limit beside the reductions' static arrays, else two-pass),
+// two-pass (ce_fwd_kernel's vector passes; the same bits as row-cache) or online
+// (ce_fwd_online_kernel, other bits).
+enum class CeFwd { row_cache, two_pass, online };
+CeFwd ce_fwd_choice(int dev, int64_t v) {
+  const char* env = std::getenv("MG_CUDA_CE_FWD");
+  const std::string want = env ? env : "row-cache";
+  MG_CHECK(want == "row-cache" || want == "two-pass" || want == "online",
+           "MG_CUDA_CE_FWD=" << want << ": expected row-cache (the default), two-pass or online");
+  if (want == "online") return CeFwd::online;
   const auto bytes = static_cast<std::size_t>(v) * 2;
-  return enabled && bytes + 1024 <= device_properties(dev).sharedMemPerBlockOptin;
+  return want == "row-cache" && bytes + 1024 <= device_properties(dev).sharedMemPerBlockOptin
+             ? CeFwd::row_cache
+             : CeFwd::two_pass;
 }
 
 void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor& logits,
@@ -313,7 +355,9 @@ void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor&
   with_row_passes(logits, r.v, [&](auto tag, auto vec) {
     using C = decltype(tag);
     if constexpr (decltype(vec)::value) {
-      if (ce_row_cache(dev, r.v)) {
+      const CeFwd how = ce_fwd_choice(dev, r.v);
+      const bool bf16 = logits.dtype() == DType::bf16;
+      if (how == CeFwd::row_cache) {
         count_vector_path(VectorPath::ce_row_cache, true);
         const auto smem = static_cast<std::size_t>(r.v) * 2;
         if (smem > 48 * 1024)
@@ -322,8 +366,14 @@ void cross_entropy_fwd(Tensor& loss, Tensor& max, Tensor& sum_exp, const Tensor&
                                              static_cast<int>(smem)));
         ce_fwd_cached_kernel<<<grid_rows(r.n), kThreads, smem, current_stream(dev)>>>(
             loss.raw_data(), max.raw_data(), sum_exp.raw_data(), loss.dtype(), logits.raw_data(),
-            logits.dtype() == DType::bf16, targets.raw_data(), targets.dtype(), r.n, r.v,
-            deferred_error_record(dev));
+            bf16, targets.raw_data(), targets.dtype(), r.n, r.v, deferred_error_record(dev));
+        return;
+      }
+      if (how == CeFwd::online) {
+        count_vector_path(VectorPath::ce_online, true);
+        ce_fwd_online_kernel<<<grid_rows(r.n), kThreads, 0, current_stream(dev)>>>(
+            loss.raw_data(), max.raw_data(), sum_exp.raw_data(), loss.dtype(), logits.raw_data(),
+            bf16, targets.raw_data(), targets.dtype(), r.n, r.v, deferred_error_record(dev));
         return;
       }
     }

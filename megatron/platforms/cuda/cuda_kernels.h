@@ -77,15 +77,16 @@ void column_finish_with(Tensor& out, const Tensor& partial);
 // dgelu dbias of gemm_epilogue, the unfused norm dgamma/dbeta); ce_rows: cross_entropy.cu's row
 // passes (cross_entropy_fwd, ce_local_max, ce_local_stats); dropout: dropout.cu's element-wise
 // kernels (dropout_fwd, dropout_bwd and bias_dropout_add_bwd's dx, bias_dropout_add_fwd; not the
-// p == 0 in-place no-op); ce_row_cache: the cross_entropy_fwd calls of the vector path that cached
-// their rows in shared memory (counted as ce_rows vector calls too; no scalar counterpart).
+// p == 0 in-place no-op); ce_row_cache / ce_online: the cross_entropy_fwd calls of the vector path
+// that cached their rows in shared memory / took the online one-pass kernel (MG_CUDA_CE_FWD;
+// counted as ce_rows vector calls too; no scalar counterparts).
 // Kept in elementwise.cu; also exported
 // as the C symbol mg_cuda_vector_path_stats (dlsym from tests built without CUDA).
 struct VectorPathStats {
   uint64_t column_sum_vector = 0, column_sum_scalar = 0, ce_rows_vector = 0, ce_rows_scalar = 0,
-           dropout_vector = 0, dropout_scalar = 0, ce_row_cache = 0;
+           dropout_vector = 0, dropout_scalar = 0, ce_row_cache = 0, ce_online = 0;
 };
-enum class VectorPath { column_sum, ce_rows, dropout, ce_row_cache };
+enum class VectorPath { column_sum, ce_rows, dropout, ce_row_cache, ce_online };
 VectorPathStats vector_path_stats();
 void count_vector_path(VectorPath path, bool vector);
 

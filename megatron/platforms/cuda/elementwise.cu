@@ -23,7 +23,7 @@ namespace mg::platforms::cuda {
 namespace {
 
 // [path][vector]: VectorPathStats.
-std::atomic<uint64_t> g_vector_path_calls[4][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}};
+std::atomic<uint64_t> g_vector_path_calls[5][2] = {{0, 0}, {0, 0}, {0, 0}, {0, 0}, {0, 0}};
 
 // y [N, F] += bias [F]
 template <typename C>
@@ -143,10 +143,10 @@ VectorPathStats vector_path_stats() {
   auto at = [](VectorPath p, bool vector) {
     return g_vector_path_calls[static_cast<int>(p)][vector ? 1 : 0].load();
   };
-  return {at(VectorPath::column_sum, true),  at(VectorPath::column_sum, false),
-          at(VectorPath::ce_rows, true),     at(VectorPath::ce_rows, false),
-          at(VectorPath::dropout, true),     at(VectorPath::dropout, false),
-          at(VectorPath::ce_row_cache, true)};
+  return {at(VectorPath::column_sum, true),   at(VectorPath::column_sum, false),
+          at(VectorPath::ce_rows, true),      at(VectorPath::ce_rows, false),
+          at(VectorPath::dropout, true),      at(VectorPath::dropout, false),
+          at(VectorPath::ce_row_cache, true), at(VectorPath::ce_online, true)};
 }
 
 }  // namespace mg::platforms::cuda

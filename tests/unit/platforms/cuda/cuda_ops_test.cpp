@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -543,24 +544,45 @@ TEST_P(CudaOps, ColumnSumVectorPathIsBitwiseTheScalarPath) {
 // 16-byte aligned rows the row passes load 16 bytes at a time through a shared-memory tile of 8192
 // logits, and give the scalar passes' bits (each thread sums its scalar-loop elements in the
 // scalar order). V: one vector, a partial tile, one tile and 8 more, two tiles and a bit; V =
-// 1001 and unaligned views take the scalar passes. cross_entropy_fwd caches a vector-path row in
-// shared memory when its 2 V bytes fit (every V here up to gpt2's 50304, 100.6 KB, on sm_80 and
-// sm_90), and must give the same bits; V = 131072 (256 KiB) fits no device and takes the two-pass
-// tile kernel.
+// 1001 and unaligned views take the scalar passes. cross_entropy_fwd's vector kernels, chosen by
+// MG_CUDA_CE_FWD (set here in turn, restored after):
+//   - row-cache (the default) caches the row in shared memory when its 2 V bytes fit (every V here
+//     up to gpt2's 50304, 100.6 KB, on sm_80 and sm_90; V = 131072, 256 KiB, fits no device and
+//     takes the two-pass kernel): the scalar passes' bits;
+//   - two-pass: the scalar passes' bits;
+//   - online (a running max and rescaled sum per thread over 8-logit pieces, combined by the
+//   block):
+//     the same max; sum_exp within the derived bound of two positive sums of the same terms. The
+//     scalar sum adds n_t = ceil(V / 256) terms per thread then a block reduction of depth 12 (5
+//     shuffles, 7 warp partials); the online sum per thread n_t terms, at most n_t / 8 rescales (an
+//     exp and a product: 2 roundings each) and one final rescale, then the same reduction. With
+//     expf within 2 ulp (CUDA's documented bound) on every term:
+//       |S_online - S_scalar| <= (gamma_{n_t + 12} + gamma_{n_t + n_t / 4 + 16} + 4 u) S_scalar,
+//     u = 2^-24, gamma_k = k u / (1 - k u); the loss log(S) + M - x_t then differs by at most
+//     rel / (1 - rel) plus the roundings of its three operations on each side (6 u (|log S| + |M|
+//     + |x_t|)).
 TEST_P(CudaOps, CrossEntropyVectorRowPassesAreBitwiseTheScalarPasses) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   const auto stats = vector_path_stats_fn();
   if (!stats) GTEST_SKIP() << "mg_cuda_vector_path_stats not in the process";
   const bool half = dtype() == DType::bf16 || dtype() == DType::f16;
   const DType st = dtype() == DType::f64 ? DType::f64 : DType::f32;
-  const bool row_cache_enabled = [] {
-    const char* env = std::getenv("MG_CUDA_CE_ROW_CACHE");
-    return !(env && std::string(env) == "0");
-  }();
+  struct RestoreEnv {  // MG_CUDA_CE_FWD as it was before the test
+    const char* name = "MG_CUDA_CE_FWD";
+    std::optional<std::string> old;
+    RestoreEnv() {
+      if (const char* v = std::getenv(name)) old = v;
+    }
+    ~RestoreEnv() {
+      if (old)
+        setenv(name, old->c_str(), 1);
+      else
+        unsetenv(name);
+    }
+  } restore;
   for (const int64_t v : {8, 1000, 8200, 16400, 1001, 50304, 131072}) {
     const int64_t n = 5;
     const bool vector = half && v % 8 == 0;
-    const bool cached = vector && row_cache_enabled && v <= 50304;
     const std::string what = "V " + std::to_string(v) + " " + std::string(dtype_name(dtype()));
     const auto x = aligned_and_not(n, v, dtype(), 40 + v);
     std::vector<int64_t> t(n);
@@ -575,20 +597,48 @@ TEST_P(CudaOps, CrossEntropyVectorRowPassesAreBitwiseTheScalarPasses) {
       gpu_ops().cross_entropy_fwd(o.loss, o.mx, o.se, logits, tg);
       return o;
     };
-    const auto s0 = stats();
-    const Out a = run_fwd(x.aligned);
     const auto s1 = stats();
     const Out u = run_fwd(x.unaligned);
     const auto s2 = stats();
-    EXPECT_EQ(s1.ce_rows_vector - s0.ce_rows_vector, vector ? 1u : 0u) << what;
-    EXPECT_EQ(s1.ce_row_cache - s0.ce_row_cache, cached ? 1u : 0u) << what;
     EXPECT_EQ(s2.ce_rows_vector - s1.ce_rows_vector, 0u) << what;
     EXPECT_EQ(s2.ce_row_cache - s1.ce_row_cache, 0u) << what;
+    EXPECT_EQ(s2.ce_online - s1.ce_online, 0u) << what;
     EXPECT_EQ(s2.ce_rows_scalar - s1.ce_rows_scalar, 1u) << what;
-    for (auto [got, ref, name] :
-         {std::tuple{&a.loss, &u.loss, "loss"}, std::tuple{&a.mx, &u.mx, "max"},
-          std::tuple{&a.se, &u.se, "sum_exp"}})
-      EXPECT_EQ(bits_of(to_doubles(*got)), bits_of(to_doubles(*ref))) << name << " " << what;
+    Out a;
+    for (const std::string mode : {"online", "two-pass", "row-cache"}) {
+      ASSERT_EQ(setenv("MG_CUDA_CE_FWD", mode.c_str(), 1), 0);
+      const std::string at = what + " " + mode;
+      const auto m0 = stats();
+      a = run_fwd(x.aligned);
+      const auto m1 = stats();
+      const bool cached = vector && mode == "row-cache" && v <= 50304;
+      const bool online = vector && mode == "online";
+      EXPECT_EQ(m1.ce_rows_vector - m0.ce_rows_vector, vector ? 1u : 0u) << at;
+      EXPECT_EQ(m1.ce_row_cache - m0.ce_row_cache, cached ? 1u : 0u) << at;
+      EXPECT_EQ(m1.ce_online - m0.ce_online, online ? 1u : 0u) << at;
+      EXPECT_EQ(bits_of(to_doubles(a.mx)), bits_of(to_doubles(u.mx))) << "max " << at;
+      if (!online) {
+        for (auto [got, ref, name] :
+             {std::tuple{&a.loss, &u.loss, "loss"}, std::tuple{&a.se, &u.se, "sum_exp"}})
+          EXPECT_EQ(bits_of(to_doubles(*got)), bits_of(to_doubles(*ref))) << name << " " << at;
+        continue;
+      }
+      const double uu = std::ldexp(1.0, -24);
+      auto gamma = [&](double k) { return k * uu / (1 - k * uu); };
+      const double nt = static_cast<double>((v + 255) / 256);
+      const double rel = gamma(nt + 12) + gamma(nt + nt / 4 + 16) + 4 * uu;
+      const auto lo = to_doubles(a.loss), lu = to_doubles(u.loss), so = to_doubles(a.se),
+                 su = to_doubles(u.se), mu = to_doubles(u.mx);
+      const auto xr = x.rounded;
+      for (int64_t i = 0; i < n; ++i) {
+        EXPECT_LE(std::fabs(so[i] - su[i]), rel * su[i]) << "sum_exp row " << i << " " << at;
+        const double terms = std::fabs(std::log(su[i])) + std::fabs(mu[i]) +
+                             std::fabs(xr[static_cast<std::size_t>(i * v + t[i])]);
+        // |log a - log b| <= |a - b| / min(a, b) <= rel / (1 - rel).
+        EXPECT_LE(std::fabs(lo[i] - lu[i]), rel / (1 - rel) + 6 * uu * terms)
+            << "loss row " << i << " " << at;
+      }
+    }
     // Against the CPU, as CrossEntropyBackwardInPlaceMatchesCpu.
     auto xc = make_tensor(x.rounded, {n, v}, dtype(), Device::cpu()).t;
     Tensor lc = Tensor::empty({n}, st), mc = Tensor::empty({n}, st), sc = Tensor::empty({n}, st);
