@@ -367,6 +367,33 @@ TEST_P(CudaOps, EmbeddingBackwardWithManyRowsMatchesCpuAndIsDeterministic) {
   EXPECT_EQ(to_doubles(out.gpu), to_doubles(out.cpu));
 }
 
+// embedding_bwd's vector kernel (bf16 / f16 dout, H % 8 == 0, 16-byte aligned: 8 columns per
+// thread from one 16-byte load) sums each column over a row's tokens in the scalar kernel's order:
+// the same bits as an odd-offset view of the same dout, which takes the scalar kernel. H 64 and
+// 776 (97 column groups: a partial warp); a shard at 1000 with ids outside it.
+TEST_P(CudaOps, EmbeddingBackwardVectorKernelIsBitwiseTheScalarKernel) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const int64_t n = 4099, vocab = 701, start = 1000;
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = 900 + (i * 7919) % 1000;
+  const Tensor ig = Tensor::from_vector(ids, {n}, DType::i64).to(kGpu);
+  for (const int64_t h : {64, 776}) {
+    const auto dout = aligned_and_not(n, h, dtype(), 60 + h);
+    const auto dw0 = random_values(static_cast<std::size_t>(vocab * h), 61);
+    Tensor dw_a = make_tensor(dw0, {vocab, h}, DType::f32, kGpu).t, dw_u = dw_a.clone();
+    gpu_ops().embedding_bwd(dw_a, dout.aligned, ig, start);
+    gpu_ops().embedding_bwd(dw_u, dout.unaligned, ig, start);
+    EXPECT_EQ(bits_of(to_doubles(dw_a)), bits_of(to_doubles(dw_u)))
+        << "H " << h << " " << dtype_name(dtype());
+    // Against the CPU within f32 rounding (the scatter of the same rounded dout).
+    Tensor dw_c = make_tensor(dw0, {vocab, h}, DType::f32, Device::cpu()).t;
+    cpu_ops().embedding_bwd(dw_c, make_tensor(dout.rounded, {n, h}, dtype(), Device::cpu()).t,
+                            Tensor::from_vector(ids, {n}, DType::i64), start);
+    EXPECT_TRUE(test::all_close(to_doubles(dw_a), to_doubles(dw_c), twice(DType::f32)))
+        << "H " << h << " " << dtype_name(dtype());
+  }
+}
+
 TEST_P(CudaOps, ReductionsAreDeterministicAndMatchCpu) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   auto big = random_pair({1 << 20}, dtype(), 21);
