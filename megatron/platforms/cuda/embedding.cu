@@ -105,13 +105,22 @@ __global__ void embedding_keys_kernel(int32_t* keys, int32_t* tokens, const void
 
 // dweight[row] += sum of dout[tokens[q]] over the run of equal keys[q] == row starting at p, per
 // column; the block of a position that does not start a run (or whose key is v) does nothing.
+// f(p, row) for each position p of this block (grid-stride) that starts a run of equal sorted keys
+// row < v.
+template <typename F>
+__device__ void for_each_run_start(const int32_t* keys, int64_t n, int64_t v, F&& f) {
+  for (int64_t p = blockIdx.x; p < n; p += gridDim.x) {
+    const int32_t row = keys[p];
+    if (row >= v || (p > 0 && keys[p - 1] == row)) continue;
+    f(p, row);
+  }
+}
+
 template <typename Acc>
 __global__ void embedding_bwd_sorted_kernel(void* dweight, DType tw, const void* dout, DType td,
                                             const int32_t* keys, const int32_t* tokens, int64_t n,
                                             int64_t v, int64_t h) {
-  for (int64_t p = blockIdx.x; p < n; p += gridDim.x) {
-    const int32_t row = keys[p];
-    if (row >= v || (p > 0 && keys[p - 1] == row)) continue;
+  for_each_run_start(keys, n, v, [&](int64_t p, int32_t row) {
     for (int64_t j = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; j < h;
          j += static_cast<int64_t>(gridDim.y) * blockDim.x) {
       Acc acc = 0;
@@ -120,7 +129,7 @@ __global__ void embedding_bwd_sorted_kernel(void* dweight, DType tw, const void*
       const int64_t at = static_cast<int64_t>(row) * h + j;
       store<Acc>(dweight, tw, at, load<Acc>(dweight, tw, at) + acc);
     }
-  }
+  });
 }
 
 // embedding_bwd_sorted_kernel for bf16 / f16 dout with H % 8 == 0 and 16-byte aligned data (f32 or
@@ -131,9 +140,7 @@ __global__ void embedding_bwd_sorted_kernel(void* dweight, DType tw, const void*
 __global__ void embedding_bwd_sorted8_kernel(void* dweight, DType tw, const void* dout, bool bf16,
                                              const int32_t* keys, const int32_t* tokens, int64_t n,
                                              int64_t v, int64_t h) {
-  for (int64_t p = blockIdx.x; p < n; p += gridDim.x) {
-    const int32_t row = keys[p];
-    if (row >= v || (p > 0 && keys[p - 1] == row)) continue;
+  for_each_run_start(keys, n, v, [&](int64_t p, int32_t row) {
     for (int64_t j = 8 * (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x); j < h;
          j += 8 * static_cast<int64_t>(gridDim.y) * blockDim.x) {
       float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -148,7 +155,7 @@ __global__ void embedding_bwd_sorted8_kernel(void* dweight, DType tw, const void
       for (int k = 0; k < 8; ++k)
         store<float>(dweight, tw, at + k, load<float>(dweight, tw, at + k) + acc[k]);
     }
-  }
+  });
 }
 
 // dweight [Vl, H] += scatter of dout [N, H] rows by ids: (row, token) pairs sorted on the device by
