@@ -394,6 +394,28 @@ TEST_P(CudaOps, EmbeddingBackwardVectorKernelIsBitwiseTheScalarKernel) {
   }
 }
 
+// axpy of f32 / bf16 / f16 data aligned to 4 elements takes 4 elements a thread; views one element
+// in take the scalar kernel: the same bits (the one element expression). y of this dtype or f32,
+// x of this dtype; n 1, 7 (tail only / tail), 4099 and 2^20 + 3.
+TEST_P(CudaOps, AxpyVectorKernelIsBitwiseTheScalarKernel) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  for (const DType ty : {dtype(), DType::f32})
+    for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{4099}, (int64_t{1} << 20) + 3}) {
+      const std::string what = std::string(dtype_name(ty)) +
+                               " += " + std::string(dtype_name(dtype())) + " n " +
+                               std::to_string(n);
+      const auto x = aligned_and_not(1, n, dtype(), 70 + n);
+      const auto y = aligned_and_not(1, n, ty, 71 + n);
+      Tensor ya = y.aligned.clone(), yu = y.unaligned;  // yu: a view one element in
+      gpu_ops().axpy(ya, x.aligned, 0.37f);
+      gpu_ops().axpy(yu, x.unaligned, 0.37f);
+      EXPECT_EQ(bits_of(to_doubles(ya)), bits_of(to_doubles(yu))) << what;
+      Tensor yc = make_tensor(y.rounded, {1, n}, ty, Device::cpu()).t;
+      cpu_ops().axpy(yc, make_tensor(x.rounded, {1, n}, dtype(), Device::cpu()).t, 0.37f);
+      EXPECT_TRUE(test::all_close(to_doubles(ya), to_doubles(yc), twice(ty))) << what;
+    }
+}
+
 TEST_P(CudaOps, ReductionsAreDeterministicAndMatchCpu) {
   MG_SKIP_IF_UNAVAILABLE("cuda");
   auto big = random_pair({1 << 20}, dtype(), 21);
