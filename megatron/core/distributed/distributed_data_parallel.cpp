@@ -160,50 +160,55 @@ void DistributedDataParallel::account(int64_t delta) {
   peak_resident_bytes_ = std::max(peak_resident_bytes_, resident_bytes_);
 }
 
-// The elements of bucket bi outside this rank's chunk: [start, lo) and [hi, end).
-static std::pair<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> outside_chunk(
-    const GradBucket& b, int rank) {
+// f(lo, n) for each non-empty range of bucket b outside `rank`'s chunk, [start, lo) and [hi, end);
+// returns their total length.
+template <typename F>
+static int64_t for_each_outside_chunk(const GradBucket& b, int rank, F&& f) {
   const auto [lo, hi] = b.shard_range(rank);
-  return {{b.start, lo}, {std::max(hi, lo), b.end}};
+  const std::pair<int64_t, int64_t> ranges[2] = {{b.start, lo}, {std::max(hi, lo), b.end}};
+  int64_t total = 0;
+  for (auto [r0, r1] : ranges)
+    if (r1 > r0) {
+      f(r0, r1 - r0);
+      total += r1 - r0;
+    }
+  return total;
 }
 
 void DistributedDataParallel::discard_params(std::size_t bi) {
   BucketState& s = state_[bi];
-  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
-  for (auto [lo, hi] : {a, b})
-    if (hi > lo) release_range(param_slice(bi, lo, hi - lo));
+  const int64_t n = for_each_outside_chunk(
+      buckets_[bi], group_of(bi).rank(),
+      [&](int64_t lo, int64_t len) { release_range(param_slice(bi, lo, len)); });
   s.params_decommitted = true;
-  if (s.params_resident) account(-param_elem_size(bi) * (a.second - a.first + b.second - b.first));
+  if (s.params_resident) account(-param_elem_size(bi) * n);
   s.params_resident = false;
 }
 
 void DistributedDataParallel::discard_grads(std::size_t bi) {
   BucketState& s = state_[bi];
-  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
-  for (auto [lo, hi] : {a, b})
-    if (hi > lo) release_range(buffer_.grads.slice(lo, hi - lo));
+  const int64_t n = for_each_outside_chunk(
+      buckets_[bi], group_of(bi).rank(),
+      [&](int64_t lo, int64_t len) { release_range(buffer_.grads.slice(lo, len)); });
   s.grads_decommitted = true;
-  if (!s.grads_discarded)
-    account(-static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) *
-            (a.second - a.first + b.second - b.first));
+  if (!s.grads_discarded) account(-static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * n);
   s.grads_discarded = true;
 }
 
 void DistributedDataParallel::commit_params(std::size_t bi) {
   BucketState& s = state_[bi];
   if (!s.params_decommitted) return;
-  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
-  for (auto [lo, hi] : {a, b})
-    if (hi > lo) commit_range(param_slice(bi, lo, hi - lo));
+  for_each_outside_chunk(buckets_[bi], group_of(bi).rank(),
+                         [&](int64_t lo, int64_t len) { commit_range(param_slice(bi, lo, len)); });
   s.params_decommitted = false;
 }
 
 void DistributedDataParallel::commit_grads(std::size_t bi) {
   BucketState& s = state_[bi];
   if (!s.grads_decommitted) return;
-  const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
-  for (auto [lo, hi] : {a, b})
-    if (hi > lo) commit_range(buffer_.grads.slice(lo, hi - lo));
+  for_each_outside_chunk(buckets_[bi], group_of(bi).rank(), [&](int64_t lo, int64_t len) {
+    commit_range(buffer_.grads.slice(lo, len));
+  });
   s.grads_decommitted = false;
 }
 
@@ -302,12 +307,10 @@ void DistributedDataParallel::complete_bucket(std::size_t bi) {
     // A device gives the memory back only in finish_grad_sync, when the step's backward is
     // over: a later micro-batch's backward writes the bucket again, and nothing commits it
     // between micro-batches. Until then the rest of the bucket is zeroed and stays resident.
-    const auto [a, b] = outside_chunk(buckets_[bi], group_of(bi).rank());
-    for (auto [glo, ghi] : {a, b})
-      if (ghi > glo) {
-        Tensor g = buffer_.grads.slice(glo, ghi - glo);
-        g.zero_();
-      }
+    for_each_outside_chunk(buckets_[bi], group_of(bi).rank(), [&](int64_t lo, int64_t len) {
+      Tensor g = buffer_.grads.slice(lo, len);
+      g.zero_();
+    });
   }
 }
 

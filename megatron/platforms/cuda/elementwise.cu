@@ -131,9 +131,9 @@ void axpy(Tensor& y, const Tensor& x, float alpha) {
   const bool f64 = y.dtype() == DType::f64 || x.dtype() == DType::f64;
   // 4 elements a thread where both are f32 / bf16 / f16 and aligned to 4 elements.
   auto vec4 = [](const Tensor& t) {
-    const auto a = reinterpret_cast<std::uintptr_t>(t.raw_data());
-    return (t.dtype() == DType::f32 && a % 16 == 0) ||
-           ((t.dtype() == DType::bf16 || t.dtype() == DType::f16) && a % 8 == 0);
+    const bool half = t.dtype() == DType::bf16 || t.dtype() == DType::f16;
+    return (t.dtype() == DType::f32 && aligned_16_bytes(t.raw_data())) ||
+           (half && reinterpret_cast<std::uintptr_t>(t.raw_data()) % 8 == 0);
   };
   if (vec4(y) && vec4(x)) {
     axpy4_kernel<<<grid_for((n + 3) / 4), kThreads, 0, current_stream(dev)>>>(

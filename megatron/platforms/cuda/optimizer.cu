@@ -90,8 +90,9 @@ void for_mt_tables(std::vector<MtTensor>& entries, F&& launch) {
   }
 }
 
+// device_util.cuh's 16-byte check, also true for an absent operand (no model weight).
 bool aligned16(const void* ptr) {
-  return ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0;
+  return ptr == nullptr || aligned_16_bytes(ptr);
 }
 
 // ---- adamw_step -----------------------------------------------------------------------------
