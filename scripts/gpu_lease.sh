@@ -152,13 +152,16 @@ fi
 
 # 3c. issue 20's device memory under FSDP, only with FSDP_MEMORY=1: benchmarks/run_fsdp_memory.sh
 # at DP 1 and 2 with the ranks sharing the GPU, with CUDA virtual memory (the default) and with
-# MG_CUDA_VMM=0; ZeRO-2/3's "mem max allocated" should fall only with it. Each under 150 s.
+# MG_CUDA_VMM=0; ZeRO-2/3's "mem max allocated" should fall only with it. Each under 150 s
+# (and under what is left of the budget).
 if [ "${FSDP_MEMORY:-0}" = 1 ] && [[ $skip != *",fsdp,"* ]]; then
   mkdir -p "$stage/fsdp"
   for vmm in 1 0; do
     [ "$(left)" -lt 60 ] && { note "- FSDP memory, MG_CUDA_VMM=$vmm: not run, $(left)s left"; continue; }
     t0=$SECONDS
-    MG_CUDA_VMM=$vmm MG_FSDP_PLATFORM=cuda MG_FSDP_DP="1 2" timeout 150 \
+    lim=$(left)
+    [ "$lim" -gt 150 ] && lim=150
+    MG_CUDA_VMM=$vmm MG_FSDP_PLATFORM=cuda MG_FSDP_DP="1 2" timeout "$lim" \
       sh benchmarks/run_fsdp_memory.sh .gpu_bundle "$stage/fsdp/vmm$vmm.md" 3 \
       > "$stage/fsdp/vmm$vmm.log" 2>&1
     note "## FSDP memory on the GPU, MG_CUDA_VMM=$vmm: rc=$?, $((SECONDS - t0)) s"
