@@ -179,6 +179,16 @@ static int64_t for_each_outside_chunk(const GradBucket& b, int rank, F&& f) {
   return total;
 }
 
+// Elements [lo, hi) of the gradient buffer <- this rank's reduced shard: nothing to do when the
+// in-place reduce-scatter wrote it there, a copy from an uneven bucket's staging otherwise.
+static void place_reduced_shard(const Tensor& grads, const Tensor& reduced, int64_t lo,
+                                int64_t hi) {
+  if (hi <= lo) return;
+  Tensor dst = grads.slice(lo, hi - lo);
+  const Tensor red = reduced.slice(0, hi - lo);
+  if (red.raw_data() != dst.raw_data()) dst.copy_(red);
+}
+
 void DistributedDataParallel::discard_params(std::size_t bi) {
   BucketState& s = state_[bi];
   const int64_t n = for_each_outside_chunk(
@@ -293,14 +303,11 @@ void DistributedDataParallel::complete_bucket(std::size_t bi) {
   s.work->wait();
   s.work.reset();
   const auto [lo, hi] = own_range(bi);
-  if (!reduce_every_microbatch()) {
-    // One reduction a step: the shard stays where the in-place reduce-scatter left it (an uneven
-    // bucket's comes from its staging copy), with no accumulator beside it.
-    if (hi > lo) {
-      Tensor own = buffer_.grads.slice(lo, hi - lo);
-      const Tensor red = s.reduced.slice(0, hi - lo);
-      if (red.raw_data() != own.raw_data()) own.copy_(red);
-    }
+  const bool accumulate = reduce_every_microbatch();
+  if (!accumulate) {
+    // One reduction a step: the shard stays where the in-place reduce-scatter left it, with no
+    // accumulator beside it.
+    place_reduced_shard(buffer_.grads, s.reduced, lo, hi);
   } else if (hi > lo) {
     Tensor red = s.reduced.slice(0, hi - lo);
     if (!s.acc_valid) {
@@ -312,13 +319,14 @@ void DistributedDataParallel::complete_bucket(std::size_t bi) {
     Tensor own = buffer_.grads.slice(lo, hi - lo);
     own.zero_();  // the next micro-batch accumulates its local grads from zero again
   }
-  s.acc_valid = reduce_every_microbatch();
+  s.acc_valid = accumulate;
   if (buffer_.grads.is_host()) {
     discard_grads(bi);
-  } else {
+  } else if (accumulate) {
     // A device gives the memory back only in finish_grad_sync, when the step's backward is
     // over: a later micro-batch's backward writes the bucket again, and nothing commits it
     // between micro-batches. Until then the rest of the bucket is zeroed and stays resident.
+    // (With one reduction a step finish_grad_sync discards it right after this call.)
     for_each_outside_chunk(buckets_[bi], group_of(bi).rank(), [&](int64_t lo, int64_t len) {
       Tensor g = buffer_.grads.slice(lo, len);
       g.zero_();
@@ -450,11 +458,7 @@ void DistributedDataParallel::finish_grad_sync() {
       s.work.reset();
       if (config_.use_distributed_optimizer) {
         const auto [lo, hi] = own_range(bi);
-        if (hi > lo) {
-          Tensor dst = buffer_.grads.slice(lo, hi - lo);
-          const Tensor red = s.reduced.slice(0, hi - lo);
-          if (red.raw_data() != dst.raw_data()) dst.copy_(red);  // an uneven bucket's staging
-        }
+        place_reduced_shard(buffer_.grads, s.reduced, lo, hi);
       }
     }
   }
