@@ -20,6 +20,11 @@
 // epilogues are in gemm_bench. RoPE forward and backward (in place, [B, S] position ids, as the
 // GPT model calls it) at llama-1b's q and k shapes (S 2048, B 4, 32 heads / 8 groups, HD 64), with
 // the scalar kernel forced (rope.cu's mg_cuda_rope_apply_with) beside the default for comparison.
+// BM_fp8_cast: the FP8 casts of llama-1b's linears (docs/fp8.md): fp8_cast_transpose of an
+// activation [8192, 2048] and [8192, 8192] (q and qt), and SwiGLU's cast as the separate ops
+// (swiglu_fwd / swiglu_bwd, then the cast) against the fused fp8_swiglu_cast_transpose /
+// fp8_dswiglu_cast_transpose; bytes/s counts the fused form's traffic for both (x and dy read
+// once, q and qt written), so the separate pair shows what the bf16 round trip costs.
 // BM_vector_path: bias_grad's column sums, bias_dropout_add_bwd and cross_entropy_fwd on aligned
 // data (the 16-byte vector paths) and on a view one element in (their scalar fallbacks).
 #include <benchmark/benchmark.h>
@@ -209,6 +214,48 @@ void BM_swiglu(benchmark::State& state) {
     run(state, 3 * nf, "swiglu fwd", [&] { ops().swiglu_fwd(y, x); });
   else
     run(state, 5 * nf, "swiglu bwd", [&] { ops().swiglu_bwd(dx, dy, x); });
+}
+
+// ---- FP8 casts: args N, C, mode (0 cast-transpose of [N, C]; 1 / 2 swiglu then cast, separate /
+// fused, F = C; 3 / 4 its backward, separate / fused) ----
+
+void BM_fp8_cast(benchmark::State& state) {
+  const int64_t n = state.range(0), c = state.range(1), mode = state.range(2);
+  const auto dev = mg::bench::bench_platform().device;
+  Tensor scale = Tensor::from_vector(std::vector<float>{8.0f}, {1}, DType::f32, dev);
+  Tensor amax = Tensor::zeros({1}, DType::f32, dev);
+  const double nc = static_cast<double>(n * c);
+  if (mode == 0) {
+    Tensor x = random_tensor({n, c}, DType::bf16, 31);
+    Tensor q = empty({n, c}, DType::fp8_e4m3), qt = empty({c, n}, DType::fp8_e4m3);
+    run(state, 4 * nc, "fp8_cast_transpose",
+        [&] { ops().fp8_cast_transpose(q, qt, amax, x, scale); });
+    return;
+  }
+  const bool bwd = mode >= 3, fused = mode == 2 || mode == 4;
+  const int64_t qc = bwd ? 2 * c : c;  // the operand's columns
+  Tensor x = random_tensor({n, 2 * c}, DType::bf16, 32);
+  Tensor dy = random_tensor({n, c}, DType::bf16, 33);
+  Tensor q = empty({n, qc}, DType::fp8_e5m2), qt = empty({qc, n}, DType::fp8_e5m2);
+  Tensor mid = empty({n, qc}, DType::bf16);
+  // Fused traffic: fwd x (4C) + q, qt (2C) per row; bwd dy (2C) + x (4C) + q, qt (4C).
+  const double bytes = bwd ? 10 * nc : 6 * nc;
+  if (!bwd && fused)
+    run(state, bytes, "fused swiglu cast",
+        [&] { ops().fp8_swiglu_cast_transpose(q, qt, amax, x, scale); });
+  else if (!bwd)
+    run(state, bytes, "swiglu_fwd + cast", [&] {
+      ops().swiglu_fwd(mid, x);
+      ops().fp8_cast_transpose(q, qt, amax, mid, scale);
+    });
+  else if (fused)
+    run(state, bytes, "fused dswiglu cast",
+        [&] { ops().fp8_dswiglu_cast_transpose(q, qt, amax, dy, x, scale); });
+  else
+    run(state, bytes, "swiglu_bwd + cast", [&] {
+      ops().swiglu_bwd(mid, dy, x);
+      ops().fp8_cast_transpose(q, qt, amax, mid, scale);
+    });
 }
 
 // ---- bias_dropout_add: args N, H, dtype, backward, p x 100 ----
@@ -427,6 +474,14 @@ void swiglu_args(benchmark::internal::Benchmark* b) {
     for (int64_t bf : {1, 0}) b->Args({gpu() ? 8192 : 512, 8192, bf, bwd});
 }
 
+void fp8_cast_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"N", "C", "mode"});
+  const int64_t n = gpu() ? 8192 : 512;
+  b->Args({n, 2048, 0});
+  b->Args({n, 8192, 0});
+  for (int64_t mode : {1, 2, 3, 4}) b->Args({n, 8192, mode});
+}
+
 void bda_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"N", "H", "bf16", "bwd", "p%"});
   const std::vector<std::pair<int64_t, int64_t>> shapes =
@@ -494,6 +549,7 @@ BENCHMARK(BM_layernorm)->Apply(norm_args)->Apply(setup);
 BENCHMARK(BM_rmsnorm)->Apply(norm_args)->Apply(setup);
 BENCHMARK(BM_gelu)->Apply(gelu_args)->Apply(setup);
 BENCHMARK(BM_swiglu)->Apply(swiglu_args)->Apply(setup);
+BENCHMARK(BM_fp8_cast)->Apply(fp8_cast_args)->Apply(setup);
 BENCHMARK(BM_bias_dropout_add)->Apply(bda_args)->Apply(setup);
 BENCHMARK(BM_bda_norm)->Apply(bda_norm_args)->Apply(setup);
 BENCHMARK(BM_cross_entropy)->Apply(ce_args)->Apply(setup);

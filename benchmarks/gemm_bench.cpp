@@ -19,7 +19,11 @@
 // heuristics, validation, launch). On the CPU, bf16 runs include widening A and B to f32 (the CPU
 // kernel's path), so bf16 vs f32 shows that cost. CUDA f32 is true f32 (no TF32), so its ceiling is
 // the FP32 rate, not the tensor cores'. Inputs are random non-zero values (drawn on the device on a
-// GPU). Not run by the tests; build with the `benchmarks` target.
+// GPU). BM_fp8_gemm_workload (GPU, sm_89 / sm_90): the same llama-1b linears' three GEMMs as the
+// FP8 linears run them (docs/fp8.md: fp8_gemm, both operands K-contiguous; fwd E4M3 x E4M3 -> bf16
+// with fast accumulation, dgrad E5M2 x E4M3 -> bf16, wgrad E5M2 x E4M3 += into f32), to set
+// beside BM_gemm_bf16_workload / BM_gemm_bf16_into_f32_workload's rows of the same M, N, K.
+// Not run by the tests; build with the `benchmarks` target.
 #include <benchmark/benchmark.h>
 
 #include <map>
@@ -320,6 +324,61 @@ void BM_gemm_bf16_into_f32_workload(benchmark::State& s) {
   run_gemm(s, DType::bf16, DType::f32);
 }
 
+// FP8 GEMMs of llama-1b's FP8 linears (T = 8192; QKV 3072 as the model's three parts 2048, 512,
+// 512; proj; fc1 2 x 8192; fc2): args M, N, K, kind (0 fwd, 1 dgrad, 2 wgrad).
+void fp8_workload_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"M", "N", "K", "kind"});
+  const int64_t t = 8192;
+  const std::vector<std::pair<int64_t, int64_t>> linears = {
+      {2048, 2048}, {2048, 512}, {2048, 2048}, {2048, 16384}, {8192, 2048}};  // {in, out}
+  for (auto [in, out] : linears) {
+    b->Args({t, out, in, 0});  // y [T, out] = x_q [T, in] . w_q [out, in]^T
+    b->Args({t, in, out, 1});  // dx [T, in] = g_q [T, out] . (w_q^T) [in, out]^T
+    b->Args({out, in, t, 2});  // dW [out, in] += (g_q^T) [out, T] . (x_q^T) [in, T]^T
+  }
+  b->Unit(benchmark::kMillisecond);
+  mg::bench::set_timing(b);
+}
+
+// An FP8 tensor of random values (a bf16 N(0, 1) draw cast at scale 1).
+Tensor random_fp8(const mg::Shape& shape, DType dt, uint64_t seed) {
+  const auto& p = mg::bench::bench_platform();
+  Tensor x = random_tensor(shape, DType::bf16, seed);
+  Tensor q = Tensor::empty(shape, dt, p.device), none;
+  Tensor one = Tensor::from_vector(std::vector<float>{1.0f}, {1}, DType::f32, p.device);
+  Tensor amax = Tensor::zeros({1}, DType::f32, p.device);
+  p.ops->fp8_cast_transpose(q, none, amax, x, one);
+  return q;
+}
+
+void BM_fp8_gemm_workload(benchmark::State& state) {
+  if (state.range(0) == 0)
+    return state.SkipWithError("the FP8 GEMMs run with MG_BENCH_PLATFORM=cuda");
+  const int64_t m = state.range(0), n = state.range(1), k = state.range(2), kind = state.range(3);
+  const auto& p = mg::bench::bench_platform();
+  const DType ta = kind == 0 ? DType::fp8_e4m3 : DType::fp8_e5m2;  // hybrid: gradients E5M2
+  Tensor a = random_fp8({m, k}, ta, 11), b = random_fp8({n, k}, DType::fp8_e4m3, 12);
+  Tensor c = random_tensor({m, n}, kind == 2 ? DType::f32 : DType::bf16, 13);
+  Tensor s = Tensor::from_vector(std::vector<float>{1.0f}, {1}, DType::f32, p.device);
+  const mg::ops::Fp8GemmArgs args{.beta = kind == 2 ? 1.0f : 0.0f, .fast_accum = kind == 0};
+  mg::bench::time_iterations(state, [&] {
+    p.ops->fp8_gemm(c, a, b, s, s, args);
+    benchmark::DoNotOptimize(c.raw_data());
+    benchmark::ClobberMemory();
+  });
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(kind == 0 ? "fwd" : kind == 1 ? "dgrad" : "wgrad");
+}
+
+BENCHMARK(BM_fp8_gemm_workload)->Apply([](benchmark::internal::Benchmark* b) {
+  if (mg::bench::gpu_requested()) {
+    fp8_workload_args(b);
+  } else {
+    b->ArgNames({"M", "N", "K", "kind"});
+    b->Args({0, 0, 0, 0});
+  }
+});
 BENCHMARK(BM_gemm_f32)->Apply(square_args);
 BENCHMARK(BM_gemm_bf16)->Apply(square_args);
 BENCHMARK(BM_gemm_f32)->Apply(linear_args);

@@ -234,6 +234,8 @@ void add_model_flags(ArgParser& p, transformer::TransformerConfig& m, Pending& x
   p.add_switch("--squared-relu", x.squared_relu, true, "squared-ReLU MLP activation");
   p.add_switch("--no-bias-gelu-fusion", x.no_bias_gelu_fusion, true,
                "exact erf GELU instead of the fused (tanh) bias-GELU");
+  p.add_switch("--no-bias-swiglu-fusion", m.bias_swiglu_fusion, false,
+               "SwiGLU as its own op under FP8, not fused into the FP8 casts (the same numbers)");
   p.add_switch("--disable-bias-linear", x.disable_bias_linear, true, "no biases in linear layers");
   p.add_switch("--add-qkv-bias", m.add_qkv_bias, true, "bias on linear_qkv only (Qwen2)");
   p.add_switch("--qk-layernorm", m.qk_layernorm, true, "normalize queries and keys per head");
@@ -584,7 +586,6 @@ const NoEffectFlag kNoEffectFlags[] = {
      "weight gradients are accumulated into the fp32 main_grad by the GEMM either way"},
     {"--no-masked-softmax-fusion", ArgParser::Nargs::zero, kFusion},
     {"--no-bias-dropout-fusion", ArgParser::Nargs::zero, kFusion},
-    {"--no-bias-swiglu-fusion", ArgParser::Nargs::zero, kFusion},
     {"--no-rope-fusion", ArgParser::Nargs::zero, kFusion},
     {"--no-persist-layer-norm", ArgParser::Nargs::zero, kFusion},
     {"--cross-entropy-loss-fusion", ArgParser::Nargs::zero, kFusion},

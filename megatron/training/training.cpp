@@ -469,7 +469,13 @@ std::string fp8_summary(Run& r) {
             ? ", first " + std::to_string(f.num_layers_at_start_in_bf16) + " / last " +
                   std::to_string(f.num_layers_at_end_in_bf16) + " layers in high precision"
             : std::string())
-    << (f.wgrad ? "" : ", wgrad in high precision") << "\n";
+    << (f.wgrad ? "" : ", wgrad in high precision");
+  const transformer::TransformerConfig& m = r.args.model;
+  if (m.activation == transformer::Activation::swiglu && m.bias_swiglu_fusion && f.wgrad)
+    s << ", SwiGLU fused into the casts ("
+      << (m.add_bias_linear ? "forward only: linear_fc1 has a bias" : "forward and backward")
+      << ")";
+  s << "\n";
   if (f.param_gather) {  // the FP8 parameters and the buckets that gather them as bytes
     int64_t elems = 0, buckets = 0;
     for (const fp8::ParamRun& run : st->param_runs()) elems += run.end - run.start;

@@ -86,7 +86,47 @@ void Fp8State::finalize() {
   weight_valid_.assign(names_.size(), 0);
 }
 
+int64_t Operand::cols() const {
+  switch (kind) {
+    case Kind::tensor:
+      return x.size(-1);
+    case Kind::swiglu:
+      return x.size(-1) / 2;
+    case Kind::dswiglu:
+      return x.size(-1);
+  }
+  return 0;
+}
+
+int64_t Operand::rows() const {
+  const int64_t c = x.size(-1);
+  return c == 0 ? 0 : x.numel() / c;
+}
+
+void Fp8State::cast_operand(const Operand& x, Tensor& q, Tensor& qt, Tensor& amax,
+                            const Tensor& scale) const {
+  switch (x.kind) {
+    case Operand::Kind::tensor:
+      ops_->fp8_cast_transpose(q, qt, amax, x.x, scale);
+      return;
+    case Operand::Kind::swiglu:
+      ops_->fp8_swiglu_cast_transpose(q, qt, amax, x.x, scale);
+      return;
+    case Operand::Kind::dswiglu:
+      ops_->fp8_dswiglu_cast_transpose(q, qt, amax, x.dy, x.x, scale);
+      return;
+  }
+}
+
 Scaling Fp8State::scaling(int id, Role role, std::span<const Tensor> xs, bool training,
+                          comm::ProcessGroup* group) {
+  std::vector<Operand> ops;
+  ops.reserve(xs.size());
+  for (const Tensor& x : xs) ops.push_back(Operand::tensor(x));
+  return scaling(id, role, std::span<const Operand>(ops), training, group);
+}
+
+Scaling Fp8State::scaling(int id, Role role, std::span<const Operand> xs, bool training,
                           comm::ProcessGroup* group) {
   MG_CHECK(finalized_ && id >= 0 && id < num_linears(),
            "Fp8State::scaling: linear id " << id << " of " << num_linears());
@@ -105,9 +145,9 @@ Scaling Fp8State::scaling(int id, Role role, std::span<const Tensor> xs, bool tr
   // Tensorwise: amax of the tensors, reduced over the group, then the scale, all on the device.
   Tensor amax = Tensor::zeros({1, 1}, DType::f32, device_);
   Tensor amax1 = amax.view({1});
-  for (const Tensor& x : xs) {
+  for (const Operand& x : xs) {
     Tensor none, none2;
-    ops_->fp8_cast_transpose(none, none2, amax1, x, one_);
+    cast_operand(x, none, none2, amax1, one_);
   }
   all_reduce_max(group, amax);
   s.scale = Tensor::empty({1}, DType::f32, device_);
@@ -321,12 +361,18 @@ Fp8State::WeightCacheScope::~WeightCacheScope() {
 }
 
 void Fp8State::cast(const Scaling& s, const Tensor& x, Tensor* q, Tensor* qt) const {
-  const int64_t cols = x.size(-1), rows = cols == 0 ? 0 : x.numel() / cols;
+  cast(s, Operand::tensor(x), q, qt);
+}
+
+void Fp8State::cast(const Scaling& s, const Operand& x, Tensor* q, Tensor* qt) const {
+  const int64_t cols = x.cols(), rows = x.rows();
   Tensor qq, qqt;
-  if (q) qq = Tensor::empty(x.shape(), s.dtype, x.device());
-  if (qt) qqt = Tensor::empty({cols, rows}, s.dtype, x.device());
+  // q: like x for a tensor, [R, C] for a fused operand.
+  const Shape qshape = x.kind == Operand::Kind::tensor ? x.x.shape() : Shape{rows, cols};
+  if (q) qq = Tensor::empty(qshape, s.dtype, x.x.device());
+  if (qt) qqt = Tensor::empty({cols, rows}, s.dtype, x.x.device());
   Tensor amax = s.amax;
-  ops_->fp8_cast_transpose(qq, qqt, amax, x, s.scale);
+  cast_operand(x, qq, qqt, amax, s.scale);
   if (q) *q = qq;
   if (qt) *qt = qqt;
 }

@@ -48,6 +48,23 @@ struct Scaling {
   DType dtype = DType::fp8_e4m3;
 };
 
+// An FP8 operand, possibly made by an op fused into its cast (docs/fp8.md "Fused casts"): the
+// operand is then never written in the model dtype. tensor: x as it is ([.., C] viewed as
+// [R, C]); swiglu: swiglu_fwd(x) [N, F] of the fc1 output x [N, 2F]; dswiglu: swiglu_bwd(dy, x)
+// [N, 2F], dy [N, F] the gradient of swiglu's output. The same bytes and amax as the unfused ops.
+struct Operand {
+  enum class Kind : uint8_t { tensor, swiglu, dswiglu };
+  Kind kind = Kind::tensor;
+  Tensor x, dy;
+  static Operand tensor(const Tensor& x) { return Operand{Kind::tensor, x, Tensor()}; }
+  static Operand swiglu(const Tensor& u) { return Operand{Kind::swiglu, u, Tensor()}; }
+  static Operand dswiglu(const Tensor& da, const Tensor& u) {
+    return Operand{Kind::dswiglu, u, da};
+  }
+  int64_t cols() const;  // C of the operand viewed as [R, C]
+  int64_t rows() const;
+};
+
 // --fp8-param-gather: a run [start, end) of the model's flat parameter buffer whose parameters are
 // FP8 model parameters, their bytes in `data` (1-D, E4M3, data[i] for element start + i).
 struct ParamRun {
@@ -82,8 +99,12 @@ class Fp8State {
   // Tensorwise: amax of xs reduced (max) over `group` (null: none), scale from it.
   Scaling scaling(int id, Role role, std::span<const Tensor> xs, bool training,
                   comm::ProcessGroup* group);
+  Scaling scaling(int id, Role role, std::span<const Operand> xs, bool training,
+                  comm::ProcessGroup* group);
   // The quantised x (q: like x, qt: [C, R] of x viewed as [R, C]); either may be skipped.
   void cast(const Scaling& s, const Tensor& x, Tensor* q, Tensor* qt) const;
+  // The same for an operand (q: [R, C]).
+  void cast(const Scaling& s, const Operand& x, Tensor* q, Tensor* qt) const;
 
   // The FP8 copy of linear `id`'s weight w [out, in] cut into parts of `part_rows` rows (empty:
   // one part), its scaling as scaling(id, Role::weight, ...). An FP8 w (--fp8-param-gather: the
@@ -153,6 +174,9 @@ class Fp8State {
   struct Buffers {
     Tensor history, scale, scale_inv;  // [len, slots], [slots], [slots] f32
   };
+  // fp8_cast_transpose of the operand (or the fused op making it).
+  void cast_operand(const Operand& x, Tensor& q, Tensor& qt, Tensor& amax,
+                    const Tensor& scale) const;
   Buffers& buffers(bool forward) { return forward ? fwd_ : bwd_; }
   const Buffers& buffers(bool forward) const { return forward ? fwd_ : bwd_; }
   int slots(bool forward) const { return forward ? 2 * num_linears() : num_linears(); }

@@ -12,6 +12,7 @@
 #include "megatron/core/comm/process_group.h"
 #include "megatron/core/common/host_sync.h"
 #include "megatron/core/ops/ops.h"
+#include "megatron/core/ops/validate.h"
 #include "megatron/plugin/registry.h"
 
 namespace mg::ops {
@@ -74,6 +75,41 @@ double generic_clip_grad_norm(std::span<Tensor> grads, std::span<const Tensor> g
   return norm;
 }
 
+// Every tensor defined and on `device` (the composed ops check the rest).
+class OnDeviceOf final : public Placement {
+ public:
+  explicit OnDeviceOf(Device d) : d_(d) {}
+  void check(const char* op, const char* name, const Tensor& t) const override {
+    check_defined(op, name, t);
+    MG_CHECK(t.device() == d_,
+             op << ": " << name << " is on " << t.device().str() << ", x on " << d_.str());
+  }
+
+ private:
+  Device d_;
+};
+
+// The FP8 casts fused with SwiGLU, as the two ops: the operand written in x's dtype, then cast.
+void generic_fp8_swiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x,
+                                       const Tensor& scale) {
+  const GemmDims d = validate_fp8_swiglu_cast_transpose(
+      OnDeviceOf(x.device()), "fp8_swiglu_cast_transpose", q, qt, amax, Tensor(), x, scale);
+  const OpTable& t = plugin::ops_for(x.device());
+  Tensor y = Tensor::empty({d.m, d.n}, x.dtype(), x.device());
+  t.swiglu_fwd(y, x);
+  t.fp8_cast_transpose(q, qt, amax, y, scale);
+}
+
+void generic_fp8_dswiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& dy,
+                                        const Tensor& x, const Tensor& scale) {
+  const GemmDims d = validate_fp8_swiglu_cast_transpose(
+      OnDeviceOf(x.device()), "fp8_dswiglu_cast_transpose", q, qt, amax, dy, x, scale);
+  const OpTable& t = plugin::ops_for(x.device());
+  Tensor dx = Tensor::empty({d.m, d.n}, x.dtype(), x.device());
+  t.swiglu_bwd(dx, dy, x);
+  t.fp8_cast_transpose(q, qt, amax, dx, scale);
+}
+
 }  // namespace
 
 void register_generic(plugin::Registry& r) {
@@ -82,6 +118,12 @@ void register_generic(plugin::Registry& r) {
                                  "generic:l2_norm_sq+all_reduce", Priority::generic);
   r.register_op<OpId::clip_grad_norm>(plugin::kGenericPlatform, &generic_clip_grad_norm,
                                       "generic:grad_norm+multi_tensor_scale", Priority::generic);
+  r.register_op<OpId::fp8_swiglu_cast_transpose>(
+      plugin::kGenericPlatform, &generic_fp8_swiglu_cast_transpose,
+      "generic:swiglu_fwd+fp8_cast_transpose", Priority::generic);
+  r.register_op<OpId::fp8_dswiglu_cast_transpose>(
+      plugin::kGenericPlatform, &generic_fp8_dswiglu_cast_transpose,
+      "generic:swiglu_bwd+fp8_cast_transpose", Priority::generic);
 }
 
 }  // namespace mg::ops

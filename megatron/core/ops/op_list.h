@@ -215,4 +215,13 @@
      grad_norm(grads_for_norm, args); returns the norm before clipping */                         \
   X(clip_grad_norm, function, "",                                                                 \
     double(std::span<Tensor> grads, std::span<const Tensor> grads_for_norm, double max_norm,      \
-           const GradNormArgs& args))
+           const GradNormArgs& args))                                                             \
+  /* FP8 casts fused with the op that makes their operand (docs/fp8.md): fp8_cast_transpose of    \
+     y = swiglu_fwd(x) [R,F] (x [R,2F]), resp. of dx = swiglu_bwd(dy, x) [R,2F], the operand      \
+     rounded to x's dtype as the unfused op stores it (the same q, qt and amax) but never         \
+     written; generic default: the two ops */                                                     \
+  X(fp8_swiglu_cast_transpose, function, "",                                                      \
+    void(Tensor & q, Tensor & qt, Tensor & amax, const Tensor& x, const Tensor& scale))           \
+  X(fp8_dswiglu_cast_transpose, function, "",                                                     \
+    void(Tensor & q, Tensor & qt, Tensor & amax, const Tensor& dy, const Tensor& x,               \
+         const Tensor& scale))

@@ -205,6 +205,43 @@ GemmDims validate_fp8_cast_transpose(const Placement& on, const Tensor& q, const
   return d;
 }
 
+GemmDims validate_fp8_swiglu_cast_transpose(const Placement& on, const char* op, const Tensor& q,
+                                            const Tensor& qt, const Tensor& amax, const Tensor& dy,
+                                            const Tensor& x, const Tensor& scale) {
+  check_float(on, op, "x", x);
+  MG_CHECK(x.dtype() != DType::f64, op << ": x is f64, expected f32, bf16 or f16");
+  MG_CHECK(x.dim() == 2 && x.size(1) % 2 == 0,
+           op << ": x " << shape_str(x.shape()) << ", expected [R, 2F] (gate | up)");
+  const int64_t rows = x.size(0), f = x.size(1) / 2;
+  if (dy.defined()) {
+    check_float(on, op, "dy", dy);
+    check_same_dtype(op, "dy", dy, "x", x);
+    MG_CHECK(dy.dim() == 2 && dy.size(0) == rows && dy.size(1) == f,
+             op << ": dy " << shape_str(dy.shape()) << ", expected [" << rows << ", " << f
+                << "] (x " << shape_str(x.shape()) << " with its last dim halved)");
+  }
+  check_scalar_f32(on, op, "amax", amax);
+  check_scalar_f32(on, op, "scale", scale);
+  GemmDims d;
+  d.m = rows;
+  d.n = dy.defined() ? 2 * f : f;
+  if (q.defined()) {
+    check_fp8(on, op, "q", q);
+    MG_CHECK(q.dim() == 2 && q.size(0) == d.m && q.size(1) == d.n,
+             op << ": q " << shape_str(q.shape()) << ", expected [" << d.m << ", " << d.n << "]");
+  }
+  if (qt.defined()) {
+    check_fp8(on, op, "qt", qt);
+    if (q.defined()) check_same_dtype(op, "qt", qt, "q", q);
+    MG_CHECK(qt.dim() == 2 && qt.size(0) == d.n && qt.size(1) == d.m,
+             op << ": qt " << shape_str(qt.shape()) << ", expected [" << d.n << ", " << d.m << "]");
+  }
+  for (const Tensor* t : {&q, &qt})
+    MG_CHECK(!t->defined() || (!overlaps(*t, x) && !(dy.defined() && overlaps(*t, dy))),
+             op << ": q / qt overlap an input");
+  return d;
+}
+
 GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,
                            const Tensor& a_scale_inv, const Tensor& b_scale_inv,
                            const Fp8GemmArgs& args) {

@@ -91,6 +91,13 @@ GemmDims validate_gemm_epilogue(const Placement& on, const Tensor& c, const Tens
 // shape, qt (optional) fp8 [C, R] of q's dtype; amax and scale f32 [1]. Returns {R, C} as {m, n}.
 GemmDims validate_fp8_cast_transpose(const Placement& on, const Tensor& q, const Tensor& qt,
                                      const Tensor& amax, const Tensor& x, const Tensor& scale);
+// fp8_swiglu_cast_transpose (dy undefined) and fp8_dswiglu_cast_transpose: x [R, 2F] bf16 / f16 /
+// f32, dy [R, F] of x's dtype; the operand swiglu(x) [R, F] (resp. swiglu_bwd(dy, x) [R, 2F]) as
+// fp8_cast_transpose's x: q (optional) fp8 of the operand's shape, qt (optional) [C, R] of q's
+// dtype, amax and scale f32 [1], no overlap. Returns {R, C} (C = F, resp. 2F) as {m, n}.
+GemmDims validate_fp8_swiglu_cast_transpose(const Placement& on, const char* op, const Tensor& q,
+                                            const Tensor& qt, const Tensor& amax, const Tensor& dy,
+                                            const Tensor& x, const Tensor& scale);
 // fp8_gemm: a [M, K], b [N, K] fp8 (e4m3 or e5m2, not both e5m2), c [M, N] f32/bf16/f16, the
 // scale inverses f32 [1], beta 0 or 1, M, N, K multiples of 16. Returns the dims (batch 1).
 GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,

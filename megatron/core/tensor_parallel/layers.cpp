@@ -74,19 +74,21 @@ int fp8_linear_id(const ModuleContext& ctx, const std::string& prefix) {
   return ctx.fp8->add_linear(name);
 }
 
-// x2 [N, in] cast (with its transpose) as the input of linear `id`.
-void fp8_cast_input(const ModuleContext& ctx, int id, const Tensor& x2, Tensor& xq, Fp8Saved& sv) {
-  const fp8::Scaling sx = ctx.fp8->scaling(id, fp8::Role::input, std::span<const Tensor>(&x2, 1),
-                                           ctx.fp8_training, ctx.tp_group);
-  ctx.fp8->cast(sx, x2, &xq, &sv.input_t);
+// The input x [N, in] (a tensor, or made by an op fused into the cast) cast with its transpose
+// as the input of linear `id`.
+void fp8_cast_input(const ModuleContext& ctx, int id, const fp8::Operand& x, Tensor& xq,
+                    Fp8Saved& sv) {
+  const fp8::Scaling sx = ctx.fp8->scaling(
+      id, fp8::Role::input, std::span<const fp8::Operand>(&x, 1), ctx.fp8_training, ctx.tp_group);
+  ctx.fp8->cast(sx, x, &xq, &sv.input_t);
   sv.input_scale_inv = sx.scale_inv;
 }
 
 // y [N, out] = x_q w_q^T in the model dtype; fills sv.
-Tensor fp8_forward(const ModuleContext& ctx, int id, const Tensor& x2, const Tensor& w,
+Tensor fp8_forward(const ModuleContext& ctx, int id, const fp8::Operand& x, const Tensor& w,
                    Fp8Saved& sv) {
   Tensor xq;
-  fp8_cast_input(ctx, id, x2, xq, sv);
+  fp8_cast_input(ctx, id, x, xq, sv);
   const fp8::WeightFp8* cached = ctx.fp8->cached_weight(id, ctx.fp8_training);
   const fp8::WeightFp8 wf =
       cached ? *cached
@@ -98,7 +100,7 @@ Tensor fp8_forward(const ModuleContext& ctx, int id, const Tensor& x2, const Ten
                          << " part(s) by forward_split; forward needs the whole weight");
   sv.weight_t = wf.qt[0];
   sv.weight_scale_inv = wf.scale_inv;
-  Tensor y = ctx.empty({x2.size(0), w.size(0)});
+  Tensor y = ctx.empty({x.rows(), w.size(0)});
   ctx.op().fp8_gemm(y, xq, wf.q[0], sv.input_scale_inv, sv.weight_scale_inv,
                     ops::Fp8GemmArgs{.fast_accum = true});  // TE's forward: no split accumulator
   return y;
@@ -111,7 +113,7 @@ void fp8_cast_grad(const ModuleContext& ctx, const fp8::Scaling& s, const Tensor
 }
 
 // dx [N, in] = g_q (w_q^T)^T (beta: 0 writes, 1 adds) and dW += g_q^T x_q (FP8, or with
-// --no-fp8-wgrad the high-precision gemm of g2 and x2).
+// --no-fp8-wgrad the high-precision gemm of g2 and x2, which only that case reads).
 void fp8_backward(const ModuleContext& ctx, const fp8::Scaling& sg, const Tensor& gq,
                   const Tensor& gqt, const Tensor& weight_t, const Tensor& g2, const Tensor& x2,
                   const Fp8Saved& sv, Tensor& dx, float dx_beta, Tensor& dw, float dw_beta) {
@@ -120,8 +122,12 @@ void fp8_backward(const ModuleContext& ctx, const fp8::Scaling& sg, const Tensor
   if (ctx.config->fp8.wgrad)
     ctx.op().fp8_gemm(dw, gqt, sv.input_t, sg.scale_inv, sv.input_scale_inv,
                       ops::Fp8GemmArgs{.beta = dw_beta});
-  else
+  else {
+    MG_CHECK(g2.defined() && x2.defined(),
+             "FP8 linear: --no-fp8-wgrad needs the high-precision output gradient and input "
+             "(not with a fused cast)");
     ctx.op().gemm(dw, g2, x2, ops::GemmArgs{.trans_a = true, .beta = dw_beta});
+  }
 }
 
 fp8::Scaling fp8_grad_scaling(const ModuleContext& ctx, int id, std::span<const Tensor> gs) {
@@ -169,7 +175,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, Saved& saved, const Weight
   if (out == 0) {
     y = ctx_.empty({n, 0});  // a shard with no output rows (the output layer's padding)
   } else if (fp8_id_ >= 0 && !weight) {
-    y = fp8_forward(ctx_, fp8_id_, x2, w.value, saved.fp8);
+    y = fp8_forward(ctx_, fp8_id_, fp8::Operand::tensor(x2), w.value, saved.fp8);
     if (b_.defined()) ctx_.op().bias_add(y, b_.value);
   } else if (b_.defined() && cfg_.gemm_bias_fusion) {  // x W^T + b in one GEMM (bias epilogue)
     y = ctx_.empty({n, out});
@@ -195,7 +201,8 @@ Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, Saved& saved,
   const int64_t n = total.numel() / in;
   Tensor a = ctx_.empty({n, out_local_});
   if (fp8_id_ >= 0) {  // FP8 GEMM, then bias and GELU (tanh) as ops
-    pre_activation = fp8_forward(ctx_, fp8_id_, total.view({n, in}), w_.value, saved.fp8);
+    pre_activation =
+        fp8_forward(ctx_, fp8_id_, fp8::Operand::tensor(total.view({n, in})), w_.value, saved.fp8);
     if (b_.defined()) ctx_.op().bias_add(pre_activation, b_.value);
     ctx_.op().gelu_fwd(a, pre_activation, ops::GeluApprox::tanh);
     return a.view(with_last(total.shape(), out_local_));
@@ -301,7 +308,7 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
   std::vector<Tensor> parts;
   if (fp8_id_ >= 0) {  // one cast of x and of the (regrouped) weight, one FP8 GEMM per part
     Tensor xq;
-    fp8_cast_input(ctx_, fp8_id_, x2, xq, saved.fp8);
+    fp8_cast_input(ctx_, fp8_id_, fp8::Operand::tensor(x2), xq, saved.fp8);
     const fp8::WeightFp8* cached = ctx_.fp8->cached_weight(fp8_id_, ctx_.fp8_training);
     const fp8::WeightFp8 wf =
         cached
@@ -380,6 +387,37 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& 
     if (b_.defined() && !bias_grad_done) ctx_.op().bias_grad(b_.grad, g2);
     linear_bwd(ctx_, dx, w.grad, g2, x2, w.value);
   }
+  saved = Saved{};
+  return region_enter_bwd(ctx_, dx.view(with_last(total.shape(), in)));
+}
+
+bool ColumnParallelLinear::fuses_grad_cast() const {
+  return fp8_id_ >= 0 && !b_.defined() && !cfg_.gather_output && ctx_.config->fp8.wgrad;
+}
+
+Tensor ColumnParallelLinear::backward_dswiglu(const Tensor& da, const Tensor& u, const Tensor& x,
+                                              Saved& saved) {
+  MG_CHECK(fuses_grad_cast(),
+           "ColumnParallelLinear::backward_dswiglu: needs an FP8 linear with FP8 weight "
+           "gradients, no bias and no gather_output (fuses_grad_cast)");
+  const Tensor total = saved.input.defined() ? saved.input : x;
+  const int64_t in = cfg_.input_size, n = total.numel() / in;
+  MG_CHECK(u.numel() == n * out_local_ && da.numel() * 2 == u.numel(),
+           "ColumnParallelLinear::backward_dswiglu: u "
+               << u.str() << " and da " << da.str() << " for " << n << " tokens of " << out_local_
+               << " outputs");
+  // The output gradient swiglu_bwd(da, u) [N, out/TP], cast (E5M2 under hybrid) without being
+  // written in the model dtype.
+  const fp8::Operand g =
+      fp8::Operand::dswiglu(da.view({n, out_local_ / 2}), u.view({n, out_local_}));
+  const fp8::Scaling sg =
+      ctx_.fp8->scaling(fp8_id_, fp8::Role::grad_output, std::span<const fp8::Operand>(&g, 1),
+                        ctx_.fp8_training, ctx_.tp_group);
+  Tensor gq, gqt;
+  ctx_.fp8->cast(sg, g, &gq, &gqt);
+  Tensor dx = ctx_.empty({n, in});
+  fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, Tensor(), Tensor(), saved.fp8, dx, 0.0f,
+               w_.grad, 1.0f);
   saved = Saved{};
   return region_enter_bwd(ctx_, dx.view(with_last(total.shape(), in)));
 }
@@ -497,9 +535,33 @@ Tensor RowParallelLinear::forward(const Tensor& x, Saved& saved) const {
                                        << (cfg_.input_is_parallel ? in_local_ : cfg_.input_size)
                                        << "]");
   const int64_t n = xp.numel() / in_local_, out = cfg_.output_size;
-  Tensor y = fp8_id_ >= 0 ? fp8_forward(ctx_, fp8_id_, xp.view({n, in_local_}), w_.value, saved.fp8)
-                          : linear_fwd(ctx_, xp.view({n, in_local_}), w_.value);  // partial over TP
+  Tensor y = fp8_id_ >= 0
+                 ? fp8_forward(ctx_, fp8_id_, fp8::Operand::tensor(xp.view({n, in_local_})),
+                               w_.value, saved.fp8)
+                 : linear_fwd(ctx_, xp.view({n, in_local_}), w_.value);  // partial over TP
   y = region_exit(ctx_, y.view(with_last(xp.shape(), out)));
+  if (b_.defined() && !cfg_.skip_bias_add) {
+    Tensor y2 = y.view({y.numel() / out, out});
+    ctx_.op().bias_add(y2, b_.value);
+  }
+  return y;
+}
+
+bool RowParallelLinear::fuses_input_cast() const {
+  return fp8_id_ >= 0 && cfg_.input_is_parallel && ctx_.config->fp8.wgrad;
+}
+
+Tensor RowParallelLinear::forward_swiglu(const Tensor& u, Saved& saved) const {
+  MG_CHECK(fuses_input_cast(),
+           "RowParallelLinear::forward_swiglu: needs an FP8 linear with FP8 weight gradients and "
+           "a parallel input (fuses_input_cast)");
+  MG_CHECK(u.dim() >= 1 && u.size(-1) == 2 * in_local_, "RowParallelLinear::forward_swiglu: u "
+                                                            << u.str() << ", expected [.., "
+                                                            << 2 * in_local_ << "] (gate | up)");
+  const int64_t n = u.numel() / u.size(-1), out = cfg_.output_size;
+  const fp8::Operand x = fp8::Operand::swiglu(u.view({n, 2 * in_local_}));
+  Tensor y = fp8_forward(ctx_, fp8_id_, x, w_.value, saved.fp8);  // partial over TP
+  y = region_exit(ctx_, y.view(with_last(u.shape(), out)));
   if (b_.defined() && !cfg_.skip_bias_add) {
     Tensor y2 = y.view({y.numel() / out, out});
     ctx_.op().bias_add(y2, b_.value);
@@ -512,7 +574,12 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& sav
   if (b_.defined() && !cfg_.skip_bias_add)
     ctx_.op().bias_grad(b_.grad, dy.view({dy.numel() / out, out}));
   const Tensor g = region_exit_bwd(ctx_, dy);
-  const Tensor xp = cfg_.input_is_parallel || ctx_.tp_size() == 1
+  // x undefined: the input was never written (forward_swiglu), which FP8 weight gradients
+  // do not need.
+  MG_CHECK(x.defined() || fuses_input_cast(),
+           "RowParallelLinear::backward: no input x (only an FP8 linear with FP8 weight "
+           "gradients runs without it)");
+  const Tensor xp = !x.defined() || cfg_.input_is_parallel || ctx_.tp_size() == 1
                         ? x
                         : scatter_to_tensor_model_parallel_region(x, *ctx_.tp_group);
   const int64_t n = g.numel() / out;
@@ -522,8 +589,9 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& sav
     const fp8::Scaling sg = fp8_grad_scaling(ctx_, fp8_id_, std::span<const Tensor>(&g2, 1));
     Tensor gq, gqt;
     fp8_cast_grad(ctx_, sg, g2, gq, gqt);
-    fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, g2, xp.view({n, in_local_}), saved.fp8, dx,
-                 0.0f, w_.grad, 1.0f);
+    fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, g2,
+                 xp.defined() ? xp.view({n, in_local_}) : Tensor(), saved.fp8, dx, 0.0f, w_.grad,
+                 1.0f);
     saved = Saved{};
   } else {
     linear_bwd(ctx_, dx, w_.grad, g.view({n, out}), xp.view({n, in_local_}), w_.value);

@@ -118,6 +118,13 @@ class ColumnParallelLinear {
   // (backward_dgelu_bgrad's epilogue), only the weight's is added here.
   Tensor backward(const Tensor& dy, const Tensor& x, Saved& saved, bool bias_grad_done = false,
                   Weight* weight = nullptr);
+  // backward of the gradient swiglu_bwd(da, u) with SwiGLU's gradient fused into the FP8 cast
+  // of the output gradient (docs/fp8.md "Fused casts"): da [.., out/TP / 2] the gradient of
+  // swiglu's output, u [.., out/TP] this layer's output (gate | up); that gradient is never
+  // written in the model dtype. Needs fuses_grad_cast(): an FP8 linear with FP8 weight gradients,
+  // no bias (its gradient would need the written gradient) and no gather_output.
+  Tensor backward_dswiglu(const Tensor& da, const Tensor& u, const Tensor& x, Saved& saved);
+  bool fuses_grad_cast() const;
   // d(parts) [N, part_rows[p]] of forward_split -> dx like x (written).
   Tensor backward_split(const std::vector<Tensor>& dparts, const Tensor& x, Saved& saved,
                         const OutputSplit& split);
@@ -178,6 +185,12 @@ class RowParallelLinear {
   // input forward was given; saved: what that forward filled (consumed).
   Tensor backward(const Tensor& dy, const Tensor& x, Saved& saved);
   Tensor backward(const Tensor& dy, const Tensor& x);  // not for an FP8 linear
+  // forward(swiglu(u)) with SwiGLU fused into the FP8 cast of the input (docs/fp8.md "Fused
+  // casts"): u [.., 2 in/TP] (gate | up), the activation never written; its backward takes an
+  // undefined x. Needs fuses_input_cast(): an FP8 linear with FP8 weight gradients (which read
+  // the FP8 input, not x) and a parallel input.
+  Tensor forward_swiglu(const Tensor& u, Saved& saved) const;
+  bool fuses_input_cast() const;
   // The bias-GELU fusion of an MLP (input_is_parallel, no own bias term in play): x =
   // gelu(pre_activation) of the previous ColumnParallelLinear::forward_bias_gelu. Returns
   // d(pre_activation) = gelu'(pre) * (dy W) [N, in/TP] from the data-gradient GEMM's dgelu_bgrad

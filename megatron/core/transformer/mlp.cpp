@@ -10,6 +10,13 @@
 //   SwiGLU / squared ReLU with a bias: fc1 uses the bias epilogue, and the fc1 weight-gradient GEMM
 //         the bgrad epilogue (dW1 += du^T x, dbias1 += sum_n du).
 // Without the flag: gemm, bias_add, the activation, bias_grad, as separate ops (exact erf GELU).
+// SwiGLU with FP8 linears (config.bias_swiglu_fusion, Megatron's default; --no-bias-swiglu-fusion
+// turns it off; docs/fp8.md "Fused casts"): the activation is fused into the FP8 cast of fc2's
+// input (RowParallelLinear::forward_swiglu: swiglu(u) never written; fc2's FP8 weight gradient
+// reads the FP8 input, not the activation) and its gradient into the FP8 cast of fc1's output
+// gradient (ColumnParallelLinear::backward_dswiglu), each where that linear allows it
+// (fuses_input_cast / fuses_grad_cast: FP8 weight gradients, no fc1 bias). The same bytes as
+// the separate ops.
 #include "megatron/core/transformer/mlp.h"
 
 #include "megatron/core/common/error.h"
@@ -80,6 +87,9 @@ MLP::MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix,
                                                .input_is_parallel = true,
                                                .skip_bias_add = true,
                                                .init = InitRule::scaled_normal});
+  const bool swiglu_fusion = act_ == Activation::swiglu && c.bias_swiglu_fusion;
+  swiglu_cast_fwd_ = swiglu_fusion && linear_fc2_->fuses_input_cast();
+  swiglu_cast_bwd_ = swiglu_fusion && linear_fc1_->fuses_grad_cast();
 }
 
 Tensor MLP::forward(const Tensor& x, Saved& saved) const {
@@ -93,6 +103,10 @@ Tensor MLP::forward(const Tensor& x, Saved& saved) const {
   } else {
     const Tensor y = linear_fc1_->forward(x, saved.fc1);  // [S, B, F or 2F] (+ bias)
     u = y.view({y.numel() / y.size(-1), y.size(-1)});
+    if (swiglu_cast_fwd_) {  // fc2(swiglu(u)), the activation made inside fc2's FP8 cast
+      saved.fc1_out = u;
+      return linear_fc2_->forward_swiglu(y, saved.fc2);
+    }
     shape = y.shape();
     shape.back() = f_;
     a = ctx_.empty({u.size(0), f_});  // [N, F]
@@ -104,7 +118,14 @@ Tensor MLP::forward(const Tensor& x, Saved& saved) const {
 }
 
 Tensor MLP::backward(const Tensor& dy, const Tensor& x, Saved& saved) {
-  const Tensor a = saved.act_out;
+  const Tensor a = saved.act_out;  // undefined under swiglu_cast_fwd_
+  const int64_t n = saved.fc1_out.size(0);
+  if (swiglu_cast_bwd_) {  // fc1's output gradient swiglu_bwd(da, u) made inside its FP8 cast
+    const Tensor da = linear_fc2_->backward(dy, a, saved.fc2);
+    const Tensor dx = linear_fc1_->backward_dswiglu(da.view({n, f_}), saved.fc1_out, x, saved.fc1);
+    saved = Saved{};
+    return dx;
+  }
   Tensor du;
   if (fused_ && act_ == Activation::gelu) {
     // d(pre-act) = gelu'(u) * (dy W2) and dbias1 += its column sums, in one GEMM; dW2 += dy^T a.
@@ -114,7 +135,7 @@ Tensor MLP::backward(const Tensor& dy, const Tensor& x, Saved& saved) {
   } else {
     const Tensor da = linear_fc2_->backward(dy, a, saved.fc2);
     du = ctx_.empty(saved.fc1_out.shape());
-    activation_bwd(ctx_, act_, gelu_, du, da.view({a.size(0), f_}), saved.fc1_out);
+    activation_bwd(ctx_, act_, gelu_, du, da.view({n, f_}), saved.fc1_out);
   }
   // fc1: dW1 += du^T x (with the bias gradient unless the dgelu_bgrad epilogue took it), dx
   // summed over TP (or reduce-scattered) back to x's shape.

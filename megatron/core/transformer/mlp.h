@@ -24,7 +24,7 @@ class MLP {
  public:
   struct Saved {
     Tensor fc1_out;  // [N, F] or [N, 2F], after bias (activation input)
-    Tensor act_out;  // [N, F]
+    Tensor act_out;  // [N, F] (not written when SwiGLU is fused into fc2's FP8 cast)
     tensor_parallel::ColumnParallelLinear::Saved fc1;  // TP > 1: the input in the TP region
     tensor_parallel::RowParallelLinear::Saved fc2;     // FP8: the forward's casts
   };
@@ -44,6 +44,8 @@ class MLP {
   const ModuleContext& ctx_;
   Activation act_;
   bool fused_;  // config.bias_activation_fusion: gemm_epilogue paths (mlp.cpp)
+  // SwiGLU fused into fc2's FP8 input cast / into fc1's FP8 output-gradient cast (mlp.cpp).
+  bool swiglu_cast_fwd_ = false, swiglu_cast_bwd_ = false;
   ops::GeluApprox gelu_;
   int64_t h_, f_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> linear_fc1_;

@@ -62,9 +62,13 @@ struct TransformerConfig {
   bool apply_layernorm_1p = false;  // norm weights stored as gamma - 1 (zero-centred), init 0
   Activation activation = Activation::gelu;
   bool bias_activation_fusion = false;  // gelu: tanh approximation (Megatron's fused bias_gelu)
-  bool add_bias_linear = true;          // biases on linear_qkv/proj/fc1/fc2
-  bool add_qkv_bias = false;            // bias on linear_qkv only (Qwen2), with !add_bias_linear
-  bool qk_layernorm = false;            // q_layernorm / k_layernorm over HD (Qwen3-style)
+  // SwiGLU under FP8: the activation (and its gradient) fused into the FP8 casts of linear_fc2's
+  // input (linear_fc1's output gradient), the same numbers (docs/fp8.md "Fused casts");
+  // --no-bias-swiglu-fusion turns it off.
+  bool bias_swiglu_fusion = true;
+  bool add_bias_linear = true;  // biases on linear_qkv/proj/fc1/fc2
+  bool add_qkv_bias = false;    // bias on linear_qkv only (Qwen2), with !add_bias_linear
+  bool qk_layernorm = false;    // q_layernorm / k_layernorm over HD (Qwen3-style)
   PositionEmbeddingType position_embedding_type = PositionEmbeddingType::learned_absolute;
   double rotary_base = 10000.0;
   double rotary_percent = 1.0;

@@ -20,6 +20,7 @@
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/platforms/cuda/swiglu_math.cuh"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cuda {
@@ -69,11 +70,6 @@ __device__ __forceinline__ C act_grad(Act act, C x) {
 }
 
 template <typename C>
-__device__ __forceinline__ C sigmoid(C x) {
-  return C(1) / (C(1) + exp_c(-x));
-}
-
-template <typename C>
 __global__ void act_fwd_kernel(void* y, const void* x, DType t, Act act, int64_t n) {
   for (int64_t i = grid_start(); i < n; i += grid_stride())
     store<C>(y, t, i, act_fwd(act, load<C>(x, t, i)));
@@ -93,7 +89,7 @@ __global__ void swiglu_fwd_kernel(void* y, const void* x, DType t, int64_t rows,
   for (int64_t i = grid_start(); i < n; i += grid_stride()) {
     const int64_t r = i / f, j = i - r * f;
     const C a = load<C>(x, t, r * 2 * f + j), u = load<C>(x, t, r * 2 * f + f + j);
-    store<C>(y, t, i, a * sigmoid(a) * u);
+    store<C>(y, t, i, swiglu_value(a, u));
   }
 }
 
@@ -107,7 +103,7 @@ __global__ void swiglu_fwd_vec_kernel(void* y, const void* x, bool bf16, int64_t
     load8_half(x, r * 2 * f + j, bf16, a);
     load8_half(x, r * 2 * f + f + j, bf16, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) o[k] = a[k] * sigmoid(a[k]) * u[k];
+    for (int k = 0; k < 8; ++k) o[k] = swiglu_value(a[k], u[k]);
     store8_half(y, r * f + j, bf16, o);
   }
 }
@@ -123,11 +119,7 @@ __global__ void swiglu_bwd_vec_kernel(void* dx, const void* dy, const void* x, b
     load8_half(x, g + f, bf16, u);
     load8_half(dy, r * f + j, bf16, d);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const float s = sigmoid(a[k]);
-      dg[k] = d[k] * u[k] * s * (1.0f + a[k] * (1.0f - s));
-      du[k] = d[k] * a[k] * s;
-    }
+    for (int k = 0; k < 8; ++k) swiglu_grads(d[k], a[k], u[k], dg[k], du[k]);
     store8_half(dx, g, bf16, dg);
     store8_half(dx, g + f, bf16, du);
   }
@@ -150,9 +142,10 @@ __global__ void swiglu_bwd_kernel(void* dx, const void* dy, const void* x, DType
     const int64_t r = i / f, j = i - r * f;
     const int64_t g = r * 2 * f + j;
     const C a = load<C>(x, t, g), u = load<C>(x, t, g + f), d = load<C>(dy, t, i);
-    const C s = sigmoid(a);
-    store<C>(dx, t, g, d * u * s * (C(1) + a * (C(1) - s)));
-    store<C>(dx, t, g + f, d * a * s);
+    C dgate, dup;
+    swiglu_grads(d, a, u, dgate, dup);
+    store<C>(dx, t, g, dgate);
+    store<C>(dx, t, g + f, dup);
   }
 }
 

@@ -19,6 +19,11 @@
 //     cuda_fp8_test; NaN through the encoder). With it: 19.7 -> 9.9 ms (2.4 TB/s) per llama-1b
 //     FP8 step (benchmarks/results/2026-11-26-h200-lease-s19.md).
 //   - scalar (anything else): a 32 x 32 tile per block, one element per thread.
+// The vector kernel is a template over what it casts (PlainSrc: x itself); SwigluSrc and
+// DswigluSrc make the operand from SwiGLU's inputs in the same pass: fp8_swiglu_cast_transpose /
+// fp8_dswiglu_cast_transpose (docs/fp8.md "Fused casts"), the activation (gradient) computed with
+// swiglu_math.cuh's expressions and rounded to x's dtype as swiglu_fwd / swiglu_bwd store it, so
+// q, qt and amax equal those ops followed by fp8_cast_transpose, without the bf16 round trip.
 // fp8_scale_update: one thread per slot running fp8/fp8_math.h's update (the CPU kernel's code,
 // IEEE divisions): the amax history roll and the scales stay on the device, no host read.
 // fp8_gemm: cuBLASLt with A/B CUDA_R_8F_E4M3 / CUDA_R_8F_E5M2, CUBLAS_COMPUTE_32F, the scale
@@ -54,6 +59,7 @@
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/platforms/cuda/swiglu_math.cuh"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cuda {
@@ -123,56 +129,129 @@ __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, float* amax, cons
 
 constexpr int kVTile = 64;  // the vector kernel's tile: 64 x 64 elements, 256 threads
 
-// Block (tile_c, tile_r) of a [rows, cols] x of 2-byte elements (bf16 or f16); rows % 8 == 0 and
-// cols % 8 == 0, so a vector of 8 is in range when its first element is. Thread t loads the 8
-// columns (t % 8) * 8.. of tile rows t / 8 and t / 8 + 32, and writes the 8 qt columns (x rows)
-// (t % 8) * 8.. of qt rows (x columns) t / 8 and t / 8 + 32.
+// What the vector kernel casts: Src::kParts operands [rows, cols] side by side (q [rows, kParts
+// cols], part p at columns p cols; qt [kParts cols, rows], part p at rows p cols), element
+// (r, c..c+7) of each produced as f32 by Src::load (c a multiple of 8).
+// The operand as it is (fp8_cast_transpose): x [rows, cols] bf16 / f16.
+struct PlainSrc {
+  static constexpr int kParts = 1;
+  const uint16_t* x;
+  bool bf16;
+  int64_t cols;
+  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&o)[1][8]) const {
+    load8_half(x, r * cols + c, bf16, o[0]);
+  }
+};
+
+// The value the unfused op stores in x's dtype (bf16 / f16), widened back to f32.
+__device__ __forceinline__ float stored_half(float v, bool bf16) {
+  return bf16 ? dmath::bf16_to_f32(dmath::f32_to_bf16(v)) : dmath::f16_to_f32(dmath::f32_to_f16(v));
+}
+
+// Gate and up elements (r, c..c+7) of x [rows, 2f] = [gate | up].
+__device__ __forceinline__ void load_gate_up(const uint16_t* x, int64_t r, int64_t c, int64_t f,
+                                             bool bf16, float (&a)[8], float (&u)[8]) {
+  load8_half(x, r * 2 * f + c, bf16, a);
+  load8_half(x, r * 2 * f + f + c, bf16, u);
+}
+
+// swiglu_fwd(x) [rows, f] of x [rows, 2f] (fp8_swiglu_cast_transpose).
+struct SwigluSrc {
+  static constexpr int kParts = 1;
+  const uint16_t* x;
+  bool bf16;
+  int64_t f;
+  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&o)[1][8]) const {
+    float a[8], u[8];
+    load_gate_up(x, r, c, f, bf16, a, u);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o[0][k] = stored_half(swiglu_value(a[k], u[k]), bf16);
+  }
+};
+
+// swiglu_bwd(dy, x) [rows, 2f] of dy [rows, f], x [rows, 2f] (fp8_dswiglu_cast_transpose): part 0
+// the gate's gradient (columns [0, f)), part 1 the up half's ([f, 2f)), both from one read of dy,
+// gate and up.
+struct DswigluSrc {
+  static constexpr int kParts = 2;
+  const uint16_t* dy;
+  const uint16_t* x;
+  bool bf16;
+  int64_t f;
+  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&o)[2][8]) const {
+    float a[8], u[8], d[8];
+    load_gate_up(x, r, c, f, bf16, a, u);
+    load8_half(dy, r * f + c, bf16, d);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      float dg, du;
+      swiglu_grads(d[k], a[k], u[k], dg, du);
+      o[0][k] = stored_half(dg, bf16);
+      o[1][k] = stored_half(du, bf16);
+    }
+  }
+};
+
+// Block (tile_c, tile_r) of the [rows, cols] operands; rows % 8 == 0 and cols % 8 == 0, so a
+// vector of 8 is in range when its first element is. Thread t produces the 8 columns (t % 8) * 8..
+// of tile rows t / 8 and t / 8 + 32 (one 16-byte load per input), stores 8 bytes of q per part,
+// and writes the 8 qt columns (operand rows) (t % 8) * 8.. of qt rows (operand columns) t / 8 and
+// t / 8 + 32 of each part.
+template <class Src>
 __global__ void __launch_bounds__(256)
-    cast_transpose_vec_kernel(uint8_t* q, uint8_t* qt, float* amax, const uint16_t* x, bool bf16,
-                              const float* scale, bool e4m3, int64_t rows, int64_t cols) {
-  __shared__ __align__(8) uint8_t tile[kVTile][kVTile + 8];
+    cast_transpose_vec_kernel(uint8_t* q, uint8_t* qt, float* amax, Src src, const float* scale,
+                              bool e4m3, int64_t rows, int64_t cols) {
+  constexpr int P = Src::kParts;
+  __shared__ __align__(8) uint8_t tile[P][kVTile][kVTile + 8];
   __shared__ float warp_max[8];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVTile;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kVTile;
   const int t = static_cast<int>(threadIdx.x), lane8 = (t % 8) * 8;
+  const int64_t qcols = P * cols, qtrows = rows;
   const float s = *scale;
   float m = 0.0f;
   for (int pass = 0; pass < 2; ++pass) {
     const int lr = t / 8 + pass * 32;
     const int64_t r = r0 + lr, c = c0 + lane8;
     if (r < rows && c < cols) {
-      float xs[8];
-      load8_half(x, r * cols + c, bf16, xs);
-      uint32_t lo = 0, hi = 0;
+      float xs[P][8];
+      src.load(r, c, xs);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float v = xs[k];
-        m = nan_max(m, fabsf(v));
-        const float sv = v * s;
-        const uint32_t b = to_fp8_saturating(sv, e4m3);
-        if (k < 4)
-          lo |= b << (8 * k);
-        else
-          hi |= b << (8 * (k - 4));
+      for (int p = 0; p < P; ++p) {
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float v = xs[p][k];
+          m = nan_max(m, fabsf(v));
+          const float sv = v * s;
+          const uint32_t b = to_fp8_saturating(sv, e4m3);
+          if (k < 4)
+            lo |= b << (8 * k);
+          else
+            hi |= b << (8 * (k - 4));
+        }
+        const uint2 packed = make_uint2(lo, hi);
+        if (q) *reinterpret_cast<uint2*>(q + r * qcols + p * cols + c) = packed;
+        if (qt) *reinterpret_cast<uint2*>(&tile[p][lr][lane8]) = packed;
       }
-      const uint2 packed = make_uint2(lo, hi);
-      if (q) *reinterpret_cast<uint2*>(q + r * cols + c) = packed;
-      if (qt) *reinterpret_cast<uint2*>(&tile[lr][lane8]) = packed;
     }
   }
   if (qt) {
     __syncthreads();
-    for (int pass = 0; pass < 2; ++pass) {
-      const int lc = t / 8 + pass * 32;
-      const int64_t c = c0 + lc, r = r0 + lane8;  // qt [cols, rows]: row c, columns r..r+7
-      if (c < cols && r < rows) {
-        uint32_t lo = 0, hi = 0;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          lo |= static_cast<uint32_t>(tile[lane8 + k][lc]) << (8 * k);
-          hi |= static_cast<uint32_t>(tile[lane8 + 4 + k][lc]) << (8 * k);
+    for (int p = 0; p < P; ++p) {
+      for (int pass = 0; pass < 2; ++pass) {
+        const int lc = t / 8 + pass * 32;
+        const int64_t c = c0 + lc, r = r0 + lane8;  // qt: row p cols + c, columns r..r+7
+        if (c < cols && r < rows) {
+          uint32_t lo = 0, hi = 0;
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            lo |= static_cast<uint32_t>(tile[p][lane8 + k][lc]) << (8 * k);
+            hi |= static_cast<uint32_t>(tile[p][lane8 + 4 + k][lc]) << (8 * k);
+          }
+          *reinterpret_cast<uint2*>(qt + (p * cols + c) * qtrows + r) = make_uint2(lo, hi);
         }
-        *reinterpret_cast<uint2*>(qt + c * rows + r) = make_uint2(lo, hi);
       }
     }
   }
@@ -207,10 +286,10 @@ void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x, co
   if (two_byte && rows % 8 == 0 && cols % 8 == 0 && aligned(x.raw_data(), 16) && aligned(qp, 8) &&
       aligned(qtp, 8) && (rows + kVTile - 1) / kVTile <= 65535) {
     const int64_t vr = (rows + kVTile - 1) / kVTile, vc = (cols + kVTile - 1) / kVTile;
+    const PlainSrc src{static_cast<const uint16_t*>(x.raw_data()), x.dtype() == DType::bf16, cols};
     cast_transpose_vec_kernel<<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0,
-                                s>>>(
-        qp, qtp, amax.data<float>(), static_cast<const uint16_t*>(x.raw_data()),
-        x.dtype() == DType::bf16, scale.data<float>(), qd == DType::fp8_e4m3, rows, cols);
+                                s>>>(qp, qtp, amax.data<float>(), src, scale.data<float>(),
+                                     qd == DType::fp8_e4m3, rows, cols);
     MG_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -220,6 +299,69 @@ void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x, co
       qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr, amax.data<float>(),
       x.raw_data(), x.dtype(), scale.data<float>(), qd == DType::fp8_e4m3, rows, cols);
   MG_CUDA_CHECK_LAUNCH();
+}
+
+// fp8_swiglu_cast_transpose / fp8_dswiglu_cast_transpose: one pass reading x (and dy) and
+// writing q / qt, the SwiGLU operand never stored (the vector kernel with SwigluSrc /
+// DswigluSrc); the same bytes and amax as swiglu_fwd / swiglu_bwd followed by fp8_cast_transpose,
+// whose kernels compute the same f32 expressions (swiglu_math.cuh) and round them to x's dtype
+// as the operand's store would. Shapes the vector kernel does not take (f32, R or F not a
+// multiple of 8, unaligned data): the two ops.
+template <class Src>
+void launch_fused_cast(Tensor& q, Tensor& qt, Tensor& amax, const Src& src, const Tensor& scale,
+                       int64_t rows, int64_t cols, int dev) {
+  DeviceGuard guard(dev);
+  const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
+  const int64_t vr = (rows + kVTile - 1) / kVTile, vc = (cols + kVTile - 1) / kVTile;
+  cast_transpose_vec_kernel<<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0,
+                              current_stream(dev)>>>(
+      q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr,
+      qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr, amax.data<float>(), src,
+      scale.data<float>(), qd == DType::fp8_e4m3, rows, cols);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+bool fused_vec_ok(const Tensor& q, const Tensor& qt, const Tensor& x, const Tensor& dy,
+                  int64_t rows, int64_t f) {
+  return (x.dtype() == DType::bf16 || x.dtype() == DType::f16) && rows % 8 == 0 && f % 8 == 0 &&
+         aligned(x.raw_data(), 16) && (!dy.defined() || aligned(dy.raw_data(), 16)) &&
+         aligned(q.defined() ? q.raw_data() : nullptr, 8) &&
+         aligned(qt.defined() ? qt.raw_data() : nullptr, 8) &&
+         (rows + kVTile - 1) / kVTile <= 65535;
+}
+
+void fp8_swiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x,
+                               const Tensor& scale) {
+  const ops::GemmDims d = ops::validate_fp8_swiglu_cast_transpose(
+      OnCudaDevice{}, "fp8_swiglu_cast_transpose", q, qt, amax, Tensor(), x, scale);
+  if (d.m * d.n == 0) return;
+  if (!fused_vec_ok(q, qt, x, Tensor(), d.m, d.n)) {
+    const ops::OpTable& t = plugin::ops_for(x.device());
+    Tensor y = Tensor::empty({d.m, d.n}, x.dtype(), x.device());
+    t.swiglu_fwd(y, x);
+    t.fp8_cast_transpose(q, qt, amax, y, scale);
+    return;
+  }
+  const SwigluSrc src{static_cast<const uint16_t*>(x.raw_data()), x.dtype() == DType::bf16, d.n};
+  launch_fused_cast(q, qt, amax, src, scale, d.m, d.n, x.device().index);
+}
+
+void fp8_dswiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& dy,
+                                const Tensor& x, const Tensor& scale) {
+  const ops::GemmDims d = ops::validate_fp8_swiglu_cast_transpose(
+      OnCudaDevice{}, "fp8_dswiglu_cast_transpose", q, qt, amax, dy, x, scale);
+  if (d.m * d.n == 0) return;
+  const int64_t f = d.n / 2;
+  if (!fused_vec_ok(q, qt, x, dy, d.m, f)) {
+    const ops::OpTable& t = plugin::ops_for(x.device());
+    Tensor dx = Tensor::empty({d.m, d.n}, x.dtype(), x.device());
+    t.swiglu_bwd(dx, dy, x);
+    t.fp8_cast_transpose(q, qt, amax, dx, scale);
+    return;
+  }
+  const DswigluSrc src{static_cast<const uint16_t*>(dy.raw_data()),
+                       static_cast<const uint16_t*>(x.raw_data()), x.dtype() == DType::bf16, f};
+  launch_fused_cast(q, qt, amax, src, scale, d.m, f, x.device().index);
 }
 
 __global__ void scale_update_kernel(float* history, float* scale, float* scale_inv, int64_t len,
@@ -455,6 +597,10 @@ void register_fp8_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::fp8_cast_transpose>(kPlatformName, &fp8_cast_transpose,
                                                "cuda:cast-transpose");
   r.register_op<ops::OpId::fp8_scale_update>(kPlatformName, &fp8_scale_update, "cuda:scale-update");
+  r.register_op<ops::OpId::fp8_swiglu_cast_transpose>(kPlatformName, &fp8_swiglu_cast_transpose,
+                                                      "cuda:swiglu-cast-transpose");
+  r.register_op<ops::OpId::fp8_dswiglu_cast_transpose>(kPlatformName, &fp8_dswiglu_cast_transpose,
+                                                       "cuda:dswiglu-cast-transpose");
   r.register_op<ops::OpId::fp8_gemm>(kPlatformName, &fp8_gemm, "cuda:cublaslt-fp8");
 }
 

@@ -136,6 +136,9 @@ TEST(Arguments, MegatronDerivedDefaults) {
   EXPECT_EQ(g.model.ffn_hidden_size, 256);      // 4H
   EXPECT_TRUE(g.model.bias_activation_fusion);  // Megatron's default bias-GELU fusion (tanh)
   EXPECT_FALSE(parse_args(with({"--no-bias-gelu-fusion"})).model.bias_activation_fusion);
+  // SwiGLU's FP8 cast fusion (docs/fp8.md): on by default, off with --no-bias-swiglu-fusion.
+  EXPECT_TRUE(g.model.bias_swiglu_fusion);
+  EXPECT_FALSE(parse_args(with({"--no-bias-swiglu-fusion"})).model.bias_swiglu_fusion);
 }
 
 TEST(Arguments, UnknownFlagSuggestsTheClosest) {

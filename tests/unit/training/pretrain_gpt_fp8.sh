@@ -199,3 +199,16 @@ run "$work/tp2.log" --micro-batch-size 2 --tensor-model-parallel-size 2
 check "$work/single2.log" "$work/tp2.log" "fp8 TP 2"
 run "$work/tp2sp.log" --micro-batch-size 2 --tensor-model-parallel-size 2 --sequence-parallel
 check "$work/single2.log" "$work/tp2sp.log" "fp8 TP 2 SP"
+# SwiGLU fused into the FP8 casts (docs/fp8.md "Fused casts": fc2's input and fc1's output
+# gradient made inside the casts, the model's default) at TP 2 (each rank's fc1 holds [gate_r;
+# up_r]) with sequence parallelism: the start-up line says so, the run equals --no-bias-swiglu-fusion
+# (the separate ops) bit for bit, and one rank as the layouts above.
+sw="--micro-batch-size 2 --swiglu --disable-bias-linear"
+"$bin" $args $sw > "$work/single_sw.log" 2>&1 || { cat "$work/single_sw.log"; exit 1; }
+run "$work/tp2sw.log" $sw --tensor-model-parallel-size 2 --sequence-parallel
+expect_line "$work/tp2sw.log" "fp8 SwiGLU fused" "^fp8: .*SwiGLU fused into the casts \(forward and backward\)"
+run "$work/tp2sw_sep.log" $sw --tensor-model-parallel-size 2 --sequence-parallel --no-bias-swiglu-fusion
+expect_no_line "$work/tp2sw_sep.log" "fp8 SwiGLU separate" "SwiGLU fused"
+compare_one "$work/tp2sw_sep.log" "$work/tp2sw.log" "fp8 TP 2 SP SwiGLU fused vs separate" "lm loss" 0 0
+compare_one "$work/tp2sw_sep.log" "$work/tp2sw.log" "fp8 TP 2 SP SwiGLU fused vs separate" "grad norm" 0 0
+check "$work/single_sw.log" "$work/tp2sw.log" "fp8 TP 2 SP SwiGLU"

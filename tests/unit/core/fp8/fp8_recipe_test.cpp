@@ -15,6 +15,10 @@
 //     losses and every gradient bit-identical to casting in every micro-batch where TE's semantics
 //     give the same bytes (tensorwise scaling; delayed with one micro-batch); under delayed scaling
 //     the later micro-batches record no weight amax (TE), the inputs' amaxes every time.
+//   - SwiGLU fused into the FP8 casts (fp8_swiglu_cast_transpose / fp8_dswiglu_cast_transpose,
+//     --no-bias-swiglu-fusion off): the same losses, gradients and amax histories as the separate
+//     ops for both recipes, the fused functions called and the separate swiglu ops not, and the
+//     separate path where a linear does not allow it (--no-fp8-wgrad); bad shapes refused.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -26,8 +30,10 @@
 
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
+#include "megatron/core/ops/op_profiler.h"
 #include "megatron/core/pipeline_parallel/schedules.h"
 #include "megatron/core/tensor/dtype_math.h"
+#include "megatron/runtime.h"
 #include "tests/unit/core/models/gpt_test_util.h"
 #include "tests/unit/test_util.h"
 
@@ -396,15 +402,16 @@ transformer::TransformerConfig fp8_llama(fp8::Fp8Recipe recipe, int64_t history,
 struct FbRun {
   std::vector<double> losses;
   std::vector<std::vector<float>> grads;
-  std::vector<float> fwd_history;
+  std::vector<float> fwd_history, bwd_history;
   int64_t casts = 0;  // weight casts per forward-backward call
   int64_t linears = 0;
 };
 
 // `calls` forward-backward calls of `micro` micro-batches (batch 1, seq 16), the weights moved
-// between calls (as an optimizer step would).
-FbRun run_fb(const transformer::TransformerConfig& c, int64_t micro, int calls, bool forward_only) {
-  const auto& ops = test::ops_on("cpu");
+// between calls (as an optimizer step would). ops: the table (null: the CPU platform's).
+FbRun run_fb(const transformer::TransformerConfig& c, int64_t micro, int calls, bool forward_only,
+             const ops::OpTable* table = nullptr) {
+  const auto& ops = table ? *table : test::ops_on("cpu");
   models::GPTModel m(c, 64, ops, Device::cpu());
   m.init_weights(3);
   const models::GPTBatch full = test::random_batch(micro, 16, 64, 11);
@@ -429,6 +436,7 @@ FbRun run_fb(const transformer::TransformerConfig& c, int64_t micro, int calls, 
     }
   }
   r.fwd_history = m.fp8_state()->history(true);
+  r.bwd_history = m.fp8_state()->history(false);
   return r;
 }
 
@@ -494,6 +502,120 @@ TEST(Fp8WeightCache, EvaluationCastsEveryMicroBatch) {
   const FbRun eval = run_fb(fp8_llama(fp8::Fp8Recipe::delayed, 1, true), 2, 1, true);
   EXPECT_EQ(eval.casts, 2 * eval.linears);
   for (float h : eval.fwd_history) EXPECT_EQ(h, 0.0f);  // evaluation records nothing
+}
+
+// ---- SwiGLU fused into the FP8 casts ----------------------------------------------------------
+
+std::vector<uint8_t> bytes_of(const Tensor& q) {
+  const auto* p = static_cast<const uint8_t*>(q.raw_data());
+  return std::vector<uint8_t>(p, p + q.numel());
+}
+
+struct ProfiledFb {
+  FbRun run;
+  int64_t swiglu_fwd = 0, swiglu_bwd = 0, fused_fwd = 0, fused_bwd = 0;
+};
+
+ProfiledFb run_fb_profiled(const transformer::TransformerConfig& c, int64_t micro) {
+  Runtime& rt = mg::init({.platform = "cpu"});
+  ops::OpProfiler prof(*rt.ops, *rt.platform, rt.device);
+  prof.start();
+  prof.begin_step();
+  ProfiledFb out;
+  out.run = run_fb(c, micro, 2, false, &prof.table());
+  prof.end_step();
+  prof.stop();
+  const ops::OpProfileReport rep = prof.report();
+  auto calls = [&](const char* op) {
+    const ops::OpProfileRow* row = rep.find(op);
+    return row ? row->calls : int64_t{0};
+  };
+  out.swiglu_fwd = calls("swiglu_fwd");
+  out.swiglu_bwd = calls("swiglu_bwd");
+  out.fused_fwd = calls("fp8_swiglu_cast_transpose");
+  out.fused_bwd = calls("fp8_dswiglu_cast_transpose");
+  return out;
+}
+
+TEST(Fp8FusedSwiglu, SameNumbersAsTheSeparateOps) {
+  for (const fp8::Fp8Recipe recipe : {fp8::Fp8Recipe::delayed, fp8::Fp8Recipe::tensorwise}) {
+    const std::string what =
+        recipe == fp8::Fp8Recipe::delayed ? "delayed, history 4" : "tensorwise";
+    transformer::TransformerConfig c = fp8_llama(recipe, 4, true);
+    ASSERT_TRUE(c.bias_swiglu_fusion) << "Megatron's default: fused";
+    ASSERT_FALSE(c.add_bias_linear);
+    const ProfiledFb fused = run_fb_profiled(c, 3);
+    c.bias_swiglu_fusion = false;
+    const ProfiledFb split = run_fb_profiled(c, 3);
+    expect_same(fused.run, split.run, what);
+    EXPECT_EQ(fused.run.fwd_history, split.run.fwd_history) << what;
+    EXPECT_EQ(fused.run.bwd_history, split.run.bwd_history) << what;
+    // 2 layers x 3 micro-batches x 2 calls; tensorwise takes the operand's amax first (one more
+    // fused call per cast).
+    const int64_t casts = 2 * 3 * 2, per_cast = recipe == fp8::Fp8Recipe::delayed ? 1 : 2;
+    EXPECT_EQ(fused.fused_fwd, casts * per_cast) << what;
+    EXPECT_EQ(fused.fused_bwd, casts * per_cast) << what;
+    EXPECT_EQ(fused.swiglu_fwd, 0) << what;
+    EXPECT_EQ(fused.swiglu_bwd, 0) << what;
+    EXPECT_EQ(split.swiglu_fwd, casts) << what;
+    EXPECT_EQ(split.swiglu_bwd, casts) << what;
+    EXPECT_EQ(split.fused_fwd + split.fused_bwd, 0) << what;
+  }
+}
+
+TEST(Fp8FusedSwiglu, HighPrecisionWeightGradientsKeepTheSeparateOps) {
+  // --no-fp8-wgrad: the weight gradients read the written activation and output gradient.
+  transformer::TransformerConfig c = fp8_llama(fp8::Fp8Recipe::delayed, 1, true);
+  c.fp8.wgrad = false;
+  const ProfiledFb r = run_fb_profiled(c, 1);
+  EXPECT_EQ(r.fused_fwd + r.fused_bwd, 0);
+  EXPECT_EQ(r.swiglu_fwd, 2 * 2);
+  EXPECT_EQ(r.swiglu_bwd, 2 * 2);
+}
+
+TEST(Fp8FusedSwiglu, OpsEqualTheSeparateOpsAndRefuseBadShapes) {
+  const auto& ops = test::ops_on("cpu");
+  const int64_t rows = 6, f = 5;  // no multiple of 8 needed on the CPU
+  for (const DType t : {DType::bf16, DType::f32})
+    for (const DType qd : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+      const Tensor x =
+          Tensor::from_vector(test::random_values(rows * 2 * f, 7, 0.01, 6.0), {rows, 2 * f}).to(t);
+      const Tensor dy =
+          Tensor::from_vector(test::random_values(rows * f, 8, 0.01, 3.0), {rows, f}).to(t);
+      const Tensor scale = Tensor::from_vector(std::vector<float>{20.0f}, {1});
+      // Separate ops.
+      Tensor y = Tensor::empty({rows, f}, t), dx = Tensor::empty({rows, 2 * f}, t);
+      ops.swiglu_fwd(y, x);
+      ops.swiglu_bwd(dx, dy, x);
+      Tensor q1 = Tensor::empty({rows, f}, qd), qt1 = Tensor::empty({f, rows}, qd);
+      Tensor g1 = Tensor::empty({rows, 2 * f}, qd), gt1 = Tensor::empty({2 * f, rows}, qd);
+      Tensor a1 = Tensor::zeros({1}, DType::f32), b1 = Tensor::zeros({1}, DType::f32);
+      ops.fp8_cast_transpose(q1, qt1, a1, y, scale);
+      ops.fp8_cast_transpose(g1, gt1, b1, dx, scale);
+      // Fused.
+      Tensor q2 = Tensor::empty({rows, f}, qd), qt2 = Tensor::empty({f, rows}, qd);
+      Tensor g2 = Tensor::empty({rows, 2 * f}, qd), gt2 = Tensor::empty({2 * f, rows}, qd);
+      Tensor a2 = Tensor::zeros({1}, DType::f32), b2 = Tensor::zeros({1}, DType::f32);
+      ops.fp8_swiglu_cast_transpose(q2, qt2, a2, x, scale);
+      ops.fp8_dswiglu_cast_transpose(g2, gt2, b2, dy, x, scale);
+      EXPECT_EQ(bytes_of(q1), bytes_of(q2));
+      EXPECT_EQ(bytes_of(qt1), bytes_of(qt2));
+      EXPECT_EQ(bytes_of(g1), bytes_of(g2));
+      EXPECT_EQ(bytes_of(gt1), bytes_of(gt2));
+      EXPECT_GT(a1.to_vector<float>()[0], 0.0f);
+      EXPECT_EQ(a1.to_vector<float>(), a2.to_vector<float>());
+      EXPECT_EQ(b1.to_vector<float>(), b2.to_vector<float>());
+    }
+  const Tensor scale = Tensor::from_vector(std::vector<float>{1.0f}, {1});
+  Tensor amax = Tensor::zeros({1}, DType::f32), none, none2;
+  Tensor odd = Tensor::zeros({4, 7}, DType::bf16);
+  EXPECT_THROW(ops.fp8_swiglu_cast_transpose(none, none2, amax, odd, scale), Error);
+  Tensor x = Tensor::zeros({4, 8}, DType::bf16), dy_bad = Tensor::zeros({4, 8}, DType::bf16);
+  EXPECT_THROW(ops.fp8_dswiglu_cast_transpose(none, none2, amax, dy_bad, x, scale), Error);
+  Tensor q_bad = Tensor::empty({4, 8}, DType::fp8_e4m3);  // the operand is [4, 4]
+  EXPECT_THROW(ops.fp8_swiglu_cast_transpose(q_bad, none2, amax, x, scale), Error);
+  Tensor x64 = Tensor::zeros({4, 8}, DType::f64);
+  EXPECT_THROW(ops.fp8_swiglu_cast_transpose(none, none2, amax, x64, scale), Error);
 }
 
 }  // namespace

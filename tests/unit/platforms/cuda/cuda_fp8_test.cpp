@@ -20,6 +20,12 @@
 //     the cached descriptor takes each call's scale pointers (a scale doubled doubles C exactly).
 //   - the vector kernel's hardware conversion on edge values (zeros, ties, subnormals, saturation,
 //     Inf, NaN) bit for bit, but for a NaN's sign (the GPU's multiply returns the canonical NaN).
+//   - SwiGLU fused into the cast (fp8_swiglu_cast_transpose / fp8_dswiglu_cast_transpose): q, qt
+//     and amax bit for bit against the GPU's own swiglu_fwd / swiglu_bwd followed by
+//     fp8_cast_transpose (the fused kernel must round the operand to x's dtype exactly as the
+//     separate op stores it), bf16 and f16, E4M3 and E5M2, shapes of the vector kernel (multiples
+//     of 8, not of its 64 x 64 tile) and of the fallback (odd F), q or qt alone, the amax-only
+//     pass of tensorwise scaling.
 // Every test skips without a GPU (printing the platform's reason). All passed on an H200
 // (2026-11-26 09:19 UTC, the hardware conversion included) except the edge-value test's first
 // form, which compared a negative NaN's sign bit too (now cleared on both sides: UNVERIFIED).
@@ -327,6 +333,55 @@ TEST(CudaFp8, GemmPlanCacheReusesPlansAndTakesEachCallsScales) {
   const auto st4 = fp8_plan_stats();
   EXPECT_EQ(st4.misses, st0.misses + 1);
   EXPECT_EQ(st4.plans, st0.plans + 1);
+}
+
+TEST(CudaFp8, SwigluFusedCastsEqualTheSeparateOps) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto& gpu = test::ops_on("cuda");
+  for (DType qd : {DType::fp8_e4m3, DType::fp8_e5m2})
+    for (DType xd : {DType::bf16, DType::f16})
+      for (auto [r, f] :
+           {std::pair<int64_t, int64_t>{128, 256}, {72, 200}, {8, 8}, {64, 5}, {40, 1024}}) {
+        const std::string what = std::string(dtype_name(qd)) + " " + std::string(dtype_name(xd)) +
+                                 " " + std::to_string(r) + "x" + std::to_string(f);
+        const Tensor x = Tensor::from_vector(
+            test::random_values(static_cast<std::size_t>(r * 2 * f), 9, 0.01, 8.0), {r, 2 * f}, xd,
+            kGpu);
+        const Tensor dy = Tensor::from_vector(
+            test::random_values(static_cast<std::size_t>(r * f), 10, 0.01, 4.0), {r, f}, xd, kGpu);
+        const Tensor scale = Tensor::from_vector(std::vector<float>{37.5f}, {1}, DType::f32, kGpu);
+        Tensor y = Tensor::empty({r, f}, xd, kGpu), dx = Tensor::empty({r, 2 * f}, xd, kGpu);
+        gpu.swiglu_fwd(y, x);
+        gpu.swiglu_bwd(dx, dy, x);
+        auto zero = [] { return Tensor::zeros({1}, DType::f32, kGpu); };
+        for (int which = 0; which < 2; ++which) {  // 0: swiglu, 1: dswiglu
+          const int64_t c = which == 0 ? f : 2 * f;
+          Tensor q1 = Tensor::empty({r, c}, qd, kGpu), qt1 = Tensor::empty({c, r}, qd, kGpu);
+          Tensor q2 = Tensor::empty({r, c}, qd, kGpu), qt2 = Tensor::empty({c, r}, qd, kGpu);
+          Tensor a1 = zero(), a2 = zero(), a3 = zero(), a4 = zero();
+          Tensor q4 = Tensor::empty({r, c}, qd, kGpu), none, none2;
+          gpu.fp8_cast_transpose(q1, qt1, a1, which == 0 ? y : dx, scale);
+          if (which == 0) {
+            gpu.fp8_swiglu_cast_transpose(q2, qt2, a2, x, scale);
+            gpu.fp8_swiglu_cast_transpose(none, none2, a3, x, scale);  // amax only
+            gpu.fp8_swiglu_cast_transpose(q4, none2, a4, x, scale);    // q alone
+          } else {
+            gpu.fp8_dswiglu_cast_transpose(q2, qt2, a2, dy, x, scale);
+            gpu.fp8_dswiglu_cast_transpose(none, none2, a3, dy, x, scale);
+            gpu.fp8_dswiglu_cast_transpose(q4, none2, a4, dy, x, scale);
+          }
+          const std::string w = what + (which == 0 ? " swiglu" : " dswiglu");
+          EXPECT_EQ(bytes_of(q2), bytes_of(q1)) << w;
+          EXPECT_EQ(bytes_of(qt2), bytes_of(qt1)) << w;
+          EXPECT_EQ(bytes_of(q4), bytes_of(q1)) << w;
+          const float amax = a1.to(Device::cpu()).to_vector<float>()[0];
+          EXPECT_GT(amax, 0.0f) << w;
+          for (const Tensor* a : {&a2, &a3, &a4})
+            EXPECT_EQ(std::bit_cast<uint32_t>(a->to(Device::cpu()).to_vector<float>()[0]),
+                      std::bit_cast<uint32_t>(amax))
+                << w;
+        }
+      }
 }
 
 }  // namespace
