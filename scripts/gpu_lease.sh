@@ -6,7 +6,7 @@
 #   1. device facts and megatron_info                                                  ~5 s
 #   2. the CUDA cases of every unit-test binary that has any (binaries named cuda_* whole; the
 #      others with the filter *cuda*:*Cuda*:*CUDA*:*Device*:*Gpu*), four binaries at a time,
-#      each under 90 s                                                                 ~60-90 s
+#      each under 90 s (cuda_cudnn_attention_test 180 s)                             ~60-90 s
 #   3. several ranks on the one GPU (issue 17): scripts/gpu_multirank.sh with ONLY = the issue's
 #      layouts (NCCL one rank, MPI staging, the in-process *Cuda comparisons, TP 2, PP 2 with
 #      interleaving, CP 2 with each comm type, EP 2, DP 2 with the distributed optimizer,
@@ -87,13 +87,17 @@ if [[ $skip != *",tests,"* ]]; then
     local n=$1 f=$2 s=$SECONDS
     local filter=()
     [ "$f" != "-" ] && filter=(--gtest_filter="$f")
-    timeout 90 "$bindir/$n" --gtest_brief=1 --gtest_color=no "${filter[@]}" > "$stage/tests/$n.log" 2>&1
+    # cuDNN's graph builds on a fresh machine: cuda_cudnn_attention_test took 84 s (session 24)
+    # and over 90 s (session 25) with every case passing before
+    local lim=90
+    [ "$n" = cuda_cudnn_attention_test ] && lim=180
+    timeout "$lim" "$bindir/$n" --gtest_brief=1 --gtest_color=no "${filter[@]}" > "$stage/tests/$n.log" 2>&1
     local rc=$?
     echo "$n rc=$rc $((SECONDS - s))s $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$stage/tests/$n.log" | tr '\n' ' ')"
   }
   export -f run_one
   export stage bindir
-  timeout 150 xargs -P 4 -L 1 bash -c 'run_one "$0" "$1"' < "$stage/tests/list.txt" > "$stage/tests/summary.txt" 2>&1
+  timeout 200 xargs -P 4 -L 1 bash -c 'run_one "$0" "$1"' < "$stage/tests/list.txt" > "$stage/tests/summary.txt" 2>&1
   note "## CUDA cases of the unit tests ($(wc -l < "$stage/tests/list.txt") binaries, $((SECONDS - t0)) s)"
   note ""
   note "passed: $(grep -c ' rc=0 ' "$stage/tests/summary.txt")"

@@ -130,16 +130,21 @@ __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, float* amax, cons
 constexpr int kVTile = 64;  // the vector kernel's tile: 64 x 64 elements, 256 threads
 
 // What the vector kernel casts: Src::kParts operands [rows, cols] side by side (q [rows, kParts
-// cols], part p at columns p cols; qt [kParts cols, rows], part p at rows p cols), element
-// (r, c..c+7) of each produced as f32 by Src::load (c a multiple of 8).
+// cols], part p at columns p cols; qt [kParts cols, rows], part p at rows p cols). For elements
+// (r, c..c+7) of each (c a multiple of 8) Src::fetch issues its kLoads 16-byte loads and
+// Src::produce turns them into the f32 values (fetch for both of a thread's rows first, so their
+// loads are in flight together).
 // The operand as it is (fp8_cast_transpose): x [rows, cols] bf16 / f16.
 struct PlainSrc {
-  static constexpr int kParts = 1;
+  static constexpr int kParts = 1, kLoads = 1;
   const uint16_t* x;
   bool bf16;
   int64_t cols;
-  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&o)[1][8]) const {
-    load8_half(x, r * cols + c, bf16, o[0]);
+  __device__ __forceinline__ void fetch(int64_t r, int64_t c, uint4 (&raw)[kLoads]) const {
+    raw[0] = load8_raw(x, r * cols + c);
+  }
+  __device__ __forceinline__ void produce(const uint4 (&raw)[kLoads], float (&o)[1][8]) const {
+    unpack8_half(raw[0], bf16, o[0]);
   }
 };
 
@@ -148,22 +153,20 @@ __device__ __forceinline__ float stored_half(float v, bool bf16) {
   return bf16 ? dmath::bf16_to_f32(dmath::f32_to_bf16(v)) : dmath::f16_to_f32(dmath::f32_to_f16(v));
 }
 
-// Gate and up elements (r, c..c+7) of x [rows, 2f] = [gate | up].
-__device__ __forceinline__ void load_gate_up(const uint16_t* x, int64_t r, int64_t c, int64_t f,
-                                             bool bf16, float (&a)[8], float (&u)[8]) {
-  load8_half(x, r * 2 * f + c, bf16, a);
-  load8_half(x, r * 2 * f + f + c, bf16, u);
-}
-
-// swiglu_fwd(x) [rows, f] of x [rows, 2f] (fp8_swiglu_cast_transpose).
+// swiglu_fwd(x) [rows, f] of x [rows, 2f] = [gate | up] (fp8_swiglu_cast_transpose).
 struct SwigluSrc {
-  static constexpr int kParts = 1;
+  static constexpr int kParts = 1, kLoads = 2;
   const uint16_t* x;
   bool bf16;
   int64_t f;
-  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&o)[1][8]) const {
+  __device__ __forceinline__ void fetch(int64_t r, int64_t c, uint4 (&raw)[kLoads]) const {
+    raw[0] = load8_raw(x, r * 2 * f + c);      // gate
+    raw[1] = load8_raw(x, r * 2 * f + f + c);  // up
+  }
+  __device__ __forceinline__ void produce(const uint4 (&raw)[kLoads], float (&o)[1][8]) const {
     float a[8], u[8];
-    load_gate_up(x, r, c, f, bf16, a, u);
+    unpack8_half(raw[0], bf16, a);
+    unpack8_half(raw[1], bf16, u);
 #pragma unroll
     for (int k = 0; k < 8; ++k) o[0][k] = stored_half(swiglu_value(a[k], u[k]), bf16);
   }
@@ -173,15 +176,21 @@ struct SwigluSrc {
 // the gate's gradient (columns [0, f)), part 1 the up half's ([f, 2f)), both from one read of dy,
 // gate and up.
 struct DswigluSrc {
-  static constexpr int kParts = 2;
+  static constexpr int kParts = 2, kLoads = 3;
   const uint16_t* dy;
   const uint16_t* x;
   bool bf16;
   int64_t f;
-  __device__ __forceinline__ void load(int64_t r, int64_t c, float (&o)[2][8]) const {
+  __device__ __forceinline__ void fetch(int64_t r, int64_t c, uint4 (&raw)[kLoads]) const {
+    raw[0] = load8_raw(x, r * 2 * f + c);
+    raw[1] = load8_raw(x, r * 2 * f + f + c);
+    raw[2] = load8_raw(dy, r * f + c);
+  }
+  __device__ __forceinline__ void produce(const uint4 (&raw)[kLoads], float (&o)[2][8]) const {
     float a[8], u[8], d[8];
-    load_gate_up(x, r, c, f, bf16, a, u);
-    load8_half(dy, r * f + c, bf16, d);
+    unpack8_half(raw[0], bf16, a);
+    unpack8_half(raw[1], bf16, u);
+    unpack8_half(raw[2], bf16, d);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       float dg, du;
@@ -210,12 +219,21 @@ __global__ void __launch_bounds__(256)
   const int64_t qcols = P * cols, qtrows = rows;
   const float s = *scale;
   float m = 0.0f;
+  uint4 raw[2][Src::kLoads];
+  bool in_range[2];
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {  // every load of the thread first
+    const int64_t r = r0 + t / 8 + pass * 32, c = c0 + lane8;
+    in_range[pass] = r < rows && c < cols;
+    if (in_range[pass]) src.fetch(r, c, raw[pass]);
+  }
+#pragma unroll
   for (int pass = 0; pass < 2; ++pass) {
     const int lr = t / 8 + pass * 32;
     const int64_t r = r0 + lr, c = c0 + lane8;
-    if (r < rows && c < cols) {
+    if (in_range[pass]) {
       float xs[P][8];
-      src.load(r, c, xs);
+      src.produce(raw[pass], xs);
 #pragma unroll
       for (int p = 0; p < P; ++p) {
         uint32_t lo = 0, hi = 0;
