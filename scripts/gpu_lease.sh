@@ -15,7 +15,8 @@
 #      iterations each (benchmarks/run_gpu_e2e.sh's model shapes):
 #        gpt2-124m micro-batch 64 (issue 16's target), again with MG_CUDA_CE_FWD=two-pass and
 #        =online (the cross entropy forward's kernels, A/B), then with --profile-op-table;
-#        llama-1b micro-batch 4, BF16 and FP8 hybrid (issue 22);
+#        llama-1b micro-batch 4, BF16 and FP8 hybrid (issue 22), FP8 with SwiGLU's casts
+#        unfused (--no-bias-swiglu-fusion, A/B), and both at global batch 32 (8 micro-batches);
 #        MoE (8 experts, top-2, grouped GEMM) vs the dense model of equal active parameters
 #        (issue 21);
 #        gpt2-124m with --optimizer-cpu-offload (issue 20)                             ~120 s
@@ -233,6 +234,9 @@ if [[ $skip != *",perf,"* ]]; then
   perf gpt2-124m-ce-online 40 gpt2-124m 64 MG_CUDA_CE_FWD=online
   perf llama-1b-bf16 60 llama-1b 4
   perf llama-1b-fp8 60 llama-1b 4 --fp8-format hybrid
+  perf llama-1b-fp8-separate 60 llama-1b 4 --fp8-format hybrid --no-bias-swiglu-fusion
+  perf llama-1b-bf16-gbs32 90 llama-1b 4 --global-batch-size 32
+  perf llama-1b-fp8-gbs32 90 llama-1b 4 --fp8-format hybrid --global-batch-size 32
   perf moe-8x-top2 50 moe-8x 4
   perf dense-equal-active 40 dense-moe-active 4
   perf gpt2-124m-offload 50 gpt2-124m 16 --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d
