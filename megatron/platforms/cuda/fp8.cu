@@ -83,6 +83,18 @@ __device__ __forceinline__ uint32_t to_fp8_saturating(float v, bool e4m3) {
   return e4m3 ? dmath::f32_to_e4m3(v, true) : dmath::f32_to_e5m2(v, true);
 }
 
+// Two values at once (v0 in the low byte): the hardware's paired conversion
+// (cvt.rn.satfinite.e4m3x2 / e5m2x2) when neither is NaN, else to_fp8_saturating each: the same
+// bytes either way, in half the conversions.
+__device__ __forceinline__ uint32_t to_fp8x2_saturating(float v0, float v1, bool e4m3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (v0 == v0 && v1 == v1)
+    return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(v0, v1), __NV_SATFINITE,
+                                                          e4m3 ? __NV_E4M3 : __NV_E5M2));
+#endif
+  return to_fp8_saturating(v0, e4m3) | (to_fp8_saturating(v1, e4m3) << 8);
+}
+
 __device__ __forceinline__ float nan_max(float m, float a) {
   return (a > m || a != a) ? a : m;
 }
@@ -206,8 +218,11 @@ struct DswigluSrc {
 // of tile rows t / 8 and t / 8 + 32 (one 16-byte load per input), stores 8 bytes of q per part,
 // and writes the 8 qt columns (operand rows) (t % 8) * 8.. of qt rows (operand columns) t / 8 and
 // t / 8 + 32 of each part.
+// At least 5 blocks per SM (48 registers): with the paired conversion, the fastest of the forms
+// measured on an H200 (benchmarks/results/2026-11-27-h200-lease-s25.md, call 3: no bound, 5 and 6
+// blocks; the fused SwiGLU casts are instruction-bound, so occupancy and instruction count count).
 template <class Src>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(256, 5)
     cast_transpose_vec_kernel(uint8_t* q, uint8_t* qt, float* amax, Src src, const float* scale,
                               bool e4m3, int64_t rows, int64_t cols) {
   constexpr int P = Src::kParts;
@@ -238,11 +253,11 @@ __global__ void __launch_bounds__(256)
       for (int p = 0; p < P; ++p) {
         uint32_t lo = 0, hi = 0;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float v = xs[p][k];
-          m = nan_max(m, fabsf(v));
-          const float sv = v * s;
-          const uint32_t b = to_fp8_saturating(sv, e4m3);
+        for (int k = 0; k < 8; k += 2) {
+          const float v0 = xs[p][k], v1 = xs[p][k + 1];
+          m = nan_max(m, fabsf(v0));
+          m = nan_max(m, fabsf(v1));
+          const uint32_t b = to_fp8x2_saturating(v0 * s, v1 * s, e4m3);
           if (k < 4)
             lo |= b << (8 * k);
           else
