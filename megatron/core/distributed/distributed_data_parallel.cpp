@@ -226,6 +226,27 @@ void DistributedDataParallel::commit_grads(std::size_t bi) {
   s.grads_decommitted = false;
 }
 
+void DistributedDataParallel::recommit_grads(std::size_t bi) {
+  BucketState& s = state_[bi];
+  if (!s.grads_decommitted) return;
+  commit_grads(bi);
+  if (s.grads_discarded) {
+    const auto [lo, hi] = own_range(bi);
+    account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) *
+            (buckets_[bi].numel() - (hi - lo)));
+    s.grads_discarded = false;
+  }
+}
+
+void DistributedDataParallel::prepare_grads(std::span<const std::size_t> param_indices) {
+  if (buffer_.grads.is_host()) return;  // host pages fault back in by themselves
+  for (std::size_t i : param_indices) {
+    MG_CHECK(i < params_.size(),
+             "DistributedDataParallel::prepare_grads: parameter " << i << " of " << params_.size());
+    for (std::size_t bi : buckets_of_param_[i]) recommit_grads(bi);
+  }
+}
+
 void DistributedDataParallel::commit_grads_of(std::span<const std::size_t> param_indices) {
   if (buffer_.grads.is_host()) return;  // host pages fault back in by themselves
   for (std::size_t i : param_indices) {
@@ -320,13 +341,16 @@ void DistributedDataParallel::complete_bucket(std::size_t bi) {
     own.zero_();  // the next micro-batch accumulates its local grads from zero again
   }
   s.acc_valid = accumulate;
-  if (buffer_.grads.is_host()) {
+  if (buffer_.grads.is_host() || (accumulate && lazy_grad_commit_)) {
+    // The host's pages, and a device's with the lazy gradient commit (the next micro-batch's
+    // backward backs the bucket again through prepare_grads), are given back at once.
     discard_grads(bi);
   } else if (accumulate) {
-    // A device gives the memory back only in finish_grad_sync, when the step's backward is
-    // over: a later micro-batch's backward writes the bucket again, and nothing commits it
-    // between micro-batches. Until then the rest of the bucket is zeroed and stays resident.
-    // (With one reduction a step finish_grad_sync discards it right after this call.)
+    // Without the lazy commit a device gives the memory back only in finish_grad_sync, when the
+    // step's backward is over: a later micro-batch's backward writes the bucket again, and
+    // nothing would back it between micro-batches. Until then the rest of the bucket is zeroed
+    // and stays resident. (With one reduction a step finish_grad_sync discards it right after
+    // this call.)
     for_each_outside_chunk(buckets_[bi], group_of(bi).rank(), [&](int64_t lo, int64_t len) {
       Tensor g = buffer_.grads.slice(lo, len);
       g.zero_();
@@ -484,17 +508,11 @@ void DistributedDataParallel::zero_grad_buffer() {
     // bucket's full gradients count as resident again from its launch (its backward wrote them).
     for (std::size_t bi = 0; bi < buckets_.size(); ++bi) {
       // A device's discarded grads are backed again before backward writes them (commit: they
-      // read as zeros; nothing on the host, where the pages fault back in). From here they are
-      // resident: a device counts them so (on the host, from the bucket's launch).
-      if (!buffer_.grads.is_host() && state_[bi].grads_decommitted) {
-        commit_grads(bi);
-        if (state_[bi].grads_discarded) {
-          const auto [lo, hi] = own_range(bi);
-          account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) *
-                  (buckets_[bi].numel() - (hi - lo)));
-          state_[bi].grads_discarded = false;
-        }
-      }
+      // read as zeros; nothing on the host, where the pages fault back in): here, or with the
+      // lazy gradient commit by prepare_grads when the backward reaches them. From then on they
+      // are resident: a device counts them so (on the host, from the bucket's launch).
+      if (!buffer_.grads.is_host() && state_[bi].grads_decommitted && !lazy_grad_commit_)
+        recommit_grads(bi);
       const GradBucket& b = buckets_[bi];
       const auto [lo, hi] =
           state_[bi].grads_discarded ? own_range(bi) : std::pair<int64_t, int64_t>{b.start, b.end};

@@ -141,6 +141,17 @@ class DistributedDataParallel {
   // outside DDP writes them after finish_grad_sync (the sequence-parallel all-reduce of
   // finalize_model_grads). Nothing on the host.
   void commit_grads_of(std::span<const std::size_t> param_indices);
+  // FSDP on a device, lazy gradient commit (enable_lazy_grad_commit, set by parallelize when the
+  // model calls its grad-write hook): with a reduction every micro-batch (--overlap-grad-reduce) a
+  // bucket gives its gradient memory outside this rank's chunk back as soon as its reduce-scatter
+  // completed (complete_bucket), zero_grad_buffer leaves discarded buckets unbacked, and
+  // prepare_grads -- the model's grad-write hook, before a module writes its gradients -- backs
+  // the buckets holding these parameters again (reading as zeros). So the whole gradient buffer
+  // is never resident at once, nor beside the activations at the start of a backward. Nothing on
+  // the host (its pages fault back by themselves) or without the hook.
+  void enable_lazy_grad_commit() { lazy_grad_commit_ = true; }
+  bool lazy_grad_commit() const { return lazy_grad_commit_; }
+  void prepare_grads(std::span<const std::size_t> param_indices);
   // FSDP on a device: backs every discarded gradient range again (they read as zeros) for code
   // that reads the whole gradient buffer (the non-finite-gradient diagnostic of train_step).
   // Nothing on the host. The resident-bytes count is not raised (the run stops after it).
@@ -179,6 +190,9 @@ class DistributedDataParallel {
   // Backs a bucket's discarded params / grads again (commit_range) before they are written.
   void commit_params(std::size_t bucket);
   void commit_grads(std::size_t bucket);
+  // commit_grads and the resident-bytes count of a discarded bucket (zero_grad_buffer,
+  // prepare_grads).
+  void recommit_grads(std::size_t bucket);
   void account(int64_t delta_bytes);
   // Bucket bi's parameter storage for flat elements [lo, lo + n): the model-dtype buffer, or the
   // FP8 bytes of an fp8 bucket; and its element size.
@@ -198,6 +212,7 @@ class DistributedDataParallel {
   std::vector<bool> param_ready_;
   bool is_last_microbatch_ = true;
   bool pipelined_ = false;
+  bool lazy_grad_commit_ = false;
   int64_t launched_in_backward_ = 0, launched_after_backward_ = 0;
   int64_t gathers_pending_ = 0;  // buckets whose all-gather is in flight
   int64_t resident_bytes_ = 0, peak_resident_bytes_ = 0, param_gathers_ = 0;

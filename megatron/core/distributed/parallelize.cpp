@@ -38,6 +38,10 @@ DataParallelModel parallelize(models::LanguageModule& model,
   DistributedDataParallel* ddp = out.ddp.get();  // stable: owned by the unique_ptr
   if (config.overlap_grad_reduce)
     model.set_grad_ready_hook([ddp](std::size_t i) { ddp->param_grad_ready(i); });
+  // ZeRO-2/3: gradient memory backed just before the backward writes it (lazy gradient commit).
+  if (c.shards_grads() && model.set_grad_write_hook(
+                              [ddp](std::span<const std::size_t> idx) { ddp->prepare_grads(idx); }))
+    ddp->enable_lazy_grad_commit();
   if (config.use_distributed_optimizer) {
     optimizer::ShardOptions shard;
     shard.ranges = ddp->optimizer_shard_ranges();

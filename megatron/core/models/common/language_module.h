@@ -159,6 +159,12 @@ class LanguageModule {
         "this model does not report when it is done with its parameters: FSDP "
         "optim_grads_params (ZeRO-3) is not available for it");
   }
+  // FSDP on a device (distributed_data_parallel.h "lazy gradient commit"): called during backward
+  // before a module first writes its parameters' gradients, with their indices (the head's, each
+  // layer's, the embeddings'), so the gradient memory a sharded bucket gave back after its last
+  // reduce-scatter is backed again just in time. Returns whether the model calls it; this default
+  // does not (its gradients then stay backed between micro-batches).
+  virtual bool set_grad_write_hook(ParamUseHook) { return false; }
   // The parameter indices of each unit the param-use hook reports together (a layer, the head,
   // the embeddings); FSDP's default bucket size comes from the largest. Empty: unknown.
   virtual std::vector<std::vector<std::size_t>> param_units() const { return {}; }

@@ -106,6 +106,12 @@ struct GPTModel::Impl {
     if (param_release && !indices.empty()) param_release(std::span<const std::size_t>(indices));
   }
 
+  // Grad-write hook (FSDP on a device): these parameters' gradients are about to be written.
+  GPTModel::ParamUseHook grad_write;
+  void will_write_grads(const std::vector<std::size_t>& indices) const {
+    if (grad_write && !indices.empty()) grad_write(std::span<const std::size_t>(indices));
+  }
+
   void report_ready(const std::vector<std::size_t>& indices) const {
     if (grad_ready)
       for (std::size_t i : indices) grad_ready(i);
@@ -630,6 +636,7 @@ Tensor GPTModel::Impl::head_bwd(detail::GPTSaved& st, double dloss) {
   // Output layer (the word embedding when tied): d(final_ln) = dlogits W, summed over TP (SP:
   // reduce-scattered); dW += dlogits^T ln (a shard of padding only: no logits, dx 0).
   use(head_use);  // FSDP optim_grads_params gathers the head's parameters again for backward
+  will_write_grads(head_use);
   Weight w = logit_weight();
   const Tensor dln = output_layer->backward(dlogits.view({st.s, st.b, logit_rows}), st.final_ln,
                                             st.output_layer, false, &w);
@@ -665,6 +672,7 @@ Tensor GPTModel::Impl::decoder_bwd(Tensor dx, detail::GPTSaved& st) {
       }
     }
     use(layer_params[static_cast<std::size_t>(l)]);
+    will_write_grads(layer_params[static_cast<std::size_t>(l)]);
     dx = layers[static_cast<std::size_t>(l)]->backward(dx, ls, st.in, st.rng);
     release(layer_params[static_cast<std::size_t>(l)]);
     report_ready(layer_params[static_cast<std::size_t>(l)]);
@@ -675,6 +683,7 @@ Tensor GPTModel::Impl::decoder_bwd(Tensor dx, detail::GPTSaved& st) {
 // Embedding: dropout', then scatter-add into the word (and position) tables.
 void GPTModel::Impl::embed_bwd(const Tensor& dx, detail::GPTSaved& st) {
   const auto& ops = ctx.op();
+  will_write_grads(embedding_params);
   Tensor demb = ctx.empty(dx.shape());
   ops.dropout_bwd(demb, dx, embedding_dropout(st.rng, dx));
   if (ctx.sequence_parallel)
@@ -746,6 +755,11 @@ void GPTModel::set_param_use_hook(ParamUseHook hook) {
 
 void GPTModel::set_param_release_hook(ParamUseHook hook) {
   impl_->param_release = std::move(hook);
+}
+
+bool GPTModel::set_grad_write_hook(ParamUseHook hook) {
+  impl_->grad_write = std::move(hook);
+  return true;
 }
 
 std::vector<std::vector<std::size_t>> GPTModel::param_units() const {

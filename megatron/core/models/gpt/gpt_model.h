@@ -221,6 +221,9 @@ class GPTModel final : public LanguageModule {
   // computes.
   void set_param_use_hook(ParamUseHook hook) override;
   void set_param_release_hook(ParamUseHook hook) override;
+  // Called in backward before the output layer and final norm (with the tied word embedding),
+  // each layer (last first) and the embeddings write their gradients.
+  bool set_grad_write_hook(ParamUseHook hook) override;
   std::vector<std::vector<std::size_t>> param_units() const override;
 
   // This model's MoE state (transformer/moe/moe_utils.h), which its MoE layers use: the aux/z

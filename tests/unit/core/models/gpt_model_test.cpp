@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <map>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "megatron/core/models/gpt/gpt_layer_specs.h"
 #include "megatron/core/models/gpt/gpt_model.h"
@@ -293,6 +295,49 @@ TEST(GPTModel, RejectsBadBatches) {
             }).find("max_position_embeddings 12"),
             std::string::npos);
   EXPECT_THROW(m.backward(st, 1.0), mg::Error);  // no forward held
+}
+
+// The grad-write hook (FSDP's lazy gradient commit backs a bucket's memory there): every
+// parameter is named before backward writes its gradient (still all zeros at the call) and
+// before its grad-ready report, and only in backward. Tied GPT-2 (the head writes the word
+// embedding's gradient first) and untied LLaMA.
+TEST(GPTModel, GradWriteHookPrecedesEveryGradientWrite) {
+  for (const bool llama : {false, true}) {
+    GPTModel m(llama ? tiny_llama_config() : tiny_gpt2_config(), 50, cpu_ops(), Device::cpu());
+    m.init_weights(3);
+    const std::size_t n = m.parameters().size();
+    std::vector<int> announced(n, 0), ready_before_announce(n, 0), nonzero_at_announce(n, 0);
+    std::vector<char> ready(n, 0);
+    bool in_backward = false;
+    int outside_backward = 0;
+    ASSERT_TRUE(m.set_grad_write_hook([&](std::span<const std::size_t> idx) {
+      if (!in_backward) ++outside_backward;
+      for (std::size_t i : idx) {
+        ++announced[i];
+        if (ready[i]) ++ready_before_announce[i];
+        const auto g = m.parameters()[i].main_grad.to_vector<double>();
+        if (announced[i] == 1)
+          for (double v : g) nonzero_at_announce[i] += v != 0.0;
+      }
+    }));
+    m.set_grad_ready_hook([&](std::size_t i) { ready[i] = 1; });
+    m.zero_grad();
+    GPTForwardState st;
+    m.forward(random_batch(2, 8, 50, 21), st, StepRng{}, true);
+    in_backward = true;
+    m.backward(st, 1.0);
+    EXPECT_EQ(outside_backward, 0) << (llama ? "llama" : "gpt2");
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto& p = m.parameters()[i];
+      EXPECT_GE(announced[i], 1) << p.name;
+      EXPECT_EQ(ready_before_announce[i], 0) << p.name;
+      EXPECT_EQ(nonzero_at_announce[i], 0) << p.name << ": written before the hook";
+      EXPECT_TRUE(ready[i]) << p.name;
+      double sum = 0.0;
+      for (double v : p.main_grad.to_vector<double>()) sum += std::fabs(v);
+      EXPECT_GT(sum, 0.0) << p.name << ": no gradient (the check above would be vacuous)";
+    }
+  }
 }
 
 }  // namespace
