@@ -150,7 +150,6 @@ class DistributedDataParallel {
   // is never resident at once, nor beside the activations at the start of a backward. Nothing on
   // the host (its pages fault back by themselves) or without the hook.
   void enable_lazy_grad_commit() { lazy_grad_commit_ = true; }
-  bool lazy_grad_commit() const { return lazy_grad_commit_; }
   void prepare_grads(std::span<const std::size_t> param_indices);
   // FSDP on a device: backs every discarded gradient range again (they read as zeros) for code
   // that reads the whole gradient buffer (the non-finite-gradient diagnostic of train_step).

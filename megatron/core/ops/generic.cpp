@@ -89,6 +89,8 @@ class OnDeviceOf final : public Placement {
   Device d_;
 };
 
+}  // namespace
+
 // The FP8 casts fused with SwiGLU, as the two ops: the operand written in x's dtype, then cast.
 void generic_fp8_swiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x,
                                        const Tensor& scale) {
@@ -109,8 +111,6 @@ void generic_fp8_dswiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, con
   t.swiglu_bwd(dx, dy, x);
   t.fp8_cast_transpose(q, qt, amax, dx, scale);
 }
-
-}  // namespace
 
 void register_generic(plugin::Registry& r) {
   using plugin::Priority;

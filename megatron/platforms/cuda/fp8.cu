@@ -54,6 +54,7 @@
 #include <unordered_map>
 
 #include "megatron/core/fp8/fp8_math.h"
+#include "megatron/core/ops/generic.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_check.h"
 #include "megatron/platforms/cuda/cuda_common.h"
@@ -165,22 +166,30 @@ __device__ __forceinline__ float stored_half(float v, bool bf16) {
   return bf16 ? dmath::bf16_to_f32(dmath::f32_to_bf16(v)) : dmath::f16_to_f32(dmath::f32_to_f16(v));
 }
 
-// swiglu_fwd(x) [rows, f] of x [rows, 2f] = [gate | up] (fp8_swiglu_cast_transpose).
-struct SwigluSrc {
-  static constexpr int kParts = 1, kLoads = 2;
+// Gate and up of x [rows, 2f] = [gate | up], as SwigluSrc and DswigluSrc read them.
+struct GateUp {
   const uint16_t* x;
   bool bf16;
   int64_t f;
+  __device__ __forceinline__ void fetch(int64_t r, int64_t c, uint4& gate, uint4& up) const {
+    gate = load8_raw(x, r * 2 * f + c);
+    up = load8_raw(x, r * 2 * f + f + c);
+  }
+};
+
+// swiglu_fwd(x) [rows, f] of x [rows, 2f] (fp8_swiglu_cast_transpose).
+struct SwigluSrc {
+  static constexpr int kParts = 1, kLoads = 2;
+  GateUp gu;
   __device__ __forceinline__ void fetch(int64_t r, int64_t c, uint4 (&raw)[kLoads]) const {
-    raw[0] = load8_raw(x, r * 2 * f + c);      // gate
-    raw[1] = load8_raw(x, r * 2 * f + f + c);  // up
+    gu.fetch(r, c, raw[0], raw[1]);
   }
   __device__ __forceinline__ void produce(const uint4 (&raw)[kLoads], float (&o)[1][8]) const {
     float a[8], u[8];
-    unpack8_half(raw[0], bf16, a);
-    unpack8_half(raw[1], bf16, u);
+    unpack8_half(raw[0], gu.bf16, a);
+    unpack8_half(raw[1], gu.bf16, u);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) o[0][k] = stored_half(swiglu_value(a[k], u[k]), bf16);
+    for (int k = 0; k < 8; ++k) o[0][k] = stored_half(swiglu_value(a[k], u[k]), gu.bf16);
   }
 };
 
@@ -189,26 +198,23 @@ struct SwigluSrc {
 // gate and up.
 struct DswigluSrc {
   static constexpr int kParts = 2, kLoads = 3;
+  GateUp gu;
   const uint16_t* dy;
-  const uint16_t* x;
-  bool bf16;
-  int64_t f;
   __device__ __forceinline__ void fetch(int64_t r, int64_t c, uint4 (&raw)[kLoads]) const {
-    raw[0] = load8_raw(x, r * 2 * f + c);
-    raw[1] = load8_raw(x, r * 2 * f + f + c);
-    raw[2] = load8_raw(dy, r * f + c);
+    gu.fetch(r, c, raw[0], raw[1]);
+    raw[2] = load8_raw(dy, r * gu.f + c);
   }
   __device__ __forceinline__ void produce(const uint4 (&raw)[kLoads], float (&o)[2][8]) const {
     float a[8], u[8], d[8];
-    unpack8_half(raw[0], bf16, a);
-    unpack8_half(raw[1], bf16, u);
-    unpack8_half(raw[2], bf16, d);
+    unpack8_half(raw[0], gu.bf16, a);
+    unpack8_half(raw[1], gu.bf16, u);
+    unpack8_half(raw[2], gu.bf16, d);
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       float dg, du;
       swiglu_grads(d[k], a[k], u[k], dg, du);
-      o[0][k] = stored_half(dg, bf16);
-      o[1][k] = stored_half(du, bf16);
+      o[0][k] = stored_half(dg, gu.bf16);
+      o[1][k] = stored_half(du, gu.bf16);
     }
   }
 };
@@ -302,6 +308,33 @@ bool aligned(const void* p, std::uintptr_t to) {
   return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % to == 0;
 }
 
+// The vector kernel over Src's [rows, cols] operands (part p of q / qt as the kernel says).
+template <class Src>
+void launch_vec(Tensor& q, Tensor& qt, Tensor& amax, const Src& src, const Tensor& scale,
+                int64_t rows, int64_t cols, int dev) {
+  DeviceGuard guard(dev);
+  const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
+  const int64_t vr = (rows + kVTile - 1) / kVTile, vc = (cols + kVTile - 1) / kVTile;
+  cast_transpose_vec_kernel<<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0,
+                              current_stream(dev)>>>(
+      q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr,
+      qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr, amax.data<float>(), src,
+      scale.data<float>(), qd == DType::fp8_e4m3, rows, cols);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+// Whether the vector kernel takes operands of [rows, cols] per part read from x (and dy): bf16 /
+// f16, rows and cols multiples of 8, the inputs 16-byte and q / qt 8-byte aligned, the grid's rows
+// in range.
+bool vec_kernel_takes(const Tensor& q, const Tensor& qt, const Tensor& x, const Tensor& dy,
+                      int64_t rows, int64_t cols) {
+  return (x.dtype() == DType::bf16 || x.dtype() == DType::f16) && rows % 8 == 0 && cols % 8 == 0 &&
+         aligned(x.raw_data(), 16) && (!dy.defined() || aligned(dy.raw_data(), 16)) &&
+         aligned(q.defined() ? q.raw_data() : nullptr, 8) &&
+         aligned(qt.defined() ? qt.raw_data() : nullptr, 8) &&
+         (rows + kVTile - 1) / kVTile <= 65535;
+}
+
 void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x, const Tensor& scale) {
   const ops::GemmDims d = ops::validate_fp8_cast_transpose(OnCudaDevice{}, q, qt, amax, x, scale);
   const int64_t rows = d.m, cols = d.n;
@@ -312,20 +345,13 @@ void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x, co
   const int64_t tiles_r = (rows + kTile - 1) / kTile, tiles_c = (cols + kTile - 1) / kTile;
   MG_CHECK(tiles_r <= 65535,
            "fp8_cast_transpose: " << rows << " rows exceed the grid limit of " << 65535 * kTile);
-  const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
-  auto* qp = q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr;
-  auto* qtp = qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr;
-  const bool two_byte = x.dtype() == DType::bf16 || x.dtype() == DType::f16;
-  if (two_byte && rows % 8 == 0 && cols % 8 == 0 && aligned(x.raw_data(), 16) && aligned(qp, 8) &&
-      aligned(qtp, 8) && (rows + kVTile - 1) / kVTile <= 65535) {
-    const int64_t vr = (rows + kVTile - 1) / kVTile, vc = (cols + kVTile - 1) / kVTile;
-    const PlainSrc src{static_cast<const uint16_t*>(x.raw_data()), x.dtype() == DType::bf16, cols};
-    cast_transpose_vec_kernel<<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0,
-                                s>>>(qp, qtp, amax.data<float>(), src, scale.data<float>(),
-                                     qd == DType::fp8_e4m3, rows, cols);
-    MG_CUDA_CHECK_LAUNCH();
+  if (vec_kernel_takes(q, qt, x, Tensor(), rows, cols)) {
+    launch_vec(q, qt, amax,
+               PlainSrc{static_cast<const uint16_t*>(x.raw_data()), x.dtype() == DType::bf16, cols},
+               scale, rows, cols, dev);
     return;
   }
+  const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
   cast_transpose_kernel<<<dim3(static_cast<unsigned>(tiles_c), static_cast<unsigned>(tiles_r)),
                           dim3(kTile, 8), 0, s>>>(
       q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr,
@@ -339,44 +365,16 @@ void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x, co
 // DswigluSrc); the same bytes and amax as swiglu_fwd / swiglu_bwd followed by fp8_cast_transpose,
 // whose kernels compute the same f32 expressions (swiglu_math.cuh) and round them to x's dtype
 // as the operand's store would. Shapes the vector kernel does not take (f32, R or F not a
-// multiple of 8, unaligned data): the two ops.
-template <class Src>
-void launch_fused_cast(Tensor& q, Tensor& qt, Tensor& amax, const Src& src, const Tensor& scale,
-                       int64_t rows, int64_t cols, int dev) {
-  DeviceGuard guard(dev);
-  const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
-  const int64_t vr = (rows + kVTile - 1) / kVTile, vc = (cols + kVTile - 1) / kVTile;
-  cast_transpose_vec_kernel<<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0,
-                              current_stream(dev)>>>(
-      q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr,
-      qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr, amax.data<float>(), src,
-      scale.data<float>(), qd == DType::fp8_e4m3, rows, cols);
-  MG_CUDA_CHECK_LAUNCH();
-}
-
-bool fused_vec_ok(const Tensor& q, const Tensor& qt, const Tensor& x, const Tensor& dy,
-                  int64_t rows, int64_t f) {
-  return (x.dtype() == DType::bf16 || x.dtype() == DType::f16) && rows % 8 == 0 && f % 8 == 0 &&
-         aligned(x.raw_data(), 16) && (!dy.defined() || aligned(dy.raw_data(), 16)) &&
-         aligned(q.defined() ? q.raw_data() : nullptr, 8) &&
-         aligned(qt.defined() ? qt.raw_data() : nullptr, 8) &&
-         (rows + kVTile - 1) / kVTile <= 65535;
-}
-
+// multiple of 8, unaligned data): the generic two ops.
 void fp8_swiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x,
                                const Tensor& scale) {
   const ops::GemmDims d = ops::validate_fp8_swiglu_cast_transpose(
       OnCudaDevice{}, "fp8_swiglu_cast_transpose", q, qt, amax, Tensor(), x, scale);
   if (d.m * d.n == 0) return;
-  if (!fused_vec_ok(q, qt, x, Tensor(), d.m, d.n)) {
-    const ops::OpTable& t = plugin::ops_for(x.device());
-    Tensor y = Tensor::empty({d.m, d.n}, x.dtype(), x.device());
-    t.swiglu_fwd(y, x);
-    t.fp8_cast_transpose(q, qt, amax, y, scale);
-    return;
-  }
-  const SwigluSrc src{static_cast<const uint16_t*>(x.raw_data()), x.dtype() == DType::bf16, d.n};
-  launch_fused_cast(q, qt, amax, src, scale, d.m, d.n, x.device().index);
+  if (!vec_kernel_takes(q, qt, x, Tensor(), d.m, d.n))
+    return ops::generic_fp8_swiglu_cast_transpose(q, qt, amax, x, scale);
+  const GateUp gu{static_cast<const uint16_t*>(x.raw_data()), x.dtype() == DType::bf16, d.n};
+  launch_vec(q, qt, amax, SwigluSrc{gu}, scale, d.m, d.n, x.device().index);
 }
 
 void fp8_dswiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& dy,
@@ -385,16 +383,11 @@ void fp8_dswiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tenso
       OnCudaDevice{}, "fp8_dswiglu_cast_transpose", q, qt, amax, dy, x, scale);
   if (d.m * d.n == 0) return;
   const int64_t f = d.n / 2;
-  if (!fused_vec_ok(q, qt, x, dy, d.m, f)) {
-    const ops::OpTable& t = plugin::ops_for(x.device());
-    Tensor dx = Tensor::empty({d.m, d.n}, x.dtype(), x.device());
-    t.swiglu_bwd(dx, dy, x);
-    t.fp8_cast_transpose(q, qt, amax, dx, scale);
-    return;
-  }
-  const DswigluSrc src{static_cast<const uint16_t*>(dy.raw_data()),
-                       static_cast<const uint16_t*>(x.raw_data()), x.dtype() == DType::bf16, f};
-  launch_fused_cast(q, qt, amax, src, scale, d.m, f, x.device().index);
+  if (!vec_kernel_takes(q, qt, x, dy, d.m, f))
+    return ops::generic_fp8_dswiglu_cast_transpose(q, qt, amax, dy, x, scale);
+  const GateUp gu{static_cast<const uint16_t*>(x.raw_data()), x.dtype() == DType::bf16, f};
+  launch_vec(q, qt, amax, DswigluSrc{gu, static_cast<const uint16_t*>(dy.raw_data())}, scale, d.m,
+             f, x.device().index);
 }
 
 __global__ void scale_update_kernel(float* history, float* scale, float* scale_inv, int64_t len,

@@ -573,6 +573,10 @@ TEST(Fp8FusedSwiglu, HighPrecisionWeightGradientsKeepTheSeparateOps) {
   EXPECT_EQ(r.swiglu_bwd, 2 * 2);
 }
 
+// The functions' contract on the CPU table: the same q, qt and amax as the separate ops (there
+// the generic composition of those ops, so this part guards a CPU provider that would replace it;
+// the CUDA kernels are checked the same way in cuda_fp8_test) and refusals of bad shapes and
+// dtypes, which the validation does whatever the provider.
 TEST(Fp8FusedSwiglu, OpsEqualTheSeparateOpsAndRefuseBadShapes) {
   const auto& ops = test::ops_on("cpu");
   const int64_t rows = 6, f = 5;  // no multiple of 8 needed on the CPU
