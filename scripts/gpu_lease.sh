@@ -6,7 +6,7 @@
 #   1. device facts and megatron_info                                                  ~5 s
 #   2. the CUDA cases of every unit-test binary that has any (binaries named cuda_* whole; the
 #      others with the filter *cuda*:*Cuda*:*CUDA*:*Device*:*Gpu*), four binaries at a time,
-#      each under 90 s (cuda_cudnn_attention_test 180 s)                             ~60-90 s
+#      each under 90 s (cuda_cudnn_attention_test, cuda_fp8_attention_test 180 s)                             ~60-90 s
 #   3. several ranks on the one GPU (issue 17): scripts/gpu_multirank.sh with ONLY = the issue's
 #      layouts (NCCL one rank, MPI staging, the in-process *Cuda comparisons, TP 2, PP 2 with
 #      interleaving, CP 2 with each comm type, EP 2, DP 2 with the distributed optimizer,
@@ -91,7 +91,7 @@ if [[ $skip != *",tests,"* ]]; then
     # cuDNN's graph builds on a fresh machine: cuda_cudnn_attention_test took 84 s (session 24)
     # and over 90 s (session 25) with every case passing before
     local lim=90
-    [ "$n" = cuda_cudnn_attention_test ] && lim=180
+    case $n in cuda_cudnn_attention_test | cuda_fp8_attention_test) lim=180 ;; esac
     timeout "$lim" "$bindir/$n" --gtest_brief=1 --gtest_color=no "${filter[@]}" > "$stage/tests/$n.log" 2>&1
     local rc=$?
     echo "$n rc=$rc $((SECONDS - s))s $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$stage/tests/$n.log" | tr '\n' ' ')"
@@ -237,6 +237,14 @@ if [[ $skip != *",perf,"* ]]; then
   perf llama-1b-fp8-separate 60 llama-1b 4 --fp8-format hybrid --no-bias-swiglu-fusion
   perf llama-1b-bf16-gbs32 90 llama-1b 4 --global-batch-size 32
   perf llama-1b-fp8-gbs32 90 llama-1b 4 --fp8-format hybrid --global-batch-size 32
+  # FP8 attention: llama-1b's head dim 64 has cuDNN's FP8 forward but not its FP8 backward on
+  # Hopper (head dim 128 only), so TE's NVTE_FP8_DPA_BWD=0 (backward in bf16); the full FP8
+  # attention on the same model with 16 heads of 128.
+  perf llama-1b-fp8-dpa 60 llama-1b 4 NVTE_FP8_DPA_BWD=0 --fp8-format hybrid --fp8-dot-product-attention
+  perf llama-1b-fp8-dpa-gbs32 90 llama-1b 4 NVTE_FP8_DPA_BWD=0 --fp8-format hybrid --fp8-dot-product-attention --global-batch-size 32
+  perf llama-1b-hd128-bf16 60 llama-1b 4 --num-attention-heads 16 --num-query-groups 4
+  perf llama-1b-hd128-fp8 60 llama-1b 4 --num-attention-heads 16 --num-query-groups 4 --fp8-format hybrid
+  perf llama-1b-hd128-fp8-dpa 60 llama-1b 4 --num-attention-heads 16 --num-query-groups 4 --fp8-format hybrid --fp8-dot-product-attention
   perf moe-8x-top2 50 moe-8x 4
   perf dense-equal-active 40 dense-moe-active 4
   perf gpt2-124m-offload 50 gpt2-124m 16 --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d

@@ -2,6 +2,7 @@
 #include "megatron/training/arguments.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <utility>
 
@@ -77,6 +78,9 @@ void add_fp8_flags(ArgParser& p, fp8::Fp8Config& f, Pending& x) {
   p.add_switch("--fp8-param-gather", f.param_gather, true,
                "keep the FP8 linears' weights as FP8 parameters: the distributed optimizer casts "
                "its master shards to FP8 after the step and all-gathers 1 byte per element");
+  p.add_switch("--fp8-dot-product-attention", f.dot_product_attention, true,
+               "the decoder layers' core attention in FP8 (Transformer Engine's fp8_dpa: cuDNN's "
+               "FP8 SDPA on the GPU, its exact emulation on the CPU; delayed recipe)");
   p.add_switch("--tp-only-amax-red", f.tp_only_amax_red, true,
                "reduce amaxes over the tensor-(context-)parallel group only, not data parallel");
   p.add_switch("--first-last-layers-bf16", f.first_last_layers_bf16, true,
@@ -104,7 +108,8 @@ void check_fp8_flags(ArgParser& p, fp8::Fp8Config& f, const Pending& x) {
   if (!f.enabled()) {
     for (const char* flag :
          {"--fp8-recipe", "--fp8-margin", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
-          "--no-fp8-wgrad", "--tp-only-amax-red", "--first-last-layers-bf16", "--fp8-param-gather"})
+          "--no-fp8-wgrad", "--tp-only-amax-red", "--first-last-layers-bf16", "--fp8-param-gather",
+          "--fp8-dot-product-attention"})
       MG_CHECK(!p.given(flag), flag << " needs --fp8-format e4m3|hybrid (FP8 is off)");
   }
   for (const char* flag : {"--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"})
@@ -690,6 +695,9 @@ const RefusedFlag kRefusedFlags[] = {
      "a separate learning rate for the input and output layers"},
     {"--decoupled-min-lr", ArgParser::Nargs::one,
      "a separate learning rate for the input and output layers"},
+    {"--fp8-multi-head-attention", ArgParser::Nargs::zero,
+     "FP8 tensors between the QKV projection, the attention and the output projection "
+     "(Transformer Engine's fp8_mha; --fp8-dot-product-attention is built)"},
     {"--multi-latent-attention", ArgParser::Nargs::zero, "multi-latent attention (MLA)"},
     {"--q-lora-rank", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
     {"--kv-lora-rank", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
@@ -1025,6 +1033,32 @@ Arguments parse_args(const std::vector<std::string>& raw) {
            "--fp8-param-gather with --optimizer-cpu-offload: not built (the FP8 cast reads the "
            "master weights on the device)");
 
+  if (a.model.fp8.dot_product_attention) {  // docs/fp8.md "FP8 attention"
+    MG_CHECK(a.model.fp8.recipe == fp8::Fp8Recipe::delayed,
+             "--fp8-dot-product-attention needs --fp8-recipe delayed (FP8 attention under the "
+             "tensorwise recipe is not built), got --fp8-recipe "
+                 << fp8::recipe_name(a.model.fp8.recipe));
+    MG_CHECK(a.parallel.context_parallel_size == 1,
+             "--fp8-dot-product-attention with --context-parallel-size "
+                 << a.parallel.context_parallel_size
+                 << ": FP8 attention across the context-parallel ring is not built (use 1)");
+    MG_CHECK(a.model.attention_dropout == 0.0,
+             "--fp8-dot-product-attention needs --attention-dropout 0 (FP8 attention with "
+             "dropout is not built), got "
+                 << a.model.attention_dropout);
+    MG_CHECK(!a.data.reset_attention_mask,
+             "--fp8-dot-product-attention with --reset-attention-mask: FP8 attention with "
+             "document masks is not built");
+    // Transformer Engine's switch for the FP8 attention's backward (its environment variable).
+    if (const char* e = std::getenv("NVTE_FP8_DPA_BWD")) {
+      const std::string v = e;
+      MG_CHECK(v == "0" || v == "1",
+               "NVTE_FP8_DPA_BWD=" << v
+                                   << ": expected 1 (the FP8 attention's backward in FP8, the "
+                                      "default) or 0 (in the model dtype)");
+      a.model.fp8.dot_product_attention_fp8_backward = v == "1";
+    }
+  }
   MG_CHECK(a.training.micro_batch_size >= 1, "--micro-batch-size is required and must be >= 1 (got "
                                                  << a.training.micro_batch_size << ")");
   check_fp8_sizes(a);

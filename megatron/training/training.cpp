@@ -173,10 +173,10 @@ void check_finite_before_save(Run& r, const CheckpointState& st) {
               "checkpoint)");
 }
 
-// Every rank's FP8 state (fp8/fp8_state.h) merged by linear name: the pipeline stages hold other
-// layers; TP and DP replicas agree (the amax reduction), and the lowest rank wins where they do not
-// (--tp-only-amax-red), as Megatron keeps data-parallel rank 0's extra state. Collective over the
-// world.
+// Every rank's FP8 state (fp8/fp8_state.h) merged by linear (and FP8 attention) name: the pipeline
+// stages hold other layers; TP and DP replicas agree (the amax reduction), and the lowest rank wins
+// where they do not (--tp-only-amax-red), as Megatron keeps data-parallel rank 0's extra state.
+// Collective over the world.
 nlohmann::json gather_fp8_state(Run& r) {
   comm::ProcessGroup& w = *r.ps.world;
   const std::string mine = r.model->fp8_state()->state_json().dump();
@@ -200,8 +200,11 @@ nlohmann::json gather_fp8_state(Run& r) {
       merged = j;
       continue;
     }
-    for (auto& [name, v] : j.at("linears").items())
-      if (!merged["linears"].contains(name)) merged["linears"][name] = v;
+    for (const char* group : {"linears", "attentions"}) {
+      if (!j.contains(group)) continue;
+      for (auto& [name, v] : j.at(group).items())
+        if (!merged[group].contains(name)) merged[group][name] = v;
+    }
   }
   return merged;
 }
@@ -464,7 +467,14 @@ std::string fp8_summary(Run& r) {
     s << " (amax history " << f.amax_history_len << ", " << fp8::amax_algo_name(f.amax_compute_algo)
       << ", margin " << f.margin << ", amax reduced over " << (r.ps.amax ? r.ps.amax->size() : 1)
       << " rank(s))";
-  s << ", " << st->num_linears() << " FP8 linears on this rank"
+  s << ", " << st->num_linears() << " FP8 linears"
+    << (f.dot_product_attention
+            ? " and " + std::to_string(st->num_attentions()) + " FP8 core attentions" +
+                  (f.dot_product_attention_fp8_backward
+                       ? std::string()
+                       : std::string(" (backward in the model dtype: NVTE_FP8_DPA_BWD=0)"))
+            : std::string())
+    << " on this rank"
     << (f.first_last_layers_bf16
             ? ", first " + std::to_string(f.num_layers_at_start_in_bf16) + " / last " +
                   std::to_string(f.num_layers_at_end_in_bf16) + " layers in high precision"
@@ -964,6 +974,22 @@ PretrainResult pretrain(const Arguments& given_args, std::ostream& out_log,
       ro.op_providers = choice.providers;
       r.rt = &mg::init(ro);
     }
+  }
+  if (args.model.fp8.dot_product_attention) {  // docs/fp8.md "FP8 attention"
+    for (const auto& [id, name] : {std::pair{ops::OpId::fp8_attention_fwd, "fp8_attention_fwd"},
+                                   std::pair{ops::OpId::fp8_attention_bwd, "fp8_attention_bwd"}})
+      MG_CHECK((id == ops::OpId::fp8_attention_bwd &&
+                !args.model.fp8.dot_product_attention_fp8_backward) ||
+                   !r.rt->resolutions()[static_cast<std::size_t>(id)].provider.empty(),
+               "--fp8-dot-product-attention: the "
+                   << r.rt->platform->name() << " platform has no provider of " << name
+                   << (args.deterministic_mode
+                           ? " in --deterministic-mode (cuDNN's FP8 backward is not deterministic; "
+                             "NVTE_FP8_DPA_BWD=0 runs the backward in the model dtype)"
+                           : "")
+                   << " (on CUDA it is cuDNN's FP8 SDPA: a build with the cuDNN frontend and "
+                      "libcudnn, scripts/install_deps.sh; `build/bin/megatron_info` lists the "
+                      "providers)");
   }
   if (args.deterministic_mode)
     check_deterministic_mode(r.ps.world->backend(), r.ps.world->size(), std::getenv("NCCL_ALGO"));

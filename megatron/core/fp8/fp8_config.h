@@ -34,6 +34,14 @@ struct Fp8Config {
   // --fp8-param-gather: the FP8 linears' weights are FP8 model parameters (Fp8State's param
   // storage), cast from the distributed optimizer's master shards and all-gathered as FP8.
   bool param_gather = false;
+  // --fp8-dot-product-attention: the decoder layers' core attention in FP8 (Transformer Engine's
+  // fp8_dpa; docs/fp8.md "FP8 attention"): q, k, v, the softmax output and O in the forward
+  // format, dO, dP and dQ/dK/dV in the gradient format, each with its own delayed scaling.
+  bool dot_product_attention = false;
+  // Transformer Engine's NVTE_FP8_DPA_BWD (default 1): 0 runs the FP8 attention's backward in the
+  // model dtype (attention_bwd on the saved q, k, v and the dequantised out), as TE does; cuDNN's
+  // FP8 backward on Hopper takes head dim 128 only.
+  bool dot_product_attention_fp8_backward = true;
   bool first_last_layers_bf16 = false;      // --first-last-layers-bf16
   int64_t num_layers_at_start_in_bf16 = 1;  // --num-layers-at-start-in-bf16
   int64_t num_layers_at_end_in_bf16 = 1;    // --num-layers-at-end-in-bf16

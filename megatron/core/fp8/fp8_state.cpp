@@ -71,6 +71,18 @@ int Fp8State::add_linear(const std::string& name) {
   return num_linears() - 1;
 }
 
+int Fp8State::add_attention(const std::string& name) {
+  MG_CHECK(!finalized_, "Fp8State::add_attention(" << name << ") after finalize()");
+  MG_CHECK(cfg_.recipe == Fp8Recipe::delayed,
+           "--fp8-dot-product-attention needs --fp8-recipe delayed (the tensorwise recipe's FP8 "
+           "attention is not built), got "
+               << recipe_name(cfg_.recipe));
+  for (const auto& n : attn_names_)
+    MG_CHECK(n != name, "Fp8State: attention " << name << " added twice");
+  attn_names_.push_back(name);
+  return num_attentions() - 1;
+}
+
 void Fp8State::finalize() {
   MG_CHECK(!finalized_, "Fp8State::finalize() called twice");
   finalized_ = true;
@@ -115,6 +127,48 @@ void Fp8State::cast_operand(const Operand& x, Tensor& q, Tensor& qt, Tensor& ama
     case Operand::Kind::dswiglu:
       ops_->fp8_dswiglu_cast_transpose(q, qt, amax, x.dy, x.x, scale);
       return;
+  }
+}
+
+Fp8State::AttentionScales Fp8State::attention_scales(int id) const {
+  MG_CHECK(finalized_ && id >= 0 && id < num_attentions(),
+           "Fp8State::attention_scales: attention id " << id << " of " << num_attentions());
+  const int f = attention_slot(id, true), b = attention_slot(id, false);
+  return AttentionScales{fwd_.scale.slice(f, 3), fwd_.scale_inv.slice(f, 3), bwd_.scale.slice(b, 3),
+                         bwd_.scale_inv.slice(b, 3)};
+}
+
+Scaling Fp8State::attention_scaling(int id, bool forward, bool training) const {
+  MG_CHECK(finalized_ && id >= 0 && id < num_attentions(),
+           "Fp8State::attention_scaling: attention id " << id << " of " << num_attentions());
+  const int slot = attention_slot(id, forward);
+  const Buffers& b = buffers(forward);
+  Scaling s;
+  s.dtype = forward ? cfg_.forward_dtype() : cfg_.backward_dtype();
+  s.scale = b.scale.slice(slot, 1);
+  s.scale_inv = b.scale_inv.slice(slot, 1).clone();
+  s.amax = training ? b.history.select(0).slice(slot, 1) : Tensor::zeros({1}, DType::f32, device_);
+  return s;
+}
+
+void Fp8State::record_attention_amax(int id, bool forward, const Tensor& amax,
+                                     bool training) const {
+  if (!training) return;
+  const int slot = attention_slot(id, forward);
+  Tensor row0 = buffers(forward).history.select(0);
+  MG_CHECK(amax.numel() == (forward ? 2 : 4),
+           "Fp8State::record_attention_amax: amax " << amax.str());
+  // amax-only casts: slot = max(slot, max |x|) (S and dP: one value each; O: one; dQKV: three).
+  auto fold = [&](int to, int64_t from, int64_t n) {
+    Tensor none, none2, dst = row0.slice(slot + to, 1);
+    ops_->fp8_cast_transpose(none, none2, dst, amax.slice(from, n).view({1, n}), one_);
+  };
+  if (forward) {
+    fold(1, 0, 1);  // S
+    fold(2, 1, 1);  // O
+  } else {
+    fold(1, 0, 1);  // dP
+    fold(2, 1, 3);  // dQKV = max(dQ, dK, dV)
   }
 }
 
@@ -378,7 +432,7 @@ void Fp8State::cast(const Scaling& s, const Operand& x, Tensor* q, Tensor* qt) c
 }
 
 void Fp8State::update(bool forward, comm::ProcessGroup* group) {
-  if (cfg_.recipe != Fp8Recipe::delayed || num_linears() == 0) return;
+  if (cfg_.recipe != Fp8Recipe::delayed || slots(forward) == 0) return;
   Buffers& b = buffers(forward);
   Tensor row0 = b.history.select(0);  // every linear's amaxes of this pass: one all-reduce
   all_reduce_max(group, row0);
@@ -401,32 +455,37 @@ std::vector<float> Fp8State::scale_inv(bool forward) const {
 }
 
 nlohmann::json Fp8State::state_json() const {
-  nlohmann::json lin = nlohmann::json::object();
+  nlohmann::json lin = nlohmann::json::object(), att = nlohmann::json::object();
   const int64_t len = cfg_.amax_history_len;
   for (bool forward : {true, false}) {
     const std::vector<float> h = history(forward), s = scale(forward), si = scale_inv(forward);
-    const int per = forward ? 2 : 1;
     const int64_t n = slots(forward);
-    for (int id = 0; id < num_linears(); ++id) {
+    const std::string k = forward ? "fwd" : "bwd";
+    auto put = [&](nlohmann::json& e, int64_t base, int64_t per) {
       std::vector<float> hh, ss, ssi;
       for (int64_t i = 0; i < len; ++i)
-        for (int r = 0; r < per; ++r)
-          hh.push_back(h[static_cast<std::size_t>(i * n + id * per + r)]);
-      for (int r = 0; r < per; ++r) {
-        ss.push_back(s[static_cast<std::size_t>(id * per + r)]);
-        ssi.push_back(si[static_cast<std::size_t>(id * per + r)]);
+        for (int64_t r = 0; r < per; ++r)
+          hh.push_back(h[static_cast<std::size_t>(i * n + base + r)]);
+      for (int64_t r = 0; r < per; ++r) {
+        ss.push_back(s[static_cast<std::size_t>(base + r)]);
+        ssi.push_back(si[static_cast<std::size_t>(base + r)]);
       }
-      const std::string k = forward ? "fwd" : "bwd";
-      auto& e = lin[names_[static_cast<std::size_t>(id)]];
       e[k + "_amax_history"] = bits(hh);
       e[k + "_scale"] = bits(ss);
       e[k + "_scale_inv"] = bits(ssi);
-    }
+    };
+    const int per = forward ? 2 : 1;
+    for (int id = 0; id < num_linears(); ++id)
+      put(lin[names_[static_cast<std::size_t>(id)]], id * per, per);
+    for (int id = 0; id < num_attentions(); ++id)
+      put(att[attn_names_[static_cast<std::size_t>(id)]], attention_slot(id, forward), 3);
   }
-  return {{"recipe", recipe_name(cfg_.recipe)},
-          {"format", format_name(cfg_.format)},
-          {"amax_history_len", len},
-          {"linears", lin}};
+  nlohmann::json j = {{"recipe", recipe_name(cfg_.recipe)},
+                      {"format", format_name(cfg_.format)},
+                      {"amax_history_len", len},
+                      {"linears", lin}};
+  if (num_attentions() > 0) j["attentions"] = att;
+  return j;
 }
 
 void Fp8State::load_state_json(const nlohmann::json& j) {
@@ -441,28 +500,33 @@ void Fp8State::load_state_json(const nlohmann::json& j) {
                                                         << ", this run's --fp8-amax-history-len is "
                                                         << len);
   const nlohmann::json& lin = j.at("linears");
+  const nlohmann::json att = j.value("attentions", nlohmann::json::object());
   for (bool forward : {true, false}) {
     std::vector<float> h = history(forward), s = scale(forward), si = scale_inv(forward);
-    const int per = forward ? 2 : 1;
     const int64_t n = slots(forward);
     const std::string k = forward ? "fwd" : "bwd";
-    for (int id = 0; id < num_linears(); ++id) {
-      const std::string& name = names_[static_cast<std::size_t>(id)];
-      if (!lin.contains(name)) continue;
-      const auto& e = lin.at(name);
-      const std::size_t per_u = static_cast<std::size_t>(per);
+    auto get = [&](const nlohmann::json& e, const std::string& name, int64_t base, int64_t per) {
+      const auto per_u = static_cast<std::size_t>(per);
       const auto hh = from_bits(e.at(k + "_amax_history"), static_cast<std::size_t>(len) * per_u,
                                 name + " " + k + "_amax_history");
       const auto ss = from_bits(e.at(k + "_scale"), per_u, name + " " + k + "_scale");
       const auto ssi = from_bits(e.at(k + "_scale_inv"), per_u, name + " " + k + "_scale_inv");
       for (int64_t i = 0; i < len; ++i)
-        for (int r = 0; r < per; ++r)
-          h[static_cast<std::size_t>(i * n + id * per + r)] =
-              hh[static_cast<std::size_t>(i * per + r)];
-      for (int r = 0; r < per; ++r) {
-        s[static_cast<std::size_t>(id * per + r)] = ss[static_cast<std::size_t>(r)];
-        si[static_cast<std::size_t>(id * per + r)] = ssi[static_cast<std::size_t>(r)];
+        for (int64_t r = 0; r < per; ++r)
+          h[static_cast<std::size_t>(i * n + base + r)] = hh[static_cast<std::size_t>(i * per + r)];
+      for (int64_t r = 0; r < per; ++r) {
+        s[static_cast<std::size_t>(base + r)] = ss[static_cast<std::size_t>(r)];
+        si[static_cast<std::size_t>(base + r)] = ssi[static_cast<std::size_t>(r)];
       }
+    };
+    const int per = forward ? 2 : 1;
+    for (int id = 0; id < num_linears(); ++id) {
+      const std::string& name = names_[static_cast<std::size_t>(id)];
+      if (lin.contains(name)) get(lin.at(name), name, id * per, per);
+    }
+    for (int id = 0; id < num_attentions(); ++id) {
+      const std::string& name = attn_names_[static_cast<std::size_t>(id)];
+      if (att.contains(name)) get(att.at(name), name, attention_slot(id, forward), 3);
     }
     Buffers& b = buffers(forward);
     b.history.copy_(host_f32(h, {len, n}));

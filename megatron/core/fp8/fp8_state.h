@@ -94,6 +94,27 @@ class Fp8State {
   int num_linears() const { return static_cast<int>(names_.size()); }
   const std::vector<std::string>& names() const { return names_; }
 
+  // --fp8-dot-product-attention (docs/fp8.md "FP8 attention"): registers the core attention of a
+  // decoder layer (name: e.g. "decoder.layers.1.self_attention.core_attention"); returns its id.
+  // Each has three forward operands (QKV, S = the softmax output, O) and three backward ones (dO,
+  // dP, dQKV), delayed scaling only, in slots after the linears' (forward 2 n + 3 a + r,
+  // backward n + 3 a + r): TE's DotProductAttention fp8_meta.
+  int add_attention(const std::string& name);
+  int num_attentions() const { return static_cast<int>(attn_names_.size()); }
+  const std::vector<std::string>& attention_names() const { return attn_names_; }
+  // Attention `id`'s scale vectors, views [3] of the state: forward (QKV, S, O), backward (dO, dP,
+  // dQKV) scale and scale_inv.
+  struct AttentionScales {
+    Tensor fwd_scale, fwd_scale_inv, bwd_scale, bwd_scale_inv;
+  };
+  AttentionScales attention_scales(int id) const;
+  // The scaling of attention `id`'s QKV (forward) or dO (backward) cast: the current scale, amax
+  // into history row 0 when training (q, k and v share one scale, as TE's QKV quantizer).
+  Scaling attention_scaling(int id, bool forward, bool training) const;
+  // Records the FP8 attention op's amaxes (written by the op) into history row 0 when training:
+  // forward amax [2] -> S, O; backward amax [4] -> dP, and max(dQ, dK, dV) for dQKV.
+  void record_attention_amax(int id, bool forward, const Tensor& amax, bool training) const;
+
   // The scaling of operand `role` of linear `id` for the tensors `xs` (one scale for all: the
   // parts of a split GEMM). Delayed: the current scale, amax into history row 0 when training.
   // Tensorwise: amax of xs reduced (max) over `group` (null: none), scale from it.
@@ -165,8 +186,9 @@ class Fp8State {
   std::vector<float> scale(bool forward) const;
   std::vector<float> scale_inv(bool forward) const;
   // {"recipe", "format", "amax_history_len", "linears": {name: {fwd/bwd history, scale,
-  // scale_inv as f32 bit patterns}}}; load_state_json restores the linears it names (a linear
-  // it lacks keeps its fresh state) and refuses another history length or recipe.
+  // scale_inv as f32 bit patterns}}, "attentions": {name: the same, three slots each way}};
+  // load_state_json restores the linears and attentions it names (one it lacks keeps its fresh
+  // state) and refuses another history length or recipe.
   nlohmann::json state_json() const;
   void load_state_json(const nlohmann::json& j);
 
@@ -179,12 +201,19 @@ class Fp8State {
                     const Tensor& scale) const;
   Buffers& buffers(bool forward) { return forward ? fwd_ : bwd_; }
   const Buffers& buffers(bool forward) const { return forward ? fwd_ : bwd_; }
-  int slots(bool forward) const { return forward ? 2 * num_linears() : num_linears(); }
+  int slots(bool forward) const {
+    return (forward ? 2 * num_linears() : num_linears()) + 3 * num_attentions();
+  }
+  // The first slot of attention `id` in the forward / backward buffers.
+  int attention_slot(int id, bool forward) const {
+    return (forward ? 2 * num_linears() : num_linears()) + 3 * id;
+  }
 
   Fp8Config cfg_;
   const ops::OpTable* ops_;
   Device device_;
   std::vector<std::string> names_;
+  std::vector<std::string> attn_names_;
   Buffers fwd_, bwd_;
   Tensor one_;  // f32 [1] = 1 on the device (amax-only casts)
   bool finalized_ = false;

@@ -39,6 +39,25 @@
      scale_inv [S] f32, in place (delayed: roll + scale from the history; current: from row 0) */ \
   X(fp8_scale_update, op, "",                                                                     \
     void(Tensor & history, Tensor & scale, Tensor & scale_inv, const Fp8ScaleUpdateArgs& args))   \
+  /* y = f32(q) * scale_inv rounded to y's dtype (TE's dequantize): q fp8, y f32/bf16/f16 of      \
+     q's shape, scale_inv [1] f32 */                                                              \
+  X(fp8_dequantize, op, "", void(Tensor & y, const Tensor& q, const Tensor& scale_inv))           \
+  /* FP8 dot-product attention (docs/fp8.md "FP8 attention"; TE's fp8_dpa, cuDNN's FP8 SDPA):     \
+     q [S,B,NH,HD], k, v [S,B,NG,HD] fp8 of one format; fwd_scale, fwd_scale_inv [3] f32 = the    \
+     (QKV, S, O) scales; out fp8 like q = cast(O * scale_O), O = softmax(q k^T) v with P cast at  \
+     scale_S; lse [B,NH,S] f32; amax [2] f32 written = (max P, max |O|) before their scaling */   \
+  X(fp8_attention_fwd, op, "fp8_attention_bwd",                                                   \
+    void(Tensor & out, Tensor & lse, Tensor & amax, const Tensor& q, const Tensor& k,             \
+         const Tensor& v, const Tensor& fwd_scale, const Tensor& fwd_scale_inv,                   \
+         const AttentionArgs& args))                                                              \
+  /* its backward: dout fp8 like q (the gradient format), bwd_scale, bwd_scale_inv [3] f32 = the  \
+     (dO, dP, dQKV) scales; dq, dk, dv fp8 in dout's format at scale_dQKV; amax [4] f32 written = \
+     (max |dP|, max |dQ|, max |dK|, max |dV|) before their scaling */                             \
+  X(fp8_attention_bwd, op, "",                                                                    \
+    void(Tensor & dq, Tensor & dk, Tensor & dv, Tensor & amax, const Tensor& dout,                \
+         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, \
+         const Tensor& fwd_scale, const Tensor& fwd_scale_inv, const Tensor& bwd_scale,           \
+         const Tensor& bwd_scale_inv, const AttentionArgs& args))                                 \
   /* y[N,F] += bias[F] */                                                                         \
   X(bias_add, op, "bias_grad", void(Tensor & y, const Tensor& bias))                              \
   /* dbias[F] += sum_n dy[N,F] */                                                                 \

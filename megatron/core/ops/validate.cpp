@@ -306,6 +306,18 @@ GemmDims validate_fp8_scale_update(const Placement& on, const Tensor& history, c
   return d;
 }
 
+int64_t validate_fp8_dequantize(const Placement& on, const Tensor& y, const Tensor& q,
+                                const Tensor& scale_inv) {
+  const char* op = "fp8_dequantize";
+  check_fp8(on, op, "q", q);
+  check_float(on, op, "y", y);
+  MG_CHECK(y.dtype() != DType::f64, op << ": y is f64, expected f32, bf16 or f16");
+  check_same_shape(op, "y", y, "q", q);
+  check_scalar_f32(on, op, "scale_inv", scale_inv);
+  MG_CHECK(!overlaps(y, q), op << ": y overlaps q");
+  return q.numel();
+}
+
 GemmDims validate_gemm_epilogue(const Placement& on, const Tensor& c, const Tensor& aux,
                                 const Tensor& dbias, const Tensor& a, const Tensor& b,
                                 const Tensor& bias, const GemmEpilogueArgs& args) {
@@ -536,6 +548,90 @@ AttentionDims validate_attention_merge(const Placement& on, const Tensor& out, c
   validate_lse(on, op, block_lse, out, d);
   MG_CHECK(!overlaps(out, block_out) && !overlaps(lse, block_lse),
            op << ": the block's result overlaps the one it is merged into");
+  return d;
+}
+
+namespace {
+
+// The FP8 attention's q, k, v (fp8 of one dtype, sbhd, GQA), its scale vectors (f32 [3]) and the
+// parts of AttentionArgs it serves.
+AttentionDims validate_fp8_qkv(const Placement& on, const char* op, const Tensor& q,
+                               const Tensor& k, const Tensor& v, const Tensor& lse,
+                               const AttentionArgs& a) {
+  check_fp8(on, op, "q", q);
+  on.check(op, "k", k);
+  MG_CHECK(q.dim() == 4, op << ": q must be [S, B, NH, HD], got " << shape_str(q.shape()));
+  MG_CHECK(k.dim() == 4, op << ": k must be [S, B, NG, HD], got " << shape_str(k.shape()));
+  check_like(on, op, "v", v, "k", k);
+  check_same_dtype(op, "k", k, "q", q);
+  const AttentionDims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), k.size(0)};
+  MG_CHECK(d.b == k.size(1) && d.hd == k.size(3) && d.sk == d.s,
+           op << ": k " << shape_str(k.shape()) << " does not match q " << shape_str(q.shape())
+              << " in S, B or HD (FP8 attention is self-attention: Sk == Sq)");
+  MG_CHECK(d.ng > 0 && d.nh % d.ng == 0,
+           op << ": NH = " << d.nh << " heads is not a multiple of NG = " << d.ng << " groups");
+  validate_lse(on, op, lse, q, d);
+  MG_CHECK(a.dropout.p == 0.0f,
+           op << ": attention dropout p = " << a.dropout.p
+              << ": FP8 attention runs without dropout (--attention-dropout 0)");
+  MG_CHECK(!a.doc_ids.defined() && !a.kv_doc_ids.defined() && !a.cu_seqlens.defined(),
+           op << ": document masks (doc_ids, cu_seqlens) are not built for FP8 attention");
+  MG_CHECK(std::isfinite(a.softmax_scale),
+           op << ": softmax_scale " << a.softmax_scale << " is not finite");
+  return d;
+}
+
+void check_scale3(const Placement& on, const char* op, const char* name, const Tensor& t) {
+  on.check(op, name, t);
+  MG_CHECK(t.dtype() == DType::f32 && t.dim() == 1 && t.size(0) == 3,
+           op << ": " << name << " is " << t.str() << ", expected f32 [3]");
+}
+
+void check_amax_n(const Placement& on, const char* op, const Tensor& t, int64_t n) {
+  on.check(op, "amax", t);
+  MG_CHECK(t.dtype() == DType::f32 && t.dim() == 1 && t.size(0) == n,
+           op << ": amax is " << t.str() << ", expected f32 [" << n << "]");
+}
+
+}  // namespace
+
+AttentionDims validate_fp8_attention_fwd(const Placement& on, const Tensor& out, const Tensor& lse,
+                                         const Tensor& amax, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& fwd_scale,
+                                         const Tensor& fwd_scale_inv, const AttentionArgs& args) {
+  const char* op = "fp8_attention_fwd";
+  const AttentionDims d = validate_fp8_qkv(on, op, q, k, v, lse, args);
+  check_like(on, op, "out", out, "q", q);
+  check_amax_n(on, op, amax, 2);
+  check_scale3(on, op, "fwd_scale", fwd_scale);
+  check_scale3(on, op, "fwd_scale_inv", fwd_scale_inv);
+  return d;
+}
+
+AttentionDims validate_fp8_attention_bwd(const Placement& on, const Tensor& dq, const Tensor& dk,
+                                         const Tensor& dv, const Tensor& amax, const Tensor& dout,
+                                         const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& out, const Tensor& lse,
+                                         const Tensor& fwd_scale, const Tensor& fwd_scale_inv,
+                                         const Tensor& bwd_scale, const Tensor& bwd_scale_inv,
+                                         const AttentionArgs& args) {
+  const char* op = "fp8_attention_bwd";
+  const AttentionDims d = validate_fp8_qkv(on, op, q, k, v, lse, args);
+  check_like(on, op, "out", out, "q", q);
+  check_fp8(on, op, "dout", dout);
+  check_same_shape(op, "dout", dout, "q", q);
+  check_like(on, op, "dq", dq, "dout", dout);
+  on.check(op, "dk", dk);
+  on.check(op, "dv", dv);
+  check_same_dtype(op, "dk", dk, "dout", dout);
+  check_same_dtype(op, "dv", dv, "dout", dout);
+  check_same_shape(op, "dk", dk, "k", k);
+  check_same_shape(op, "dv", dv, "v", v);
+  check_amax_n(on, op, amax, 4);
+  check_scale3(on, op, "fwd_scale", fwd_scale);
+  check_scale3(on, op, "fwd_scale_inv", fwd_scale_inv);
+  check_scale3(on, op, "bwd_scale", bwd_scale);
+  check_scale3(on, op, "bwd_scale_inv", bwd_scale_inv);
   return d;
 }
 

@@ -107,6 +107,10 @@ GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a
 // when current), margin >= 0, fp8_max > 0. Returns {L, S} as {m, n}.
 GemmDims validate_fp8_scale_update(const Placement& on, const Tensor& history, const Tensor& scale,
                                    const Tensor& scale_inv, const Fp8ScaleUpdateArgs& args);
+// fp8_dequantize: q fp8, y f32 / bf16 / f16 of q's shape (not overlapping q), scale_inv f32 [1].
+// Returns the element count.
+int64_t validate_fp8_dequantize(const Placement& on, const Tensor& y, const Tensor& q,
+                                const Tensor& scale_inv);
 // y [N, F] += bias [F]; returns F.
 int64_t validate_bias_add(const Placement& on, const Tensor& y, const Tensor& bias);
 // dbias [F] += sum_n dy [N, F]; returns F.
@@ -149,6 +153,23 @@ AttentionDims validate_attention_merge(const Placement& on, const Tensor& out, c
                                        const Tensor& block_out, const Tensor& block_lse);
 // cu_seqlens values c [D+1]: start at 0, end at S, monotone.
 void validate_cu_seqlens(const char* op, std::span<const int32_t> c, int64_t s);
+// fp8_attention_fwd: q [S, B, NH, HD], k, v [S, B, NG, HD] fp8 of one dtype, out fp8 like q, lse
+// [B, NH, S] f32, amax f32 [2], fwd_scale and fwd_scale_inv f32 [3]; Sk == Sq, no dropout, no
+// document masks (the FP8 attention's contract: Transformer Engine's fp8_dpa as Megatron trains
+// it).
+AttentionDims validate_fp8_attention_fwd(const Placement& on, const Tensor& out, const Tensor& lse,
+                                         const Tensor& amax, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& fwd_scale,
+                                         const Tensor& fwd_scale_inv, const AttentionArgs& args);
+// fp8_attention_bwd: as the forward's, with dout fp8 like q (its own format), dq like dout, dk and
+// dv like k in dout's format, amax f32 [4], bwd_scale and bwd_scale_inv f32 [3].
+AttentionDims validate_fp8_attention_bwd(const Placement& on, const Tensor& dq, const Tensor& dk,
+                                         const Tensor& dv, const Tensor& amax, const Tensor& dout,
+                                         const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const Tensor& out, const Tensor& lse,
+                                         const Tensor& fwd_scale, const Tensor& fwd_scale_inv,
+                                         const Tensor& bwd_scale, const Tensor& bwd_scale_inv,
+                                         const AttentionArgs& args);
 
 // ---- cross entropy ------------------------------------------------------------------------------
 

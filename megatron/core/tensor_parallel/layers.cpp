@@ -64,11 +64,7 @@ std::vector<int64_t> part_offsets(const OutputSplit& split) {
 
 // The Fp8State id of the linear `prefix` ("decoder.layers.<l>.<...>.") when ctx.fp8 covers it.
 int fp8_linear_id(const ModuleContext& ctx, const std::string& prefix) {
-  if (!ctx.fp8 || !ctx.config) return -1;
-  static const std::string kDecoder = "decoder.layers.";
-  if (prefix.rfind(kDecoder, 0) != 0) return -1;
-  const int64_t layer = std::stoll(prefix.substr(kDecoder.size()));
-  if (!ctx.config->fp8.layer_in_fp8(layer, ctx.config->num_layers)) return -1;
+  if (!ctx.fp8_covers(prefix)) return -1;
   std::string name = prefix;
   if (!name.empty() && name.back() == '.') name.pop_back();
   return ctx.fp8->add_linear(name);

@@ -56,6 +56,13 @@ SelfAttention::SelfAttention(const ModuleContext& ctx, ParamBuilder& pb, const s
     k_norm_ = std::make_unique<Norm>(ctx, pb, spec.k_layernorm.impl, prefix + "k_layernorm.weight",
                                      prefix + "k_layernorm.bias", hd_, true);
   }
+  // --fp8-dot-product-attention: this layer's core attention in FP8 when FP8 covers the layer.
+  if (c.fp8.dot_product_attention && ctx.fp8_covers(prefix)) {
+    MG_CHECK(!ctx.cp.active(), prefix
+                                   << "core_attention: --fp8-dot-product-attention with context "
+                                      "parallelism is not built (use --context-parallel-size 1)");
+    fp8_attn_id_ = ctx.fp8->add_attention(prefix + "core_attention");
+  }
   // Row-parallel linear_proj; its replicated bias is added by the layer's bias-dropout-add, on
   // sequence shards under SP (grads then summed over TP).
   linear_proj_ = std::make_unique<tensor_parallel::RowParallelLinear>(
@@ -121,6 +128,58 @@ ops::RopeArgs SelfAttention::rope_args(const AttentionInputs& in) const {
   return a;
 }
 
+// FP8 core attention (docs/fp8.md "FP8 attention"): q, k and v cast at the QKV scale (one amax,
+// Transformer Engine's QKV quantizer), the fp8_attention ops, the FP8 out dequantised for
+// linear_proj (TE's fp8_dpa without fp8_mha). The forward's scale vectors are copied: the update
+// after the forward changes the state, and the backward (and a recompute) must use these.
+Tensor SelfAttention::fp8_core_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             Saved& saved, const ops::AttentionArgs& a) const {
+  fp8::Fp8State& st = *ctx_.fp8;
+  const bool training = ctx_.fp8_training;
+  Saved::Fp8& f = saved.fp8;
+  const fp8::Scaling sq = st.attention_scaling(fp8_attn_id_, true, training);
+  st.cast(sq, q, &f.q, nullptr);
+  st.cast(sq, k, &f.k, nullptr);
+  st.cast(sq, v, &f.v, nullptr);
+  const fp8::Fp8State::AttentionScales sc = st.attention_scales(fp8_attn_id_);
+  f.fwd_scale = sc.fwd_scale.clone();
+  f.fwd_scale_inv = sc.fwd_scale_inv.clone();
+  f.out = Tensor::empty(q.shape(), sq.dtype, ctx_.device);
+  saved.lse = new_lse(q.size(0), q.size(1));
+  Tensor amax = Tensor::empty({2}, DType::f32, ctx_.device);
+  ctx_.op().fp8_attention_fwd(f.out, saved.lse, amax, f.q, f.k, f.v, f.fwd_scale, f.fwd_scale_inv,
+                              a);
+  st.record_attention_amax(fp8_attn_id_, true, amax, training);
+  Tensor out = ctx_.empty(q.shape());
+  ctx_.op().fp8_dequantize(out, f.out, f.fwd_scale_inv.slice(2, 1));
+  return out;
+}
+
+// Its backward: dout cast at the dO scale, the dQKV gradients dequantised. Selective recompute
+// (out and lse dropped) first reruns the forward op on the saved FP8 q, k, v with the saved
+// scales: the same bytes, no amax recorded.
+void SelfAttention::fp8_core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                                           const Saved& saved, const ops::AttentionArgs& a) const {
+  fp8::Fp8State& st = *ctx_.fp8;
+  const bool training = ctx_.fp8_training;
+  const Saved::Fp8& f = saved.fp8;
+  const fp8::Scaling sg = st.attention_scaling(fp8_attn_id_, false, training);
+  Tensor do8;
+  st.cast(sg, dout, &do8, nullptr);
+  const fp8::Fp8State::AttentionScales sc = st.attention_scales(fp8_attn_id_);
+  Tensor dq8 = Tensor::empty(dq.shape(), sg.dtype, ctx_.device);
+  Tensor dk8 = Tensor::empty(dk.shape(), sg.dtype, ctx_.device);
+  Tensor dv8 = Tensor::empty(dv.shape(), sg.dtype, ctx_.device);
+  Tensor amax = Tensor::empty({4}, DType::f32, ctx_.device);
+  ctx_.op().fp8_attention_bwd(dq8, dk8, dv8, amax, do8, f.q, f.k, f.v, f.out, saved.lse,
+                              f.fwd_scale, f.fwd_scale_inv, sc.bwd_scale, sc.bwd_scale_inv, a);
+  st.record_attention_amax(fp8_attn_id_, false, amax, training);
+  const Tensor dqkv_inv = sc.bwd_scale_inv.slice(2, 1);
+  ctx_.op().fp8_dequantize(dq, dq8, dqkv_inv);
+  ctx_.op().fp8_dequantize(dk, dk8, dqkv_inv);
+  ctx_.op().fp8_dequantize(dv, dv8, dqkv_inv);
+}
+
 Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInputs& in,
                               const ops::DropoutArgs& attn_dropout, bool keep_core_out) const {
   const int64_t s = in.s, b = in.b, n = s * b;
@@ -141,6 +200,20 @@ Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInpu
     ctx_.op().rope_fwd(q, q, ra);  // in place
     ctx_.op().rope_fwd(k, k, ra);
   }
+  if (fp8_attn_id_ >= 0) {  // FP8: saved.fp8 holds q, k, v and out; the dequantised out dies here
+    if (!ctx_.config->fp8.dot_product_attention_fp8_backward) {  // NVTE_FP8_DPA_BWD=0
+      saved.q = q;
+      saved.k = k;
+      saved.v = v;
+    }
+    const Tensor out = fp8_core_attention_fwd(q, k, v, saved, attention_args(in, attn_dropout));
+    Tensor y = linear_proj_->forward(out.view({s, b, nh_ * hd_}), saved.proj);
+    if (!keep_core_out) {
+      saved.fp8.out = Tensor();
+      saved.lse = Tensor();
+    }
+    return y;
+  }
   saved.q = q;
   saved.k = k;
   saved.v = v;
@@ -160,20 +233,55 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
                                const AttentionInputs& in, const ops::DropoutArgs& attn_dropout) {
   const int64_t s = in.s, b = in.b, n = s * b;
   const ops::AttentionArgs aa = attention_args(in, attn_dropout);
-  if (!saved.out.defined()) {  // selective recompute: core attention again, same dropout mask
-    saved.out = ctx_.empty({s, b, nh_, hd_});
-    saved.lse = new_lse(s, b);
-    core_attention_fwd(saved.out, saved.lse, saved.q, saved.k, saved.v, aa);
+  Tensor dq, dk, dv;  // allocated after linear_proj's backward (its peak)
+  auto alloc_grads = [&] {
+    dq = ctx_.empty({s, b, nh_, hd_});
+    dk = ctx_.empty({s, b, ng_, hd_});
+    dv = ctx_.empty({s, b, ng_, hd_});
+  };
+  if (fp8_attn_id_ >= 0) {
+    Saved::Fp8& f = saved.fp8;
+    if (!f.out.defined()) {  // selective recompute: the same op, scales and bytes; no amax
+      f.out = Tensor::empty(f.q.shape(), f.q.dtype(), ctx_.device);
+      saved.lse = new_lse(s, b);
+      Tensor scratch = Tensor::empty({2}, DType::f32, ctx_.device);
+      ctx_.op().fp8_attention_fwd(f.out, saved.lse, scratch, f.q, f.k, f.v, f.fwd_scale,
+                                  f.fwd_scale_inv, aa);
+    }
+    // linear_proj reads its input only for high-precision weight gradients, the model-dtype
+    // backward (NVTE_FP8_DPA_BWD=0) reads out: dequantised again.
+    const bool fp8_bwd = ctx_.config->fp8.dot_product_attention_fp8_backward;
+    Tensor out;
+    if (!linear_proj_->fuses_input_cast() || !fp8_bwd) {
+      out = ctx_.empty({s, b, nh_, hd_});
+      ctx_.op().fp8_dequantize(out, f.out, f.fwd_scale_inv.slice(2, 1));
+    }
+    const Tensor dout =
+        linear_proj_->backward(dy, out.defined() ? out.view({s, b, nh_ * hd_}) : out, saved.proj);
+    alloc_grads();
+    if (fp8_bwd) {
+      fp8_core_attention_bwd(dq, dk, dv, dout.view({s, b, nh_, hd_}), saved, aa);
+    } else {  // TE's FP8 forward with the backward in the model dtype: q, k, v as they were
+      core_attention_bwd(dq, dk, dv, dout.view({s, b, nh_, hd_}), saved.q, saved.k, saved.v, out,
+                         saved.lse, aa);
+      saved.q = saved.k = saved.v = Tensor();
+    }
+    f = Saved::Fp8{};
+    saved.lse = Tensor();
+  } else {
+    if (!saved.out.defined()) {  // selective recompute: core attention again, same dropout mask
+      saved.out = ctx_.empty({s, b, nh_, hd_});
+      saved.lse = new_lse(s, b);
+      core_attention_fwd(saved.out, saved.lse, saved.q, saved.k, saved.v, aa);
+    }
+    // linear_proj: d(out) [S, B, NH HD], dW_proj += dy^T out.
+    const Tensor dout = linear_proj_->backward(dy, saved.out.view({s, b, nh_ * hd_}), saved.proj);
+    alloc_grads();
+    core_attention_bwd(dq, dk, dv, dout.view({s, b, nh_, hd_}), saved.q, saved.k, saved.v,
+                       saved.out, saved.lse, aa);
+    saved.out = Tensor();
+    saved.lse = Tensor();
   }
-  // linear_proj: d(out) [S, B, NH HD], dW_proj += dy^T out.
-  const Tensor dout = linear_proj_->backward(dy, saved.out.view({s, b, nh_ * hd_}), saved.proj);
-  Tensor dq = ctx_.empty({s, b, nh_, hd_});
-  Tensor dk = ctx_.empty({s, b, ng_, hd_});
-  Tensor dv = ctx_.empty({s, b, ng_, hd_});
-  core_attention_bwd(dq, dk, dv, dout.view({s, b, nh_, hd_}), saved.q, saved.k, saved.v, saved.out,
-                     saved.lse, aa);
-  saved.out = Tensor();
-  saved.lse = Tensor();
   if (rope_) {
     const ops::RopeArgs ra = rope_args(in);
     ctx_.op().rope_bwd(dq, dq, ra);  // in place

@@ -45,6 +45,13 @@ class SelfAttention {
                       // when recomputed
     tensor_parallel::ColumnParallelLinear::Saved qkv;  // TP > 1: the input in the TP region
     tensor_parallel::RowParallelLinear::Saved proj;    // FP8: the forward's casts
+    // --fp8-dot-product-attention: q, k, v (after qk-norm and rope) and the core attention's out
+    // as FP8, the forward's scale vectors (copies: the update after the forward changes the
+    // state's); q, k, v above then stay empty (NVTE_FP8_DPA_BWD=0: kept for the model-dtype
+    // backward) and out above is not used (lse is the FP8 forward's).
+    struct Fp8 {
+      Tensor q, k, v, out, fwd_scale, fwd_scale_inv;
+    } fp8;
   };
 
   // prefix: "decoder.layers.N.self_attention."
@@ -83,7 +90,15 @@ class SelfAttention {
   // x [S, B, H] -> q [N, NH HD], k, v [N, NG HD] (+ the QKV bias, as a GEMM epilogue).
   void project_qkv(const Tensor& x, Saved& saved, Tensor& q, Tensor& k, Tensor& v) const;
 
+  // --fp8-dot-product-attention: the core attention in FP8 (q, k, v cast, the fp8_attention ops,
+  // out dequantised) and its backward; saved.fp8 holds what the backward reads.
+  Tensor fp8_core_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved,
+                                const ops::AttentionArgs& a) const;
+  void fp8_core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                              const Saved& saved, const ops::AttentionArgs& a) const;
+
   const ModuleContext& ctx_;
+  int fp8_attn_id_ = -1;  // the Fp8State attention id; -1: core attention in the model dtype
   int64_t nh_, ng_, hd_, h_;
   bool rope_;
   tensor_parallel::OutputSplit qkv_split_;  // the grouped rows of linear_qkv -> q, k, v

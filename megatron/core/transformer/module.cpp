@@ -128,3 +128,15 @@ ops::DropoutArgs DropoutCtx::args(double p, int64_t layer, DropoutSite site) con
 }
 
 }  // namespace mg::transformer
+
+namespace mg::transformer {
+
+bool ModuleContext::fp8_covers(const std::string& prefix) const {
+  if (!fp8 || !config) return false;
+  static const std::string kDecoder = "decoder.layers.";
+  if (prefix.rfind(kDecoder, 0) != 0) return false;
+  const int64_t layer = std::stoll(prefix.substr(kDecoder.size()));
+  return config->fp8.layer_in_fp8(layer, config->num_layers);
+}
+
+}  // namespace mg::transformer

@@ -65,6 +65,9 @@ struct ModuleContext {
   // fp8_training: the running pass trains (delayed casts record amaxes), set by the model.
   fp8::Fp8State* fp8 = nullptr;
   bool fp8_training = false;
+  // Whether FP8 covers the decoder-layer module `prefix` ("decoder.layers.<l>...", l global):
+  // FP8 on and the layer not kept out by --first-last-layers-bf16.
+  bool fp8_covers(const std::string& prefix) const;
   const ops::OpTable& op() const { return *ops; }
   int64_t tp_rank() const { return tp_group ? tp_group->rank() : 0; }
   int64_t tp_size() const { return tp_group ? tp_group->size() : 1; }

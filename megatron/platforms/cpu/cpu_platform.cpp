@@ -133,6 +133,7 @@ void register_cpu(plugin::Registry& r) {
   register_optimizer_kernels(r);
   register_init_kernels(r);
   register_fp8_kernels(r);
+  register_fp8_attention_kernels(r);
   register_moe_kernels(r);
 }
 

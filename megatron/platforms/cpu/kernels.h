@@ -20,6 +20,8 @@ void register_cross_entropy_kernels(plugin::Registry& r);  // cross_entropy_*, c
 void register_optimizer_kernels(plugin::Registry& r);  // adamw_step, l2_norm_sq, multi_tensor_scale
 void register_init_kernels(plugin::Registry& r);       // init_normal, init_uniform
 void register_fp8_kernels(plugin::Registry& r);        // fp8_cast_transpose, fp8_gemm
+// fp8_attention_fwd / fp8_attention_bwd (the reference), fp8_dequantize
+void register_fp8_attention_kernels(plugin::Registry& r);
 // moe_permute, moe_unpermute(_bwd), moe_router_topk(_bwd), moe_dispatch_index, moe_chunk_order,
 // moe_shared_gate_fwd/_bwd
 void register_moe_kernels(plugin::Registry& r);

@@ -1,5 +1,6 @@
-// CUDA FP8 kernels (docs/fp8.md): fp8_cast_transpose, fp8_scale_update and fp8_gemm (cuBLASLt),
-// the CPU emulation's (platforms/cpu/fp8.cpp) counterparts.
+// CUDA FP8 kernels (docs/fp8.md): fp8_cast_transpose, fp8_scale_update, fp8_gemm (cuBLASLt) and
+// fp8_dequantize, the CPU emulation's (platforms/cpu/fp8.cpp, fp8_attention.cpp) counterparts. (The
+// FP8 attention is cuDNN's: cudnn/cudnn_fp8_attention.cpp.)
 //
 // fp8_cast_transpose: one kernel, one pass over x; q = the saturating RNE cast of f32(x) * scale
 // (dtype_math.h, the same code as the CPU: bit-identical, but for a NaN input's sign, which the
@@ -39,6 +40,13 @@
 // its scale pointers on the cached descriptor and launches under the plan's mutex
 // (fp8_gemm_plan_cache_stats() counts). Not yet: FP8 outputs with an amax epilogue
 // (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER).
+// fp8_dequantize: y = f32(f(q) * scale_inv) rounded once to y's dtype (f32 / bf16 / f16), the
+// CPU's (platforms/cpu/fp8_attention.cpp) bit for bit: the same dtype_math.h decode and roundings,
+// one IEEE f32 multiply (scale_inv read on the device: no host sync); a NaN operand is returned
+// as the host's multiply returns it (its NaN, quiet, sign kept), not as the GPU's canonical NaN.
+// Vector kernel (q 8-byte and y 16-byte aligned): 8 elements per thread, one 8-byte load of q and
+// one 16-byte (bf16 / f16) or two (f32) stores of y, the last n % 8 elements by the first block's
+// first threads; anything else one element per thread.
 // Gradient rule: fp8_gemm with beta = 1 accumulates (weight gradients); the rest writes.
 #include <cublasLt.h>
 #include <cuda_fp8.h>
@@ -415,6 +423,82 @@ void fp8_scale_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
   MG_CUDA_CHECK_LAUNCH();
 }
 
+// ---- fp8_dequantize -----------------------------------------------------------------------------
+
+// f(b) * s as the host's f32 multiply gives it (fp8_attention.cpp's fp8_dequantize): for numbers
+// the IEEE round-to-nearest product (the same on both); a NaN operand comes back quiet with its
+// sign and payload, the value's first (x86 returns its NaN operand; the GPU's multiply would give
+// the canonical NaN, whose sign f32 and f16 outputs would show).
+__device__ __forceinline__ float dequantize_value(uint32_t b, bool e4m3, float s) {
+  const auto byte = static_cast<uint8_t>(b);
+  const float v = e4m3 ? dmath::e4m3_to_f32(byte) : dmath::e5m2_to_f32(byte);
+  if (v != v) return v;  // dtype_math.h decodes NaN quiet
+  if (s != s) return dmath::bits_f32(dmath::f32_bits(s) | 0x00400000u);
+  return v * s;
+}
+
+// y [n] (Out: f32, bf16 or f16) = dequantize_value(q [n]) rounded to Out. kVec: 8 elements per
+// grid-stride step (q 8-byte, y 16-byte aligned), the last n % 8 by block 0; else one per step.
+template <DType Out, bool kVec>
+__global__ void dequantize_kernel(void* y, const uint8_t* q, const float* scale_inv, bool e4m3,
+                                  int64_t n) {
+  const float s = *scale_inv;
+  if constexpr (kVec) {
+    const int64_t n8 = n / 8;
+    for (int64_t i = grid_start(); i < n8; i += grid_stride()) {
+      const uint2 raw = reinterpret_cast<const uint2*>(q)[i];
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        v[k] = dequantize_value(((k < 4 ? raw.x : raw.y) >> (8 * (k % 4))) & 0xffu, e4m3, s);
+      if constexpr (Out == DType::f32) {
+        auto* yp = reinterpret_cast<float4*>(y) + 2 * i;
+        yp[0] = make_float4(v[0], v[1], v[2], v[3]);
+        yp[1] = make_float4(v[4], v[5], v[6], v[7]);
+      } else {
+        store8_half(y, 8 * i, Out == DType::bf16, v);
+      }
+    }
+    const int64_t tail = n8 * 8 + threadIdx.x;
+    if (blockIdx.x == 0 && tail < n)
+      dmath::store_narrow(y, Out, tail, dequantize_value(q[tail], e4m3, s));
+  } else {
+    for (int64_t i = grid_start(); i < n; i += grid_stride())
+      dmath::store_narrow(y, Out, i, dequantize_value(q[i], e4m3, s));
+  }
+}
+
+template <DType Out>
+void launch_dequantize(void* y, const uint8_t* q, const float* scale_inv, bool e4m3, int64_t n,
+                       bool vec, cudaStream_t st) {
+  if (vec)
+    dequantize_kernel<Out, true>
+        <<<grid_for((n + 7) / 8), kThreads, 0, st>>>(y, q, scale_inv, e4m3, n);
+  else
+    dequantize_kernel<Out, false><<<grid_for(n), kThreads, 0, st>>>(y, q, scale_inv, e4m3, n);
+  MG_CUDA_CHECK_LAUNCH();
+}
+
+void fp8_dequantize(Tensor& y, const Tensor& q, const Tensor& scale_inv) {
+  const int64_t n = ops::validate_fp8_dequantize(OnCudaDevice{}, y, q, scale_inv);
+  if (n == 0) return;
+  const int dev = q.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t st = current_stream(dev);
+  const auto* qp = static_cast<const uint8_t*>(q.raw_data());
+  const bool e4m3 = q.dtype() == DType::fp8_e4m3;
+  const bool vec = aligned(qp, 8) && aligned(y.raw_data(), 16);
+  const float* s = scale_inv.data<float>();
+  switch (y.dtype()) {
+    case DType::f32:
+      return launch_dequantize<DType::f32>(y.raw_data(), qp, s, e4m3, n, vec, st);
+    case DType::bf16:
+      return launch_dequantize<DType::bf16>(y.raw_data(), qp, s, e4m3, n, vec, st);
+    default:  // f16 (validate_fp8_dequantize allows f32, bf16, f16)
+      return launch_dequantize<DType::f16>(y.raw_data(), qp, s, e4m3, n, vec, st);
+  }
+}
+
 cublasLtHandle_t fp8_lt_handle(int device) {
   MG_CHECK(device >= 0 && device < kMaxDevices, "fp8_gemm: device index " << device);
   static std::array<std::once_flag, kMaxDevices> once;
@@ -628,6 +712,7 @@ void register_fp8_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::fp8_dswiglu_cast_transpose>(kPlatformName, &fp8_dswiglu_cast_transpose,
                                                        "cuda:dswiglu-cast-transpose");
   r.register_op<ops::OpId::fp8_gemm>(kPlatformName, &fp8_gemm, "cuda:cublaslt-fp8");
+  r.register_op<ops::OpId::fp8_dequantize>(kPlatformName, &fp8_dequantize, "cuda:dequantize");
 }
 
 Fp8GemmPlanCacheStats fp8_gemm_plan_cache_stats() {

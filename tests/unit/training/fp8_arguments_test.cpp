@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,42 @@ TEST(Fp8Arguments, ValuesLand) {
   EXPECT_TRUE(f.layer_in_fp8(2, 4));
   EXPECT_FALSE(f.layer_in_fp8(3, 4));
   EXPECT_EQ(parse_args(with({"--fp8-hybrid"})).model.fp8.format, fp8::Fp8Format::hybrid);
+}
+
+// --fp8-dot-product-attention (docs/fp8.md "FP8 attention"): lands in the config, needs FP8, the
+// delayed recipe, no CP, no attention dropout, no document masks; --fp8-multi-head-attention is
+// refused by name.
+TEST(Fp8Arguments, DotProductAttention) {
+  const std::vector<std::string> on = {"--fp8-format", "hybrid", "--fp8-dot-product-attention",
+                                       "--attention-dropout", "0"};
+  EXPECT_TRUE(parse_args(with(on)).model.fp8.dot_product_attention);
+  EXPECT_FALSE(parse_args(with({"--fp8-format", "hybrid"})).model.fp8.dot_product_attention);
+  EXPECT_NE(error_of({"--fp8-dot-product-attention", "--attention-dropout", "0"})
+                .find("--fp8-dot-product-attention needs --fp8-format"),
+            std::string::npos);
+  auto plus = [&](std::vector<std::string> extra) {
+    std::vector<std::string> v = on;
+    v.insert(v.end(), extra.begin(), extra.end());
+    return error_of(v);
+  };
+  EXPECT_NE(plus({"--fp8-recipe", "tensorwise"}).find("needs --fp8-recipe delayed"),
+            std::string::npos);
+  EXPECT_NE(plus({"--context-parallel-size", "2"}).find("--context-parallel-size 2"),
+            std::string::npos);
+  EXPECT_NE(plus({"--reset-attention-mask"}).find("--reset-attention-mask"), std::string::npos);
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-dot-product-attention"})
+                .find("needs --attention-dropout 0"),
+            std::string::npos);
+  // Transformer Engine's NVTE_FP8_DPA_BWD: 0 = the backward in the model dtype.
+  EXPECT_TRUE(parse_args(with(on)).model.fp8.dot_product_attention_fp8_backward);
+  ::setenv("NVTE_FP8_DPA_BWD", "0", 1);
+  EXPECT_FALSE(parse_args(with(on)).model.fp8.dot_product_attention_fp8_backward);
+  ::setenv("NVTE_FP8_DPA_BWD", "2", 1);
+  EXPECT_NE(error_of(on).find("NVTE_FP8_DPA_BWD=2"), std::string::npos);
+  ::unsetenv("NVTE_FP8_DPA_BWD");
+  EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-multi-head-attention"})
+                .find("--fp8-multi-head-attention"),
+            std::string::npos);
 }
 
 TEST(Fp8Arguments, Refusals) {

@@ -15,6 +15,8 @@
 #           (the amax histories and scales travel in the checkpoint; a fresh state would restart
 #           at scale 1 and change the losses), for delayed and tensorwise scaling; the FP8
 #           checkpoint loads into a BF16 run (FP8 state ignored) and a BF16 one into an FP8 run.
+#   fp8 dpa  --fp8-dot-product-attention: the start-up line, losses not those of the run without
+#           it (within 2^-4), save/resume bit-exact (the attention scales in the checkpoint).
 #   fp8 params  --fp8-param-gather (distributed optimizer): against the run without it (first
 #           iteration bit for bit, later within 1e-3), save/resume bit-exact for both recipes, a
 #           weights-only resume (the saved weights are the dequantised FP8 ones), into BF16.
@@ -25,7 +27,7 @@
 #   summation order, as pretrain_gpt_dp.sh). Later, a layout's other f32 summation order can put a
 #   scaled value on the other side of an FP8 rounding boundary (one element of one operand moves by
 #   one FP8 ulp); the losses stay within 1e-3 relative, and the start-up lines must show the layout
-#   and "amax reduced over 2 rank(s)".
+#   and "amax reduced over 2 rank(s)". TP 2 with SP and --fp8-dot-product-attention likewise.
 set -eu
 bin=$1; pre=$2; np=$3; shift 3
 mpi=$1; shift; mpi_args="$*"
@@ -52,6 +54,25 @@ if [ "$np" -eq 1 ]; then
     compare_one "$work/full.log" "$work/resumed.log" "fp8 $recipe save at 3 + resume" "lm loss" 0 0
     compare_one "$work/full.log" "$work/resumed.log" "fp8 $recipe save at 3 + resume" "grad norm" 0 0
   done
+  # --fp8-dot-product-attention (the core attention in FP8): the start-up line counts the 2 FP8
+  # core attentions, the losses differ from the run without it (the flag is read), and a save at
+  # 3 + resume is bit-exact (the six attention scales per layer travel in the checkpoint).
+  f8="--fp8-format hybrid --fp8-amax-history-len 4 --fp8-amax-compute-algo max"
+  "$bin" $args $f8 --fp8-dot-product-attention > "$work/full.log" 2>&1 || { cat "$work/full.log"; exit 1; }
+  expect_line "$work/full.log" "fp8 dpa" "^fp8: .*8 FP8 linears and 2 FP8 core attentions on this rank"
+  "$bin" $args $f8 > "$work/nodpa.log" 2>&1 || { cat "$work/nodpa.log"; exit 1; }
+  if [ "$(values "$work/nodpa.log" "lm loss" | md5sum)" = "$(values "$work/full.log" "lm loss" | md5sum)" ]; then
+    echo "FAIL fp8 dpa: every loss equals the run without --fp8-dot-product-attention"; exit 1
+  fi
+  compare_one "$work/nodpa.log" "$work/full.log" "fp8 dpa vs without" "lm loss" 0.0625 0
+  rm -rf "$work/ck"
+  "$bin" $args $f8 --fp8-dot-product-attention --save "$work/ck" --save-interval 3 \
+    --exit-interval 3 > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
+  "$bin" $args $f8 --fp8-dot-product-attention --load "$work/ck" > "$work/b.log" 2>&1 \
+    || { cat "$work/b.log"; exit 1; }
+  cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
+  compare_one "$work/full.log" "$work/resumed.log" "fp8 dpa save at 3 + resume" "lm loss" 0 0
+  compare_one "$work/full.log" "$work/resumed.log" "fp8 dpa save at 3 + resume" "grad norm" 0 0
   # The FP8 checkpoint into a BF16 run, and a BF16 checkpoint into an FP8 run.
   "$bin" $args --load "$work/ck" > "$work/bf16.log" 2>&1 || { cat "$work/bf16.log"; exit 1; }
   expect_line "$work/bf16.log" "bf16 from fp8" "successfully loaded checkpoint .* at iteration +3"
@@ -199,6 +220,14 @@ run "$work/tp2.log" --micro-batch-size 2 --tensor-model-parallel-size 2
 check "$work/single2.log" "$work/tp2.log" "fp8 TP 2"
 run "$work/tp2sp.log" --micro-batch-size 2 --tensor-model-parallel-size 2 --sequence-parallel
 check "$work/single2.log" "$work/tp2sp.log" "fp8 TP 2 SP"
+# FP8 attention (--fp8-dot-product-attention) at TP 2 with SP: each rank's heads, their amaxes
+# max-reduced over TP with the linears', so the scales equal one rank's; against one rank as above.
+"$bin" $args --micro-batch-size 2 --fp8-dot-product-attention > "$work/single_dpa.log" 2>&1 \
+  || { cat "$work/single_dpa.log"; exit 1; }
+run "$work/tp2dpa.log" --micro-batch-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
+  --fp8-dot-product-attention
+expect_line "$work/tp2dpa.log" "fp8 dpa TP 2" "^fp8: .* and 2 FP8 core attentions on this rank"
+check "$work/single_dpa.log" "$work/tp2dpa.log" "fp8 TP 2 SP attention in FP8"
 # SwiGLU fused into the FP8 casts (docs/fp8.md "Fused casts": fc2's input and fc1's output
 # gradient made inside the casts, the model's default) at TP 2 (each rank's fc1 holds [gate_r;
 # up_r]) with sequence parallelism: the start-up line says so, the run equals --no-bias-swiglu-fusion

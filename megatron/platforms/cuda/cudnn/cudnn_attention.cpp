@@ -48,6 +48,9 @@
 // algorithm (no atomics in dQ); "cuda:cudnn" (not deterministic) is dropped by the registry in a
 // deterministic run. Test-only: mg_cuda_cudnn_attention_fwd_rng_dump runs a forward that also
 // returns cuDNN's dropout mask (its RNG dump), so a test can check the math against that mask.
+// The FP8 attention (fp8_attention_fwd / fp8_attention_bwd, cudnn_fp8_attention.cpp) uses this
+// file's per-device handles under its lock (cudnn_shared.h); register_cudnn_attention_kernels
+// registers it too.
 #include "megatron/platforms/cuda/cudnn/cudnn_attention.h"
 
 #include <cudnn.h>
@@ -70,6 +73,7 @@
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/cudnn/cudnn_attention_kernels.h"
+#include "megatron/platforms/cuda/cudnn/cudnn_shared.h"
 #include "megatron/plugin/registry.h"
 
 namespace mg::platforms::cuda {
@@ -558,6 +562,15 @@ bool bwd_det_supports(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, co
 
 }  // namespace
 
+namespace cudnn {
+std::mutex& handle_mutex() {
+  return g_mu;
+}
+cudnnHandle_t device_handle(int device, std::string* why) {
+  return handle_of(device, why);
+}
+}  // namespace cudnn
+
 std::string cudnn_attention_version() {
   std::ostringstream os;
   const size_t v = cudnnGetVersion();
@@ -581,6 +594,7 @@ void register_cudnn_attention_kernels(plugin::Registry& r) {
   r.register_op<OpId::attention_bwd>(kPlatformName, &cudnn_bwd_deterministic,
                                      "cuda:cudnn-deterministic", Priority::alternative,
                                      {.supports = &bwd_det_supports});
+  cudnn::register_cudnn_fp8_attention_kernels(r);
 }
 
 }  // namespace mg::platforms::cuda
