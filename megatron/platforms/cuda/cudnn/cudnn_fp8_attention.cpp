@@ -14,14 +14,16 @@
 // S, HD) with strides (heads HD, HD, B heads HD, 1), as the bf16 provider does; out has q's
 // format, dout, dq, dk, dv the gradient's (E5M2 under the hybrid recipe); lse [B, NH, S] f32 is
 // cuDNN's Stats (the natural log-sum-exp of the scaled scores), which the backward reads back.
-// Scales: device pointers to the elements of the op's f32[3] vectors, so the recipe's scales never
-// leave the device: descale_q = descale_k = descale_v = fwd_scale_inv[0], scale_s = fwd_scale[1],
-// descale_s = fwd_scale_inv[1], scale_o = fwd_scale[2], descale_o = fwd_scale_inv[2]; descale_dO =
-// bwd_scale_inv[0], scale_dP = bwd_scale[1], descale_dP = bwd_scale_inv[1], scale_dQ = scale_dK =
-// scale_dV = bwd_scale[2] (each its own graph tensor; several share an address, as Transformer
-// Engine's slices of its scale vectors do). cuDNN writes the amaxes (before their scaling) into the
-// elements of `amax`: forward (Amax_S, Amax_O), backward (Amax_dP, Amax_dQ, Amax_dK, Amax_dV);
-// Amax_dP is the max |dS| of the scaled-softmax gradient that scale_dP casts.
+// Scales: device pointers to the elements of the op's f32[3] vectors (declared 4-byte aligned;
+// where cuDNN refuses that, the graph is rebuilt with 16-byte scalars and each call stages them
+// through a scratch of 16-byte slots), so the recipe's scales never leave the device: descale_q =
+// descale_k = descale_v = fwd_scale_inv[0], scale_s = fwd_scale[1], descale_s = fwd_scale_inv[1],
+// scale_o = fwd_scale[2], descale_o = fwd_scale_inv[2]; descale_dO = bwd_scale_inv[0], scale_dP =
+// bwd_scale[1], descale_dP = bwd_scale_inv[1], scale_dQ = scale_dK = scale_dV = bwd_scale[2] (each
+// its own graph tensor; several share an address, as Transformer Engine's slices of its scale
+// vectors do). cuDNN writes the amaxes (before their scaling) into the elements of `amax`: forward
+// (Amax_S, Amax_O), backward (Amax_dP, Amax_dQ, Amax_dK, Amax_dV); Amax_dP is the max |dS| of the
+// scaled-softmax gradient that scale_dP casts.
 //
 // Served (the op's contract, validate_fp8_attention_*: self-attention Sq == Sk, no dropout, no
 // document masks): causal (top-left, which is bottom-right when Sq == Sk; cuDNN's bottom-right FP8
@@ -55,6 +57,7 @@
 #include <tuple>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "megatron/core/ops/op_args.h"
 #include "megatron/core/ops/ops.h"
@@ -106,11 +109,15 @@ enum Uid : int64_t {
 struct Key {
   int device;
   bool backward, causal;
+  // The scale and amax scalars: false = the op's vector elements as they are, declared 4-byte
+  // aligned; true = staged through 16-byte slots of a scratch (the frontend's default alignment),
+  // the fallback where cuDNN refuses the 4-byte declaration.
+  bool staged;
   DType qkv, grad;  // grad: dout's format (backward; the forward repeats qkv)
   int64_t b, nh, ng, s, hd;
   float scale;
   auto tie() const {
-    return std::tie(device, backward, causal, qkv, grad, b, nh, ng, s, hd, scale);
+    return std::tie(device, backward, causal, staged, qkv, grad, b, nh, ng, s, hd, scale);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -154,22 +161,24 @@ TensorAttr input(fe::graph::Graph& g, const char* name, const Key& k, int64_t ui
   set_layout(t, k, uid, heads, dtype);
   return g.tensor(t);
 }
-// A device f32 scalar (a scale, or an amax output once marked so).
-void scalar_layout(fe::graph::Tensor_attributes& t, int64_t uid) {
+// A device f32 scalar (a scale, or an amax output once marked so): an element of the op's f32[3]
+// or f32[4] vectors (4-byte aligned), or a 16-byte slot when staged.
+void scalar_layout(fe::graph::Tensor_attributes& t, int64_t uid, bool staged) {
   t.set_uid(uid)
       .set_dim({1, 1, 1, 1})
       .set_stride({1, 1, 1, 1})
-      .set_data_type(fe::DataType_t::FLOAT);
+      .set_data_type(fe::DataType_t::FLOAT)
+      .set_alignment(staged ? 16 : 4);
 }
-TensorAttr scalar(fe::graph::Graph& g, const char* name, int64_t uid) {
+TensorAttr scalar(fe::graph::Graph& g, const char* name, int64_t uid, bool staged) {
   fe::graph::Tensor_attributes t;
   t.set_name(name);
-  scalar_layout(t, uid);
+  scalar_layout(t, uid, staged);
   return g.tensor(t);
 }
-void amax_output(const TensorAttr& t, int64_t uid) {
+void amax_output(const TensorAttr& t, int64_t uid, bool staged) {
   t->set_output(true);
-  scalar_layout(*t, uid);
+  scalar_layout(*t, uid, staged);
 }
 void stats_layout(fe::graph::Tensor_attributes& t, const Key& k) {
   t.set_uid(kStats)
@@ -201,13 +210,13 @@ Entry build_graph(const Key& k, cudnnHandle_t handle) {
   auto q = input(*g, "Q", k, kQ, k.nh, k.qkv);
   auto kk = input(*g, "K", k, kK, k.ng, k.qkv);
   auto v = input(*g, "V", k, kV, k.ng, k.qkv);
-  auto descale_q = scalar(*g, "descale_q", kDescaleQ);
-  auto descale_k = scalar(*g, "descale_k", kDescaleK);
-  auto descale_v = scalar(*g, "descale_v", kDescaleV);
-  auto descale_s = scalar(*g, "descale_s", kDescaleS);
-  auto scale_s = scalar(*g, "scale_s", kScaleS);
+  auto descale_q = scalar(*g, "descale_q", kDescaleQ, k.staged);
+  auto descale_k = scalar(*g, "descale_k", kDescaleK, k.staged);
+  auto descale_v = scalar(*g, "descale_v", kDescaleV, k.staged);
+  auto descale_s = scalar(*g, "descale_s", kDescaleS, k.staged);
+  auto scale_s = scalar(*g, "scale_s", kScaleS, k.staged);
   if (!k.backward) {
-    auto scale_o = scalar(*g, "scale_o", kScaleO);
+    auto scale_o = scalar(*g, "scale_o", kScaleO, k.staged);
     auto attrs = fe::graph::SDPA_fp8_attributes()
                      .set_name("mg_sdpa_fp8_fwd")
                      .set_generate_stats(true)
@@ -219,8 +228,8 @@ Entry build_graph(const Key& k, cudnnHandle_t handle) {
     set_layout(*o, k, kO, k.nh, k.qkv);
     stats->set_output(true);
     stats_layout(*stats, k);
-    amax_output(amax_s, kAmaxS);
-    amax_output(amax_o, kAmaxO);
+    amax_output(amax_s, kAmaxS, k.staged);
+    amax_output(amax_o, kAmaxO, k.staged);
   } else {
     auto o = input(*g, "O", k, kO, k.nh, k.qkv);
     auto dO = input(*g, "dO", k, kDO, k.nh, k.grad);
@@ -228,13 +237,13 @@ Entry build_graph(const Key& k, cudnnHandle_t handle) {
     st.set_name("Stats");
     stats_layout(st, k);
     auto stats = g->tensor(st);
-    auto descale_o = scalar(*g, "descale_o", kDescaleO);
-    auto descale_dO = scalar(*g, "descale_dO", kDescaleDO);
-    auto descale_dP = scalar(*g, "descale_dP", kDescaleDP);
-    auto scale_dQ = scalar(*g, "scale_dQ", kScaleDQ);
-    auto scale_dK = scalar(*g, "scale_dK", kScaleDK);
-    auto scale_dV = scalar(*g, "scale_dV", kScaleDV);
-    auto scale_dP = scalar(*g, "scale_dP", kScaleDP);
+    auto descale_o = scalar(*g, "descale_o", kDescaleO, k.staged);
+    auto descale_dO = scalar(*g, "descale_dO", kDescaleDO, k.staged);
+    auto descale_dP = scalar(*g, "descale_dP", kDescaleDP, k.staged);
+    auto scale_dQ = scalar(*g, "scale_dQ", kScaleDQ, k.staged);
+    auto scale_dK = scalar(*g, "scale_dK", kScaleDK, k.staged);
+    auto scale_dV = scalar(*g, "scale_dV", kScaleDV, k.staged);
+    auto scale_dP = scalar(*g, "scale_dP", kScaleDP, k.staged);
     auto attrs = fe::graph::SDPA_fp8_backward_attributes()
                      .set_name("mg_sdpa_fp8_bwd")
                      .set_attn_scale(k.scale);
@@ -248,10 +257,10 @@ Entry build_graph(const Key& k, cudnnHandle_t handle) {
     set_layout(*dk, k, kDK, k.ng, k.grad);
     dv->set_output(true);
     set_layout(*dv, k, kDV, k.ng, k.grad);
-    amax_output(amax_dp, kAmaxDP);
-    amax_output(amax_dq, kAmaxDQ);
-    amax_output(amax_dk, kAmaxDK);
-    amax_output(amax_dv, kAmaxDV);
+    amax_output(amax_dp, kAmaxDP, k.staged);
+    amax_output(amax_dq, kAmaxDQ, k.staged);
+    amax_output(amax_dk, kAmaxDK, k.staged);
+    amax_output(amax_dv, kAmaxDV, k.staged);
   }
   DeviceGuard guard(k.device);
   fe::error_t st = g->validate();
@@ -298,21 +307,59 @@ std::string shape_of(const Key& k) {
          " S " + std::to_string(k.s) + " HD " + std::to_string(k.hd) + (k.causal ? " causal" : "");
 }
 
-// Runs the graph of `key` on the current stream with the device pointers of `pack`.
-void execute(const Key& key, std::unordered_map<int64_t, void*>& pack, const char* op) {
+bool is_scalar(int64_t uid) {
+  return uid >= kDescaleQ;
+}
+bool is_amax(int64_t uid) {
+  return uid >= kAmaxS;
+}
+
+// Runs the graph of `key` on the current stream with the device pointers of `pack`: the graph
+// with 4-byte-aligned scalars where cuDNN takes it, else the staged one (the scales copied into
+// 16-byte slots before, the amaxes copied out after; counted in stats.staged_calls).
+void execute(Key key, std::unordered_map<int64_t, void*>& pack, const char* op) {
   std::lock_guard lock(handle_mutex());
-  const Entry& e = entry(key);
-  MG_CHECK(e.graph, op << " (cuda:cudnn): cuDNN cannot run " << shape_of(key) << ": " << e.why
-                       << ". " << kNeeds);
+  key.staged = false;
+  const Entry* e = &entry(key);
+  if (!e->graph && refusal(key).empty()) {
+    Key staged = key;
+    staged.staged = true;
+    const Entry& s = entry(staged);
+    MG_CHECK(s.graph, op << " (cuda:cudnn): cuDNN cannot run " << shape_of(key) << ": " << e->why
+                         << " (with 16-byte staged scalars: " << s.why << "). " << kNeeds);
+    key = staged;
+    e = &s;
+  }
+  MG_CHECK(e->graph, op << " (cuda:cudnn): cuDNN cannot run " << shape_of(key) << ": " << e->why
+                        << ". " << kNeeds);
   DeviceGuard guard(key.device);
   cudnnHandle_t h = device_handle(key.device, nullptr);
   cudaStream_t stream = current_stream(key.device);
   MG_CHECK(cudnnSetStream(h, stream) == CUDNN_STATUS_SUCCESS, op << ": cudnnSetStream failed");
-  Scratch ws(key.device, static_cast<std::size_t>(e.workspace > 0 ? e.workspace : 1));
+  Scratch ws(key.device, static_cast<std::size_t>(e->workspace > 0 ? e->workspace : 1));
+  Scratch slots;
+  std::vector<std::pair<int64_t, void*>> amax_out;  // staged: uid, the op's element
+  if (key.staged) {
+    slots = Scratch(key.device, 16 * pack.size());
+    std::size_t i = 0;
+    for (auto& [uid, ptr] : pack) {
+      if (!is_scalar(uid)) continue;
+      void* slot = slots.as<char>() + 16 * i++;
+      if (is_amax(uid))
+        amax_out.emplace_back(uid, ptr);
+      else
+        MG_CUDA_CHECK(cudaMemcpyAsync(slot, ptr, sizeof(float), cudaMemcpyDeviceToDevice, stream));
+      ptr = slot;
+    }
+  }
   detail::count_library_call();
-  fe::error_t st = e.graph->execute(h, pack, ws.get());
+  fe::error_t st = e->graph->execute(h, pack, ws.get());
   MG_CHECK(st.is_good(), op << " (cuda:cudnn): " << shape_of(key) << ": " << st.get_message());
+  for (const auto& [uid, dst] : amax_out)
+    MG_CUDA_CHECK(
+        cudaMemcpyAsync(dst, pack.at(uid), sizeof(float), cudaMemcpyDeviceToDevice, stream));
   ++(key.backward ? g_stats.bwd_calls : g_stats.fwd_calls);
+  if (key.staged) ++g_stats.staged_calls;
 }
 
 Key key_of(bool backward, const Tensor& q, const Tensor& k, DType grad, const ops::AttentionDims& d,

@@ -28,10 +28,11 @@ cudnnHandle_t device_handle(int device, std::string* why);
 void register_cudnn_fp8_attention_kernels(plugin::Registry& r);
 
 // Counters of cudnn_fp8_attention.cpp since process start: graphs built, keys cuDNN refused
-// (cached as such), forward and backward calls run. Also exported as the C symbol
-// mg_cuda_cudnn_fp8_attention_stats (dlsym: tests).
+// (cached as such), forward and backward calls run, and of those the calls that staged their
+// scalars through 16-byte slots (cuDNN refused the 4-byte-aligned ones). Also exported as the C
+// symbol mg_cuda_cudnn_fp8_attention_stats (dlsym: tests).
 struct CudnnFp8AttentionStats {
-  uint64_t graphs = 0, unsupported = 0, fwd_calls = 0, bwd_calls = 0;
+  uint64_t graphs = 0, unsupported = 0, fwd_calls = 0, bwd_calls = 0, staged_calls = 0;
 };
 CudnnFp8AttentionStats cudnn_fp8_attention_stats();
 

@@ -313,7 +313,7 @@ const Device kGpu = Device::cuda(0);
 
 // Mirrors CudnnFp8AttentionStats (platforms/cuda/cudnn/cudnn_shared.h).
 struct Fp8AttnStats {
-  uint64_t graphs = 0, unsupported = 0, fwd_calls = 0, bwd_calls = 0;
+  uint64_t graphs = 0, unsupported = 0, fwd_calls = 0, bwd_calls = 0, staged_calls = 0;
 };
 std::optional<Fp8AttnStats> fp8_attn_stats() {
   const auto fn = reinterpret_cast<Fp8AttnStats (*)()>(
@@ -595,6 +595,12 @@ TEST_P(CudaFp8Attention, WithinDerivedBounds) {
     if (after) {
       EXPECT_EQ(fp8_attn_stats()->graphs, after->graphs) << "a cached graph was rebuilt: " << what;
       EXPECT_EQ(fp8_attn_stats()->fwd_calls, after->fwd_calls + 1) << what;
+      // Which form of the scale scalars cuDNN took (the lease log records it).
+      std::cout
+          << what << ": " << fp8_attn_stats()->staged_calls
+          << " call(s) so far with scalars staged in 16-byte slots (0: the op's 4-byte-aligned "
+             "elements as they are)"
+          << std::endl;
     }
   }
 
