@@ -135,7 +135,7 @@ constexpr const char* kNeeds =
     "cuDNN FP8 attention needs a GPU of compute capability >= 9.0 (sm_90+), cuDNN >= 9.1 (not "
     "9.10.0), a head dim that is a multiple of 16 and <= 256, and a shape cuDNN accepts on this "
     "GPU (cuDNN frontend 1.16: the backward on Hopper only head dim 128, Blackwell head dim <= "
-    "128)";
+    "128; NVTE_FP8_DPA_BWD=0 keeps the FP8 forward and runs the backward in the model dtype)";
 
 fe::DataType_t fe_fp8(DType t) {
   return t == DType::fp8_e5m2 ? fe::DataType_t::FP8_E5M2 : fe::DataType_t::FP8_E4M3;
