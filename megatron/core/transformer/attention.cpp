@@ -155,9 +155,9 @@ Tensor SelfAttention::fp8_core_attention_fwd(const Tensor& q, const Tensor& k, c
   return out;
 }
 
-// Its backward: dout cast at the dO scale, the dQKV gradients dequantised. Selective recompute
-// (out and lse dropped) first reruns the forward op on the saved FP8 q, k, v with the saved
-// scales: the same bytes, no amax recorded.
+// Its backward: dout cast at the dO scale, the dQKV gradients dequantised. (Under selective
+// recompute backward() has first rerun the forward op on the saved FP8 q, k, v with the saved
+// scales: the same out and lse bytes, no amax recorded.)
 void SelfAttention::fp8_core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                                            const Saved& saved, const ops::AttentionArgs& a) const {
   fp8::Fp8State& st = *ctx_.fp8;
