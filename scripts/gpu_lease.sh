@@ -6,7 +6,7 @@
 #   1. device facts and megatron_info                                                  ~5 s
 #   2. the CUDA cases of every unit-test binary that has any (binaries named cuda_* whole; the
 #      others with the filter *cuda*:*Cuda*:*CUDA*:*Device*:*Gpu*), four binaries at a time,
-#      each under 90 s (cuda_cudnn_attention_test, cuda_fp8_attention_test 180 s)                             ~60-90 s
+#      each under 90 s (cuda_cudnn_attention_test, cuda_fp8_attention_test 180 s)       ~60-90 s
 #   3. several ranks on the one GPU (issue 17): scripts/gpu_multirank.sh with ONLY = the issue's
 #      layouts (NCCL one rank, MPI staging, the in-process *Cuda comparisons, TP 2, PP 2 with
 #      interleaving, CP 2 with each comm type, EP 2, DP 2 with the distributed optimizer,
@@ -17,6 +17,9 @@
 #        =online (the cross entropy forward's kernels, A/B), then with --profile-op-table;
 #        llama-1b micro-batch 4, BF16 and FP8 hybrid (issue 22), FP8 with SwiGLU's casts
 #        unfused (--no-bias-swiglu-fusion, A/B), and both at global batch 32 (8 micro-batches);
+#        FP8 attention (--fp8-dot-product-attention): llama-1b with NVTE_FP8_DPA_BWD=0 (head dim
+#        64: cuDNN's FP8 backward on Hopper takes 128 only) at mb 4 and global batch 32, and
+#        llama-1b with 16 heads of 128 in BF16, FP8 and FP8 with FP8 attention;
 #        MoE (8 experts, top-2, grouped GEMM) vs the dense model of equal active parameters
 #        (issue 21);
 #        gpt2-124m with --optimizer-cpu-offload (issue 20)                             ~120 s
