@@ -11,7 +11,8 @@
 //     --first-last-layers-bf16), the fp8_attention ops run and attention_fwd/bwd do not, their
 //     six amaxes recorded and scaled by delayed scaling (amax_S = 1 under the causal mask),
 //     nothing recorded in evaluation, selective recompute bit-identical, the state in the
-//     checkpoint JSON, losses near the run without the flag but not equal to it.
+//     checkpoint JSON, losses near the run without the flag but not equal to it; with
+//     NVTE_FP8_DPA_BWD=0 the backward through attention_bwd in the model dtype.
 #include <gtest/gtest.h>
 #include <omp.h>
 
