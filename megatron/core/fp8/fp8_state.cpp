@@ -141,7 +141,10 @@ Fp8State::AttentionScales Fp8State::attention_scales(int id) const {
 Scaling Fp8State::attention_scaling(int id, bool forward, bool training) const {
   MG_CHECK(finalized_ && id >= 0 && id < num_attentions(),
            "Fp8State::attention_scaling: attention id " << id << " of " << num_attentions());
-  const int slot = attention_slot(id, forward);
+  return delayed_scaling(attention_slot(id, forward), forward, training);
+}
+
+Scaling Fp8State::delayed_scaling(int64_t slot, bool forward, bool training) const {
   const Buffers& b = buffers(forward);
   Scaling s;
   s.dtype = forward ? cfg_.forward_dtype() : cfg_.backward_dtype();
@@ -187,15 +190,8 @@ Scaling Fp8State::scaling(int id, Role role, std::span<const Operand> xs, bool t
   const bool forward = role != Role::grad_output;
   Scaling s;
   s.dtype = forward ? cfg_.forward_dtype() : cfg_.backward_dtype();
-  if (cfg_.recipe == Fp8Recipe::delayed) {
-    const int64_t slot = forward ? 2 * id + static_cast<int>(role) : id;
-    const Buffers& b = buffers(forward);
-    s.scale = b.scale.slice(slot, 1);
-    s.scale_inv = b.scale_inv.slice(slot, 1).clone();
-    s.amax =
-        training ? b.history.select(0).slice(slot, 1) : Tensor::zeros({1}, DType::f32, device_);
-    return s;
-  }
+  if (cfg_.recipe == Fp8Recipe::delayed)
+    return delayed_scaling(forward ? 2 * id + static_cast<int>(role) : id, forward, training);
   // Tensorwise: amax of the tensors, reduced over the group, then the scale, all on the device.
   Tensor amax = Tensor::zeros({1, 1}, DType::f32, device_);
   Tensor amax1 = amax.view({1});

@@ -196,6 +196,9 @@ class Fp8State {
   struct Buffers {
     Tensor history, scale, scale_inv;  // [len, slots], [slots], [slots] f32
   };
+  // Delayed scaling of slot `slot` of the forward / backward buffers: its scale, a copy of its
+  // scale_inv, its history row 0 as the amax when training (else a scratch).
+  Scaling delayed_scaling(int64_t slot, bool forward, bool training) const;
   // fp8_cast_transpose of the operand (or the fused op making it).
   void cast_operand(const Operand& x, Tensor& q, Tensor& qt, Tensor& amax,
                     const Tensor& scale) const;

@@ -444,10 +444,13 @@ int64_t validate_swiglu_bwd(const Placement& on, const Tensor& dx, const Tensor&
 
 namespace {
 
-// q [Sq, B, NH, HD], k and v [Sk, B, NG, HD].
+// q [Sq, B, NH, HD], k and v [Sk, B, NG, HD]: float, or fp8 (the FP8 attention) when `fp8`.
 AttentionDims validate_qkv(const Placement& on, const char* op, const Tensor& q, const Tensor& k,
-                           const Tensor& v) {
-  check_float(on, op, "q", q);
+                           const Tensor& v, bool fp8 = false) {
+  if (fp8)
+    check_fp8(on, op, "q", q);
+  else
+    check_float(on, op, "q", q);
   on.check(op, "k", k);
   MG_CHECK(q.dim() == 4, op << ": q must be [S, B, NH, HD], got " << shape_str(q.shape()));
   MG_CHECK(k.dim() == 4, op << ": k must be [Sk, B, NG, HD], got " << shape_str(k.shape()));
@@ -558,18 +561,10 @@ namespace {
 AttentionDims validate_fp8_qkv(const Placement& on, const char* op, const Tensor& q,
                                const Tensor& k, const Tensor& v, const Tensor& lse,
                                const AttentionArgs& a) {
-  check_fp8(on, op, "q", q);
-  on.check(op, "k", k);
-  MG_CHECK(q.dim() == 4, op << ": q must be [S, B, NH, HD], got " << shape_str(q.shape()));
-  MG_CHECK(k.dim() == 4, op << ": k must be [S, B, NG, HD], got " << shape_str(k.shape()));
-  check_like(on, op, "v", v, "k", k);
-  check_same_dtype(op, "k", k, "q", q);
-  const AttentionDims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), k.size(0)};
-  MG_CHECK(d.b == k.size(1) && d.hd == k.size(3) && d.sk == d.s,
-           op << ": k " << shape_str(k.shape()) << " does not match q " << shape_str(q.shape())
-              << " in S, B or HD (FP8 attention is self-attention: Sk == Sq)");
-  MG_CHECK(d.ng > 0 && d.nh % d.ng == 0,
-           op << ": NH = " << d.nh << " heads is not a multiple of NG = " << d.ng << " groups");
+  const AttentionDims d = validate_qkv(on, op, q, k, v, true);
+  MG_CHECK(d.sk == d.s, op << ": k " << shape_str(k.shape()) << " has Sk = " << d.sk
+                           << ", q has Sq = " << d.s
+                           << " (FP8 attention is self-attention: Sk == Sq)");
   validate_lse(on, op, lse, q, d);
   MG_CHECK(a.dropout.p == 0.0f,
            op << ": attention dropout p = " << a.dropout.p

@@ -23,6 +23,7 @@
 #include "megatron/core/fp8/fp8_math.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/dtype_math.h"
+#include "megatron/platforms/cpu/fp8_codec.h"
 #include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
@@ -30,14 +31,6 @@
 namespace mg::platforms::cpu {
 
 namespace {
-
-inline float nan_max(float m, float a) {
-  return (a > m || a != a) ? a : m;
-}
-
-inline uint8_t to_fp8(float v, bool e4m3) {
-  return e4m3 ? dmath::f32_to_e4m3(v, true) : dmath::f32_to_e5m2(v, true);
-}
 
 void fp8_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& x, const Tensor& scale) {
   const ops::GemmDims d = ops::validate_fp8_cast_transpose(kOnHost, q, qt, amax, x, scale);
@@ -78,8 +71,7 @@ std::vector<float> widen(const Tensor& t) {
   std::vector<float> out(static_cast<std::size_t>(t.numel()));
   const auto* p = static_cast<const uint8_t*>(t.raw_data());
   const bool e4m3 = t.dtype() == DType::fp8_e4m3;
-  for (std::size_t i = 0; i < out.size(); ++i)
-    out[i] = e4m3 ? dmath::e4m3_to_f32(p[i]) : dmath::e5m2_to_f32(p[i]);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = from_fp8(p[i], e4m3);
   return out;
 }
 

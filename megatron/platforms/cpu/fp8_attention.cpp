@@ -48,6 +48,7 @@
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/dtype_math.h"
+#include "megatron/platforms/cpu/fp8_codec.h"
 #include "megatron/platforms/cpu/kernel_util.h"
 #include "megatron/platforms/cpu/kernels.h"
 #include "megatron/plugin/registry.h"
@@ -55,19 +56,6 @@
 namespace mg::platforms::cpu {
 
 namespace {
-
-inline float nan_max(float m, float a) {
-  return (a > m || a != a) ? a : m;
-}
-
-struct Fp8Codec {
-  bool e4m3;
-  explicit Fp8Codec(DType t) : e4m3(t == DType::fp8_e4m3) {}
-  double decode(uint8_t b) const { return e4m3 ? dmath::e4m3_to_f32(b) : dmath::e5m2_to_f32(b); }
-  uint8_t encode(float v) const {
-    return e4m3 ? dmath::f32_to_e4m3(v, true) : dmath::f32_to_e5m2(v, true);
-  }
-};
 
 // An sbhd FP8 tensor [S, B, heads, HD] widened to f64, as [b][head][s][d] (exact).
 std::vector<double> widen_bhsd(const Tensor& t) {

@@ -28,9 +28,9 @@
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/op_profiler.h"
-#include "megatron/core/pipeline_parallel/schedules.h"
 #include "megatron/core/tensor/dtype_math.h"
 #include "megatron/runtime.h"
+#include "tests/unit/core/fp8/fp8_model_run.h"
 #include "tests/unit/core/models/gpt_test_util.h"
 #include "tests/unit/test_util.h"
 
@@ -313,70 +313,16 @@ transformer::TransformerConfig fp8_llama(bool dpa, int64_t history) {
   return c;
 }
 
-struct ModelRun {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> grads;
-  std::vector<float> fwd_history, bwd_history, fwd_scale;
-  int attentions = 0, linears = 0;
-  int64_t fp8_fwd = 0, fp8_bwd = 0, bf16_fwd = 0, bf16_bwd = 0;
-  nlohmann::json state;
-};
-
-// `calls` forward-backward calls of `micro` micro-batches (batch 1, seq 16), the weights moved
-// between calls, through the CPU table under the op profiler.
-ModelRun run_model(const transformer::TransformerConfig& c, int64_t micro, int calls,
-                   bool forward_only) {
-  Runtime& rt = mg::init({.platform = "cpu"});
-  ops::OpProfiler prof(*rt.ops, *rt.platform, rt.device);
-  prof.start();
-  prof.begin_step();
-  models::GPTModel m(c, 64, prof.table(), Device::cpu());
-  m.init_weights(3);
-  const models::GPTBatch full = test::random_batch(micro, 16, 64, 11);
-  ModelRun r;
-  r.attentions = m.fp8_state()->num_attentions();
-  r.linears = m.fp8_state()->num_linears();
-  for (int call = 0; call < calls; ++call) {
-    int64_t next = 0;
-    const pipeline_parallel::NextBatchFn feed = [&] { return test::batch_rows(full, next++, 1); };
-    pipeline_parallel::ForwardBackwardConfig cfg;
-    cfg.forward_only = forward_only;
-    m.zero_grad();
-    const auto res = pipeline_parallel::forward_backward_no_pipelining(m, feed, micro, cfg,
-                                                                       models::StepRng{1, call, 0});
-    for (const auto& mb : res.microbatches) r.losses.push_back(mb.loss_sum);
-    for (auto& p : m.parameters()) {
-      r.grads.push_back(p.main_grad.to_vector<float>());
-      std::vector<float> w = p.param.to_vector<float>();
-      for (float& x : w) x *= 1.01f;
-      p.param.copy_(Tensor::from_vector(w, p.param.shape()));
-    }
-  }
-  r.fwd_history = m.fp8_state()->history(true);
-  r.bwd_history = m.fp8_state()->history(false);
-  r.fwd_scale = m.fp8_state()->scale(true);
-  r.state = m.fp8_state()->state_json();
-  prof.end_step();
-  prof.stop();
-  const ops::OpProfileReport rep = prof.report();
-  auto calls_of = [&](const char* op) {
-    const ops::OpProfileRow* row = rep.find(op);
-    return row ? row->calls : int64_t{0};
-  };
-  r.fp8_fwd = calls_of("fp8_attention_fwd");
-  r.fp8_bwd = calls_of("fp8_attention_bwd");
-  r.bf16_fwd = calls_of("attention_fwd");
-  r.bf16_bwd = calls_of("attention_bwd");
-  return r;
-}
+using test::FbRun;
+using test::run_fb_profiled;
 
 TEST(Fp8DotProductAttention, RunsTheFp8OpsAndRecordsTheirAmaxes) {
-  const ModelRun r = run_model(fp8_llama(true, 4), 1, 1, false);
+  const FbRun r = run_fb_profiled(fp8_llama(true, 4), 1, 1, false);
   ASSERT_EQ(r.attentions, 2);
   ASSERT_EQ(r.linears, 8);
-  EXPECT_EQ(r.fp8_fwd, 2);
-  EXPECT_EQ(r.fp8_bwd, 2);
-  EXPECT_EQ(r.bf16_fwd + r.bf16_bwd, 0);
+  EXPECT_EQ(r.calls("fp8_attention_fwd"), 2);
+  EXPECT_EQ(r.calls("fp8_attention_bwd"), 2);
+  EXPECT_EQ(r.calls("attention_fwd") + r.calls("attention_bwd"), 0);
   // One forward update: the pass's row 0 is now the last row (history 4) of slots [16, 22) (the
   // attentions after the 16 linear slots): QKV > 0, S = 1 exactly (causal: query 0 sees one key),
   // O > 0; the scale of S = 448 / 1.
@@ -399,8 +345,8 @@ TEST(Fp8DotProductAttention, RunsTheFp8OpsAndRecordsTheirAmaxes) {
 }
 
 TEST(Fp8DotProductAttention, EvaluationRecordsNothing) {
-  const ModelRun r = run_model(fp8_llama(true, 2), 2, 1, true);
-  EXPECT_EQ(r.fp8_fwd, 4);
+  const FbRun r = run_fb_profiled(fp8_llama(true, 2), 2, 1, true);
+  EXPECT_EQ(r.calls("fp8_attention_fwd"), 4);
   for (float h : r.fwd_history) EXPECT_EQ(h, 0.0f);
 }
 
@@ -409,10 +355,10 @@ TEST(Fp8DotProductAttention, KeepsOutTheBf16Layers) {
   c.fp8.first_last_layers_bf16 = true;
   c.fp8.num_layers_at_start_in_bf16 = 1;
   c.fp8.num_layers_at_end_in_bf16 = 0;
-  const ModelRun r = run_model(c, 1, 1, false);
+  const FbRun r = run_fb_profiled(c, 1, 1, false);
   EXPECT_EQ(r.attentions, 1);
-  EXPECT_EQ(r.fp8_fwd, 1);
-  EXPECT_EQ(r.bf16_fwd, 1);
+  EXPECT_EQ(r.calls("fp8_attention_fwd"), 1);
+  EXPECT_EQ(r.calls("attention_fwd"), 1);
   ASSERT_TRUE(r.state.contains("attentions"));
   EXPECT_TRUE(r.state["attentions"].contains("decoder.layers.1.self_attention.core_attention"));
   EXPECT_FALSE(r.state["attentions"].contains("decoder.layers.0.self_attention.core_attention"));
@@ -420,10 +366,12 @@ TEST(Fp8DotProductAttention, KeepsOutTheBf16Layers) {
 
 TEST(Fp8DotProductAttention, SelectiveRecomputeGivesTheSameNumbers) {
   transformer::TransformerConfig c = fp8_llama(true, 4);
-  const ModelRun plain = run_model(c, 2, 2, false);
+  const FbRun plain = run_fb_profiled(c, 2, 2, false);
   c.recompute_granularity = transformer::RecomputeGranularity::selective;
-  const ModelRun recomputed = run_model(c, 2, 2, false);
-  EXPECT_EQ(recomputed.fp8_fwd, plain.fp8_fwd + plain.fp8_bwd);  // once more per backward
+  const FbRun recomputed = run_fb_profiled(c, 2, 2, false);
+  EXPECT_EQ(recomputed.calls("fp8_attention_fwd"),
+            plain.calls("fp8_attention_fwd") +
+                plain.calls("fp8_attention_bwd"));  // once more per backward
   EXPECT_EQ(plain.losses, recomputed.losses);
   EXPECT_EQ(plain.grads, recomputed.grads);
   EXPECT_EQ(plain.fwd_history, recomputed.fwd_history);  // the recompute records nothing
@@ -436,13 +384,13 @@ TEST(Fp8DotProductAttention, SelectiveRecomputeGivesTheSameNumbers) {
 // backward slots record nothing; selective recompute gives the same numbers.
 TEST(Fp8DotProductAttention, ModelDtypeBackward) {
   transformer::TransformerConfig c = fp8_llama(true, 2);
-  const ModelRun fp8_bwd = run_model(c, 1, 2, false);
+  const FbRun fp8_bwd = run_fb_profiled(c, 1, 2, false);
   c.fp8.dot_product_attention_fp8_backward = false;
-  const ModelRun bf16_bwd = run_model(c, 1, 2, false);
-  EXPECT_EQ(bf16_bwd.fp8_fwd, 4);
-  EXPECT_EQ(bf16_bwd.fp8_bwd, 0);
-  EXPECT_EQ(bf16_bwd.bf16_bwd, 4);
-  EXPECT_EQ(bf16_bwd.bf16_fwd, 0);
+  const FbRun bf16_bwd = run_fb_profiled(c, 1, 2, false);
+  EXPECT_EQ(bf16_bwd.calls("fp8_attention_fwd"), 4);
+  EXPECT_EQ(bf16_bwd.calls("fp8_attention_bwd"), 0);
+  EXPECT_EQ(bf16_bwd.calls("attention_bwd"), 4);
+  EXPECT_EQ(bf16_bwd.calls("attention_fwd"), 0);
   EXPECT_EQ(bf16_bwd.losses[0], fp8_bwd.losses[0]);
   EXPECT_NE(bf16_bwd.grads, fp8_bwd.grads);
   const int64_t bslots = 8 + 3 * 2;
@@ -450,14 +398,14 @@ TEST(Fp8DotProductAttention, ModelDtypeBackward) {
     for (int64_t col = 8; col < bslots; ++col)
       EXPECT_EQ(bf16_bwd.bwd_history[static_cast<std::size_t>(row * bslots + col)], 0.0f) << col;
   c.recompute_granularity = transformer::RecomputeGranularity::selective;
-  const ModelRun recomputed = run_model(c, 1, 2, false);
+  const FbRun recomputed = run_fb_profiled(c, 1, 2, false);
   EXPECT_EQ(recomputed.losses, bf16_bwd.losses);
   EXPECT_EQ(recomputed.grads, bf16_bwd.grads);
 }
 
 TEST(Fp8DotProductAttention, NearTheModelDtypeAttentionButNotEqual) {
-  const ModelRun fp8 = run_model(fp8_llama(true, 1), 2, 3, false);
-  const ModelRun ref = run_model(fp8_llama(false, 1), 2, 3, false);
+  const FbRun fp8 = run_fb_profiled(fp8_llama(true, 1), 2, 3, false);
+  const FbRun ref = run_fb_profiled(fp8_llama(false, 1), 2, 3, false);
   ASSERT_EQ(fp8.losses.size(), ref.losses.size());
   bool differ = false;
   for (std::size_t i = 0; i < fp8.losses.size(); ++i) {
@@ -471,7 +419,7 @@ TEST(Fp8DotProductAttention, NearTheModelDtypeAttentionButNotEqual) {
 }
 
 TEST(Fp8DotProductAttention, StateTravelsInTheCheckpointJson) {
-  const ModelRun r = run_model(fp8_llama(true, 3), 1, 2, false);
+  const FbRun r = run_fb_profiled(fp8_llama(true, 3), 1, 2, false);
   const transformer::TransformerConfig c = fp8_llama(true, 3);
   const ops::OpTable& ops = test::ops_on("cpu");
   models::GPTModel fresh(c, 64, ops, Device::cpu());

@@ -31,9 +31,9 @@
 #include "megatron/core/fp8/fp8_state.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/op_profiler.h"
-#include "megatron/core/pipeline_parallel/schedules.h"
 #include "megatron/core/tensor/dtype_math.h"
 #include "megatron/runtime.h"
+#include "tests/unit/core/fp8/fp8_model_run.h"
 #include "tests/unit/core/models/gpt_test_util.h"
 #include "tests/unit/test_util.h"
 
@@ -399,46 +399,8 @@ transformer::TransformerConfig fp8_llama(fp8::Fp8Recipe recipe, int64_t history,
   return c;
 }
 
-struct FbRun {
-  std::vector<double> losses;
-  std::vector<std::vector<float>> grads;
-  std::vector<float> fwd_history, bwd_history;
-  int64_t casts = 0;  // weight casts per forward-backward call
-  int64_t linears = 0;
-};
-
-// `calls` forward-backward calls of `micro` micro-batches (batch 1, seq 16), the weights moved
-// between calls (as an optimizer step would). ops: the table (null: the CPU platform's).
-FbRun run_fb(const transformer::TransformerConfig& c, int64_t micro, int calls, bool forward_only,
-             const ops::OpTable* table = nullptr) {
-  const auto& ops = table ? *table : test::ops_on("cpu");
-  models::GPTModel m(c, 64, ops, Device::cpu());
-  m.init_weights(3);
-  const models::GPTBatch full = test::random_batch(micro, 16, 64, 11);
-  FbRun r;
-  r.linears = m.fp8_state()->num_linears();
-  for (int call = 0; call < calls; ++call) {
-    int64_t next = 0;
-    const pipeline_parallel::NextBatchFn feed = [&] { return test::batch_rows(full, next++, 1); };
-    pipeline_parallel::ForwardBackwardConfig cfg;
-    cfg.forward_only = forward_only;
-    m.zero_grad();
-    const int64_t before = m.fp8_state()->weight_casts();
-    const auto res = pipeline_parallel::forward_backward_no_pipelining(m, feed, micro, cfg,
-                                                                       models::StepRng{1, call, 0});
-    r.casts = m.fp8_state()->weight_casts() - before;
-    for (const auto& mb : res.microbatches) r.losses.push_back(mb.loss_sum);
-    for (auto& p : m.parameters()) {
-      r.grads.push_back(p.main_grad.to_vector<float>());
-      std::vector<float> w = p.param.to_vector<float>();
-      for (float& v : w) v *= 1.01f;  // the "optimizer step": new weights, new amaxes
-      p.param.copy_(Tensor::from_vector(w, p.param.shape()));
-    }
-  }
-  r.fwd_history = m.fp8_state()->history(true);
-  r.bwd_history = m.fp8_state()->history(false);
-  return r;
-}
+using test::FbRun;
+using test::run_fb;
 
 void expect_same(const FbRun& a, const FbRun& b, const std::string& what) {
   ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
@@ -511,30 +473,9 @@ std::vector<uint8_t> bytes_of(const Tensor& q) {
   return std::vector<uint8_t>(p, p + q.numel());
 }
 
-struct ProfiledFb {
-  FbRun run;
-  int64_t swiglu_fwd = 0, swiglu_bwd = 0, fused_fwd = 0, fused_bwd = 0;
-};
-
-ProfiledFb run_fb_profiled(const transformer::TransformerConfig& c, int64_t micro) {
-  Runtime& rt = mg::init({.platform = "cpu"});
-  ops::OpProfiler prof(*rt.ops, *rt.platform, rt.device);
-  prof.start();
-  prof.begin_step();
-  ProfiledFb out;
-  out.run = run_fb(c, micro, 2, false, &prof.table());
-  prof.end_step();
-  prof.stop();
-  const ops::OpProfileReport rep = prof.report();
-  auto calls = [&](const char* op) {
-    const ops::OpProfileRow* row = rep.find(op);
-    return row ? row->calls : int64_t{0};
-  };
-  out.swiglu_fwd = calls("swiglu_fwd");
-  out.swiglu_bwd = calls("swiglu_bwd");
-  out.fused_fwd = calls("fp8_swiglu_cast_transpose");
-  out.fused_bwd = calls("fp8_dswiglu_cast_transpose");
-  return out;
+// Two forward-backward calls under the op profiler.
+FbRun run_fb_profiled(const transformer::TransformerConfig& c, int64_t micro) {
+  return test::run_fb_profiled(c, micro, 2, false);
 }
 
 TEST(Fp8FusedSwiglu, SameNumbersAsTheSeparateOps) {
@@ -544,22 +485,24 @@ TEST(Fp8FusedSwiglu, SameNumbersAsTheSeparateOps) {
     transformer::TransformerConfig c = fp8_llama(recipe, 4, true);
     ASSERT_TRUE(c.bias_swiglu_fusion) << "Megatron's default: fused";
     ASSERT_FALSE(c.add_bias_linear);
-    const ProfiledFb fused = run_fb_profiled(c, 3);
+    const FbRun fused = run_fb_profiled(c, 3);
     c.bias_swiglu_fusion = false;
-    const ProfiledFb split = run_fb_profiled(c, 3);
-    expect_same(fused.run, split.run, what);
-    EXPECT_EQ(fused.run.fwd_history, split.run.fwd_history) << what;
-    EXPECT_EQ(fused.run.bwd_history, split.run.bwd_history) << what;
+    const FbRun split = run_fb_profiled(c, 3);
+    expect_same(fused, split, what);
+    EXPECT_EQ(fused.fwd_history, split.fwd_history) << what;
+    EXPECT_EQ(fused.bwd_history, split.bwd_history) << what;
     // 2 layers x 3 micro-batches x 2 calls; tensorwise takes the operand's amax first (one more
     // fused call per cast).
     const int64_t casts = 2 * 3 * 2, per_cast = recipe == fp8::Fp8Recipe::delayed ? 1 : 2;
-    EXPECT_EQ(fused.fused_fwd, casts * per_cast) << what;
-    EXPECT_EQ(fused.fused_bwd, casts * per_cast) << what;
-    EXPECT_EQ(fused.swiglu_fwd, 0) << what;
-    EXPECT_EQ(fused.swiglu_bwd, 0) << what;
-    EXPECT_EQ(split.swiglu_fwd, casts) << what;
-    EXPECT_EQ(split.swiglu_bwd, casts) << what;
-    EXPECT_EQ(split.fused_fwd + split.fused_bwd, 0) << what;
+    EXPECT_EQ(fused.calls("fp8_swiglu_cast_transpose"), casts * per_cast) << what;
+    EXPECT_EQ(fused.calls("fp8_dswiglu_cast_transpose"), casts * per_cast) << what;
+    EXPECT_EQ(fused.calls("swiglu_fwd"), 0) << what;
+    EXPECT_EQ(fused.calls("swiglu_bwd"), 0) << what;
+    EXPECT_EQ(split.calls("swiglu_fwd"), casts) << what;
+    EXPECT_EQ(split.calls("swiglu_bwd"), casts) << what;
+    EXPECT_EQ(split.calls("fp8_swiglu_cast_transpose") + split.calls("fp8_dswiglu_cast_transpose"),
+              0)
+        << what;
   }
 }
 
@@ -567,10 +510,10 @@ TEST(Fp8FusedSwiglu, HighPrecisionWeightGradientsKeepTheSeparateOps) {
   // --no-fp8-wgrad: the weight gradients read the written activation and output gradient.
   transformer::TransformerConfig c = fp8_llama(fp8::Fp8Recipe::delayed, 1, true);
   c.fp8.wgrad = false;
-  const ProfiledFb r = run_fb_profiled(c, 1);
-  EXPECT_EQ(r.fused_fwd + r.fused_bwd, 0);
-  EXPECT_EQ(r.swiglu_fwd, 2 * 2);
-  EXPECT_EQ(r.swiglu_bwd, 2 * 2);
+  const FbRun r = run_fb_profiled(c, 1);
+  EXPECT_EQ(r.calls("fp8_swiglu_cast_transpose") + r.calls("fp8_dswiglu_cast_transpose"), 0);
+  EXPECT_EQ(r.calls("swiglu_fwd"), 2 * 2);
+  EXPECT_EQ(r.calls("swiglu_bwd"), 2 * 2);
 }
 
 // The functions' contract on the CPU table: the same q, qt and amax as the separate ops (there
