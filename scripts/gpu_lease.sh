@@ -35,7 +35,8 @@
 # that run's environment, e.g. MG_CUDA_CE_FWD=two-pass for an A/B pair), MULTIRANK_ONLY (overrides the
 # multi-rank part list; `all`: every part of gpu_multirank.sh), MULTIRANK_BUDGET (s), PERF_ITERS
 # (timed iterations, default 10), KERNELS and KERNEL_ENV (part 3b, kernel benchmarks, off unless set),
-# FSDP_MEMORY=1 (part 3c, FSDP device memory with and without CUDA virtual memory, off unless set).
+# FSDP_MEMORY=1 (part 3c, FSDP device memory with and without CUDA virtual memory, off unless set;
+# FSDP_DP: its data-parallel sizes, default "1 2").
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-/tmp/gpu_out}
@@ -169,7 +170,7 @@ if [ "${FSDP_MEMORY:-0}" = 1 ] && [[ $skip != *",fsdp,"* ]]; then
     t0=$SECONDS
     lim=$(left)
     [ "$lim" -gt 150 ] && lim=150
-    MG_CUDA_VMM=$vmm MG_FSDP_PLATFORM=cuda MG_FSDP_DP="1 2" timeout "$lim" \
+    MG_CUDA_VMM=$vmm MG_FSDP_PLATFORM=cuda MG_FSDP_DP="${FSDP_DP:-1 2}" timeout "$lim" \
       sh benchmarks/run_fsdp_memory.sh .gpu_bundle "$stage/fsdp/vmm$vmm.md" 3 \
       > "$stage/fsdp/vmm$vmm.log" 2>&1
     note "## FSDP memory on the GPU, MG_CUDA_VMM=$vmm: rc=$?, $((SECONDS - t0)) s"

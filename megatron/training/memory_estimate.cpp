@@ -237,8 +237,9 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
   // a layer, the embeddings alone; bounded here by the largest unit, or --ddp-bucket-size) and
   // prefetches the next under
   // --overlap-param-gather; ZeRO-2/3 hold the full gradients of a bucket until it is
-  // reduce-scattered (two buckets with per-micro-batch reduction, all of them otherwise) and a
-  // shard accumulator.
+  // reduce-scattered: with per-micro-batch reduction two whole buckets, beside a shard
+  // accumulator that stands for this rank's own range (given back between micro-batches, it is
+  // gradient_bytes' shard); with one reduction a step every bucket's rest.
   const double shard = static_cast<double>(layout.dp * layout.cp);
   if (args.ddp.shards_grads() && shard > 1) {
     double layer = 0;  // the default bucket: about one layer (parallelize.cpp)
@@ -255,8 +256,7 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
     const bool per_microbatch = args.ddp.overlap_grad_reduce && layout.pp == 1;
     // In flight at once: the largest bucket and the next one (being reduced / prefetched).
     e.fsdp_gradient_bytes =
-        (per_microbatch ? std::min(n, largest + layer) * rest * g_bytes + n / shard * g_bytes
-                        : n * rest * g_bytes);
+        (per_microbatch ? std::min(n, largest + layer) * g_bytes : n * rest * g_bytes);
     if (args.ddp.shards_params())
       e.fsdp_parameter_bytes =
           std::min(n, largest + (args.ddp.overlap_param_gather ? layer : 0.0)) * rest * p_bytes;

@@ -55,6 +55,11 @@ struct DistributedDataParallel::BucketState {
   // FSDP with per-micro-batch reduce-scatters: the sum of this step's reduced shards so far.
   Tensor grad_acc;
   bool acc_valid = false;
+  bool acc_released = false;  // host: grad_acc's pages given back by finish_grad_sync
+  // While the sum lives in grad_acc, this rank's own range of the gradient buffer is given back
+  // too (host, or a device with the lazy gradient commit): between micro-batches a bucket keeps
+  // one shard, not two (take_back_own backs it again, reading as zeros).
+  bool own_released = false;
 };
 
 DistributedDataParallel::DistributedDataParallel(const DistributedDataParallelConfig& config,
@@ -217,7 +222,26 @@ void DistributedDataParallel::commit_params(std::size_t bi) {
   s.params_decommitted = false;
 }
 
+void DistributedDataParallel::release_own(std::size_t bi) {
+  BucketState& s = state_[bi];
+  const auto [lo, hi] = own_range(bi);
+  if (s.own_released || hi <= lo) return;
+  release_range(buffer_.grads.slice(lo, hi - lo));
+  account(-static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (hi - lo));
+  s.own_released = true;
+}
+
+void DistributedDataParallel::take_back_own(std::size_t bi) {
+  BucketState& s = state_[bi];
+  if (!s.own_released) return;
+  const auto [lo, hi] = own_range(bi);
+  if (hi > lo) commit_range(buffer_.grads.slice(lo, hi - lo));
+  account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (hi - lo));
+  s.own_released = false;
+}
+
 void DistributedDataParallel::commit_grads(std::size_t bi) {
+  take_back_own(bi);
   BucketState& s = state_[bi];
   if (!s.grads_decommitted) return;
   for_each_outside_chunk(buckets_[bi], group_of(bi).rank(), [&](int64_t lo, int64_t len) {
@@ -331,21 +355,29 @@ void DistributedDataParallel::complete_bucket(std::size_t bi) {
     place_reduced_shard(buffer_.grads, s.reduced, lo, hi);
   } else if (hi > lo) {
     Tensor red = s.reduced.slice(0, hi - lo);
+    if (!s.grad_acc.defined()) {  // a step's first reduction; finish_grad_sync gives it back
+      s.grad_acc = Tensor::empty({hi - lo}, red.dtype(), red.device());
+      account(static_cast<int64_t>(s.grad_acc.nbytes()));
+    } else if (s.acc_released) {  // the host's pages fault back in as the copy below writes them
+      account(static_cast<int64_t>(s.grad_acc.nbytes()));
+      s.acc_released = false;
+    }
     if (!s.acc_valid) {
-      if (!s.grad_acc.defined()) s.grad_acc = Tensor::empty({hi - lo}, red.dtype(), red.device());
       s.grad_acc.copy_(red);
     } else {  // acc += reduced shard of this micro-batch
       ops_.axpy(s.grad_acc, red, 1.0f);
     }
-    Tensor own = buffer_.grads.slice(lo, hi - lo);
-    own.zero_();  // the next micro-batch accumulates its local grads from zero again
   }
   s.acc_valid = accumulate;
   if (buffer_.grads.is_host() || (accumulate && lazy_grad_commit_)) {
     // The host's pages, and a device's with the lazy gradient commit (the next micro-batch's
-    // backward backs the bucket again through prepare_grads), are given back at once.
+    // backward backs the bucket again through prepare_grads), are given back at once: the rest
+    // of the bucket, and this rank's own range, whose sum is in grad_acc now (it reads as zeros
+    // when taken back, as the next micro-batch's local gradients need).
+    if (accumulate) release_own(bi);
     discard_grads(bi);
   } else if (accumulate) {
+    if (hi > lo) buffer_.grads.slice(lo, hi - lo).zero_();  // local grads from zero again
     // Without the lazy commit a device gives the memory back only in finish_grad_sync, when the
     // step's backward is over: a later micro-batch's backward writes the bucket again, and
     // nothing would back it between micro-batches. Until then the rest of the bucket is zeroed
@@ -362,6 +394,7 @@ void DistributedDataParallel::launch(std::size_t bi) {
   const GradBucket& b = buckets_[bi];
   BucketState& s = state_[bi];
   s.launched = true;
+  take_back_own(bi);  // the host's pages faulted back in: count them again
   if (s.grads_discarded) {  // FSDP: backward wrote the whole bucket again
     const auto [lo, hi] = own_range(bi);
     account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (b.numel() - (hi - lo)));
@@ -466,9 +499,23 @@ void DistributedDataParallel::finish_grad_sync() {
       complete_bucket(bi);
       BucketState& s = state_[bi];
       const auto [lo, hi] = own_range(bi);
+      take_back_own(bi);  // the optimizer reads the step's sum there
       if (hi > lo && s.acc_valid) {
         Tensor dst = buffer_.grads.slice(lo, hi - lo);
         dst.copy_(s.grad_acc);
+      }
+      // The sum is in the buffer now: the accumulator's memory is given back until the next
+      // step's first reduction writes it, so that it serves the optimizer step, the forward and
+      // the backward's start. A device frees it; the host gives its pages back and keeps the
+      // block (freed, it would stay resident in the host allocator's cache).
+      if (s.grad_acc.defined() && !s.acc_released) {
+        account(-static_cast<int64_t>(s.grad_acc.nbytes()));
+        if (s.grad_acc.is_host()) {
+          release_range(s.grad_acc);
+          s.acc_released = true;
+        } else {
+          s.grad_acc = Tensor();
+        }
       }
       s.acc_valid = false;
       if (!s.grads_discarded) discard_grads(bi);  // a device's buckets (complete_bucket)
@@ -516,7 +563,10 @@ void DistributedDataParallel::zero_grad_buffer() {
       const GradBucket& b = buckets_[bi];
       const auto [lo, hi] =
           state_[bi].grads_discarded ? own_range(bi) : std::pair<int64_t, int64_t>{b.start, b.end};
-      if (hi > lo) {
+      if (hi > lo && state_[bi].grads_discarded &&
+          (buffer_.grads.is_host() || lazy_grad_commit_)) {
+        release_own(bi);  // reads as zeros; backed again when the backward writes it
+      } else if (hi > lo) {
         Tensor g = buffer_.grads.slice(lo, hi - lo);
         g.zero_();
       }

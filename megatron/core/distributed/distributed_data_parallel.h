@@ -192,6 +192,11 @@ class DistributedDataParallel {
   // commit_grads and the resident-bytes count of a discarded bucket (zero_grad_buffer,
   // prepare_grads).
   void recommit_grads(std::size_t bucket);
+  // FSDP: gives this rank's own gradient range back (it reads as zeros: zero_grad_buffer, and
+  // complete_bucket once grad_acc holds its sum), and backs it again, counted resident, before it
+  // is written (commit_grads, launch, finish_grad_sync).
+  void release_own(std::size_t bucket);
+  void take_back_own(std::size_t bucket);
   void account(int64_t delta_bytes);
   // Bucket bi's parameter storage for flat elements [lo, lo + n): the model-dtype buffer, or the
   // FP8 bytes of an fp8 bucket; and its element size.
