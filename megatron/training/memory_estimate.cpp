@@ -254,9 +254,11 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
     if (layer == 0) layer = largest;
     const double rest = 1.0 - 1.0 / shard;  // the part of a bucket that is not this rank's
     const bool per_microbatch = args.ddp.overlap_grad_reduce && layout.pp == 1;
-    // In flight at once: the largest bucket and the next one (being reduced / prefetched).
-    e.fsdp_gradient_bytes =
-        (per_microbatch ? std::min(n, largest + layer) * g_bytes : n * rest * g_bytes);
+    // Gradients in flight at once: the largest bucket and the next one (being written / reduced).
+    // A tied embedding's bucket is written first (the head) and last (the lookup), so it stays
+    // whole through the backward beside those two layer buckets.
+    const double open = pre && post && tied ? largest + 2 * layer : largest + layer;
+    e.fsdp_gradient_bytes = (per_microbatch ? std::min(n, open) * g_bytes : n * rest * g_bytes);
     if (args.ddp.shards_params())
       e.fsdp_parameter_bytes =
           std::min(n, largest + (args.ddp.overlap_param_gather ? layer : 0.0)) * rest * p_bytes;

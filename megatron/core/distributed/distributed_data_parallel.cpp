@@ -263,7 +263,9 @@ void DistributedDataParallel::recommit_grads(std::size_t bi) {
 }
 
 void DistributedDataParallel::prepare_grads(std::span<const std::size_t> param_indices) {
-  if (buffer_.grads.is_host()) return;  // host pages fault back in by themselves
+  // A device backs the buckets again; on the host (commit: nothing, the pages fault back in as
+  // the backward writes them) this counts them resident from here, as a device does, not from
+  // their launch.
   for (std::size_t i : param_indices) {
     MG_CHECK(i < params_.size(),
              "DistributedDataParallel::prepare_grads: parameter " << i << " of " << params_.size());
@@ -394,7 +396,7 @@ void DistributedDataParallel::launch(std::size_t bi) {
   const GradBucket& b = buckets_[bi];
   BucketState& s = state_[bi];
   s.launched = true;
-  take_back_own(bi);  // the host's pages faulted back in: count them again
+  take_back_own(bi);        // the host's pages faulted back in: count them again
   if (s.grads_discarded) {  // FSDP: backward wrote the whole bucket again
     const auto [lo, hi] = own_range(bi);
     account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (b.numel() - (hi - lo)));
@@ -563,8 +565,7 @@ void DistributedDataParallel::zero_grad_buffer() {
       const GradBucket& b = buckets_[bi];
       const auto [lo, hi] =
           state_[bi].grads_discarded ? own_range(bi) : std::pair<int64_t, int64_t>{b.start, b.end};
-      if (hi > lo && state_[bi].grads_discarded &&
-          (buffer_.grads.is_host() || lazy_grad_commit_)) {
+      if (hi > lo && state_[bi].grads_discarded && (buffer_.grads.is_host() || lazy_grad_commit_)) {
         release_own(bi);  // reads as zeros; backed again when the backward writes it
       } else if (hi > lo) {
         Tensor g = buffer_.grads.slice(lo, hi - lo);

@@ -147,8 +147,9 @@ class DistributedDataParallel {
   // completed (complete_bucket), zero_grad_buffer leaves discarded buckets unbacked, and
   // prepare_grads -- the model's grad-write hook, before a module writes its gradients -- backs
   // the buckets holding these parameters again (reading as zeros). So the whole gradient buffer
-  // is never resident at once, nor beside the activations at the start of a backward. Nothing on
-  // the host (its pages fault back by themselves) or without the hook.
+  // is never resident at once, nor beside the activations at the start of a backward. On the host
+  // (its pages fault back by themselves) prepare_grads only counts the buckets resident from
+  // there, as a device does; without the hook they count from their launch.
   void enable_lazy_grad_commit() { lazy_grad_commit_ = true; }
   void prepare_grads(std::span<const std::size_t> param_indices);
   // FSDP on a device: backs every discarded gradient range again (they read as zeros) for code

@@ -131,12 +131,14 @@ TEST(MemoryEstimate, StateBytesFollowDtypesAndTheDistributedOptimizer) {
   const MemoryEstimate e3 = estimate_memory(z3, kVocab, l8, 0);
   EXPECT_DOUBLE_EQ(e3.parameter_bytes, 2 * n / 8);
   EXPECT_DOUBLE_EQ(e3.optimizer_bytes, 12 * n / 8);
-  // Two 1000-element buckets gathered (one prefetched), 7/8 of each not this rank's; two whole
-  // buckets of gradients in flight. The shard accumulator is gradient_bytes' shard: this rank's
-  // own range is given back between micro-batches while the accumulator holds its sum.
+  // Two 1000-element buckets gathered (one prefetched), 7/8 of each not this rank's. Gradients:
+  // three whole buckets in flight, the one written, the one reduced and the tied embedding's,
+  // open from the head's backward to the lookup's. The shard accumulator is gradient_bytes'
+  // shard: this rank's own range is given back between micro-batches while the accumulator
+  // holds its sum.
   EXPECT_DOUBLE_EQ(e3.fsdp_parameter_bytes, 2 * 1000 * 2.0 * 7 / 8);
   EXPECT_DOUBLE_EQ(e3.gradient_bytes, 4 * n / 8);
-  EXPECT_DOUBLE_EQ(e3.fsdp_gradient_bytes, 2 * 1000 * 4.0);
+  EXPECT_DOUBLE_EQ(e3.fsdp_gradient_bytes, 3 * 1000 * 4.0);
 }
 
 // MoE under the distributed optimizer: routed experts are sharded over the expert data-parallel
