@@ -55,6 +55,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -235,7 +236,17 @@ struct DswigluSrc {
 // At least 5 blocks per SM (48 registers): with the paired conversion, the fastest of the forms
 // measured on an H200 (benchmarks/results/2026-11-27-h200-lease-s25.md, call 3: no bound, 5 and 6
 // blocks; the fused SwiGLU casts are instruction-bound, so occupancy and instruction count count).
-template <class Src>
+// The columns j of four 4-byte rows w[0..3]: col[j] = (w0.bj, w1.bj, w2.bj, w3.bj), byte 0 first.
+__device__ __forceinline__ void transpose4x4(const uint32_t* w, uint32_t* col) {
+  const uint32_t t0 = __byte_perm(w[0], w[1], 0x5140), t1 = __byte_perm(w[0], w[1], 0x7362);
+  const uint32_t t2 = __byte_perm(w[2], w[3], 0x5140), t3 = __byte_perm(w[2], w[3], 0x7362);
+  col[0] = __byte_perm(t0, t2, 0x5410);
+  col[1] = __byte_perm(t0, t2, 0x7632);
+  col[2] = __byte_perm(t1, t3, 0x5410);
+  col[3] = __byte_perm(t1, t3, 0x7632);
+}
+
+template <class Src, bool kPrmt>
 __global__ void __launch_bounds__(256, 5)
     cast_transpose_vec_kernel(uint8_t* q, uint8_t* qt, float* amax, Src src, const float* scale,
                               bool e4m3, int64_t rows, int64_t cols) {
@@ -283,7 +294,30 @@ __global__ void __launch_bounds__(256, 5)
       }
     }
   }
-  if (qt) {
+  if (qt && kPrmt) {
+    // 8 x 4 blocks: task k of part p reads tile rows 8 br .. 8 br + 7 at bytes 4 wc .. 4 wc + 3
+    // (one 4-byte load a row), turns them in registers (byte permutes) and writes qt rows
+    // c .. c + 3, 8 bytes each. A warp's four br of one half write 32 contiguous bytes of each of
+    // 8 qt rows; its loads meet at most two to a bank (row stride 18 words).
+    __syncthreads();
+    for (int k = t; k < P * 128; k += 256) {
+      const int p = k >> 7, kk = k & 127;
+      const int br = (kk & 3) + 4 * (kk >> 6), wc = (kk >> 2) & 15;
+      const int64_t r = r0 + 8 * br, c = c0 + 4 * wc;
+      if (r < rows && c < cols) {  // rows, cols % 8 == 0: the whole block is in range
+        uint32_t w[8], lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+          w[i] = *reinterpret_cast<const uint32_t*>(&tile[p][8 * br + i][4 * wc]);
+        transpose4x4(w, lo);
+        transpose4x4(w + 4, hi);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<uint2*>(qt + (p * cols + c + j) * qtrows + r) =
+              make_uint2(lo[j], hi[j]);
+      }
+    }
+  } else if (qt) {
     __syncthreads();
 #pragma unroll
     for (int p = 0; p < P; ++p) {
@@ -323,11 +357,18 @@ void launch_vec(Tensor& q, Tensor& qt, Tensor& amax, const Src& src, const Tenso
   DeviceGuard guard(dev);
   const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
   const int64_t vr = (rows + kVTile - 1) / kVTile, vc = (cols + kVTile - 1) / kVTile;
-  cast_transpose_vec_kernel<<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0,
-                              current_stream(dev)>>>(
-      q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr,
-      qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr, amax.data<float>(), src,
-      scale.data<float>(), qd == DType::fp8_e4m3, rows, cols);
+  // TEMPORARY A/B switch for one GPU measurement (session 27): 1 = the byte-permute transpose.
+  static const bool prmt = [] {
+    const char* v = std::getenv("MG_FP8_CAST_VARIANT");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  auto* kernel =
+      prmt ? cast_transpose_vec_kernel<Src, true> : cast_transpose_vec_kernel<Src, false>;
+  kernel<<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0,
+           current_stream(dev)>>>(q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr,
+                                  qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr,
+                                  amax.data<float>(), src, scale.data<float>(),
+                                  qd == DType::fp8_e4m3, rows, cols);
   MG_CUDA_CHECK_LAUNCH();
 }
 
