@@ -15,6 +15,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 [ -f "$build/lib/libmegatron_cuda.so" ] || { echo "gpu_bundle: $build has no CUDA platform (configure with MG_CUDA=ON)" >&2; exit 1; }
+# The kernel benchmarks are EXCLUDE_FROM_ALL (`make bench`): built here, so that none travels stale
+# (session 27: a fused_kernels_bench built before an op-table change called adamw_step for
+# init_normal and crashed on the GPU).
+cmake --build "$build" --target benchmarks > /dev/null 2>&1 ||
+  echo "gpu_bundle: the benchmarks target did not build (Google Benchmark missing?); bin/*_bench may be stale" >&2
 dest=.gpu_bundle
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

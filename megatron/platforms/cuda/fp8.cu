@@ -55,7 +55,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -228,14 +227,6 @@ struct DswigluSrc {
   }
 };
 
-// Block (tile_c, tile_r) of the [rows, cols] operands; rows % 8 == 0 and cols % 8 == 0, so a
-// vector of 8 is in range when its first element is. Thread t produces the 8 columns (t % 8) * 8..
-// of tile rows t / 8 and t / 8 + 32 (one 16-byte load per input), stores 8 bytes of q per part,
-// and writes the 8 qt columns (operand rows) (t % 8) * 8.. of qt rows (operand columns) t / 8 and
-// t / 8 + 32 of each part.
-// At least 5 blocks per SM (48 registers): with the paired conversion, the fastest of the forms
-// measured on an H200 (benchmarks/results/2026-11-27-h200-lease-s25.md, call 3: no bound, 5 and 6
-// blocks; the fused SwiGLU casts are instruction-bound, so occupancy and instruction count count).
 // The columns j of four 4-byte rows w[0..3]: col[j] = (w0.bj, w1.bj, w2.bj, w3.bj), byte 0 first.
 __device__ __forceinline__ void transpose4x4(const uint32_t* w, uint32_t* col) {
   const uint32_t t0 = __byte_perm(w[0], w[1], 0x5140), t1 = __byte_perm(w[0], w[1], 0x7362);
@@ -246,7 +237,17 @@ __device__ __forceinline__ void transpose4x4(const uint32_t* w, uint32_t* col) {
   col[3] = __byte_perm(t1, t3, 0x7632);
 }
 
-template <class Src, bool kPrmt>
+// Block (tile_c, tile_r) of the [rows, cols] operands; rows % 8 == 0 and cols % 8 == 0, so a
+// vector of 8 is in range when its first element is. Thread t produces the 8 columns (t % 8) * 8..
+// of tile rows t / 8 and t / 8 + 32 (one 16-byte load per input) and stores 8 bytes of q per part
+// and the same bytes into the shared tile; the transpose then reads the tile in 8 x 4 blocks and
+// writes qt with byte permutes (below). That transpose, against one shared byte load per qt byte
+// before (session 27, H200, the llama-1b hd128 FP8 step's op table): fp8_cast_transpose 2.27 ->
+// 2.59 TB/s, the fused dswiglu 2.05 -> 2.19, swiglu 2.29 -> 2.38.
+// At least 5 blocks per SM (48 registers): with the paired conversion, the fastest of the forms
+// measured on an H200 (benchmarks/results/2026-11-27-h200-lease-s25.md, call 3: no bound, 5 and 6
+// blocks; the fused SwiGLU casts are instruction-bound, so occupancy and instruction count count).
+template <class Src>
 __global__ void __launch_bounds__(256, 5)
     cast_transpose_vec_kernel(uint8_t* q, uint8_t* qt, float* amax, Src src, const float* scale,
                               bool e4m3, int64_t rows, int64_t cols) {
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(256, 5)
       }
     }
   }
-  if (qt && kPrmt) {
+  if (qt) {
     // 8 x 4 blocks: task k of part p reads tile rows 8 br .. 8 br + 7 at bytes 4 wc .. 4 wc + 3
     // (one 4-byte load a row), turns them in registers (byte permutes) and writes qt rows
     // c .. c + 3, 8 bytes each. A warp's four br of one half write 32 contiguous bytes of each of
@@ -315,24 +316,6 @@ __global__ void __launch_bounds__(256, 5)
         for (int j = 0; j < 4; ++j)
           *reinterpret_cast<uint2*>(qt + (p * cols + c + j) * qtrows + r) =
               make_uint2(lo[j], hi[j]);
-      }
-    }
-  } else if (qt) {
-    __syncthreads();
-#pragma unroll
-    for (int p = 0; p < P; ++p) {
-      for (int pass = 0; pass < 2; ++pass) {
-        const int lc = t / 8 + pass * 32;
-        const int64_t c = c0 + lc, r = r0 + lane8;  // qt: row p cols + c, columns r..r+7
-        if (c < cols && r < rows) {
-          uint32_t lo = 0, hi = 0;
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            lo |= static_cast<uint32_t>(tile[p][lane8 + k][lc]) << (8 * k);
-            hi |= static_cast<uint32_t>(tile[p][lane8 + 4 + k][lc]) << (8 * k);
-          }
-          *reinterpret_cast<uint2*>(qt + (p * cols + c) * qtrows + r) = make_uint2(lo, hi);
-        }
       }
     }
   }
@@ -357,18 +340,11 @@ void launch_vec(Tensor& q, Tensor& qt, Tensor& amax, const Src& src, const Tenso
   DeviceGuard guard(dev);
   const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
   const int64_t vr = (rows + kVTile - 1) / kVTile, vc = (cols + kVTile - 1) / kVTile;
-  // TEMPORARY A/B switch for one GPU measurement (session 27): 1 = the byte-permute transpose.
-  static const bool prmt = [] {
-    const char* v = std::getenv("MG_FP8_CAST_VARIANT");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  auto* kernel =
-      prmt ? cast_transpose_vec_kernel<Src, true> : cast_transpose_vec_kernel<Src, false>;
-  kernel<<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0,
-           current_stream(dev)>>>(q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr,
-                                  qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr,
-                                  amax.data<float>(), src, scale.data<float>(),
-                                  qd == DType::fp8_e4m3, rows, cols);
+  cast_transpose_vec_kernel<Src>
+      <<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0, current_stream(dev)>>>(
+          q.defined() ? static_cast<uint8_t*>(q.raw_data()) : nullptr,
+          qt.defined() ? static_cast<uint8_t*>(qt.raw_data()) : nullptr, amax.data<float>(), src,
+          scale.data<float>(), qd == DType::fp8_e4m3, rows, cols);
   MG_CUDA_CHECK_LAUNCH();
 }
 
