@@ -18,6 +18,7 @@
 
 #include "megatron/core/ops/ops.h"
 #include "megatron/core/tensor/tensor.h"
+#include "megatron/plugin/abi_check.h"
 #include "megatron/plugin/platform.h"
 #include "megatron/plugin/registry.h"
 #include "megatron/runtime.h"
@@ -37,6 +38,7 @@ struct BenchPlatform {
 inline const BenchPlatform& bench_platform() {
   static const BenchPlatform p = [] {
     init();
+    plugin::check_op_table_abi("this benchmark", "make bench");
     BenchPlatform b;
     const char* env = std::getenv("MG_BENCH_PLATFORM");
     b.name = env && *env ? env : "cpu";

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "megatron/core/common/error.h"
+#include "megatron/plugin/abi_check.h"
 #include "megatron/plugin/plugin_api.h"
 
 namespace mg::plugin {
@@ -504,6 +505,10 @@ void Registry::load_plugins_from_env() {
 std::vector<PluginInfo> Registry::plugins() const {
   std::lock_guard lock(mu_);
   return plugins_;
+}
+
+uint64_t library_op_table_abi_hash() {
+  return ops::kOpTableAbiHash;
 }
 
 Registry& global_registry() {
