@@ -18,13 +18,17 @@ build=${1:-build}
 # The kernel benchmarks are EXCLUDE_FROM_ALL (`make bench`): built here, so that none travels stale
 # (session 27: a fused_kernels_bench built before an op-table change called adamw_step for
 # init_normal and crashed on the GPU).
-cmake --build "$build" --target benchmarks > /dev/null 2>&1 ||
-  echo "gpu_bundle: the benchmarks target did not build (Google Benchmark missing?); bin/*_bench may be stale" >&2
+benches_built=1
+cmake --build "$build" --target benchmarks > /dev/null 2>&1 || benches_built=0
 dest=.gpu_bundle
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$stage/tools"
 cp -a "$build"/bin/* "$stage/bin/"
+if [ "$benches_built" = 0 ]; then
+  echo "gpu_bundle: the benchmarks target did not build (Google Benchmark missing?): no *_bench travels" >&2
+  rm -f "$stage"/bin/*_bench
+fi
 cp -a "$build"/lib/*.so "$stage/lib/"
 # Command-line tools the tests run that the device image lacks (preprocess_data_test: zstd);
 # gpu_run_tests.sh appends tools/ to PATH, so the device's own copies win.

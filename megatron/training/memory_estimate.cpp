@@ -257,8 +257,9 @@ MemoryEstimate estimate_memory(const Arguments& args, int64_t vocab_size,
     // Gradients in flight at once: the largest bucket and the next one (being written / reduced).
     // A tied embedding's bucket is written first (the head) and last (the lookup), so it stays
     // whole through the backward beside those two layer buckets.
-    const double open = pre && post && tied ? largest + 2 * layer : largest + layer;
-    e.fsdp_gradient_bytes = (per_microbatch ? std::min(n, open) * g_bytes : n * rest * g_bytes);
+    const double in_flight = pre && post && tied ? largest + 2 * layer : largest + layer;
+    e.fsdp_gradient_bytes =
+        (per_microbatch ? std::min(n, in_flight) * g_bytes : n * rest * g_bytes);
     if (args.ddp.shards_params())
       e.fsdp_parameter_bytes =
           std::min(n, largest + (args.ddp.overlap_param_gather ? layer : 0.0)) * rest * p_bytes;

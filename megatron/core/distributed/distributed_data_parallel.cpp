@@ -234,8 +234,8 @@ void DistributedDataParallel::release_own(std::size_t bi) {
 void DistributedDataParallel::take_back_own(std::size_t bi) {
   BucketState& s = state_[bi];
   if (!s.own_released) return;
-  const auto [lo, hi] = own_range(bi);
-  if (hi > lo) commit_range(buffer_.grads.slice(lo, hi - lo));
+  const auto [lo, hi] = own_range(bi);  // non-empty: release_own gives back no empty range
+  commit_range(buffer_.grads.slice(lo, hi - lo));
   account(static_cast<int64_t>(dtype_size(buffer_.grads.dtype())) * (hi - lo));
   s.own_released = false;
 }
