@@ -81,6 +81,10 @@ void add_fp8_flags(ArgParser& p, fp8::Fp8Config& f, Pending& x) {
   p.add_switch("--fp8-dot-product-attention", f.dot_product_attention, true,
                "the decoder layers' core attention in FP8 (Transformer Engine's fp8_dpa: cuDNN's "
                "FP8 SDPA on the GPU, its exact emulation on the CPU; delayed recipe)");
+  p.add_switch("--fp8-multi-head-attention", f.multi_head_attention, true,
+               "FP8 attention without casts at its boundary with the output projection "
+               "(Transformer Engine's fp8_mha; implies --fp8-dot-product-attention): O goes to "
+               "linear_proj's FP8 GEMM as it is, which writes dO in FP8");
   p.add_switch("--tp-only-amax-red", f.tp_only_amax_red, true,
                "reduce amaxes over the tensor-(context-)parallel group only, not data parallel");
   p.add_switch("--first-last-layers-bf16", f.first_last_layers_bf16, true,
@@ -109,9 +113,12 @@ void check_fp8_flags(ArgParser& p, fp8::Fp8Config& f, const Pending& x) {
     for (const char* flag :
          {"--fp8-recipe", "--fp8-margin", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
           "--no-fp8-wgrad", "--tp-only-amax-red", "--first-last-layers-bf16", "--fp8-param-gather",
-          "--fp8-dot-product-attention"})
+          "--fp8-dot-product-attention", "--fp8-multi-head-attention"})
       MG_CHECK(!p.given(flag), flag << " needs --fp8-format e4m3|hybrid (FP8 is off)");
   }
+  // Transformer Engine forces fp8_dpa when fp8_mha is set ("Forcing fp8_dpa=True due to
+  // fp8_mha=True"): the FP8 attention's checks below then apply.
+  if (f.multi_head_attention) f.dot_product_attention = true;
   for (const char* flag : {"--num-layers-at-start-in-bf16", "--num-layers-at-end-in-bf16"})
     MG_CHECK(!p.given(flag) || f.first_last_layers_bf16, flag << " needs --first-last-layers-bf16");
 }
@@ -695,9 +702,6 @@ const RefusedFlag kRefusedFlags[] = {
      "a separate learning rate for the input and output layers"},
     {"--decoupled-min-lr", ArgParser::Nargs::one,
      "a separate learning rate for the input and output layers"},
-    {"--fp8-multi-head-attention", ArgParser::Nargs::zero,
-     "FP8 tensors between the QKV projection, the attention and the output projection "
-     "(Transformer Engine's fp8_mha; --fp8-dot-product-attention is built)"},
     {"--multi-latent-attention", ArgParser::Nargs::zero, "multi-latent attention (MLA)"},
     {"--q-lora-rank", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
     {"--kv-lora-rank", ArgParser::Nargs::one, "multi-latent attention (MLA)"},
@@ -1034,21 +1038,22 @@ Arguments parse_args(const std::vector<std::string>& raw) {
            "master weights on the device)");
 
   if (a.model.fp8.dot_product_attention) {  // docs/fp8.md "FP8 attention"
+    // The flag the user gave (--fp8-multi-head-attention implies the other).
+    const std::string flag = a.model.fp8.multi_head_attention ? "--fp8-multi-head-attention"
+                                                              : "--fp8-dot-product-attention";
     MG_CHECK(a.model.fp8.recipe == fp8::Fp8Recipe::delayed,
-             "--fp8-dot-product-attention needs --fp8-recipe delayed (FP8 attention under the "
-             "tensorwise recipe is not built), got --fp8-recipe "
-                 << fp8::recipe_name(a.model.fp8.recipe));
+             flag << " needs --fp8-recipe delayed (FP8 attention under the tensorwise recipe is "
+                     "not built), got --fp8-recipe "
+                  << fp8::recipe_name(a.model.fp8.recipe));
     MG_CHECK(a.parallel.context_parallel_size == 1,
-             "--fp8-dot-product-attention with --context-parallel-size "
-                 << a.parallel.context_parallel_size
-                 << ": FP8 attention across the context-parallel ring is not built (use 1)");
+             flag << " with --context-parallel-size " << a.parallel.context_parallel_size
+                  << ": FP8 attention across the context-parallel ring is not built (use 1)");
     MG_CHECK(a.model.attention_dropout == 0.0,
-             "--fp8-dot-product-attention needs --attention-dropout 0 (FP8 attention with "
-             "dropout is not built), got "
-                 << a.model.attention_dropout);
+             flag << " needs --attention-dropout 0 (FP8 attention with dropout is not built), got "
+                  << a.model.attention_dropout);
     MG_CHECK(!a.data.reset_attention_mask,
-             "--fp8-dot-product-attention with --reset-attention-mask: FP8 attention with "
-             "document masks is not built");
+             flag << " with --reset-attention-mask: FP8 attention with document masks is not "
+                     "built");
     // Transformer Engine's switch for the FP8 attention's backward (its environment variable).
     if (const char* e = std::getenv("NVTE_FP8_DPA_BWD")) {
       const std::string v = e;

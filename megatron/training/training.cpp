@@ -470,6 +470,9 @@ std::string fp8_summary(Run& r) {
   s << ", " << st->num_linears() << " FP8 linears"
     << (f.dot_product_attention
             ? " and " + std::to_string(st->num_attentions()) + " FP8 core attentions" +
+                  (f.multi_head_attention
+                       ? std::string(" (multi-head: O and dO in FP8 at linear_proj)")
+                       : std::string()) +
                   (f.dot_product_attention_fp8_backward
                        ? std::string()
                        : std::string(" (backward in the model dtype: NVTE_FP8_DPA_BWD=0)"))

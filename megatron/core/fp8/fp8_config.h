@@ -42,6 +42,12 @@ struct Fp8Config {
   // model dtype (attention_bwd on the saved q, k, v and the dequantised out), as TE does; cuDNN's
   // FP8 backward on Hopper takes head dim 128 only.
   bool dot_product_attention_fp8_backward = true;
+  // --fp8-multi-head-attention (Transformer Engine's fp8_mha; implies dot_product_attention, as TE
+  // forces fp8_dpa): no casts at the FP8 attention's boundaries with linear_proj -- its O (FP8)
+  // is linear_proj's FP8 input, and linear_proj's data-gradient GEMM writes dO in FP8 at the dO
+  // scale. q, k, v are still cast after the rotary embedding (TE's QKV GEMM gives FP8 only without
+  // one) and dQ, dK, dV dequantised for it.
+  bool multi_head_attention = false;
   bool first_last_layers_bf16 = false;      // --first-last-layers-bf16
   int64_t num_layers_at_start_in_bf16 = 1;  // --num-layers-at-start-in-bf16
   int64_t num_layers_at_end_in_bf16 = 1;    // --num-layers-at-end-in-bf16

@@ -144,6 +144,12 @@ Scaling Fp8State::attention_scaling(int id, bool forward, bool training) const {
   return delayed_scaling(attention_slot(id, forward), forward, training);
 }
 
+Scaling Fp8State::attention_output_scaling(int id) const {
+  MG_CHECK(finalized_ && id >= 0 && id < num_attentions(),
+           "Fp8State::attention_output_scaling: attention id " << id << " of " << num_attentions());
+  return delayed_scaling(attention_slot(id, true) + 2, true, false);
+}
+
 Scaling Fp8State::delayed_scaling(int64_t slot, bool forward, bool training) const {
   const Buffers& b = buffers(forward);
   Scaling s;

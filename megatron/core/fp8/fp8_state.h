@@ -111,6 +111,9 @@ class Fp8State {
   // The scaling of attention `id`'s QKV (forward) or dO (backward) cast: the current scale, amax
   // into history row 0 when training (q, k and v share one scale, as TE's QKV quantizer).
   Scaling attention_scaling(int id, bool forward, bool training) const;
+  // The scaling of attention `id`'s O (its current scale, nothing recorded): linear_proj's input
+  // under --fp8-multi-head-attention where the model-dtype attention ran (KV-cache inference).
+  Scaling attention_output_scaling(int id) const;
   // Records the FP8 attention op's amaxes (written by the op) into history row 0 when training:
   // forward amax [2] -> S, O; backward amax [4] -> dP, and max(dQ, dK, dV) for dQKV.
   void record_attention_amax(int id, bool forward, const Tensor& amax, bool training) const;

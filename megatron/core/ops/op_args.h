@@ -71,9 +71,14 @@ struct GemmEpilogueArgs {
 // to f32 (cuBLASLt FAST_ACCUM; Transformer Engine's use_split_accumulator = false), which TE uses
 // for the forward GEMM (_2X_ACC_FPROP = False) and not for the two gradient GEMMs. The CPU
 // emulation ignores it (f32 sums); docs/fp8.md's bound covers both.
+// FP8 output (C fp8_e4m3 / fp8_e5m2; Transformer Engine's FP8 GEMM output, cuBLASLt's D scale and
+// amax epilogue): v = s * acc in f32, c = the saturating round-to-nearest-even cast of
+// f32(v * out_scale), out_amax = max(out_amax, max |v|) (a NaN makes it NaN); beta 0. out_scale
+// [1] f32 is required then, out_amax [1] f32 optional; both unused for a float C.
 struct Fp8GemmArgs {
   float beta = 0.0f;
   bool fast_accum = false;
+  Tensor out_scale, out_amax;
 };
 
 // fp8_scale_update (docs/fp8.md): per slot j of history [L, S]

@@ -31,7 +31,8 @@
   X(fp8_cast_transpose, op, "",                                                                   \
     void(Tensor & q, Tensor & qt, Tensor & amax, const Tensor& x, const Tensor& scale))           \
   /* c [M,N] = a_scale_inv * b_scale_inv * (a [M,K] @ b [N,K]^T) + beta c, a and b fp8: the TN    \
-     layout Hopper's FP8 tensor cores require; f32 accumulation */                                \
+     layout Hopper's FP8 tensor cores require; f32 accumulation; c fp8: cast at args.out_scale    \
+     with its amax (Fp8GemmArgs) */                                                               \
   X(fp8_gemm, op, "",                                                                             \
     void(Tensor & c, const Tensor& a, const Tensor& b, const Tensor& a_scale_inv,                 \
          const Tensor& b_scale_inv, const Fp8GemmArgs& args))                                     \
@@ -42,6 +43,9 @@
   /* y = f32(q) * scale_inv rounded to y's dtype (TE's dequantize): q fp8, y f32/bf16/f16 of      \
      q's shape, scale_inv [1] f32 */                                                              \
   X(fp8_dequantize, op, "", void(Tensor & y, const Tensor& q, const Tensor& scale_inv))           \
+  /* qt [C,R] = q [R,C] transposed, both fp8 of one format (the bytes moved, not converted): the  \
+     column-wise copy of an FP8 tensor that no cast made (--fp8-multi-head-attention's O) */      \
+  X(fp8_transpose, op, "", void(Tensor & qt, const Tensor& q))                                    \
   /* FP8 dot-product attention (docs/fp8.md "FP8 attention"; TE's fp8_dpa, cuDNN's FP8 SDPA):     \
      q [S,B,NH,HD], k, v [S,B,NG,HD] fp8 of one format; fwd_scale, fwd_scale_inv [3] f32 = the    \
      (QKV, S, O) scales; out fp8 like q = cast(O * scale_O), O = softmax(q k^T) v with P cast at  \

@@ -248,14 +248,28 @@ GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a
   const char* op = "fp8_gemm";
   check_fp8(on, op, "A", a);
   check_fp8(on, op, "B", b);
-  check_float(on, op, "C", c);
+  const bool fp8_out = is_fp8(c.dtype());
+  if (fp8_out) {  // Fp8GemmArgs' FP8 output: cast at out_scale, its amax
+    on.check(op, "C", c);
+    MG_CHECK(args.out_scale.defined(),
+             op << ": C is " << dtype_name(c.dtype())
+                << ": an FP8 output needs Fp8GemmArgs::out_scale (f32 [1], the cast's scale)");
+    check_scalar_f32(on, op, "out_scale", args.out_scale);
+    if (args.out_amax.defined()) check_scalar_f32(on, op, "out_amax", args.out_amax);
+    MG_CHECK(args.beta == 0.0f, op << ": beta " << args.beta << " with an FP8 C ("
+                                   << dtype_name(c.dtype())
+                                   << "): an FP8 output is written, not accumulated (beta 0)");
+  } else {
+    check_float(on, op, "C", c);
+  }
   check_scalar_f32(on, op, "a_scale_inv", a_scale_inv);
   check_scalar_f32(on, op, "b_scale_inv", b_scale_inv);
   MG_CHECK(!(a.dtype() == DType::fp8_e5m2 && b.dtype() == DType::fp8_e5m2),
            op << ": A and B are both fp8_e5m2 (cuBLASLt has no e5m2 x e5m2 GEMM; one of them must "
                  "be fp8_e4m3)");
   MG_CHECK(c.dtype() != DType::f64,
-           op << ": C has dtype f64, expected f32, bf16 or f16 (FP8 GEMMs accumulate in f32)");
+           op << ": C has dtype f64, expected f32, bf16, f16, fp8_e4m3 or fp8_e5m2 (FP8 GEMMs "
+                 "accumulate in f32)");
   MG_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
            op << ": A " << shape_str(a.shape()) << ", B " << shape_str(b.shape()) << " and C "
               << shape_str(c.shape()) << " must be rank 2");
@@ -316,6 +330,18 @@ int64_t validate_fp8_dequantize(const Placement& on, const Tensor& y, const Tens
   check_scalar_f32(on, op, "scale_inv", scale_inv);
   MG_CHECK(!overlaps(y, q), op << ": y overlaps q");
   return q.numel();
+}
+
+GemmDims validate_fp8_transpose(const Placement& on, const Tensor& qt, const Tensor& q) {
+  const char* op = "fp8_transpose";
+  check_fp8(on, op, "q", q);
+  check_fp8(on, op, "qt", qt);
+  check_same_dtype(op, "qt", qt, "q", q);
+  MG_CHECK(q.dim() == 2 && qt.dim() == 2 && qt.size(0) == q.size(1) && qt.size(1) == q.size(0),
+           op << ": q " << shape_str(q.shape()) << " and qt " << shape_str(qt.shape())
+              << ", expected [R, C] and [C, R]");
+  MG_CHECK(!overlaps(qt, q), op << ": qt overlaps q");
+  return GemmDims{.batch = 1, .m = q.size(0), .n = q.size(1), .k = 0};
 }
 
 GemmDims validate_gemm_epilogue(const Placement& on, const Tensor& c, const Tensor& aux,

@@ -111,6 +111,8 @@ GemmDims validate_fp8_scale_update(const Placement& on, const Tensor& history, c
 // Returns the element count.
 int64_t validate_fp8_dequantize(const Placement& on, const Tensor& y, const Tensor& q,
                                 const Tensor& scale_inv);
+// fp8_transpose: q [R, C] and qt [C, R] fp8 of one dtype, not overlapping; returns m = R, n = C.
+GemmDims validate_fp8_transpose(const Placement& on, const Tensor& qt, const Tensor& q);
 // y [N, F] += bias [F]; returns F.
 int64_t validate_bias_add(const Placement& on, const Tensor& y, const Tensor& bias);
 // dbias [F] += sum_n dy [N, F]; returns F.

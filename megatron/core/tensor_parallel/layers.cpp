@@ -80,11 +80,10 @@ void fp8_cast_input(const ModuleContext& ctx, int id, const fp8::Operand& x, Ten
   sv.input_scale_inv = sx.scale_inv;
 }
 
-// y [N, out] = x_q w_q^T in the model dtype; fills sv.
-Tensor fp8_forward(const ModuleContext& ctx, int id, const fp8::Operand& x, const Tensor& w,
-                   Fp8Saved& sv) {
-  Tensor xq;
-  fp8_cast_input(ctx, id, x, xq, sv);
+// y [N, out] = x_q w_q^T in the model dtype for an input xq [N, in] already cast (sv's input
+// part set); fills sv's weight part.
+Tensor fp8_gemm_forward(const ModuleContext& ctx, int id, const Tensor& xq, const Tensor& w,
+                        Fp8Saved& sv) {
   const fp8::WeightFp8* cached = ctx.fp8->cached_weight(id, ctx.fp8_training);
   const fp8::WeightFp8 wf =
       cached ? *cached
@@ -96,10 +95,18 @@ Tensor fp8_forward(const ModuleContext& ctx, int id, const fp8::Operand& x, cons
                          << " part(s) by forward_split; forward needs the whole weight");
   sv.weight_t = wf.qt[0];
   sv.weight_scale_inv = wf.scale_inv;
-  Tensor y = ctx.empty({x.rows(), w.size(0)});
+  Tensor y = ctx.empty({xq.size(0), w.size(0)});
   ctx.op().fp8_gemm(y, xq, wf.q[0], sv.input_scale_inv, sv.weight_scale_inv,
                     ops::Fp8GemmArgs{.fast_accum = true});  // TE's forward: no split accumulator
   return y;
+}
+
+// y [N, out] = x_q w_q^T in the model dtype; fills sv.
+Tensor fp8_forward(const ModuleContext& ctx, int id, const fp8::Operand& x, const Tensor& w,
+                   Fp8Saved& sv) {
+  Tensor xq;
+  fp8_cast_input(ctx, id, x, xq, sv);
+  return fp8_gemm_forward(ctx, id, xq, w, sv);
 }
 
 // The output gradient g2 [N, out] cast (with its transpose) at the scaling s.
@@ -108,13 +115,19 @@ void fp8_cast_grad(const ModuleContext& ctx, const fp8::Scaling& s, const Tensor
   ctx.fp8->cast(s, g2, &gq, &gqt);
 }
 
-// dx [N, in] = g_q (w_q^T)^T (beta: 0 writes, 1 adds) and dW += g_q^T x_q (FP8, or with
-// --no-fp8-wgrad the high-precision gemm of g2 and x2, which only that case reads).
+// dx [N, in] = g_q (w_q^T)^T (beta: 0 writes, 1 adds; dx_fp8: an FP8 dx cast at its scale, its
+// amax recorded) and dW += g_q^T x_q (FP8, or with --no-fp8-wgrad the high-precision gemm of g2
+// and x2, which only that case reads).
 void fp8_backward(const ModuleContext& ctx, const fp8::Scaling& sg, const Tensor& gq,
                   const Tensor& gqt, const Tensor& weight_t, const Tensor& g2, const Tensor& x2,
-                  const Fp8Saved& sv, Tensor& dx, float dx_beta, Tensor& dw, float dw_beta) {
-  ctx.op().fp8_gemm(dx, gq, weight_t, sg.scale_inv, sv.weight_scale_inv,
-                    ops::Fp8GemmArgs{.beta = dx_beta});
+                  const Fp8Saved& sv, Tensor& dx, float dx_beta, Tensor& dw, float dw_beta,
+                  const fp8::Scaling* dx_fp8 = nullptr) {
+  ops::Fp8GemmArgs dgrad{.beta = dx_beta};
+  if (dx_fp8) {
+    dgrad.out_scale = dx_fp8->scale;
+    dgrad.out_amax = dx_fp8->amax;
+  }
+  ctx.op().fp8_gemm(dx, gq, weight_t, sg.scale_inv, sv.weight_scale_inv, dgrad);
   if (ctx.config->fp8.wgrad)
     ctx.op().fp8_gemm(dw, gqt, sv.input_t, sg.scale_inv, sv.input_scale_inv,
                       ops::Fp8GemmArgs{.beta = dw_beta});
@@ -565,7 +578,38 @@ Tensor RowParallelLinear::forward_swiglu(const Tensor& u, Saved& saved) const {
   return y;
 }
 
+Tensor RowParallelLinear::forward_fp8_input(const Tensor& xq, const Tensor& x_scale_inv,
+                                            Saved& saved) const {
+  MG_CHECK(fp8_id_ >= 0 && cfg_.input_is_parallel,
+           "RowParallelLinear::forward_fp8_input: needs an FP8 linear with a parallel input");
+  MG_CHECK(xq.dim() >= 1 && xq.size(-1) == in_local_ && xq.dtype() == DType::fp8_e4m3,
+           "RowParallelLinear::forward_fp8_input: xq " << xq.str() << ", expected fp8_e4m3 [.., "
+                                                       << in_local_ << "]");
+  const int64_t n = xq.numel() / in_local_, out = cfg_.output_size;
+  saved.fp8.input_t = Tensor();  // made from xq by the backward
+  saved.fp8.input_scale_inv = x_scale_inv;
+  Tensor y = fp8_gemm_forward(ctx_, fp8_id_, xq.view({n, in_local_}), w_.value, saved.fp8);
+  y = region_exit(ctx_, y.view(with_last(xq.shape(), out)));  // partial over TP
+  if (b_.defined() && !cfg_.skip_bias_add) {
+    Tensor y2 = y.view({y.numel() / out, out});
+    ctx_.op().bias_add(y2, b_.value);
+  }
+  return y;
+}
+
 Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& saved) {
+  return backward_impl(dy, x, saved, nullptr);
+}
+
+Tensor RowParallelLinear::backward_fp8_dgrad(const Tensor& dy, const Tensor& x, Saved& saved,
+                                             const fp8::Scaling& dx_scaling) {
+  MG_CHECK(fp8_id_ >= 0 && cfg_.input_is_parallel,
+           "RowParallelLinear::backward_fp8_dgrad: needs an FP8 linear with a parallel input");
+  return backward_impl(dy, x, saved, &dx_scaling);
+}
+
+Tensor RowParallelLinear::backward_impl(const Tensor& dy, const Tensor& x, Saved& saved,
+                                        const fp8::Scaling* dx_scaling) {
   const int64_t out = cfg_.output_size;
   if (b_.defined() && !cfg_.skip_bias_add)
     ctx_.op().bias_grad(b_.grad, dy.view({dy.numel() / out, out}));
@@ -579,15 +623,25 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& sav
                         ? x
                         : scatter_to_tensor_model_parallel_region(x, *ctx_.tp_group);
   const int64_t n = g.numel() / out;
-  Tensor dx = ctx_.empty({n, in_local_});
+  Tensor dx = dx_scaling ? Tensor::empty({n, in_local_}, dx_scaling->dtype, ctx_.device)
+                         : ctx_.empty({n, in_local_});
   if (fp8_id_ >= 0) {
     const Tensor g2 = g.view({n, out});
     const fp8::Scaling sg = fp8_grad_scaling(ctx_, fp8_id_, std::span<const Tensor>(&g2, 1));
     Tensor gq, gqt;
     fp8_cast_grad(ctx_, sg, g2, gq, gqt);
-    fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, g2,
-                 xp.defined() ? xp.view({n, in_local_}) : Tensor(), saved.fp8, dx, 0.0f, w_.grad,
-                 1.0f);
+    Tensor x2 = xp.defined() ? xp.view({n, in_local_}) : Tensor();
+    if (x2.defined() && (x2.dtype() == DType::fp8_e4m3 || x2.dtype() == DType::fp8_e5m2)) {
+      // forward_fp8_input's FP8 input: the weight gradient's column-wise copy made from it.
+      MG_CHECK(ctx_.config->fp8.wgrad,
+               "RowParallelLinear::backward: an FP8 input x with --no-fp8-wgrad (the model-dtype "
+               "weight gradient needs the model-dtype input)");
+      saved.fp8.input_t = Tensor::empty({in_local_, n}, x2.dtype(), ctx_.device);
+      ctx_.op().fp8_transpose(saved.fp8.input_t, x2);
+      x2 = Tensor();
+    }
+    fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, g2, x2, saved.fp8, dx, 0.0f, w_.grad, 1.0f,
+                 dx_scaling);
     saved = Saved{};
   } else {
     linear_bwd(ctx_, dx, w_.grad, g.view({n, out}), xp.view({n, in_local_}), w_.value);

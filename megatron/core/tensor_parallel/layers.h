@@ -191,6 +191,18 @@ class RowParallelLinear {
   // the FP8 input, not x) and a parallel input.
   Tensor forward_swiglu(const Tensor& u, Saved& saved) const;
   bool fuses_input_cast() const;
+  // --fp8-multi-head-attention (docs/fp8.md, Transformer Engine's fp8_mha): forward on an input
+  // already in FP8, xq [.., in/TP] fp8_e4m3 with its scale_inv (f32 [1]; the FP8 attention's O at
+  // scale_O): no cast and no input amax (this linear's input slot stays unused, as TE's input
+  // quantizer under fp8_mha). Its backward takes xq as x: with FP8 weight gradients the transpose
+  // they read is made from it then (fp8_transpose); --no-fp8-wgrad needs the model-dtype input
+  // instead. Needs an FP8 linear with a parallel input.
+  Tensor forward_fp8_input(const Tensor& xq, const Tensor& x_scale_inv, Saved& saved) const;
+  // backward() with the data gradient out in FP8 (TE's fp8_grad under fp8_mha): dx [.., in/TP]
+  // of dtype dx_scaling.dtype, the dgrad GEMM's f32 result cast at dx_scaling.scale, its amax
+  // into dx_scaling.amax (one rounding where backward() rounds to the model dtype first).
+  Tensor backward_fp8_dgrad(const Tensor& dy, const Tensor& x, Saved& saved,
+                            const fp8::Scaling& dx_scaling);
   // The bias-GELU fusion of an MLP (input_is_parallel, no own bias term in play): x =
   // gelu(pre_activation) of the previous ColumnParallelLinear::forward_bias_gelu. Returns
   // d(pre_activation) = gelu'(pre) * (dy W) [N, in/TP] from the data-gradient GEMM's dgelu_bgrad
@@ -212,6 +224,8 @@ class RowParallelLinear {
   int64_t in_local_;
   Weight w_, b_;
   int fp8_id_ = -1;
+  Tensor backward_impl(const Tensor& dy, const Tensor& x, Saved& saved,
+                       const fp8::Scaling* dx_scaling);
 };
 
 class VocabParallelEmbedding {

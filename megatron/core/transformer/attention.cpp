@@ -129,11 +129,11 @@ ops::RopeArgs SelfAttention::rope_args(const AttentionInputs& in) const {
 }
 
 // FP8 core attention (docs/fp8.md "FP8 attention"): q, k and v cast at the QKV scale (one amax,
-// Transformer Engine's QKV quantizer), the fp8_attention ops, the FP8 out dequantised for
-// linear_proj (TE's fp8_dpa without fp8_mha). The forward's scale vectors are copied: the update
-// after the forward changes the state, and the backward (and a recompute) must use these.
-Tensor SelfAttention::fp8_core_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
-                                             Saved& saved, const ops::AttentionArgs& a) const {
+// Transformer Engine's QKV quantizer), the fp8_attention forward op into saved.fp8.out. The
+// forward's scale vectors are copied: the update after the forward changes the state, and the
+// backward (and a recompute) must use these.
+void SelfAttention::fp8_core_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           Saved& saved, const ops::AttentionArgs& a) const {
   fp8::Fp8State& st = *ctx_.fp8;
   const bool training = ctx_.fp8_training;
   Saved::Fp8& f = saved.fp8;
@@ -150,26 +150,21 @@ Tensor SelfAttention::fp8_core_attention_fwd(const Tensor& q, const Tensor& k, c
   ctx_.op().fp8_attention_fwd(f.out, saved.lse, amax, f.q, f.k, f.v, f.fwd_scale, f.fwd_scale_inv,
                               a);
   st.record_attention_amax(fp8_attn_id_, true, amax, training);
-  Tensor out = ctx_.empty(q.shape());
-  ctx_.op().fp8_dequantize(out, f.out, f.fwd_scale_inv.slice(2, 1));
-  return out;
 }
 
-// Its backward: dout cast at the dO scale, the dQKV gradients dequantised. (Under selective
-// recompute backward() has first rerun the forward op on the saved FP8 q, k, v with the saved
-// scales: the same out and lse bytes, no amax recorded.)
-void SelfAttention::fp8_core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+// Its backward on do8, the output gradient at the dO scale (cast by the caller, or written in FP8
+// by linear_proj's data-gradient GEMM under --fp8-multi-head-attention); the dQKV gradients
+// dequantised. (Under selective recompute backward() has first rerun the forward op on the saved
+// FP8 q, k, v with the saved scales: the same out and lse bytes, no amax recorded.)
+void SelfAttention::fp8_core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& do8,
                                            const Saved& saved, const ops::AttentionArgs& a) const {
   fp8::Fp8State& st = *ctx_.fp8;
   const bool training = ctx_.fp8_training;
   const Saved::Fp8& f = saved.fp8;
-  const fp8::Scaling sg = st.attention_scaling(fp8_attn_id_, false, training);
-  Tensor do8;
-  st.cast(sg, dout, &do8, nullptr);
   const fp8::Fp8State::AttentionScales sc = st.attention_scales(fp8_attn_id_);
-  Tensor dq8 = Tensor::empty(dq.shape(), sg.dtype, ctx_.device);
-  Tensor dk8 = Tensor::empty(dk.shape(), sg.dtype, ctx_.device);
-  Tensor dv8 = Tensor::empty(dv.shape(), sg.dtype, ctx_.device);
+  Tensor dq8 = Tensor::empty(dq.shape(), do8.dtype(), ctx_.device);
+  Tensor dk8 = Tensor::empty(dk.shape(), do8.dtype(), ctx_.device);
+  Tensor dv8 = Tensor::empty(dv.shape(), do8.dtype(), ctx_.device);
   Tensor amax = Tensor::empty({4}, DType::f32, ctx_.device);
   ctx_.op().fp8_attention_bwd(dq8, dk8, dv8, amax, do8, f.q, f.k, f.v, f.out, saved.lse,
                               f.fwd_scale, f.fwd_scale_inv, sc.bwd_scale, sc.bwd_scale_inv, a);
@@ -178,6 +173,10 @@ void SelfAttention::fp8_core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, c
   ctx_.op().fp8_dequantize(dq, dq8, dqkv_inv);
   ctx_.op().fp8_dequantize(dk, dk8, dqkv_inv);
   ctx_.op().fp8_dequantize(dv, dv8, dqkv_inv);
+}
+
+bool SelfAttention::fp8_mha() const {
+  return fp8_attn_id_ >= 0 && ctx_.config->fp8.multi_head_attention;
 }
 
 Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInputs& in,
@@ -206,8 +205,16 @@ Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInpu
       saved.k = k;
       saved.v = v;
     }
-    const Tensor out = fp8_core_attention_fwd(q, k, v, saved, attention_args(in, attn_dropout));
-    Tensor y = linear_proj_->forward(out.view({s, b, nh_ * hd_}), saved.proj);
+    fp8_core_attention_fwd(q, k, v, saved, attention_args(in, attn_dropout));
+    Tensor y;
+    if (fp8_mha()) {  // O at scale_O is linear_proj's FP8 input (TE's fp8_mha)
+      y = linear_proj_->forward_fp8_input(saved.fp8.out.view({s, b, nh_ * hd_}),
+                                          saved.fp8.fwd_scale_inv.slice(2, 1), saved.proj);
+    } else {  // dequantised for linear_proj's own cast (TE's fp8_dpa without fp8_mha)
+      Tensor out = ctx_.empty(q.shape());
+      ctx_.op().fp8_dequantize(out, saved.fp8.out, saved.fp8.fwd_scale_inv.slice(2, 1));
+      y = linear_proj_->forward(out.view({s, b, nh_ * hd_}), saved.proj);
+    }
     if (!keep_core_out) {
       saved.fp8.out = Tensor();
       saved.lse = Tensor();
@@ -249,19 +256,33 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
                                   f.fwd_scale_inv, aa);
     }
     // linear_proj reads its input only for high-precision weight gradients, the model-dtype
-    // backward (NVTE_FP8_DPA_BWD=0) reads out: dequantised again.
+    // backward (NVTE_FP8_DPA_BWD=0) reads out: dequantised again. Under
+    // --fp8-multi-head-attention linear_proj's FP8 input was out itself: it takes it back.
     const bool fp8_bwd = ctx_.config->fp8.dot_product_attention_fp8_backward;
+    const bool mha = fp8_mha();
+    const bool proj_reads_hp = mha ? !ctx_.config->fp8.wgrad : !linear_proj_->fuses_input_cast();
     Tensor out;
-    if (!linear_proj_->fuses_input_cast() || !fp8_bwd) {
+    if (proj_reads_hp || !fp8_bwd) {
       out = ctx_.empty({s, b, nh_, hd_});
       ctx_.op().fp8_dequantize(out, f.out, f.fwd_scale_inv.slice(2, 1));
     }
-    const Tensor dout =
-        linear_proj_->backward(dy, out.defined() ? out.view({s, b, nh_ * hd_}) : out, saved.proj);
-    alloc_grads();
+    const Tensor proj_x = !proj_reads_hp && mha ? f.out.view({s, b, nh_ * hd_})
+                          : out.defined()       ? out.view({s, b, nh_ * hd_})
+                                                : out;
     if (fp8_bwd) {
-      fp8_core_attention_bwd(dq, dk, dv, dout.view({s, b, nh_, hd_}), saved, aa);
+      const fp8::Scaling sg = ctx_.fp8->attention_scaling(fp8_attn_id_, false, ctx_.fp8_training);
+      Tensor do8;
+      if (mha) {  // linear_proj's data-gradient GEMM writes dO in FP8 at the dO scale
+        do8 = linear_proj_->backward_fp8_dgrad(dy, proj_x, saved.proj, sg);
+      } else {
+        const Tensor dout = linear_proj_->backward(dy, proj_x, saved.proj);
+        ctx_.fp8->cast(sg, dout, &do8, nullptr);
+      }
+      alloc_grads();
+      fp8_core_attention_bwd(dq, dk, dv, do8.view({s, b, nh_, hd_}), saved, aa);
     } else {  // TE's FP8 forward with the backward in the model dtype: q, k, v as they were
+      const Tensor dout = linear_proj_->backward(dy, proj_x, saved.proj);
+      alloc_grads();
       core_attention_bwd(dq, dk, dv, dout.view({s, b, nh_, hd_}), saved.q, saved.k, saved.v, out,
                          saved.lse, aa);
       saved.q = saved.k = saved.v = Tensor();

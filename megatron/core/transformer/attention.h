@@ -48,7 +48,8 @@ class SelfAttention {
     // --fp8-dot-product-attention: q, k, v (after qk-norm and rope) and the core attention's out
     // as FP8, the forward's scale vectors (copies: the update after the forward changes the
     // state's); q, k, v above then stay empty (NVTE_FP8_DPA_BWD=0: kept for the model-dtype
-    // backward) and out above is not used (lse is the FP8 forward's).
+    // backward) and out above is not used (lse is the FP8 forward's). Under
+    // --fp8-multi-head-attention fp8.out is also linear_proj's input.
     struct Fp8 {
       Tensor q, k, v, out, fwd_scale, fwd_scale_inv;
     } fp8;
@@ -90,12 +91,15 @@ class SelfAttention {
   // x [S, B, H] -> q [N, NH HD], k, v [N, NG HD] (+ the QKV bias, as a GEMM epilogue).
   void project_qkv(const Tensor& x, Saved& saved, Tensor& q, Tensor& k, Tensor& v) const;
 
-  // --fp8-dot-product-attention: the core attention in FP8 (q, k, v cast, the fp8_attention ops,
-  // out dequantised) and its backward; saved.fp8 holds what the backward reads.
-  Tensor fp8_core_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved,
-                                const ops::AttentionArgs& a) const;
-  void fp8_core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+  // --fp8-dot-product-attention: the core attention in FP8 (q, k, v cast, the fp8_attention
+  // forward op; saved.fp8.out the FP8 out) and its backward on the FP8 output gradient do8 (dq,
+  // dk, dv dequantised); saved.fp8 holds what the backward reads.
+  void fp8_core_attention_fwd(const Tensor& q, const Tensor& k, const Tensor& v, Saved& saved,
+                              const ops::AttentionArgs& a) const;
+  void fp8_core_attention_bwd(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& do8,
                               const Saved& saved, const ops::AttentionArgs& a) const;
+  // --fp8-multi-head-attention: the FP8 out goes to linear_proj as it is (no dequantise, no cast).
+  bool fp8_mha() const;
 
   const ModuleContext& ctx_;
   int fp8_attn_id_ = -1;  // the Fp8State attention id; -1: core attention in the model dtype

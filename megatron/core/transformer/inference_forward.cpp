@@ -57,6 +57,13 @@ Tensor SelfAttention::infer(const Tensor& x, inference::StaticInferenceContext& 
   ops::AttentionArgs aa;
   aa.causal = true;  // bottom-right: query i (position off + i) sees keys j <= off + i
   ctx_.op().attention_fwd(out, lse, q, keys, values, aa);
+  if (fp8_mha()) {  // linear_proj's FP8 input is cast at the attention's O scale, as in training
+    const fp8::Scaling so = ctx_.fp8->attention_output_scaling(fp8_attn_id_);
+    Tensor o8;
+    ctx_.fp8->cast(so, out, &o8, nullptr);
+    tensor_parallel::RowParallelLinear::Saved unused;
+    return linear_proj_->forward_fp8_input(o8.view({sq, b, nh_ * hd_}), so.scale_inv, unused);
+  }
   return linear_proj_->forward(out.view({sq, b, nh_ * hd_}));  // [Sq, B, H], reduced over TP
 }
 

@@ -10,8 +10,10 @@
 // kernel's per-thread code).
 // fp8_gemm: the FP8 values widened to f32 (exact), c = s * (A @ B^T) + beta c with the product in
 // f32 by OpenBLAS sgemm (products of FP8 values are exact in f32; only the sums round), s =
-// a_scale_inv * b_scale_inv, each output rounded once to C's dtype. Split over the OpenMP threads
-// by row blocks of C, never along K.
+// a_scale_inv * b_scale_inv, each output rounded once to C's dtype; an FP8 C is the saturating
+// cast of f32(v * out_scale) with v that f32 value, out_amax = max(out_amax, max |v|). Split over
+// the OpenMP threads by row blocks of C, never along K.
+// fp8_transpose: the bytes moved in 64 x 64 tiles.
 // Gradient rule: fp8_gemm with beta = 1 accumulates (weight gradients); everything else writes.
 #include <cblas.h>
 #include <omp.h>
@@ -99,6 +101,26 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
                   acc.data() + lo * n, static_cast<blasint>(n));
     }
   }
+  if (c.dtype() == DType::fp8_e4m3 || c.dtype() == DType::fp8_e5m2) {
+    // FP8 output: v = s * acc, the cast of f32(v * out_scale), amax of v (fp8_cast_transpose's
+    // rule, on the f32 value before any rounding).
+    const float so = *args.out_scale.data<float>();
+    const bool e4m3 = c.dtype() == DType::fp8_e4m3;
+    auto* cp = static_cast<uint8_t*>(c.raw_data());
+    float m_all = 0.0f;
+    for (int64_t r = 0; r < m; ++r) {  // max is exact: the order does not matter
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = s * acc[static_cast<std::size_t>(r * n + j)];
+        m_all = nan_max(m_all, std::fabs(v));
+        cp[r * n + j] = to_fp8(v * so, e4m3);
+      }
+    }
+    if (args.out_amax.defined()) {
+      float* ap = args.out_amax.data<float>();
+      *ap = nan_max(*ap, m_all);
+    }
+    return;
+  }
   const bool accumulate = args.beta != 0.0f;
   dispatch_float(c.dtype(), "fp8_gemm", [&]<typename T>(std::type_identity<T>) {
     T* cp = c.data<T>();
@@ -109,6 +131,20 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
       cp[i] = store_from<T>(accumulate ? v + load<float>(cp[i]) : v);
     }
   });
+}
+
+void fp8_transpose(Tensor& qt, const Tensor& q) {
+  const ops::GemmDims d = ops::validate_fp8_transpose(kOnHost, qt, q);
+  const int64_t rows = d.m, cols = d.n;
+  const auto* qp = static_cast<const uint8_t*>(q.raw_data());
+  auto* tp = static_cast<uint8_t*>(qt.raw_data());
+  constexpr int64_t kTile = 64;  // square tiles: both sides stay in cache
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMinElements)
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+      for (int64_t r = r0; r < std::min(rows, r0 + kTile); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + kTile); ++c)
+          tp[c * rows + r] = qp[r * cols + c];
 }
 
 void fp8_scale_update(Tensor& history, Tensor& scale, Tensor& scale_inv,
@@ -127,6 +163,7 @@ void register_fp8_kernels(plugin::Registry& r) {
   r.register_op<ops::OpId::fp8_scale_update>("cpu", &fp8_scale_update, "cpu:host");
   r.register_op<ops::OpId::fp8_cast_transpose>("cpu", &fp8_cast_transpose, "cpu:omp");
   r.register_op<ops::OpId::fp8_gemm>("cpu", &fp8_gemm, "cpu:openblas");
+  r.register_op<ops::OpId::fp8_transpose>("cpu", &fp8_transpose, "cpu:omp");
 }
 
 }  // namespace mg::platforms::cpu

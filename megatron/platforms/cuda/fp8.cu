@@ -38,8 +38,12 @@
 // problem (M, N, K, the three dtypes, beta, fast_accum, the pointers' alignments) to the matmul
 // descriptor, the layouts, the preference and the heuristic's algorithm, built once; a call sets
 // its scale pointers on the cached descriptor and launches under the plan's mutex
-// (fp8_gemm_plan_cache_stats() counts). Not yet: FP8 outputs with an amax epilogue
-// (CUBLASLT_MATMUL_DESC_AMAX_D_POINTER).
+// (fp8_gemm_plan_cache_stats() counts). An FP8 C (Fp8GemmArgs::out_scale, --fp8-multi-head-
+// attention's dO): D in FP8 with CUBLASLT_MATMUL_DESC_D_SCALE_POINTER = out_scale and
+// AMAX_D_POINTER = a scratch float, folded into out_amax by a one-thread kernel (cuBLASLt writes
+// the amax, the op accumulates it); C declared BF16 and not passed (beta 0).
+// fp8_transpose: the vector cast kernel's tile and byte-permute write-out without the cast (8-byte
+// loads and stores), a 32 x 32 byte tile for other shapes.
 // fp8_dequantize: y = f32(f(q) * scale_inv) rounded once to y's dtype (f32 / bf16 / f16), the
 // CPU's (platforms/cpu/fp8_attention.cpp) bit for bit: the same dtype_math.h decode and roundings,
 // one IEEE f32 multiply (scale_inv read on the device: no host sync); a NaN operand is returned
@@ -333,6 +337,81 @@ bool aligned(const void* p, std::uintptr_t to) {
   return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % to == 0;
 }
 
+// fp8_transpose, vector form (rows, cols multiples of 8, q and qt 8-byte aligned): the cast
+// kernel's tile without the cast. Each thread loads 8 bytes of tile rows t / 8 and t / 8 + 32 into
+// shared memory; the write-out is the same 8 x 4 byte-permute transpose.
+__global__ void __launch_bounds__(256)
+    transpose_vec_kernel(uint8_t* qt, const uint8_t* q, int64_t rows, int64_t cols) {
+  __shared__ __align__(8) uint8_t tile[kVTile][kVTile + 8];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kVTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kVTile;
+  const int t = static_cast<int>(threadIdx.x), lane8 = (t % 8) * 8;
+#pragma unroll
+  for (int pass = 0; pass < 2; ++pass) {
+    const int lr = t / 8 + pass * 32;
+    const int64_t r = r0 + lr, c = c0 + lane8;
+    if (r < rows && c < cols)
+      *reinterpret_cast<uint2*>(&tile[lr][lane8]) =
+          *reinterpret_cast<const uint2*>(q + r * cols + c);
+  }
+  __syncthreads();
+  if (t < 128) {
+    const int br = (t & 3) + 4 * (t >> 6), wc = (t >> 2) & 15;
+    const int64_t r = r0 + 8 * br, c = c0 + 4 * wc;
+    if (r < rows && c < cols) {
+      uint32_t w[8], lo[4], hi[4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        w[i] = *reinterpret_cast<const uint32_t*>(&tile[8 * br + i][4 * wc]);
+      transpose4x4(w, lo);
+      transpose4x4(w + 4, hi);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        *reinterpret_cast<uint2*>(qt + (c + j) * rows + r) = make_uint2(lo[j], hi[j]);
+    }
+  }
+}
+
+// Any shape: a 32 x 32 tile per block (32, 8), one byte per thread.
+__global__ void transpose_kernel(uint8_t* qt, const uint8_t* q, int64_t rows, int64_t cols) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int64_t r = r0 + i, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[i][threadIdx.x] = q[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int64_t c = c0 + i, r = r0 + threadIdx.x;
+    if (r < rows && c < cols) qt[c * rows + r] = tile[threadIdx.x][i];
+  }
+}
+
+void fp8_transpose(Tensor& qt, const Tensor& q) {
+  const ops::GemmDims d = ops::validate_fp8_transpose(OnCudaDevice{}, qt, q);
+  const int64_t rows = d.m, cols = d.n;
+  if (rows * cols == 0) return;
+  const int dev = q.device().index;
+  DeviceGuard guard(dev);
+  cudaStream_t s = current_stream(dev);
+  const auto* qp = static_cast<const uint8_t*>(q.raw_data());
+  auto* tp = static_cast<uint8_t*>(qt.raw_data());
+  if (rows % 8 == 0 && cols % 8 == 0 && aligned(qp, 8) && aligned(tp, 8) &&
+      (rows + kVTile - 1) / kVTile <= 65535) {
+    const int64_t vr = (rows + kVTile - 1) / kVTile, vc = (cols + kVTile - 1) / kVTile;
+    transpose_vec_kernel<<<dim3(static_cast<unsigned>(vc), static_cast<unsigned>(vr)), 256, 0, s>>>(
+        tp, qp, rows, cols);
+  } else {
+    const int64_t tr = (rows + kTile - 1) / kTile, tc = (cols + kTile - 1) / kTile;
+    MG_CHECK(tr <= 65535,
+             "fp8_transpose: " << rows << " rows exceed the grid limit of " << 65535 * kTile);
+    transpose_kernel<<<dim3(static_cast<unsigned>(tc), static_cast<unsigned>(tr)), dim3(kTile, 8),
+                       0, s>>>(tp, qp, rows, cols);
+  }
+  MG_CUDA_CHECK_LAUNCH();
+}
+
 // The vector kernel over Src's [rows, cols] operands (part p of q / qt as the kernel says).
 template <class Src>
 void launch_vec(Tensor& q, Tensor& qt, Tensor& amax, const Src& src, const Tensor& scale,
@@ -548,6 +627,7 @@ struct Fp8PlanKey {
   int32_t ta, tb, tc;
   bool accumulate;
   bool fast_accum;
+  bool amax;  // an FP8 D with an amax output
   uint32_t align_a, align_b, align_c;
   bool operator==(const Fp8PlanKey&) const = default;
 };
@@ -556,9 +636,9 @@ struct Fp8PlanKeyHash {
   std::size_t operator()(const Fp8PlanKey& k) const {
     uint64_t h = 1469598103934665603ull;
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    for (int64_t v :
-         {k.m, k.n, k.k, int64_t{k.ta}, int64_t{k.tb}, int64_t{k.tc}, int64_t{k.accumulate},
-          int64_t{k.fast_accum}, int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}})
+    for (int64_t v : {k.m, k.n, k.k, int64_t{k.ta}, int64_t{k.tb}, int64_t{k.tc},
+                      int64_t{k.accumulate}, int64_t{k.fast_accum}, int64_t{k.amax},
+                      int64_t{k.align_a}, int64_t{k.align_b}, int64_t{k.align_c}})
       mix(static_cast<uint64_t>(v));
     return static_cast<std::size_t>(h);
   }
@@ -567,7 +647,7 @@ struct Fp8PlanKeyHash {
 // The descriptors of one FP8 problem and the heuristic's algorithm (RAII).
 struct Fp8Plan {
   cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr, ld = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   cublasLtMatmulAlgo_t algo{};
   std::size_t workspace = 0;
@@ -578,6 +658,7 @@ struct Fp8Plan {
   Fp8Plan& operator=(const Fp8Plan&) = delete;
   ~Fp8Plan() {
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
     if (lc) cublasLtMatrixLayoutDestroy(lc);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (la) cublasLtMatrixLayoutDestroy(la);
@@ -612,10 +693,26 @@ void set_scale_pointers(cublasLtMatmulDesc_t op, const void* sa, const void* sb)
       cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
 }
 
+// An FP8 D's scale (cuBLASLt multiplies the f32 result by it before the conversion) and the
+// location its amax (of the result before that scale) is written to; null: no amax.
+void set_out_pointers(cublasLtMatmulDesc_t op, const void* d_scale, void* d_amax) {
+  MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &d_scale,
+                                                 sizeof(d_scale)));
+  MG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &d_amax,
+                                                 sizeof(d_amax)));
+}
+
+// out_amax = max(out_amax, *gemm_amax) (NaN kept): cuBLASLt writes the GEMM's amax, the op's
+// contract accumulates it as the casts do.
+__global__ void fold_amax_kernel(float* out_amax, const float* gemm_amax) {
+  *out_amax = nan_max(*out_amax, *gemm_amax);
+}
+
 // Column-major: D [N, M] = op(A_lt) op(B_lt) with A_lt = our b ([K, N] col-major, ld K, op T) and
 // B_lt = our a ([K, M] col-major, ld K, op N). sa / sb: cuBLAS's A / B scale pointers.
 std::shared_ptr<Fp8Plan> make_fp8_plan(const Fp8PlanKey& key, DType ta, DType tb, DType tc,
-                                       const void* sa, const void* sb, cublasLtHandle_t h) {
+                                       const void* sa, const void* sb, const void* d_scale,
+                                       void* d_amax, cublasLtHandle_t h) {
   auto p = std::make_shared<Fp8Plan>();
   MG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
@@ -629,7 +726,13 @@ std::shared_ptr<Fp8Plan> make_fp8_plan(const Fp8PlanKey& key, DType ta, DType tb
                                                  &fast_accum, sizeof(fast_accum)));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, cuda_type(tb), key.k, key.n, key.k));
   MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, cuda_type(ta), key.k, key.m, key.k));
-  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, cuda_type(tc), key.n, key.m, key.n));
+  // An FP8 D takes a 16-bit C (cuBLASLt's FP8 table; beta is 0, C is not read): BF16, as
+  // Transformer Engine declares it.
+  const bool fp8_out = tc == DType::fp8_e4m3 || tc == DType::fp8_e5m2;
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, fp8_out ? CUDA_R_16BF : cuda_type(tc), key.n,
+                                             key.m, key.n));
+  MG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ld, cuda_type(tc), key.n, key.m, key.n));
+  if (fp8_out) set_out_pointers(p->op, d_scale, d_amax);
   MG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&p->pref));
   const std::size_t ws = kFp8WorkspaceBytes;
   MG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -644,7 +747,7 @@ std::shared_ptr<Fp8Plan> make_fp8_plan(const Fp8PlanKey& key, DType ta, DType tb
       p->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof(key.align_c)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, p->op, p->la, p->lb, p->lc, p->lc,
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, p->op, p->la, p->lb, p->lc, p->ld,
                                                            p->pref, 1, &result, &found);
   if (hs == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
       result.workspaceSize <= kFp8WorkspaceBytes) {
@@ -677,6 +780,11 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
   cublasLtHandle_t h = fp8_lt_handle(dev);
   const void* sa = b_scale_inv.raw_data();  // cuBLAS's A is our b
   const void* sb = a_scale_inv.raw_data();
+  const bool fp8_out = c.dtype() == DType::fp8_e4m3 || c.dtype() == DType::fp8_e5m2;
+  const void* d_scale = fp8_out ? args.out_scale.raw_data() : nullptr;
+  Scratch gemm_amax;  // cuBLASLt's amax of D, folded into out_amax after the call
+  if (fp8_out && args.out_amax.defined()) gemm_amax = Scratch(dev, sizeof(float));
+  void* d_amax = gemm_amax.get();
   const Fp8PlanKey key{.m = d.m,
                        .n = d.n,
                        .k = d.k,
@@ -685,6 +793,7 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
                        .tc = static_cast<int32_t>(c.dtype()),
                        .accumulate = args.beta != 0.0f,
                        .fast_accum = args.fast_accum,
+                       .amax = d_amax != nullptr,
                        .align_a = alignment(a.raw_data()),
                        .align_b = alignment(b.raw_data()),
                        .align_c = alignment(c.raw_data())};
@@ -699,7 +808,8 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
     g_fp8_plan_hits.fetch_add(1, std::memory_order_relaxed);
   } else {
     g_fp8_plan_misses.fetch_add(1, std::memory_order_relaxed);
-    plan = make_fp8_plan(key, a.dtype(), b.dtype(), c.dtype(), sa, sb, h);  // the slow part
+    plan = make_fp8_plan(key, a.dtype(), b.dtype(), c.dtype(), sa, sb, d_scale, d_amax,
+                         h);  // the slow part
     std::lock_guard<std::mutex> lock(cache.mu);
     if (cache.plans.size() >= kMaxFp8Plans) cache.plans.clear();
     plan = cache.plans.emplace(key, plan).first->second;  // another thread's if it won the race
@@ -712,10 +822,18 @@ void fp8_gemm(Tensor& c, const Tensor& a, const Tensor& b, const Tensor& a_scale
   const float alpha = 1.0f, beta = args.beta;
   std::lock_guard<std::mutex> lock(plan->mu);
   set_scale_pointers(plan->op, sa, sb);
+  if (fp8_out) set_out_pointers(plan->op, d_scale, d_amax);
   detail::count_library_call();
+  // An FP8 D: no C (beta 0; Transformer Engine passes none either).
   MG_CUBLAS_CHECK(cublasLtMatmul(h, plan->op, &alpha, b.raw_data(), plan->la, a.raw_data(),
-                                 plan->lb, &beta, c.raw_data(), plan->lc, c.raw_data(), plan->lc,
-                                 &plan->algo, workspace.get(), plan->workspace, s));
+                                 plan->lb, &beta, fp8_out ? nullptr : c.raw_data(), plan->lc,
+                                 c.raw_data(), plan->ld, &plan->algo, workspace.get(),
+                                 plan->workspace, s));
+  if (d_amax) {
+    fold_amax_kernel<<<1, 1, 0, s>>>(args.out_amax.data<float>(),
+                                     static_cast<const float*>(d_amax));
+    MG_CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace
@@ -730,6 +848,7 @@ void register_fp8_kernels(plugin::Registry& r) {
                                                        "cuda:dswiglu-cast-transpose");
   r.register_op<ops::OpId::fp8_gemm>(kPlatformName, &fp8_gemm, "cuda:cublaslt-fp8");
   r.register_op<ops::OpId::fp8_dequantize>(kPlatformName, &fp8_dequantize, "cuda:dequantize");
+  r.register_op<ops::OpId::fp8_transpose>(kPlatformName, &fp8_transpose, "cuda:transpose");
 }
 
 Fp8GemmPlanCacheStats fp8_gemm_plan_cache_stats() {

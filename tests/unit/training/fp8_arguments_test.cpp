@@ -90,8 +90,7 @@ TEST(Fp8Arguments, ValuesLand) {
 }
 
 // --fp8-dot-product-attention (docs/fp8.md "FP8 attention"): lands in the config, needs FP8, the
-// delayed recipe, no CP, no attention dropout, no document masks; --fp8-multi-head-attention is
-// refused by name.
+// delayed recipe, no CP, no attention dropout, no document masks.
 TEST(Fp8Arguments, DotProductAttention) {
   const std::vector<std::string> on = {"--fp8-format", "hybrid", "--fp8-dot-product-attention",
                                        "--attention-dropout", "0"};
@@ -120,8 +119,26 @@ TEST(Fp8Arguments, DotProductAttention) {
   ::setenv("NVTE_FP8_DPA_BWD", "2", 1);
   EXPECT_NE(error_of(on).find("NVTE_FP8_DPA_BWD=2"), std::string::npos);
   ::unsetenv("NVTE_FP8_DPA_BWD");
+}
+
+// --fp8-multi-head-attention (Transformer Engine's fp8_mha): lands in the config and implies
+// --fp8-dot-product-attention (TE forces fp8_dpa), whose requirements then name it.
+TEST(Fp8Arguments, MultiHeadAttention) {
+  const std::vector<std::string> on = {"--fp8-format", "hybrid", "--fp8-multi-head-attention",
+                                       "--attention-dropout", "0"};
+  const Arguments a = parse_args(with(on));
+  EXPECT_TRUE(a.model.fp8.multi_head_attention);
+  EXPECT_TRUE(a.model.fp8.dot_product_attention);
+  EXPECT_FALSE(parse_args(with({"--fp8-format", "hybrid"})).model.fp8.multi_head_attention);
+  EXPECT_NE(error_of({"--fp8-multi-head-attention", "--attention-dropout", "0"})
+                .find("--fp8-multi-head-attention needs --fp8-format"),
+            std::string::npos);
+  std::vector<std::string> tw = on;
+  tw.insert(tw.end(), {"--fp8-recipe", "tensorwise"});
+  EXPECT_NE(error_of(tw).find("--fp8-multi-head-attention needs --fp8-recipe delayed"),
+            std::string::npos);
   EXPECT_NE(error_of({"--fp8-format", "hybrid", "--fp8-multi-head-attention"})
-                .find("--fp8-multi-head-attention"),
+                .find("--fp8-multi-head-attention needs --attention-dropout 0"),
             std::string::npos);
 }
 

@@ -17,6 +17,8 @@
 #           checkpoint loads into a BF16 run (FP8 state ignored) and a BF16 one into an FP8 run.
 #   fp8 dpa  --fp8-dot-product-attention: the start-up line, losses not those of the run without
 #           it (within 2^-4), save/resume bit-exact (the attention scales in the checkpoint).
+#   fp8 mha  --fp8-multi-head-attention: the start-up line, the first loss that of fp8 dpa, later
+#           ones not (within 2^-4), save/resume bit-exact.
 #   fp8 params  --fp8-param-gather (distributed optimizer): against the run without it (first
 #           iteration bit for bit, later within 1e-3), save/resume bit-exact for both recipes, a
 #           weights-only resume (the saved weights are the dequantised FP8 ones), into BF16.
@@ -27,7 +29,8 @@
 #   summation order, as pretrain_gpt_dp.sh). Later, a layout's other f32 summation order can put a
 #   scaled value on the other side of an FP8 rounding boundary (one element of one operand moves by
 #   one FP8 ulp); the losses stay within 1e-3 relative, and the start-up lines must show the layout
-#   and "amax reduced over 2 rank(s)". TP 2 with SP and --fp8-dot-product-attention likewise.
+#   and "amax reduced over 2 rank(s)". TP 2 with SP and --fp8-dot-product-attention (and
+#   --fp8-multi-head-attention) likewise.
 set -eu
 bin=$1; pre=$2; np=$3; shift 3
 mpi=$1; shift; mpi_args="$*"
@@ -73,6 +76,28 @@ if [ "$np" -eq 1 ]; then
   cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
   compare_one "$work/full.log" "$work/resumed.log" "fp8 dpa save at 3 + resume" "lm loss" 0 0
   compare_one "$work/full.log" "$work/resumed.log" "fp8 dpa save at 3 + resume" "grad norm" 0 0
+  # --fp8-multi-head-attention (TE's fp8_mha, implies the FP8 attention): the start-up line; the
+  # first iteration's loss equals --fp8-dot-product-attention's (all scales 1: O at scale_O is the
+  # byte linear_proj's own cast of the dequantised O makes), later ones do not (dO is one rounding
+  # of the GEMM's f32 result, linear_proj's input scale is O's); save at 3 + resume bit-exact.
+  "$bin" $args $f8 --fp8-multi-head-attention > "$work/mha.log" 2>&1 || { cat "$work/mha.log"; exit 1; }
+  expect_line "$work/mha.log" "fp8 mha" \
+    "^fp8: .*8 FP8 linears and 2 FP8 core attentions \(multi-head: O and dO in FP8 at linear_proj\) on this rank"
+  if [ "$(values "$work/mha.log" "lm loss" | head -n 1)" != "$(values "$work/full.log" "lm loss" | head -n 1)" ]; then
+    echo "FAIL fp8 mha: the first loss differs from --fp8-dot-product-attention's"; exit 1
+  fi
+  if [ "$(values "$work/mha.log" "lm loss" | md5sum)" = "$(values "$work/full.log" "lm loss" | md5sum)" ]; then
+    echo "FAIL fp8 mha: every loss equals --fp8-dot-product-attention's"; exit 1
+  fi
+  compare_one "$work/full.log" "$work/mha.log" "fp8 mha vs dpa" "lm loss" 0.0625 0
+  rm -rf "$work/ckm"
+  "$bin" $args $f8 --fp8-multi-head-attention --save "$work/ckm" --save-interval 3 \
+    --exit-interval 3 > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
+  "$bin" $args $f8 --fp8-multi-head-attention --load "$work/ckm" > "$work/b.log" 2>&1 \
+    || { cat "$work/b.log"; exit 1; }
+  cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
+  compare_one "$work/mha.log" "$work/resumed.log" "fp8 mha save at 3 + resume" "lm loss" 0 0
+  compare_one "$work/mha.log" "$work/resumed.log" "fp8 mha save at 3 + resume" "grad norm" 0 0
   # The FP8 checkpoint into a BF16 run, and a BF16 checkpoint into an FP8 run.
   "$bin" $args --load "$work/ck" > "$work/bf16.log" 2>&1 || { cat "$work/bf16.log"; exit 1; }
   expect_line "$work/bf16.log" "bf16 from fp8" "successfully loaded checkpoint .* at iteration +3"
@@ -228,6 +253,14 @@ run "$work/tp2dpa.log" --micro-batch-size 2 --tensor-model-parallel-size 2 --seq
   --fp8-dot-product-attention
 expect_line "$work/tp2dpa.log" "fp8 dpa TP 2" "^fp8: .* and 2 FP8 core attentions on this rank"
 check "$work/single_dpa.log" "$work/tp2dpa.log" "fp8 TP 2 SP attention in FP8"
+# --fp8-multi-head-attention at TP 2 with SP likewise: each rank's O is its linear_proj's FP8
+# input, each rank's dO comes out of its data-gradient GEMM in FP8.
+"$bin" $args --micro-batch-size 2 --fp8-multi-head-attention > "$work/single_mha.log" 2>&1 \
+  || { cat "$work/single_mha.log"; exit 1; }
+run "$work/tp2mha.log" --micro-batch-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
+  --fp8-multi-head-attention
+expect_line "$work/tp2mha.log" "fp8 mha TP 2" "^fp8: .* and 2 FP8 core attentions \(multi-head"
+check "$work/single_mha.log" "$work/tp2mha.log" "fp8 TP 2 SP multi-head attention in FP8"
 # SwiGLU fused into the FP8 casts (docs/fp8.md "Fused casts": fc2's input and fc1's output
 # gradient made inside the casts, the model's default) at TP 2 (each rank's fc1 holds [gate_r;
 # up_r]) with sequence parallelism: the start-up line says so, the run equals --no-bias-swiglu-fusion

@@ -313,6 +313,12 @@ transformer::TransformerConfig fp8_llama(bool dpa, int64_t history) {
   return c;
 }
 
+transformer::TransformerConfig fp8_llama_dtype(DType dtype) {
+  transformer::TransformerConfig c = fp8_llama(true, 1);
+  c.params_dtype = dtype;
+  return c;
+}
+
 using test::FbRun;
 using test::run_fb_profiled;
 
@@ -435,6 +441,128 @@ TEST(Fp8DotProductAttention, StateTravelsInTheCheckpointJson) {
   const std::vector<float> s = other.fp8_state()->scale(true);
   for (int64_t slot = 16; slot < 22; ++slot) EXPECT_EQ(s[static_cast<std::size_t>(slot)], 1.0f);
   EXPECT_EQ(s[0], r.fwd_scale[0]);  // the linears' state loaded
+}
+
+// ---- --fp8-multi-head-attention (Transformer Engine's fp8_mha)
+// -----------------------------------
+
+transformer::TransformerConfig fp8_mha_llama(int64_t history, DType dtype = DType::f32) {
+  transformer::TransformerConfig c = fp8_llama(true, history);
+  c.params_dtype = dtype;
+  c.fp8.multi_head_attention = true;
+  return c;
+}
+
+// The words of a linear's forward amax history (input, weight per row) in the state JSON.
+std::vector<uint32_t> proj_fwd_history(const FbRun& r, int layer) {
+  std::string name = "decoder.layers.";
+  name += std::to_string(layer);
+  name += ".self_attention.linear_proj";
+  return r.state["linears"][name]["fwd_amax_history"].get<std::vector<uint32_t>>();
+}
+
+// The casts at the boundary are gone: per layer one dequantise (O) and two casts (linear_proj's
+// input, dO) fewer, one fp8_transpose (O for linear_proj's weight gradient) more; linear_proj's
+// input slot records nothing (its history stays 0) while dO's is recorded, by the GEMM.
+TEST(Fp8MultiHeadAttention, NoCastsAtTheProjectionBoundary) {
+  const FbRun dpa = run_fb_profiled(fp8_llama(true, 4), 1, 2, false);
+  const FbRun mha = run_fb_profiled(fp8_mha_llama(4), 1, 2, false);
+  ASSERT_EQ(mha.attentions, 2);
+  const int64_t passes = 2;  // calls x micro-batches
+  EXPECT_EQ(mha.calls("fp8_attention_fwd"), 2 * passes);
+  EXPECT_EQ(mha.calls("fp8_attention_bwd"), 2 * passes);
+  EXPECT_EQ(dpa.calls("fp8_dequantize") - mha.calls("fp8_dequantize"), 2 * passes);
+  EXPECT_EQ(mha.calls("fp8_dequantize"), 3 * 2 * passes);  // dq, dk, dv
+  EXPECT_EQ(dpa.calls("fp8_cast_transpose") - mha.calls("fp8_cast_transpose"), 2 * 2 * passes);
+  EXPECT_EQ(mha.calls("fp8_transpose"), 2 * passes);
+  EXPECT_EQ(dpa.calls("fp8_transpose"), 0);
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::vector<uint32_t> m = proj_fwd_history(mha, layer), d = proj_fwd_history(dpa, layer);
+    ASSERT_EQ(m.size(), 8u);  // history 4 x (input, weight)
+    for (std::size_t row = 0; row < 4; ++row) {
+      EXPECT_EQ(m[2 * row], 0u) << "linear_proj's input amax recorded, layer " << layer;
+      EXPECT_EQ(m[2 * row + 1], d[2 * row + 1]) << "weight amax, layer " << layer;
+    }
+    EXPECT_NE(d[2 * 3], 0u);  // without fp8_mha linear_proj casts its input
+    const auto dh = mha.state["attentions"]["decoder.layers." + std::to_string(layer) +
+                                            ".self_attention.core_attention"]["bwd_amax_history"]
+                        .get<std::vector<uint32_t>>();
+    EXPECT_NE(dh[3 * 3], 0u) << "dO's amax (written by linear_proj's data-gradient GEMM)";
+  }
+}
+
+// f32 model, one micro-batch: with every scale 1, O at scale_O is the byte linear_proj's own cast
+// of the dequantised O makes, and dO cast from the f32 GEMM output is the GEMM's FP8 output; so
+// the first pass equals --fp8-dot-product-attention's bit for bit (losses, gradients, every
+// amax but linear_proj's input). The next call differs: linear_proj's input scale (its own amax)
+// is not O's scale.
+TEST(Fp8MultiHeadAttention, FirstPassEqualsTheDpaRunThenDiffers) {
+  const FbRun dpa = run_fb_profiled(fp8_llama(true, 1), 1, 1, false);
+  const FbRun mha = run_fb_profiled(fp8_mha_llama(1), 1, 1, false);
+  EXPECT_EQ(mha.losses, dpa.losses);
+  EXPECT_EQ(mha.grads, dpa.grads);
+  EXPECT_EQ(mha.bwd_history, dpa.bwd_history);
+  const FbRun dpa2 = run_fb_profiled(fp8_llama(true, 1), 1, 3, false);
+  const FbRun mha2 = run_fb_profiled(fp8_mha_llama(1), 1, 3, false);
+  ASSERT_EQ(mha2.losses.size(), 3u);
+  EXPECT_EQ(mha2.losses[0], dpa2.losses[0]);
+  EXPECT_NE(mha2.losses, dpa2.losses);
+  for (std::size_t i = 0; i < 3; ++i)  // the same FP8 roundings, other scales: within E4M3's u
+    EXPECT_NEAR(mha2.losses[i], dpa2.losses[i], std::fabs(dpa2.losses[i]) / 16) << i;
+}
+
+// bf16 model: the forward of the first pass is the same (the dequantised O is exact in bf16), the
+// gradients are not: dO is one rounding of the GEMM's f32 result instead of bf16 then FP8.
+TEST(Fp8MultiHeadAttention, Bf16DgradIsOneRounding) {
+  const FbRun dpa = run_fb_profiled(fp8_llama_dtype(DType::bf16), 1, 1, false);
+  const FbRun mha = run_fb_profiled(fp8_mha_llama(1, DType::bf16), 1, 1, false);
+  EXPECT_EQ(mha.losses, dpa.losses);
+  EXPECT_NE(mha.grads, dpa.grads);
+}
+
+TEST(Fp8MultiHeadAttention, SelectiveRecomputeGivesTheSameNumbers) {
+  transformer::TransformerConfig c = fp8_mha_llama(4);
+  const FbRun plain = run_fb_profiled(c, 2, 2, false);
+  c.recompute_granularity = transformer::RecomputeGranularity::selective;
+  const FbRun recomputed = run_fb_profiled(c, 2, 2, false);
+  EXPECT_EQ(recomputed.calls("fp8_attention_fwd"),
+            plain.calls("fp8_attention_fwd") + plain.calls("fp8_attention_bwd"));
+  EXPECT_EQ(plain.losses, recomputed.losses);
+  EXPECT_EQ(plain.grads, recomputed.grads);
+  EXPECT_EQ(plain.fwd_history, recomputed.fwd_history);
+  EXPECT_EQ(plain.bwd_history, recomputed.bwd_history);
+}
+
+// With NVTE_FP8_DPA_BWD=0 (model-dtype attention backward) dO is not FP8: linear_proj's backward
+// writes it in the model dtype; its input is still O in FP8. With --no-fp8-wgrad linear_proj's
+// weight gradient reads the dequantised O instead of O's transpose. The forward is fp8_mha's in
+// both, so the first loss is the same.
+TEST(Fp8MultiHeadAttention, ModelDtypeBackwardAndHighPrecisionWgrad) {
+  transformer::TransformerConfig c = fp8_mha_llama(2);
+  const FbRun mha = run_fb_profiled(c, 1, 2, false);
+  c.fp8.dot_product_attention_fp8_backward = false;
+  const FbRun bf16_bwd = run_fb_profiled(c, 1, 2, false);
+  EXPECT_EQ(bf16_bwd.calls("fp8_attention_bwd"), 0);
+  EXPECT_EQ(bf16_bwd.calls("attention_bwd"), 4);
+  EXPECT_EQ(bf16_bwd.calls("fp8_transpose"), 4);
+  EXPECT_EQ(bf16_bwd.losses[0], mha.losses[0]);
+  EXPECT_NE(bf16_bwd.grads, mha.grads);
+  transformer::TransformerConfig w = fp8_mha_llama(2);
+  w.fp8.wgrad = false;
+  const FbRun hp = run_fb_profiled(w, 1, 2, false);
+  EXPECT_EQ(hp.calls("fp8_transpose"), 0);
+  EXPECT_EQ(hp.calls("fp8_attention_bwd"), 4);
+  EXPECT_EQ(hp.losses[0], mha.losses[0]);
+  for (std::size_t i = 0; i < hp.losses.size(); ++i)
+    EXPECT_NEAR(hp.losses[i], mha.losses[i], std::fabs(mha.losses[i]) / 16) << i;
+}
+
+// Evaluation: the FP8 attention and linear_proj on its O, nothing recorded.
+TEST(Fp8MultiHeadAttention, EvaluationRecordsNothing) {
+  const FbRun r = run_fb_profiled(fp8_mha_llama(2), 2, 1, true);
+  EXPECT_EQ(r.calls("fp8_attention_fwd"), 4);
+  EXPECT_EQ(r.calls("fp8_dequantize"), 0);
+  for (float h : r.fwd_history) EXPECT_EQ(h, 0.0f);
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 //     step, for history lengths 1..16, both amax algorithms, margins 0..2; forward (input and
 //     weight) and backward (gradient) slots; the state survives state_json / load_state_json.
 //   - Tensorwise (current) scaling: current_scale and Fp8State::scaling's scale / scale_inv.
-//   - fp8_gemm on the CPU against an f64 reference within the derived f32 accumulation bound.
+//   - fp8_gemm on the CPU against an f64 reference within the derived f32 accumulation bound; its
+//     FP8 output the cast of its f32 output; fp8_transpose.
 //   - fp8_scale_update (the op Fp8State::update runs) against delayed_update / current_scale on
 //     random histories with zeros, NaN and Inf; bad shapes refused.
 //   - The weight cache (TE's is_first_microbatch) on a 2-layer LLaMA through
@@ -66,6 +67,11 @@ std::string linear_name(int64_t i) {
   std::string s = "l";
   s += std::to_string(i);
   return s;
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& q) {
+  const auto* p = static_cast<const uint8_t*>(q.raw_data());
+  return std::vector<uint8_t>(p, p + q.numel());
 }
 
 DType fmt_dtype(const std::string& f) {
@@ -336,6 +342,78 @@ TEST(Fp8Gemm, RefusesBadShapesAndDtypes) {
   EXPECT_THROW(ops.fp8_gemm(c, bf, bf, s, s, {}), Error);  // not FP8
 }
 
+// An FP8 C (Fp8GemmArgs::out_scale, --fp8-multi-head-attention's dO): the bytes and amax of
+// fp8_cast_transpose applied to the f32 C the same GEMM writes -- one rounding of the f32 result,
+// saturating (out_scale large enough that some outputs pass fp8_max), the amax of the unscaled
+// result accumulated into out_amax (a larger earlier amax kept).
+TEST(Fp8Gemm, Fp8OutputIsTheCastOfTheF32Result) {
+  const auto& ops = test::ops_on("cpu");
+  const int64_t m = 32, n = 48, k = 64;
+  const auto av = test::random_values(static_cast<std::size_t>(m * k), 21, -300.0, 300.0);
+  const auto bv = test::random_values(static_cast<std::size_t>(n * k), 22, -30.0, 30.0);
+  const Tensor a = Tensor::from_vector(av, {m, k}, DType::fp8_e5m2);
+  const Tensor b = Tensor::from_vector(bv, {n, k}, DType::fp8_e4m3);
+  const Tensor sa = Tensor::from_vector(std::vector<float>{0.37f}, {1});
+  const Tensor sb = Tensor::from_vector(std::vector<float>{1.0f / 448.0f}, {1});
+  Tensor c32 = Tensor::zeros({m, n}, DType::f32);
+  ops.fp8_gemm(c32, a, b, sa, sb, {});
+  float max_abs = 0.0f;
+  for (float v : c32.to_vector<float>()) max_abs = std::max(max_abs, std::fabs(v));
+  for (DType out : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+    // Half the largest |output| lands on fp8_max: the top quarter or so saturates.
+    const Tensor scale =
+        Tensor::from_vector(std::vector<float>{2.0f * fp8::fp8_max(out) / max_abs}, {1});
+    for (float earlier : {0.0f, 4.0f * max_abs}) {
+      Tensor want_q = Tensor::zeros({m, n}, out), none;
+      Tensor want_amax = Tensor::from_vector(std::vector<float>{earlier}, {1});
+      ops.fp8_cast_transpose(want_q, none, want_amax, c32, scale);
+      Tensor q = Tensor::zeros({m, n}, out);
+      Tensor amax = Tensor::from_vector(std::vector<float>{earlier}, {1});
+      ops.fp8_gemm(q, a, b, sa, sb, ops::Fp8GemmArgs{.out_scale = scale, .out_amax = amax});
+      EXPECT_EQ(bytes_of(q), bytes_of(want_q)) << dtype_name(out);
+      EXPECT_EQ(amax.to_vector<float>(), want_amax.to_vector<float>()) << dtype_name(out);
+      EXPECT_EQ(amax.to_vector<float>()[0], std::max(earlier, max_abs));
+    }
+    int saturated = 0;
+    Tensor q = Tensor::zeros({m, n}, out);
+    ops.fp8_gemm(q, a, b, sa, sb, ops::Fp8GemmArgs{.out_scale = scale});  // no amax: none kept
+    for (double v : q.to(DType::f64).to_vector<double>())
+      saturated += std::fabs(v) == static_cast<double>(fp8::fp8_max(out));
+    EXPECT_GT(saturated, 0) << "the test must reach the saturation";
+  }
+  // Refusals: an FP8 C without its scale, or accumulated into.
+  Tensor q = Tensor::zeros({m, n}, DType::fp8_e4m3);
+  const Tensor one = Tensor::from_vector(std::vector<float>{1.0f}, {1});
+  EXPECT_THROW(ops.fp8_gemm(q, a, b, sa, sb, {}), Error);
+  EXPECT_THROW(ops.fp8_gemm(q, a, b, sa, sb, ops::Fp8GemmArgs{.beta = 1.0f, .out_scale = one}),
+               Error);
+}
+
+// fp8_transpose moves the bytes (NaN and negative-zero encodings included); refuses a shape or
+// format mismatch.
+TEST(Fp8Transpose, MovesTheBytes) {
+  const auto& ops = test::ops_on("cpu");
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{48, 80}, {7, 13}, {130, 3}}) {
+    std::vector<uint8_t> bytes(static_cast<std::size_t>(r * c));
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 37 + 11);
+    Tensor q = Tensor::zeros({r, c}, DType::fp8_e4m3);
+    std::copy(bytes.begin(), bytes.end(), static_cast<uint8_t*>(q.raw_data()));
+    Tensor qt = Tensor::zeros({c, r}, DType::fp8_e4m3);
+    ops.fp8_transpose(qt, q);
+    const auto* tp = static_cast<const uint8_t*>(qt.raw_data());
+    int bad = 0;
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j)
+        bad += tp[j * r + i] != bytes[static_cast<std::size_t>(i * c + j)];
+    EXPECT_EQ(bad, 0) << r << " x " << c;
+  }
+  const Tensor q = Tensor::zeros({16, 32}, DType::fp8_e4m3);
+  Tensor wrong_shape = Tensor::zeros({16, 32}, DType::fp8_e4m3);
+  EXPECT_THROW(ops.fp8_transpose(wrong_shape, q), Error);
+  Tensor wrong_format = Tensor::zeros({32, 16}, DType::fp8_e5m2);
+  EXPECT_THROW(ops.fp8_transpose(wrong_format, q), Error);
+}
+
 TEST(Fp8ScaleUpdate, OpEqualsTheReference) {
   const auto& ops = test::ops_on("cpu");
   const float special[] = {0.0f, std::nanf(""), INFINITY, 1e-30f, 3.0e38f, 448.0f, 0.02f};
@@ -467,11 +545,6 @@ TEST(Fp8WeightCache, EvaluationCastsEveryMicroBatch) {
 }
 
 // ---- SwiGLU fused into the FP8 casts ----------------------------------------------------------
-
-std::vector<uint8_t> bytes_of(const Tensor& q) {
-  const auto* p = static_cast<const uint8_t*>(q.raw_data());
-  return std::vector<uint8_t>(p, p + q.numel());
-}
 
 // Two forward-backward calls under the op profiler.
 FbRun run_fb_profiled(const transformer::TransformerConfig& c, int64_t micro) {

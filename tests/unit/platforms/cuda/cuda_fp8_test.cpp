@@ -26,17 +26,21 @@
 //     separate op stores it), bf16 and f16, E4M3 and E5M2, shapes of the vector kernel (multiples
 //     of 8, not of its 64 x 64 tile) and of the fallback (odd F), q or qt alone, the amax-only
 //     pass of tensorwise scaling.
+//   - fp8_gemm with an FP8 C: each byte between the casts of the CPU's f32 result +- the bound
+//     above (monotone RNE, saturation included), the amax within it; fp8_transpose bit for bit.
 // Every test skips without a GPU (printing the platform's reason). All passed on an H200
 // (2026-11-26 09:19 UTC, the hardware conversion included) except the edge-value test's first
 // form, which compared a negative NaN's sign bit too (now cleared on both sides: UNVERIFIED).
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "megatron/core/fp8/fp8_config.h"
 #include "megatron/core/tensor/dtype_math.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "tests/unit/test_util.h"
@@ -209,6 +213,94 @@ TEST(CudaFp8, GemmWithinTheDerivedBound) {
           EXPECT_EQ(bad, 0) << dtype_name(ta) << " x " << dtype_name(tb) << " -> " << dtype_name(cd)
                             << " beta " << beta << " fast_accum " << fast;
         }
+}
+
+// An FP8 C (cuBLASLt's D scale and amax; --fp8-multi-head-attention's dO): the f32 results of
+// the two sides differ by at most the bound above (B_ij, C's rounding term dropped: the FP8 cast
+// reads the f32 result), and the RNE cast is monotone, so the GPU's byte lies between the casts
+// of (v_cpu - B) so and (v_cpu + B) so, saturation included (a cuBLASLt that did not saturate
+// would give NaN / Inf there); its amax is within the largest B of the CPU's.
+TEST(CudaFp8, GemmFp8OutputWithinTheDerivedBound) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto& cpu = test::ops_on("cpu");
+  const auto& gpu = test::ops_on("cuda");
+  const int64_t m = 64, n = 96, k = 256;
+  const Tensor a =
+      Tensor::from_vector(test::random_values(static_cast<std::size_t>(m * k), 31, -400.0, 400.0),
+                          {m, k}, DType::fp8_e5m2);
+  const Tensor b =
+      Tensor::from_vector(test::random_values(static_cast<std::size_t>(n * k), 32, -400.0, 400.0),
+                          {n, k}, DType::fp8_e4m3);
+  const Tensor sa = Tensor::from_vector(std::vector<float>{0.013f}, {1});
+  const Tensor sb = Tensor::from_vector(std::vector<float>{0.2f}, {1});
+  Tensor c32 = Tensor::zeros({m, n}, DType::f32);
+  cpu.fp8_gemm(c32, a, b, sa, sb, {});
+  const auto v = c32.to_vector<float>();
+  float vmax = 0.0f;
+  for (float x : v) vmax = std::max(vmax, std::fabs(x));
+  const auto ad = a.to(DType::f64).to_vector<double>(), bd = b.to(DType::f64).to_vector<double>();
+  const double s = 0.013 * 0.2;
+  auto gamma = [&](double u) { return k * u / (1 - k * u); };
+  for (DType out : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+    const bool e4m3 = out == DType::fp8_e4m3;
+    const float so = 1.5f * fp8::fp8_max(out) / vmax;  // the largest third saturates
+    const Tensor scale = Tensor::from_vector(std::vector<float>{so}, {1});
+    Tensor gq = Tensor::zeros({m, n}, out).to(kGpu);
+    Tensor gamax = Tensor::from_vector(std::vector<float>{0.0f}, {1}).to(kGpu);
+    try {
+      gpu.fp8_gemm(gq, a.to(kGpu), b.to(kGpu), sa.to(kGpu), sb.to(kGpu),
+                   {.out_scale = scale.to(kGpu), .out_amax = gamax});
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      ASSERT_NE(what.find("compute capability"), std::string::npos) << what;
+      GTEST_SKIP() << "not an sm_89 / sm_90 GPU: " << what;
+    }
+    const std::vector<uint8_t> g = bytes_of(gq);
+    auto enc = [&](double x) {
+      const float f = static_cast<float>(x) * so;
+      return e4m3 ? dmath::f32_to_e4m3(f, true) : dmath::f32_to_e5m2(f, true);
+    };
+    auto dec = [&](uint8_t q) {
+      return static_cast<double>(e4m3 ? dmath::e4m3_to_f32(q) : dmath::e5m2_to_f32(q));
+    };
+    int bad = 0;
+    double worst_bound = 0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double abs_sum = 0;
+        for (int64_t q = 0; q < k; ++q) abs_sum += std::fabs(ad[i * k + q] * bd[j * k + q]);
+        const double bound =
+            s * (gamma(std::ldexp(1.0, -24)) + gamma(std::ldexp(1.0, -13)) + std::ldexp(1.0, -24)) *
+            abs_sum;
+        worst_bound = std::max(worst_bound, bound);
+        const double vc = v[static_cast<std::size_t>(i * n + j)];
+        const double lo = dec(enc(vc - bound)), hi = dec(enc(vc + bound));
+        const double got = dec(g[static_cast<std::size_t>(i * n + j)]);
+        bad += !(got >= lo && got <= hi);  // NaN fails too
+      }
+    EXPECT_EQ(bad, 0) << dtype_name(out);
+    const double amax_g = gamax.to(Device::cpu()).to_vector<float>()[0];
+    EXPECT_NEAR(amax_g, vmax, worst_bound) << dtype_name(out);
+  }
+}
+
+// fp8_transpose: the bytes of the CPU's, vector shapes (multiples of 8, not of the 64 x 64 tile
+// too) and the byte kernel's.
+TEST(CudaFp8, TransposeEqualsCpu) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto& cpu = test::ops_on("cpu");
+  const auto& gpu = test::ops_on("cuda");
+  for (auto [r, c] :
+       {std::pair<int64_t, int64_t>{128, 256}, {136, 200}, {8, 8}, {70, 45}, {1, 300}}) {
+    const Tensor q =
+        Tensor::from_vector(test::random_values(static_cast<std::size_t>(r * c), 41, -400.0, 400.0),
+                            {r, c}, DType::fp8_e4m3);
+    Tensor qt = Tensor::zeros({c, r}, DType::fp8_e4m3);
+    cpu.fp8_transpose(qt, q);
+    Tensor gqt = Tensor::zeros({c, r}, DType::fp8_e4m3).to(kGpu);
+    gpu.fp8_transpose(gqt, q.to(kGpu));
+    EXPECT_EQ(bytes_of(gqt), bytes_of(qt)) << r << " x " << c;
+  }
 }
 
 TEST(CudaFp8, CastTransposeOfQOrQtAloneEqualsCpu) {
