@@ -19,7 +19,8 @@
 #        unfused (--no-bias-swiglu-fusion, A/B), and both at global batch 32 (8 micro-batches);
 #        FP8 attention (--fp8-dot-product-attention): llama-1b with NVTE_FP8_DPA_BWD=0 (head dim
 #        64: cuDNN's FP8 backward on Hopper takes 128 only) at mb 4 and global batch 32, and
-#        llama-1b with 16 heads of 128 in BF16, FP8 and FP8 with FP8 attention;
+#        llama-1b with 16 heads of 128 in BF16, FP8 and FP8 with FP8 attention, and with
+#        --fp8-multi-head-attention (mb 4 and global batch 32);
 #        MoE (8 experts, top-2, grouped GEMM) vs the dense model of equal active parameters
 #        (issue 21);
 #        gpt2-124m with --optimizer-cpu-offload (issue 20)                             ~120 s
@@ -249,6 +250,10 @@ if [[ $skip != *",perf,"* ]]; then
   perf llama-1b-hd128-bf16 60 llama-1b 4 --num-attention-heads 16 --num-query-groups 4
   perf llama-1b-hd128-fp8 60 llama-1b 4 --num-attention-heads 16 --num-query-groups 4 --fp8-format hybrid
   perf llama-1b-hd128-fp8-dpa 60 llama-1b 4 --num-attention-heads 16 --num-query-groups 4 --fp8-format hybrid --fp8-dot-product-attention
+  # --fp8-multi-head-attention (session 28, built on the CPU, first run here): O into
+  # linear_proj's FP8 GEMM as it is, dO out of its data-gradient GEMM in FP8.
+  perf llama-1b-hd128-fp8-mha 60 llama-1b 4 --num-attention-heads 16 --num-query-groups 4 --fp8-format hybrid --fp8-multi-head-attention
+  perf llama-1b-hd128-fp8-mha-gbs32 90 llama-1b 4 --num-attention-heads 16 --num-query-groups 4 --fp8-format hybrid --fp8-multi-head-attention --global-batch-size 32
   perf moe-8x-top2 50 moe-8x 4
   perf dense-equal-active 40 dense-moe-active 4
   perf gpt2-124m-offload 50 gpt2-124m 16 --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d

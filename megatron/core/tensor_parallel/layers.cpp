@@ -441,26 +441,46 @@ Tensor ColumnParallelLinear::backward_split(const std::vector<Tensor>& dparts, c
   const Tensor x2 = total.view({n, in});
   const std::vector<int64_t> base = part_offsets(split);
   const std::size_t np = split.part_rows.size();
-  // Weight (and bias) gradient part by part into regrouped scratch, then added into the main_grad
-  // rows of each block.
-  Tensor dw = Tensor::empty(w_.grad.shape(), ctx_.grad_dtype, ctx_.device);
-  Tensor db;
+  // FP8 weight gradients straight into the main_grad rows of each block (beta 1): the rows of
+  // part p's transposed gradient gqt are its blocks' rows in order, so block b's gradient is
+  // dW[b] += gqt[rows of b] x_q -- no regrouped scratch, no gather back, no axpy. Needs FP8 weight
+  // gradients, no bias (its sums would be column slices of the parts) and block rows multiples of
+  // 16 (fp8_gemm's M). Otherwise: part by part into regrouped scratch, then added into the
+  // main_grad rows of each block.
+  bool direct = fp8_id_ >= 0 && ctx_.config->fp8.wgrad && !b_.defined();
+  for (const OutputSplit::Block& blk : split.blocks) direct = direct && blk.rows % 16 == 0;
+  Tensor dw, db;
+  if (!direct) dw = Tensor::empty(w_.grad.shape(), ctx_.grad_dtype, ctx_.device);
   if (b_.defined()) db = Tensor::zeros(b_.grad.shape(), ctx_.grad_dtype, ctx_.device);
   Tensor dx8;  // FP8: dx = sum_p g_p W_p, accumulated part by part
   if (fp8_id_ >= 0) {
     const fp8::Scaling sg = fp8_grad_scaling(ctx_, fp8_id_, dparts);
     dx8 = ctx_.empty({n, in});
+    std::vector<int64_t> filled(np, 0);
     for (std::size_t p = 0; p < np; ++p) {
       const int64_t r = split.part_rows[p];
-      Tensor dwp = dw.slice(base[p], r);
       if (b_.defined()) {
         Tensor dbp = db.slice(base[p], r);
         ctx_.op().bias_grad(dbp, dparts[p]);
       }
       Tensor gq, gqt;
       fp8_cast_grad(ctx_, sg, dparts[p], gq, gqt);
-      fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_parts_t[p], dparts[p], x2, saved.fp8, dx8,
-                   p == 0 ? 0.0f : 1.0f, dwp, 0.0f);
+      if (!direct) {
+        Tensor dwp = dw.slice(base[p], r);
+        fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_parts_t[p], dparts[p], x2, saved.fp8, dx8,
+                     p == 0 ? 0.0f : 1.0f, dwp, 0.0f);
+        continue;
+      }
+      ctx_.op().fp8_gemm(dx8, gq, saved.fp8.weight_parts_t[p], sg.scale_inv,
+                         saved.fp8.weight_scale_inv,
+                         ops::Fp8GemmArgs{.beta = p == 0 ? 0.0f : 1.0f});
+      for (const OutputSplit::Block& blk : split.blocks) {
+        if (static_cast<std::size_t>(blk.part) != p) continue;
+        Tensor dwb = w_.grad.slice(blk.offset, blk.rows);
+        ctx_.op().fp8_gemm(dwb, gqt.slice(filled[p], blk.rows), saved.fp8.input_t, sg.scale_inv,
+                           saved.fp8.input_scale_inv, ops::Fp8GemmArgs{.beta = 1.0f});
+        filled[p] += blk.rows;
+      }
     }
   }
   for (std::size_t p = 0; p < np && fp8_id_ < 0; ++p) {
@@ -481,7 +501,7 @@ Tensor ColumnParallelLinear::backward_split(const std::vector<Tensor>& dparts, c
     }
   }
   if (b_.defined()) add_ungrouped(b_.grad, db, split);
-  add_ungrouped(w_.grad, dw, split);
+  if (!direct) add_ungrouped(w_.grad, dw, split);
   // dx = sum_p d(part p) W_p with the regrouped weight.
   Tensor dx = dx8;
   if (fp8_id_ < 0) {

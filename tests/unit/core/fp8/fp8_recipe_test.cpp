@@ -22,6 +22,7 @@
 //     separate path where a linear does not allow it (--no-fp8-wgrad); bad shapes refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <fstream>
@@ -33,6 +34,7 @@
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/op_profiler.h"
 #include "megatron/core/tensor/dtype_math.h"
+#include "megatron/core/tensor_parallel/layers.h"
 #include "megatron/runtime.h"
 #include "tests/unit/core/fp8/fp8_model_run.h"
 #include "tests/unit/core/models/gpt_test_util.h"
@@ -412,6 +414,93 @@ TEST(Fp8Transpose, MovesTheBytes) {
   EXPECT_THROW(ops.fp8_transpose(wrong_shape, q), Error);
   Tensor wrong_format = Tensor::zeros({32, 16}, DType::fp8_e5m2);
   EXPECT_THROW(ops.fp8_transpose(wrong_format, q), Error);
+}
+
+// The fused QKV's FP8 weight gradient (ColumnParallelLinear::backward_split): with block rows
+// multiples of 16 each block's rows of main_grad take their gradient straight from the part's
+// transposed FP8 gradient (fp8_gemm with beta 1), no regrouped scratch and no gather back
+// (moe_permute) -- the bytes of the per-part GEMM: main_grad rows of block b equal the rows of
+// fp8_gemm(gqt_p, x_q^T) that block b holds in part p, bit for bit (first pass: every scale 1).
+TEST(Fp8QkvSplit, WeightGradientsGoStraightIntoTheBlocks) {
+  Runtime& rt = mg::init({.platform = "cpu"});
+  ops::OpProfiler prof(*rt.ops, *rt.platform, rt.device);
+  transformer::TransformerConfig cfg;
+  cfg.num_layers = 1;
+  cfg.fp8.format = fp8::Fp8Format::hybrid;
+  cfg.fp8.recipe = fp8::Fp8Recipe::delayed;
+  Fp8State st(cfg.fp8, prof.table(), Device::cpu());
+  transformer::ModuleContext ctx;
+  ctx.ops = &prof.table();
+  ctx.config = &cfg;
+  ctx.device = Device::cpu();
+  ctx.fp8 = &st;
+  ctx.fp8_training = true;
+  // Two KV groups of [q: 32 rows | k: 16 | v: 16] (two query heads of 16 per group).
+  const int64_t in = 32, s = 16, b = 2, n = s * b;
+  tensor_parallel::OutputSplit split;
+  split.part_rows = {64, 32, 32};
+  for (int64_t g = 0; g < 2; ++g) {
+    split.blocks.push_back({0, g * 64, 32});
+    split.blocks.push_back({1, g * 64 + 32, 16});
+    split.blocks.push_back({2, g * 64 + 48, 16});
+  }
+  transformer::ParamBuilder pb(ctx);
+  tensor_parallel::ColumnParallelLinear l(ctx, pb, "decoder.layers.0.self_attention.linear_qkv.",
+                                          tensor_parallel::ColumnParallelLinearConfig{
+                                              .input_size = in, .output_size = 128, .bias = false});
+  st.finalize();
+  std::vector<transformer::Parameter> params;
+  transformer::ParamAndGradBuffer buf;
+  std::vector<transformer::ParamDecl> decls;
+  pb.finish(params, buf, decls);
+  const auto wv = test::random_values(static_cast<std::size_t>(128 * in), 5, -0.5, 0.5);
+  l.weight().value.copy_(Tensor::from_vector(wv, {128, in}, DType::f32));
+  ctx.ops->fill(buf.grads, 0.0);
+  const Tensor x = Tensor::from_vector(
+      test::random_values(static_cast<std::size_t>(n * in), 6, -2.0, 2.0), {s, b, in}, DType::f32);
+  tensor_parallel::ColumnParallelLinear::Saved saved;
+  const std::vector<Tensor> parts = l.forward_split(x, saved, split);
+  std::vector<Tensor> dparts;
+  for (std::size_t p = 0; p < 3; ++p)
+    dparts.push_back(Tensor::from_vector(
+        test::random_values(static_cast<std::size_t>(n * split.part_rows[p]), 7 + p, -3.0, 3.0),
+        {n, split.part_rows[p]}, DType::f32));
+  prof.start();
+  prof.begin_step();
+  (void)l.backward_split(dparts, x, saved, split);
+  prof.end_step();
+  prof.stop();
+  const ops::OpProfileRow* permute = prof.report().find("moe_permute");
+  EXPECT_TRUE(permute == nullptr || permute->calls == 0) << "the gradients were gathered back";
+  // The reference: the casts at scale 1 and one FP8 GEMM per part.
+  const auto& ops = test::ops_on("cpu");
+  const Tensor one = Tensor::from_vector(std::vector<float>{1.0f}, {1});
+  Tensor amax = Tensor::zeros({1}, DType::f32), none;
+  Tensor xt = Tensor::empty({in, n}, DType::fp8_e4m3);
+  ops.fp8_cast_transpose(none, xt, amax, x.view({n, in}), one);
+  const std::vector<float> grad = l.weight().grad.to_vector<float>();
+  std::vector<int64_t> filled(3, 0);
+  std::vector<std::vector<float>> ref(3);
+  for (std::size_t p = 0; p < 3; ++p) {
+    Tensor gqt = Tensor::empty({split.part_rows[p], n}, DType::fp8_e5m2);
+    ops.fp8_cast_transpose(none, gqt, amax, dparts[p], one);
+    Tensor dw = Tensor::zeros({split.part_rows[p], in}, DType::f32);
+    ops.fp8_gemm(dw, gqt, xt, one, one, {});
+    ref[p] = dw.to_vector<float>();
+  }
+  int bad = 0;
+  for (const auto& blk : split.blocks) {
+    const auto p = static_cast<std::size_t>(blk.part);
+    for (int64_t r = 0; r < blk.rows; ++r)
+      for (int64_t c = 0; c < in; ++c)
+        bad += bits(grad[static_cast<std::size_t>((blk.offset + r) * in + c)]) !=
+               bits(ref[p][static_cast<std::size_t>((filled[p] + r) * in + c)]);
+    filled[p] += blk.rows;
+  }
+  EXPECT_EQ(bad, 0);
+  float max_abs = 0.0f;
+  for (float g : grad) max_abs = std::max(max_abs, std::fabs(g));
+  EXPECT_GT(max_abs, 1.0f);  // real gradients, not zeros
 }
 
 TEST(Fp8ScaleUpdate, OpEqualsTheReference) {
