@@ -48,6 +48,11 @@ struct Fp8Config {
   // scale. q, k, v are still cast after the rotary embedding (TE's QKV GEMM gives FP8 only without
   // one) and dQ, dK, dV dequantised for it.
   bool multi_head_attention = false;
+  // The norm in front of a linear made inside the linear's FP8 input cast (docs/fp8.md "Fused
+  // casts", Transformer Engine's LayerNormLinear): the norm's output is never written in the model
+  // dtype. No flag (TE always fuses); off only to compare (the same bytes either way). Applies
+  // where the linear enters no tensor-parallel region (TP 1) and has FP8 weight gradients.
+  bool norm_cast_fusion = true;
   bool first_last_layers_bf16 = false;      // --first-last-layers-bf16
   int64_t num_layers_at_start_in_bf16 = 1;  // --num-layers-at-start-in-bf16
   int64_t num_layers_at_end_in_bf16 = 1;    // --num-layers-at-end-in-bf16

@@ -105,6 +105,7 @@ int64_t Operand::cols() const {
     case Kind::swiglu:
       return x.size(-1) / 2;
     case Kind::dswiglu:
+    case Kind::norm:
       return x.size(-1);
   }
   return 0;
@@ -127,6 +128,14 @@ void Fp8State::cast_operand(const Operand& x, Tensor& q, Tensor& qt, Tensor& ama
     case Operand::Kind::dswiglu:
       ops_->fp8_dswiglu_cast_transpose(q, qt, amax, x.dy, x.x, scale);
       return;
+    case Operand::Kind::norm: {
+      MG_CHECK(x.norm, "Fp8State: a norm operand without its NormFusion");
+      const NormFusion& n = *x.norm;
+      Tensor sum = n.sum, mean = n.mean, rstd = n.rstd;  // handles: the caller's storage
+      ops_->fp8_norm_cast_transpose(q, qt, amax, sum, mean, rstd, x.x, n.bias, n.residual, n.gamma,
+                                    n.beta, scale, n.dropout, n.args, n.kind);
+      return;
+    }
   }
 }
 

@@ -48,18 +48,35 @@ struct Scaling {
   DType dtype = DType::fp8_e4m3;
 };
 
+// A norm fused into the cast of its output (Operand::norm; fp8_norm_cast_transpose): y =
+// norm(x) by kind, or with a residual of sum = residual + dropout(x + bias) (written into sum);
+// the statistics written into mean / rstd (the norm's saved ones; mean for LayerNorm). The
+// tensors are handles: the cast writes into the caller's storage. It must outlive the cast.
+struct NormFusion {
+  ops::NormKind kind = ops::NormKind::rmsnorm;
+  ops::NormArgs args;
+  Tensor gamma, beta, mean, rstd;
+  Tensor bias, residual, sum;
+  ops::DropoutArgs dropout;
+};
+
 // An FP8 operand, possibly made by an op fused into its cast (docs/fp8.md "Fused casts"): the
 // operand is then never written in the model dtype. tensor: x as it is ([.., C] viewed as
 // [R, C]); swiglu: swiglu_fwd(x) [N, F] of the fc1 output x [N, 2F]; dswiglu: swiglu_bwd(dy, x)
-// [N, 2F], dy [N, F] the gradient of swiglu's output. The same bytes and amax as the unfused ops.
+// [N, 2F], dy [N, F] the gradient of swiglu's output; norm: the norm of x [.., C] (*norm says
+// which and where its statistics go). The same bytes and amax as the unfused ops.
 struct Operand {
-  enum class Kind : uint8_t { tensor, swiglu, dswiglu };
+  enum class Kind : uint8_t { tensor, swiglu, dswiglu, norm };
   Kind kind = Kind::tensor;
   Tensor x, dy;
-  static Operand tensor(const Tensor& x) { return Operand{Kind::tensor, x, Tensor()}; }
-  static Operand swiglu(const Tensor& u) { return Operand{Kind::swiglu, u, Tensor()}; }
+  const NormFusion* norm = nullptr;
+  static Operand tensor(const Tensor& x) { return Operand{Kind::tensor, x, Tensor(), nullptr}; }
+  static Operand swiglu(const Tensor& u) { return Operand{Kind::swiglu, u, Tensor(), nullptr}; }
   static Operand dswiglu(const Tensor& da, const Tensor& u) {
-    return Operand{Kind::dswiglu, u, da};
+    return Operand{Kind::dswiglu, u, da, nullptr};
+  }
+  static Operand normed(const Tensor& x, const NormFusion* n) {
+    return Operand{Kind::norm, x, Tensor(), n};
   }
   int64_t cols() const;  // C of the operand viewed as [R, C]
   int64_t rows() const;

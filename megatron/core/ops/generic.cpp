@@ -112,6 +112,27 @@ void generic_fp8_dswiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, con
   t.fp8_cast_transpose(q, qt, amax, dx, scale);
 }
 
+void generic_fp8_norm_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, Tensor& sum, Tensor& mean,
+                                     Tensor& rstd, const Tensor& x, const Tensor& bias,
+                                     const Tensor& residual, const Tensor& gamma,
+                                     const Tensor& beta, const Tensor& scale,
+                                     const DropoutArgs& dropout, const NormArgs& args,
+                                     NormKind kind) {
+  const GemmDims d =
+      validate_fp8_norm_cast_transpose(OnDeviceOf(x.device()), q, qt, amax, sum, mean, rstd, x,
+                                       bias, residual, gamma, beta, scale, dropout, args, kind);
+  const OpTable& t = plugin::ops_for(x.device());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (residual.defined())
+    t.bias_dropout_add_norm_fwd(y, sum, mean, rstd, x, bias, residual, gamma, beta, dropout, args,
+                                kind);
+  else if (kind == NormKind::layernorm)
+    t.layernorm_fwd(y, mean, rstd, x, gamma, beta, args);
+  else
+    t.rmsnorm_fwd(y, rstd, x, gamma, args);
+  t.fp8_cast_transpose(q, qt, amax, y.view({d.m, d.n}), scale);
+}
+
 void register_generic(plugin::Registry& r) {
   using plugin::Priority;
   r.register_op<OpId::grad_norm>(plugin::kGenericPlatform, &generic_grad_norm,
@@ -124,6 +145,9 @@ void register_generic(plugin::Registry& r) {
   r.register_op<OpId::fp8_dswiglu_cast_transpose>(
       plugin::kGenericPlatform, &generic_fp8_dswiglu_cast_transpose,
       "generic:swiglu_bwd+fp8_cast_transpose", Priority::generic);
+  r.register_op<OpId::fp8_norm_cast_transpose>(
+      plugin::kGenericPlatform, &generic_fp8_norm_cast_transpose, "generic:norm+fp8_cast_transpose",
+      Priority::generic);
 }
 
 }  // namespace mg::ops

@@ -2,12 +2,10 @@
 // under the pseudo-platform "*" with Priority::generic. Any platform or plugin may override them.
 #pragma once
 
+#include "megatron/core/ops/op_args.h"
+
 namespace mg::plugin {
 class Registry;
-}
-
-namespace mg {
-class Tensor;
 }
 
 namespace mg::ops {
@@ -20,4 +18,11 @@ void generic_fp8_swiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, cons
                                        const Tensor& scale);
 void generic_fp8_dswiglu_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, const Tensor& dy,
                                         const Tensor& x, const Tensor& scale);
+// The FP8 cast fused with the norm in front of a linear as the norm op then fp8_cast_transpose.
+void generic_fp8_norm_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, Tensor& sum, Tensor& mean,
+                                     Tensor& rstd, const Tensor& x, const Tensor& bias,
+                                     const Tensor& residual, const Tensor& gamma,
+                                     const Tensor& beta, const Tensor& scale,
+                                     const DropoutArgs& dropout, const NormArgs& args,
+                                     NormKind kind);
 }  // namespace mg::ops

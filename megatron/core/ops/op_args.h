@@ -78,7 +78,7 @@ struct GemmEpilogueArgs {
 struct Fp8GemmArgs {
   float beta = 0.0f;
   bool fast_accum = false;
-  Tensor out_scale, out_amax;
+  Tensor out_scale{}, out_amax{};  // (initialisers: designated initialisers may omit them)
 };
 
 // fp8_scale_update (docs/fp8.md): per slot j of history [L, S]

@@ -247,4 +247,14 @@
     void(Tensor & q, Tensor & qt, Tensor & amax, const Tensor& x, const Tensor& scale))           \
   X(fp8_dswiglu_cast_transpose, function, "",                                                     \
     void(Tensor & q, Tensor & qt, Tensor & amax, const Tensor& dy, const Tensor& x,               \
-         const Tensor& scale))
+         const Tensor& scale))                                                                    \
+  /* FP8 cast fused with the norm in front of a linear (docs/fp8.md "Fused casts"): y = norm(x)   \
+     by kind (layernorm_fwd / rmsnorm_fwd; residual defined: of sum = residual + dropout(x +      \
+     bias), written, as bias_dropout_add_norm_fwd), mean / rstd written as those ops write them,  \
+     q [R,C] and qt [C,R] (each optional) and amax as fp8_cast_transpose of y rounded to x's      \
+     dtype, y never written; generic default: the norm op, then fp8_cast_transpose */             \
+  X(fp8_norm_cast_transpose, function, "",                                                        \
+    void(Tensor & q, Tensor & qt, Tensor & amax, Tensor & sum, Tensor & mean, Tensor & rstd,      \
+         const Tensor& x, const Tensor& bias, const Tensor& residual, const Tensor& gamma,        \
+         const Tensor& beta, const Tensor& scale, const DropoutArgs& dropout,                     \
+         const NormArgs& args, NormKind kind))

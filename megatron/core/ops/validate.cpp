@@ -1031,6 +1031,58 @@ NormDims validate_bias_dropout_add_norm_fwd(const Placement& on, const Tensor& y
   return d;
 }
 
+GemmDims validate_fp8_norm_cast_transpose(const Placement& on, const Tensor& q, const Tensor& qt,
+                                          const Tensor& amax, const Tensor& sum, const Tensor& mean,
+                                          const Tensor& rstd, const Tensor& x, const Tensor& bias,
+                                          const Tensor& residual, const Tensor& gamma,
+                                          const Tensor& beta, const Tensor& scale,
+                                          const DropoutArgs& dropout, const NormArgs& args,
+                                          NormKind kind) {
+  const char* op = "fp8_norm_cast_transpose";
+  const NormDims d = validate_norm_x(on, op, x);
+  MG_CHECK(x.dtype() != DType::f64, op << ": x is f64, expected f32, bf16 or f16");
+  check_scalar_f32(on, op, "amax", amax);
+  check_scalar_f32(on, op, "scale", scale);
+  if (q.defined()) {
+    check_fp8(on, op, "q", q);
+    MG_CHECK(
+        q.dim() == 2 && q.size(0) == d.rows && q.size(1) == d.h,
+        op << ": q " << shape_str(q.shape()) << ", expected [" << d.rows << ", " << d.h << "]");
+  }
+  if (qt.defined()) {
+    check_fp8(on, op, "qt", qt);
+    if (q.defined()) check_same_dtype(op, "qt", qt, "q", q);
+    MG_CHECK(
+        qt.dim() == 2 && qt.size(0) == d.h && qt.size(1) == d.rows,
+        op << ": qt " << shape_str(qt.shape()) << ", expected [" << d.h << ", " << d.rows << "]");
+  }
+  if (residual.defined()) {
+    validate_dropout_p(op, dropout);
+    check_like(on, op, "residual", residual, "x", x);
+    check_like(on, op, "sum", sum, "x", x);
+    MG_CHECK(!overlaps(sum, x) && !overlaps(sum, residual),
+             op << ": sum " << sum.str() << " overlaps x or residual (the function may run twice)");
+    if (bias.defined()) {
+      check_float(on, op, "bias", bias);
+      check_same_dtype(op, "bias", bias, "x", x);
+      MG_CHECK(bias.dim() == 1 && bias.size(0) == d.h, op << ": bias " << shape_str(bias.shape())
+                                                          << " does not match x's last dim "
+                                                          << d.h);
+    }
+  } else {
+    MG_CHECK(!bias.defined() && !sum.defined(),
+             op << ": bias / sum without a residual (the bias-dropout-add needs all three)");
+  }
+  validate_norm_param(on, op, "gamma", gamma, d.h);
+  validate_norm_kind(on, op, kind, "mean", mean, "beta", beta, x, d);
+  validate_norm_stat(on, op, "rstd", rstd, x, d.rows);
+  validate_eps(op, args);
+  for (const Tensor* t : {&q, &qt})
+    MG_CHECK(!t->defined() || (!overlaps(*t, x) && !(residual.defined() && overlaps(*t, sum))),
+             op << ": q / qt overlap an input");
+  return GemmDims{.batch = 1, .m = d.rows, .n = d.h, .k = 0};
+}
+
 NormDims validate_norm_bwd_add(const Placement& on, const Tensor& dx, const Tensor& dgamma,
                                const Tensor& dbeta, const Tensor& dy, const Tensor& dresidual,
                                const Tensor& x, const Tensor& mean, const Tensor& rstd,

@@ -98,6 +98,18 @@ GemmDims validate_fp8_cast_transpose(const Placement& on, const Tensor& q, const
 GemmDims validate_fp8_swiglu_cast_transpose(const Placement& on, const char* op, const Tensor& q,
                                             const Tensor& qt, const Tensor& amax, const Tensor& dy,
                                             const Tensor& x, const Tensor& scale);
+// fp8_norm_cast_transpose: x [.., C] f32 / bf16 / f16 viewed as [R, C]; q [R, C] and qt [C, R]
+// fp8 (optional, one format); amax, scale f32 [1]; the norm's inputs and outputs as
+// layernorm_fwd / rmsnorm_fwd (residual undefined) or bias_dropout_add_norm_fwd check them, sum
+// not overlapping x or residual (the function may run twice: tensorwise's amax pass). Returns
+// m = R, n = C.
+GemmDims validate_fp8_norm_cast_transpose(const Placement& on, const Tensor& q, const Tensor& qt,
+                                          const Tensor& amax, const Tensor& sum, const Tensor& mean,
+                                          const Tensor& rstd, const Tensor& x, const Tensor& bias,
+                                          const Tensor& residual, const Tensor& gamma,
+                                          const Tensor& beta, const Tensor& scale,
+                                          const DropoutArgs& dropout, const NormArgs& args,
+                                          NormKind kind);
 // fp8_gemm: a [M, K], b [N, K] fp8 (e4m3 or e5m2, not both e5m2), c [M, N] f32/bf16/f16, the
 // scale inverses f32 [1], beta 0 or 1, M, N, K multiples of 16. Returns the dims (batch 1).
 GemmDims validate_fp8_gemm(const Placement& on, const Tensor& c, const Tensor& a, const Tensor& b,

@@ -202,6 +202,22 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, Saved& saved, const Weight
              : o;
 }
 
+bool ColumnParallelLinear::fuses_input_operand() const {
+  return fp8_id_ >= 0 && ctx_.config->fp8.wgrad && ctx_.tp_size() == 1 && !cfg_.gather_output;
+}
+
+Tensor ColumnParallelLinear::forward(const fp8::Operand& x, Saved& saved) const {
+  MG_CHECK(fuses_input_operand(),
+           "ColumnParallelLinear::forward(Operand): needs an FP8 linear with FP8 weight gradients "
+           "at TP 1 (fuses_input_operand)");
+  const int64_t in = cfg_.input_size, out = w_.value.size(0);
+  MG_CHECK(x.cols() == in,
+           "ColumnParallelLinear: operand of " << x.cols() << " columns, expected " << in);
+  Tensor y = fp8_forward(ctx_, fp8_id_, x, w_.value, saved.fp8);  // TP 1: no region to enter
+  if (b_.defined()) ctx_.op().bias_add(y, b_.value);
+  return y.view(with_last(x.x.shape(), out));
+}
+
 Tensor ColumnParallelLinear::forward_bias_gelu(const Tensor& x, Saved& saved,
                                                Tensor& pre_activation) const {
   MG_CHECK(!cfg_.gather_output, "ColumnParallelLinear::forward_bias_gelu: not with gather_output");
@@ -312,39 +328,10 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
   const Tensor total = enter(x, saved);
   const int64_t n = total.numel() / in;
   const Tensor x2 = total.view({n, in});
+  if (fp8_id_ >= 0) return fp8_forward_split(fp8::Operand::tensor(x2), saved, split);
   const std::vector<int64_t> base = part_offsets(split);
   const Tensor bias = b_.defined() ? regroup(b_.value, split) : Tensor();
   std::vector<Tensor> parts;
-  if (fp8_id_ >= 0) {  // one cast of x and of the (regrouped) weight, one FP8 GEMM per part
-    Tensor xq;
-    fp8_cast_input(ctx_, fp8_id_, fp8::Operand::tensor(x2), xq, saved.fp8);
-    const fp8::WeightFp8* cached = ctx_.fp8->cached_weight(fp8_id_, ctx_.fp8_training);
-    const fp8::WeightFp8 wf =
-        cached
-            ? *cached
-            : ctx_.fp8->cast_weight(
-                  fp8_id_,
-                  regroup(ctx_.fp8->param_gather() ? ctx_.fp8->param_q(fp8_id_) : w_.value, split),
-                  split.part_rows, ctx_.fp8_training, ctx_.tp_group);
-    MG_CHECK(wf.q.size() == split.part_rows.size(),
-             "FP8 linear " << ctx_.fp8->names()[static_cast<std::size_t>(fp8_id_)]
-                           << ": its cached weight holds " << wf.q.size() << " part(s), the split "
-                           << split.part_rows.size());
-    for (std::size_t p = 0; p < wf.q.size(); ++p)
-      MG_CHECK(wf.q[p].size(0) == split.part_rows[p],
-               "FP8 linear: cached weight part " << p << " has " << wf.q[p].size(0)
-                                                 << " rows, the split " << split.part_rows[p]);
-    saved.fp8.weight_scale_inv = wf.scale_inv;
-    saved.fp8.weight_parts_t = wf.qt;
-    for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
-      Tensor y = ctx_.empty({n, split.part_rows[p]});
-      ctx_.op().fp8_gemm(y, xq, wf.q[p], saved.fp8.input_scale_inv, wf.scale_inv,
-                         ops::Fp8GemmArgs{.fast_accum = true});
-      if (b_.defined()) ctx_.op().bias_add(y, bias.slice(base[p], split.part_rows[p]));
-      parts.push_back(y);
-    }
-    return parts;
-  }
   const Tensor w = regroup(w_.value, split);
   for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
     const int64_t r = split.part_rows[p];
@@ -365,15 +352,72 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& 
   return parts;
 }
 
+std::vector<Tensor> ColumnParallelLinear::forward_split(const fp8::Operand& x, Saved& saved,
+                                                        const OutputSplit& split) const {
+  MG_CHECK(fuses_input_operand(),
+           "ColumnParallelLinear::forward_split(Operand): needs an FP8 linear with FP8 weight "
+           "gradients at TP 1 (fuses_input_operand)");
+  MG_CHECK(x.cols() == cfg_.input_size, "ColumnParallelLinear::forward_split: operand of "
+                                            << x.cols() << " columns, expected "
+                                            << cfg_.input_size);
+  return fp8_forward_split(x, saved, split);
+}
+
+// One cast of x (or of the operand made inside the cast) and of the (regrouped) weight, one FP8
+// GEMM per part.
+std::vector<Tensor> ColumnParallelLinear::fp8_forward_split(const fp8::Operand& x2, Saved& saved,
+                                                            const OutputSplit& split) const {
+  int64_t rows = 0;
+  for (int64_t r : split.part_rows) rows += r;
+  MG_CHECK(rows == out_local_, "ColumnParallelLinear::forward_split: the parts hold "
+                                   << rows << " rows, the layer " << out_local_);
+  const int64_t n = x2.rows();
+  const std::vector<int64_t> base = part_offsets(split);
+  const Tensor bias = b_.defined() ? regroup(b_.value, split) : Tensor();
+  std::vector<Tensor> parts;
+  Tensor xq;
+  fp8_cast_input(ctx_, fp8_id_, x2, xq, saved.fp8);
+  const fp8::WeightFp8* cached = ctx_.fp8->cached_weight(fp8_id_, ctx_.fp8_training);
+  const fp8::WeightFp8 wf =
+      cached ? *cached
+             : ctx_.fp8->cast_weight(
+                   fp8_id_,
+                   regroup(ctx_.fp8->param_gather() ? ctx_.fp8->param_q(fp8_id_) : w_.value, split),
+                   split.part_rows, ctx_.fp8_training, ctx_.tp_group);
+  MG_CHECK(wf.q.size() == split.part_rows.size(),
+           "FP8 linear " << ctx_.fp8->names()[static_cast<std::size_t>(fp8_id_)]
+                         << ": its cached weight holds " << wf.q.size() << " part(s), the split "
+                         << split.part_rows.size());
+  for (std::size_t p = 0; p < wf.q.size(); ++p)
+    MG_CHECK(wf.q[p].size(0) == split.part_rows[p],
+             "FP8 linear: cached weight part " << p << " has " << wf.q[p].size(0)
+                                               << " rows, the split " << split.part_rows[p]);
+  saved.fp8.weight_scale_inv = wf.scale_inv;
+  saved.fp8.weight_parts_t = wf.qt;
+  for (std::size_t p = 0; p < split.part_rows.size(); ++p) {
+    Tensor y = ctx_.empty({n, split.part_rows[p]});
+    ctx_.op().fp8_gemm(y, xq, wf.q[p], saved.fp8.input_scale_inv, wf.scale_inv,
+                       ops::Fp8GemmArgs{.fast_accum = true});
+    if (b_.defined()) ctx_.op().bias_add(y, bias.slice(base[p], split.part_rows[p]));
+    parts.push_back(y);
+  }
+  return parts;
+}
+
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& saved,
                                       bool bias_grad_done, Weight* weight) {
   Weight& w = weight ? *weight : w_;
+  // total undefined: forward(Operand)'s input, never written (FP8 weight gradients read x_q^T).
   const Tensor total = saved.input.defined() ? saved.input : x;
-  const int64_t in = cfg_.input_size, out = w.value.size(0), n = total.numel() / in;
+  MG_CHECK(total.defined() || (fp8_id_ >= 0 && !weight && fuses_input_operand()),
+           "ColumnParallelLinear::backward: no input x (only forward(Operand)'s FP8 linear runs "
+           "without it)");
+  const int64_t in = cfg_.input_size, out = w.value.size(0);
   const Tensor g = cfg_.gather_output && ctx_.tp_size() > 1
                        ? gather_from_tensor_model_parallel_region_bwd(dy, *ctx_.tp_group)
                        : dy;
-  const Tensor x2 = total.view({n, in});
+  const int64_t n = total.defined() ? total.numel() / in : g.numel() / out;
+  const Tensor x2 = total.defined() ? total.view({n, in}) : Tensor();
   const Tensor g2 = g.view({n, out});  // [N, out/TP]
   Tensor dx = ctx_.empty({n, in});     // partial sum over the output shards
   if (out == 0) {
@@ -397,7 +441,8 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x, Saved& 
     linear_bwd(ctx_, dx, w.grad, g2, x2, w.value);
   }
   saved = Saved{};
-  return region_enter_bwd(ctx_, dx.view(with_last(total.shape(), in)));
+  return region_enter_bwd(ctx_,
+                          dx.view(with_last(total.defined() ? total.shape() : g.shape(), in)));
 }
 
 bool ColumnParallelLinear::fuses_grad_cast() const {
@@ -409,9 +454,10 @@ Tensor ColumnParallelLinear::backward_dswiglu(const Tensor& da, const Tensor& u,
   MG_CHECK(fuses_grad_cast(),
            "ColumnParallelLinear::backward_dswiglu: needs an FP8 linear with FP8 weight "
            "gradients, no bias and no gather_output (fuses_grad_cast)");
-  const Tensor total = saved.input.defined() ? saved.input : x;
-  const int64_t in = cfg_.input_size, n = total.numel() / in;
-  MG_CHECK(u.numel() == n * out_local_ && da.numel() * 2 == u.numel(),
+  const Tensor total = saved.input.defined() ? saved.input : x;  // undefined: forward(Operand)
+  const int64_t in = cfg_.input_size, n = u.numel() / out_local_;
+  MG_CHECK((!total.defined() || total.numel() == n * in) && u.numel() == n * out_local_ &&
+               da.numel() * 2 == u.numel(),
            "ColumnParallelLinear::backward_dswiglu: u "
                << u.str() << " and da " << da.str() << " for " << n << " tokens of " << out_local_
                << " outputs");
@@ -428,7 +474,8 @@ Tensor ColumnParallelLinear::backward_dswiglu(const Tensor& da, const Tensor& u,
   fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_t, Tensor(), Tensor(), saved.fp8, dx, 0.0f,
                w_.grad, 1.0f);
   saved = Saved{};
-  return region_enter_bwd(ctx_, dx.view(with_last(total.shape(), in)));
+  return region_enter_bwd(ctx_,
+                          dx.view(with_last(total.defined() ? total.shape() : u.shape(), in)));
 }
 
 Tensor ColumnParallelLinear::backward_split(const std::vector<Tensor>& dparts, const Tensor& x,
@@ -436,9 +483,12 @@ Tensor ColumnParallelLinear::backward_split(const std::vector<Tensor>& dparts, c
   MG_CHECK(dparts.size() == split.part_rows.size(),
            "ColumnParallelLinear::backward_split: " << dparts.size() << " gradients for "
                                                     << split.part_rows.size() << " parts");
-  const Tensor total = saved.input.defined() ? saved.input : x;
-  const int64_t in = cfg_.input_size, n = total.numel() / in;
-  const Tensor x2 = total.view({n, in});
+  const Tensor total = saved.input.defined() ? saved.input : x;  // undefined: forward(Operand)
+  MG_CHECK(total.defined() || fuses_input_operand(),
+           "ColumnParallelLinear::backward_split: no input x (only forward_split(Operand)'s FP8 "
+           "linear runs without it)");
+  const int64_t in = cfg_.input_size, n = total.defined() ? total.numel() / in : dparts[0].size(0);
+  const Tensor x2 = total.defined() ? total.view({n, in}) : Tensor();
   const std::vector<int64_t> base = part_offsets(split);
   const std::size_t np = split.part_rows.size();
   // FP8 weight gradients straight into the main_grad rows of each block (beta 1): the rows of
@@ -512,7 +562,7 @@ Tensor ColumnParallelLinear::backward_split(const std::vector<Tensor>& dparts, c
                      ops::GemmArgs{.beta = p == 0 ? 0.0f : 1.0f});
   }
   saved = Saved{};
-  return region_enter_bwd(ctx_, dx.view(with_last(total.shape(), in)));
+  return region_enter_bwd(ctx_, total.defined() ? dx.view(with_last(total.shape(), in)) : dx);
 }
 
 // ---- RowParallelLinear -------------------------------------------------------------------------

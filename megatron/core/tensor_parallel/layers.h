@@ -112,6 +112,15 @@ class ColumnParallelLinear {
   Tensor forward_bias_gelu(const Tensor& x, Saved& saved, Tensor& pre_activation) const;
   // x -> the parts of `split`, each [N, part_rows[p]] (+ its bias rows). No gather_output.
   std::vector<Tensor> forward_split(const Tensor& x, Saved& saved, const OutputSplit& split) const;
+  // forward / forward_split of an input made inside the FP8 cast (fp8::Operand::normed: the norm
+  // in front, docs/fp8.md "Fused casts"): the input is never written, and the backward takes an
+  // undefined x (its dx is then [N, in], or like dy with the last dim in). Needs
+  // fuses_input_operand(): an FP8 linear with FP8 weight gradients, no bias-GELU / gather and no
+  // tensor-parallel region to enter (TP 1).
+  Tensor forward(const fp8::Operand& x, Saved& saved) const;
+  std::vector<Tensor> forward_split(const fp8::Operand& x, Saved& saved,
+                                    const OutputSplit& split) const;
+  bool fuses_input_operand() const;
 
   // dy like forward's output -> dx like x (written); accumulates the weight and bias grads.
   // x: the input forward was given. bias_grad_done: the bias gradient was already accumulated
@@ -139,6 +148,9 @@ class ColumnParallelLinear {
  private:
   // The input inside the TP region (saved when TP > 1).
   Tensor enter(const Tensor& x, Saved& saved) const;
+  // forward_split's FP8 path on the operand x2 (the input viewed [N, in]).
+  std::vector<Tensor> fp8_forward_split(const fp8::Operand& x2, Saved& saved,
+                                        const OutputSplit& split) const;
   // Rows of `full` [out/TP, ..] regrouped into the parts of `split`, one scratch tensor.
   Tensor regroup(const Tensor& full, const OutputSplit& split) const;
   // grad [out/TP, ..] += the rows of `parts` (regrouped as regroup() lays them out) moved back to

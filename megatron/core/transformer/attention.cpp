@@ -78,9 +78,10 @@ SelfAttention::SelfAttention(const ModuleContext& ctx, ParamBuilder& pb, const s
 // x [S, B, H] -> q [N, NH HD], k and v [N, NG HD]: linear_qkv with the grouped rows split into
 // q, k, v (one GEMM per part, the bias as the GEMM's bias epilogue). Shared by forward() and
 // infer(), so that the KV-cache path has the training numerics.
-void SelfAttention::project_qkv(const Tensor& x, Saved& saved, Tensor& q, Tensor& k,
-                                Tensor& v) const {
-  const std::vector<Tensor> parts = linear_qkv_->forward_split(x, saved.qkv, qkv_split_);
+void SelfAttention::project_qkv(const Tensor& x, Saved& saved, Tensor& q, Tensor& k, Tensor& v,
+                                const fp8::Operand* xop) const {
+  const std::vector<Tensor> parts = xop ? linear_qkv_->forward_split(*xop, saved.qkv, qkv_split_)
+                                        : linear_qkv_->forward_split(x, saved.qkv, qkv_split_);
   q = parts[0];
   k = parts[1];
   v = parts[2];
@@ -180,11 +181,12 @@ bool SelfAttention::fp8_mha() const {
 }
 
 Tensor SelfAttention::forward(const Tensor& x, Saved& saved, const AttentionInputs& in,
-                              const ops::DropoutArgs& attn_dropout, bool keep_core_out) const {
+                              const ops::DropoutArgs& attn_dropout, bool keep_core_out,
+                              const fp8::Operand* xop) const {
   const int64_t s = in.s, b = in.b, n = s * b;
   // linear_qkv enters the TP region: x [S/TP, B, H] (SP) or [S, B, H] -> the full [S, B, H].
   Tensor q, k, v;  // [N, NH HD], [N, NG HD], [N, NG HD]
-  project_qkv(x, saved, q, k, v);
+  project_qkv(x, saved, q, k, v, xop);
   if (q_norm_) {
     saved.q_pre = q;
     saved.k_pre = k;
@@ -318,7 +320,8 @@ Tensor SelfAttention::backward(const Tensor& dy, const Tensor& x, Saved& saved,
   }
   // linear_qkv: the weight (and bias) gradient per part added into the grouped main_grad rows;
   // dx = dq Wq + dk Wk + dv Wv, summed over TP (or reduce-scattered).
-  return linear_qkv_->backward_split({dq2, dk2, dv2}, x, saved.qkv, qkv_split_);
+  const Tensor dx = linear_qkv_->backward_split({dq2, dk2, dv2}, x, saved.qkv, qkv_split_);
+  return x.defined() ? dx : dx.view({s, b, h_});  // forward(xop): [N, H] back to [S, B, H]
 }
 
 }  // namespace mg::transformer

@@ -61,8 +61,13 @@ class SelfAttention {
 
   // x [S, B, H] (normalised) -> linear_proj(x) without its bias [S, B, H].
   // keep_core_out = false (selective recompute) drops out/lse after linear_proj.
+  // xop: linear_qkv's input made inside its FP8 cast instead (the norm in front,
+  // fp8::Operand::normed; x undefined, and backward then takes an undefined x); needs
+  // fuses_input_norm().
   Tensor forward(const Tensor& x, Saved& saved, const AttentionInputs& in,
-                 const ops::DropoutArgs& attn_dropout, bool keep_core_out) const;
+                 const ops::DropoutArgs& attn_dropout, bool keep_core_out,
+                 const fp8::Operand* xop = nullptr) const;
+  bool fuses_input_norm() const { return linear_qkv_->fuses_input_operand(); }
   // dy [S, B, H] -> dx [S, B, H] (written); accumulates qkv/proj/qk-norm grads.
   Tensor backward(const Tensor& dy, const Tensor& x, Saved& saved, const AttentionInputs& in,
                   const ops::DropoutArgs& attn_dropout);
@@ -89,7 +94,8 @@ class SelfAttention {
                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const ops::AttentionArgs& a) const;
   // x [S, B, H] -> q [N, NH HD], k, v [N, NG HD] (+ the QKV bias, as a GEMM epilogue).
-  void project_qkv(const Tensor& x, Saved& saved, Tensor& q, Tensor& k, Tensor& v) const;
+  void project_qkv(const Tensor& x, Saved& saved, Tensor& q, Tensor& k, Tensor& v,
+                   const fp8::Operand* xop = nullptr) const;
 
   // --fp8-dot-product-attention: the core attention in FP8 (q, k, v cast, the fp8_attention
   // forward op; saved.fp8.out the FP8 out) and its backward on the FP8 output gradient do8 (dq,

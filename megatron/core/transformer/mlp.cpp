@@ -92,7 +92,22 @@ MLP::MLP(const ModuleContext& ctx, ParamBuilder& pb, const std::string& prefix,
   swiglu_cast_bwd_ = swiglu_fusion && linear_fc1_->fuses_grad_cast();
 }
 
+bool MLP::fuses_input_norm() const {
+  return !(fused_ && act_ == Activation::gelu) && linear_fc1_->fuses_input_operand();
+}
+
+Tensor MLP::forward(const fp8::Operand& x, Saved& saved) const {
+  MG_CHECK(fuses_input_norm(),
+           "MLP::forward(Operand): fc1 does not take a fused input "
+           "(fuses_input_norm: FP8, FP8 wgrad, TP 1, no bias-GELU)");
+  return forward_impl(Tensor(), &x, saved);
+}
+
 Tensor MLP::forward(const Tensor& x, Saved& saved) const {
+  return forward_impl(x, nullptr, saved);
+}
+
+Tensor MLP::forward_impl(const Tensor& x, const fp8::Operand* xop, Saved& saved) const {
   // fc1 enters the TP region: [S(/TP), B, H] -> [S, B, F] on every TP rank.
   Tensor u, a;  // [N, F] ([N, 2F] for u under SwiGLU), per rank
   Shape shape;  // [S, B, F]
@@ -101,7 +116,8 @@ Tensor MLP::forward(const Tensor& x, Saved& saved) const {
     shape = a.shape();
     a = a.view({u.size(0), f_});
   } else {
-    const Tensor y = linear_fc1_->forward(x, saved.fc1);  // [S, B, F or 2F] (+ bias)
+    const Tensor y = xop ? linear_fc1_->forward(*xop, saved.fc1)
+                         : linear_fc1_->forward(x, saved.fc1);  // [S, B, F or 2F] (+ bias)
     u = y.view({y.numel() / y.size(-1), y.size(-1)});
     if (swiglu_cast_fwd_) {  // fc2(swiglu(u)), the activation made inside fc2's FP8 cast
       saved.fc1_out = u;

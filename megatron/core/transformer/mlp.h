@@ -35,6 +35,11 @@ class MLP {
 
   // x [S, B, H] (normalised) -> linear_fc2 output without its bias [S, B, H].
   Tensor forward(const Tensor& x, Saved& saved) const;
+  // forward with fc1's input made inside its FP8 cast (the norm in front, fp8::Operand::normed;
+  // docs/fp8.md "Fused casts"): x never written; the backward then takes an undefined x. Needs
+  // fuses_input_norm().
+  Tensor forward(const fp8::Operand& x, Saved& saved) const;
+  bool fuses_input_norm() const;
   // dy [S, B, H] -> dx (written); accumulates fc1/fc2 grads (not fc2's bias: the bda's).
   Tensor backward(const Tensor& dy, const Tensor& x, Saved& saved);
 
@@ -46,6 +51,7 @@ class MLP {
   bool fused_;  // config.bias_activation_fusion: gemm_epilogue paths (mlp.cpp)
   // SwiGLU fused into fc2's FP8 input cast / into fc1's FP8 output-gradient cast (mlp.cpp).
   bool swiglu_cast_fwd_ = false, swiglu_cast_bwd_ = false;
+  Tensor forward_impl(const Tensor& x, const fp8::Operand* xop, Saved& saved) const;
   ops::GeluApprox gelu_;
   int64_t h_, f_;
   std::unique_ptr<tensor_parallel::ColumnParallelLinear> linear_fc1_;

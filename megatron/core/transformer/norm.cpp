@@ -56,6 +56,32 @@ Tensor Norm::forward_bda(const Tensor& x, const Tensor& bias, const Tensor& resi
   return y;
 }
 
+fp8::Operand Norm::fp8_operand(const Tensor& x, Saved& saved, fp8::NormFusion& nf) const {
+  const int64_t h = x.size(-1), rows = x.numel() / h;
+  saved.rstd = Tensor::empty({rows}, ctx_.stat_dtype(), ctx_.device);
+  if (layernorm_) saved.mean = Tensor::empty({rows}, ctx_.stat_dtype(), ctx_.device);
+  nf = fp8::NormFusion{};
+  nf.kind = kind();
+  nf.args = args_;
+  nf.gamma = weight_.value;
+  if (layernorm_) nf.beta = bias_.value;
+  nf.mean = saved.mean;
+  nf.rstd = saved.rstd;
+  return fp8::Operand::normed(x, &nf);
+}
+
+fp8::Operand Norm::fp8_operand_bda(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                                   const ops::DropoutArgs& dropout, Tensor& sum, Saved& saved,
+                                   fp8::NormFusion& nf) const {
+  fp8::Operand op = fp8_operand(x, saved, nf);
+  sum = ctx_.empty(x.shape());
+  nf.bias = bias;
+  nf.residual = residual;
+  nf.sum = sum;
+  nf.dropout = dropout;
+  return op;
+}
+
 Tensor Norm::backward_add(const Tensor& dy, const Tensor& dresidual, const Tensor& x,
                           const Saved& saved) {
   Tensor dx = ctx_.empty(x.shape());

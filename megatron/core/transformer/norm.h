@@ -40,6 +40,15 @@ class Norm {
   Tensor backward_add(const Tensor& dy, const Tensor& dresidual, const Tensor& x,
                       const Saved& saved);
 
+  // forward / forward_bda fused into the next linear's FP8 input cast (Fp8Config::
+  // norm_cast_fusion; docs/fp8.md "Fused casts"): the operand that linear casts (its cast runs
+  // fp8_norm_cast_transpose, which writes saved's statistics and, for the bda form, sum), the
+  // output never written. nf holds the fusion's arguments and must outlive the cast.
+  fp8::Operand fp8_operand(const Tensor& x, Saved& saved, fp8::NormFusion& nf) const;
+  fp8::Operand fp8_operand_bda(const Tensor& x, const Tensor& bias, const Tensor& residual,
+                               const ops::DropoutArgs& dropout, Tensor& sum, Saved& saved,
+                               fp8::NormFusion& nf) const;
+
  private:
   ops::NormKind kind() const {
     return layernorm_ ? ops::NormKind::layernorm : ops::NormKind::rmsnorm;

@@ -78,29 +78,49 @@ TransformerLayer::TransformerLayer(const ModuleContext& ctx, ParamBuilder& pb,
           std::make_unique<moe::MoELayer>(ctx, pb, p + "mlp.", layer_number, spec.mlp.submodules);
       break;
   }
+  const bool fuse = ctx.config->fp8.enabled() && ctx.config->fp8.norm_cast_fusion;
+  fuse_norm1_ = fuse && norm1_ && attn_->fuses_input_norm();
+  fuse_norm2_ = fuse && norm2_ && mlp_ && mlp_->fuses_input_norm();
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, Saved& saved, const AttentionInputs& in,
                                  const DropoutCtx& rng, bool keep_core_attention) const {
   const TransformerConfig& c = *ctx_.config;
   saved.x = x;
-  saved.ln1 = norm1_ ? norm1_->forward(x, saved.norm1) : x;
   const ops::DropoutArgs probs = attention_dropout(ctx_, rng, c.attention_dropout, layer_);
-  Tensor y = attn_->forward(saved.ln1, saved.attn, in, probs, keep_core_attention);
+  Tensor y;
+  if (fuse_norm1_) {  // input_layernorm made inside linear_qkv's FP8 cast: ln1 never written
+    fp8::NormFusion nf;
+    const fp8::Operand ln1 = norm1_->fp8_operand(x, saved.norm1, nf);
+    saved.ln1 = Tensor();
+    y = attn_->forward(Tensor(), saved.attn, in, probs, keep_core_attention, &ln1);
+  } else {
+    saved.ln1 = norm1_ ? norm1_->forward(x, saved.norm1) : x;
+    y = attn_->forward(saved.ln1, saved.attn, in, probs, keep_core_attention);
+  }
   // self_attn_bda + pre_mlp_layernorm in one op (h written, then normalised from the stored h).
   const ops::DropoutArgs bda1 =
       hidden_dropout(ctx_, rng, c.hidden_dropout, layer_, DropoutSite::attention_bda, x);
-  Tensor h;
-  if (norm2_) {
-    saved.ln2 = norm2_->forward_bda(y, attn_->proj_bias().value, x, bda1, h, saved.norm2);
+  Tensor h, z;
+  if (fuse_norm2_) {  // ... inside linear_fc1's FP8 cast, which writes h: ln2 never written
+    fp8::NormFusion nf;
+    const fp8::Operand ln2 =
+        norm2_->fp8_operand_bda(y, attn_->proj_bias().value, x, bda1, h, saved.norm2, nf);
+    saved.ln2 = Tensor();
+    saved.h = h;
+    z = mlp_->forward(ln2, saved.mlp);
   } else {
-    h = ctx_.empty(x.shape());
-    ctx_.op().bias_dropout_add_fwd(h, y, attn_->proj_bias().value, x, bda1);
-    saved.ln2 = h;
+    if (norm2_) {
+      saved.ln2 = norm2_->forward_bda(y, attn_->proj_bias().value, x, bda1, h, saved.norm2);
+    } else {
+      h = ctx_.empty(x.shape());
+      ctx_.op().bias_dropout_add_fwd(h, y, attn_->proj_bias().value, x, bda1);
+      saved.ln2 = h;
+    }
+    saved.h = h;
+    z = moe_ ? moe_->forward(saved.ln2, saved.moe, rng.training)
+             : mlp_->forward(saved.ln2, saved.mlp);
   }
-  saved.h = h;
-  Tensor z = moe_ ? moe_->forward(saved.ln2, saved.moe, rng.training)
-                  : mlp_->forward(saved.ln2, saved.mlp);
   Tensor out = ctx_.empty(x.shape());
   ctx_.op().bias_dropout_add_fwd(
       out, z, moe_ ? Tensor() : mlp_->fc2_bias().value, h,
@@ -121,6 +141,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, Saved& saved, const Attent
   Tensor no_bias;
   ctx_.op().bias_dropout_add_bwd(dz, moe_ ? no_bias : mlp_->fc2_bias().grad, dout, mlp_drop);
   Tensor dln2 = moe_ ? moe_->backward(dz, saved.moe) : mlp_->backward(dz, saved.ln2, saved.mlp);
+  if (fuse_norm2_) dln2 = dln2.view(dout.shape());  // fc1's dx without its (unwritten) input
   // pre_mlp_layernorm's dx + the residual path's dout, in one pass.
   Tensor dh = dln2;
   if (norm2_)

@@ -68,6 +68,10 @@ class TransformerLayer {
   std::unique_ptr<SelfAttention> attn_;
   std::unique_ptr<MLP> mlp_;            // dense layers
   std::unique_ptr<moe::MoELayer> moe_;  // MoE layers
+  // Fp8Config::norm_cast_fusion where the linear after the norm takes it (docs/fp8.md "Fused
+  // casts"): input_layernorm inside linear_qkv's FP8 cast, pre_mlp_layernorm (with the attention's
+  // bias-dropout-add) inside linear_fc1's; ln1 / ln2 are then never written.
+  bool fuse_norm1_ = false, fuse_norm2_ = false;
 };
 
 }  // namespace mg::transformer

@@ -72,6 +72,7 @@
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
+#include "megatron/platforms/cuda/fp8_convert.cuh"
 #include "megatron/platforms/cuda/swiglu_math.cuh"
 #include "megatron/plugin/registry.h"
 
@@ -83,34 +84,9 @@ constexpr int kTile = 32;
 constexpr int kMaxDevices = 64;
 constexpr std::size_t kFp8WorkspaceBytes = std::size_t{32} << 20;
 
-// The saturating RNE cast of the vector kernel: on sm_89+ the hardware conversion
-// (cvt.rn.satfinite, through cuda_fp8.h), which rounds and saturates finite values and Inf as
-// dtype_math.h's encoder does; NaN keeps dtype_math.h's encoding (the hardware's differs), as does
-// every value on older targets.
-__device__ __forceinline__ uint32_t to_fp8_saturating(float v, bool e4m3) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if (v == v)
-    return static_cast<uint32_t>(
-        __nv_cvt_float_to_fp8(v, __NV_SATFINITE, e4m3 ? __NV_E4M3 : __NV_E5M2));
-#endif
-  return e4m3 ? dmath::f32_to_e4m3(v, true) : dmath::f32_to_e5m2(v, true);
-}
-
-// Two values at once (v0 in the low byte): the hardware's paired conversion
-// (cvt.rn.satfinite.e4m3x2 / e5m2x2) when neither is NaN, else to_fp8_saturating each: the same
-// bytes either way, in half the conversions.
-__device__ __forceinline__ uint32_t to_fp8x2_saturating(float v0, float v1, bool e4m3) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  if (v0 == v0 && v1 == v1)
-    return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(make_float2(v0, v1), __NV_SATFINITE,
-                                                          e4m3 ? __NV_E4M3 : __NV_E5M2));
-#endif
-  return to_fp8_saturating(v0, e4m3) | (to_fp8_saturating(v1, e4m3) << 8);
-}
-
-__device__ __forceinline__ float nan_max(float m, float a) {
-  return (a > m || a != a) ? a : m;
-}
+using fp8cvt::nan_max;
+using fp8cvt::to_fp8_saturating;
+using fp8cvt::to_fp8x2_saturating;
 
 // Block (tile_c, tile_r) of a [rows, cols] x; blockDim (32, 8), each thread 4 rows of the tile.
 __global__ void cast_transpose_kernel(uint8_t* q, uint8_t* qt, float* amax, const void* x, DType tx,

@@ -34,15 +34,19 @@
 // expressions and, for dgamma / dbeta, the same f64 terms in the same row order per chunk (the same
 // bits as the scalar kernels); the row sums (mean, variance, mean(g), mean(g xhat)) are reduced in
 // another order than the scalar kernel's (the CPU tolerance applies, as for the scalar kernel). The
-// scalar kernels serve the rest. Not here: fp8 outputs; the MLP-BDA + next layer's input norm
-// fusion.
+// scalar kernels serve the rest. fp8_norm_cast_transpose: the vector forward kernel writes its
+// output in FP8 (Fp8Out: rounded to the storage dtype first, so the bytes and amax of the norm op
+// followed by fp8_cast_transpose), the transpose by fp8_transpose; other shapes the generic pair.
+// Not here: the MLP-BDA + next layer's input norm fusion.
 #include <initializer_list>
 
+#include "megatron/core/ops/generic.h"
 #include "megatron/core/ops/ops.h"
 #include "megatron/platforms/cuda/cuda_common.h"
 #include "megatron/platforms/cuda/cuda_kernels.h"
 #include "megatron/platforms/cuda/device_util.cuh"
 #include "megatron/platforms/cuda/dropout_mask.cuh"
+#include "megatron/platforms/cuda/fp8_convert.cuh"
 #include "megatron/platforms/cuda/reduce.cuh"
 #include "megatron/plugin/registry.h"
 
@@ -312,13 +316,31 @@ __device__ __forceinline__ float round_half(float v, bool bf16) {
   return bf16 ? dmath::bf16_to_f32(dmath::f32_to_bf16(v)) : dmath::f16_to_f32(dmath::f32_to_f16(v));
 }
 
+// The FP8 output of the fused norm-cast (fp8_norm_cast_transpose): q [R, H] = the saturating cast
+// of the output rounded to the storage dtype times *scale, the block's max |rounded output| into
+// *amax (atomicMax on the bit pattern, as the cast kernels); q null: y is written instead.
+struct Fp8Out {
+  uint8_t* q = nullptr;
+  const float* scale = nullptr;
+  float* amax = nullptr;
+  bool e4m3 = true;
+};
+
+struct NanMaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const {
+    return fp8cvt::nan_max(a, b);
+  }
+};
+
 // One block per row: y, mean, rstd <- x, or with `bda` (in.x non-null) sum = residual + dropout(x
-// + bias) stored first and normalised from its rounded values (bda_norm_fwd_kernel's element).
+// + bias) stored first and normalised from its rounded values (bda_norm_fwd_kernel's element);
+// with f8.q the output goes to q in FP8 instead of y (the same rounded values fp8_cast_transpose
+// would read back from y: the same bytes and amax).
 template <int VPT>
 __global__ void __launch_bounds__(kVecMaxThreads)
     norm_fwd_vec_kernel(void* y, void* sum, void* mean, void* rstd, DType st, bool bf16,
                         const void* x, BdaArgs in, float scale, Param gamma, Param beta, float eps,
-                        int64_t rows, int64_t h) {
+                        int64_t rows, int64_t h, Fp8Out f8) {
   const int64_t r = block_row();
   if (r >= rows) return;
   const int64_t base = r * h, nvec = h / 8;
@@ -377,6 +399,7 @@ __global__ void __launch_bounds__(kVecMaxThreads)
     if (mean) store<float>(mean, st, r, mu);
     store<float>(rstd, st, r, rs);
   }
+  float m8 = 0.0f;  // f8: this thread's max |rounded output|
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int64_t vi = vec_of_thread(k);
@@ -391,7 +414,28 @@ __global__ void __launch_bounds__(kVecMaxThreads)
       if (beta.p) t += bw[e];
       o[e] = t;
     }
-    store8_half(y, base + j0, bf16, o);
+    if (!f8.q) {
+      store8_half(y, base + j0, bf16, o);
+      continue;
+    }
+    const float qs = *f8.scale;
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const float a0 = round_half(o[e], bf16), a1 = round_half(o[e + 1], bf16);
+      m8 = fp8cvt::nan_max(fp8cvt::nan_max(m8, fabsf(a0)), fabsf(a1));
+      const uint32_t b = fp8cvt::to_fp8x2_saturating(a0 * qs, a1 * qs, f8.e4m3);
+      if (e < 4)
+        lo |= b << (8 * e);
+      else
+        hi |= b << (8 * (e - 4));
+    }
+    *reinterpret_cast<uint2*>(f8.q + base + j0) = make_uint2(lo, hi);
+  }
+  if (f8.q) {  // uniform over the block: every thread reaches the reduction
+    const float bm = block_reduce(m8, NanMaxOp{});
+    if (threadIdx.x == 0 && bm != 0.0f)
+      atomicMax(reinterpret_cast<int*>(f8.amax), __float_as_int(fabsf(bm)));
   }
 }
 
@@ -540,16 +584,16 @@ Param param_of(const Tensor& t, bool plus_one) {
 
 void launch_fwd_vec(void* y, void* sum, void* mean, void* rstd, DType st, DType t, const void* x,
                     const BdaArgs& in, float scale, const Param& gamma, const Param& beta,
-                    float eps, int64_t rows, int64_t h, int dev) {
+                    float eps, int64_t rows, int64_t h, int dev, const Fp8Out& f8 = Fp8Out{}) {
   const VecGeometry g = vec_geometry(h);
   const bool bf16 = t == DType::bf16;
   cudaStream_t s = current_stream(dev);
   if (g.per_thread == 1)
     norm_fwd_vec_kernel<1><<<grid_rows(rows), g.threads, 0, s>>>(
-        y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h);
+        y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h, f8);
   else
     norm_fwd_vec_kernel<2><<<grid_rows(rows), g.threads, 0, s>>>(
-        y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h);
+        y, sum, mean, rstd, st, bf16, x, in, scale, gamma, beta, eps, rows, h, f8);
   MG_CUDA_CHECK_LAUNCH();
 }
 
@@ -740,6 +784,50 @@ void norm_bwd_add(Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor& dy,
              args);
 }
 
+// fp8_norm_cast_transpose (docs/fp8.md "Fused casts"): the vector forward kernel writing its
+// output in FP8 (q, rowwise; a scratch q when only qt or the amax is wanted), then fp8_transpose
+// for qt: the norm's output is never written in the storage dtype. Shapes the vector kernel does
+// not take (f32, H not a multiple of 8 or above 8192, misaligned rows): the generic norm op + cast.
+void fp8_norm_cast_transpose(Tensor& q, Tensor& qt, Tensor& amax, Tensor& sum, Tensor& mean,
+                             Tensor& rstd, const Tensor& x, const Tensor& bias,
+                             const Tensor& residual, const Tensor& gamma, const Tensor& beta,
+                             const Tensor& scale, const ops::DropoutArgs& dropout,
+                             const NormArgs& args, NormKind kind) {
+  const ops::GemmDims d =
+      ops::validate_fp8_norm_cast_transpose(OnCudaDevice{}, q, qt, amax, sum, mean, rstd, x, bias,
+                                            residual, gamma, beta, scale, dropout, args, kind);
+  if (d.m * d.n == 0) return;
+  const bool ln = kind == NormKind::layernorm, bda = residual.defined();
+  const int dev = x.device().index;
+  DeviceGuard guard(dev);
+  const DType qd = q.defined() ? q.dtype() : qt.defined() ? qt.dtype() : DType::fp8_e4m3;
+  Tensor qq = q.defined() ? q : Tensor::empty({d.m, d.n}, qd, x.device());
+  if (!vec_ok(
+          x.dtype(), d.n,
+          {x.raw_data(), gamma.raw_data(), ln && beta.defined() ? beta.raw_data() : nullptr,
+           bda ? sum.raw_data() : nullptr, bda ? residual.raw_data() : nullptr, qq.raw_data()})) {
+    ops::generic_fp8_norm_cast_transpose(q, qt, amax, sum, mean, rstd, x, bias, residual, gamma,
+                                         beta, scale, dropout, args, kind);
+    return;
+  }
+  const Fp8Out f8{static_cast<uint8_t*>(qq.raw_data()), scale.data<float>(), amax.data<float>(),
+                  qd == DType::fp8_e4m3};
+  const Param g = param_of(gamma, args.zero_centered_gamma);
+  const Param b = ln ? param_of(beta, false) : param_of(Tensor(), false);
+  if (bda) {
+    const BdaArgs in{x.raw_data(), bias.defined() ? bias.raw_data() : nullptr, residual.raw_data(),
+                     make_mask(dropout)};
+    launch_fwd_vec(nullptr, sum.raw_data(), ln ? mean.raw_data() : nullptr, rstd.raw_data(),
+                   rstd.dtype(), x.dtype(), nullptr, in, keep_scale<float>(dropout.p), g, b,
+                   static_cast<float>(args.eps), d.m, d.n, dev, f8);
+  } else {
+    launch_fwd_vec(nullptr, nullptr, ln ? mean.raw_data() : nullptr, rstd.raw_data(), rstd.dtype(),
+                   x.dtype(), x.raw_data(), BdaArgs{}, 1.0f, g, b, static_cast<float>(args.eps),
+                   d.m, d.n, dev, f8);
+  }
+  if (qt.defined()) plugin::ops_for(x.device()).fp8_transpose(qt, qq);
+}
+
 }  // namespace
 
 void register_norm_kernels(plugin::Registry& r) {
@@ -751,6 +839,8 @@ void register_norm_kernels(plugin::Registry& r) {
   r.register_op<OpId::bias_dropout_add_norm_fwd>(kPlatformName, &bias_dropout_add_norm_fwd,
                                                  "cuda:kernel");
   r.register_op<OpId::norm_bwd_add>(kPlatformName, &norm_bwd_add, "cuda:kernel");
+  r.register_op<OpId::fp8_norm_cast_transpose>(kPlatformName, &fp8_norm_cast_transpose,
+                                               "cuda:norm-cast");
 }
 
 }  // namespace mg::platforms::cuda

@@ -668,6 +668,135 @@ TEST(Fp8FusedSwiglu, SameNumbersAsTheSeparateOps) {
   }
 }
 
+// ---- the norms in the FP8 casts (Fp8Config::norm_cast_fusion) ----------------------------------
+
+// input_layernorm inside linear_qkv's cast and pre_mlp_layernorm (with the attention's
+// bias-dropout-add) inside linear_fc1's: the same losses, gradients and amax histories as the norm
+// ops followed by the casts, for RMSNorm (LLaMA) and LayerNorm with biases (GPT-2 without the
+// bias-GELU fusion), both recipes; the fused function runs (twice per cast under tensorwise: its
+// amax pass first) and the layers' norm ops do not (the final norm is no linear's input).
+TEST(Fp8FusedNorm, SameNumbersAsTheNormOpsAndCasts) {
+  for (const bool llama : {true, false}) {
+    for (const fp8::Fp8Recipe recipe : {fp8::Fp8Recipe::delayed, fp8::Fp8Recipe::tensorwise}) {
+      std::string what = llama ? "llama (RMSNorm), " : "gpt (LayerNorm, biases), ";
+      what += recipe == fp8::Fp8Recipe::delayed ? "delayed" : "tensorwise";
+      transformer::TransformerConfig c = fp8_llama(recipe, 4, true);
+      if (!llama) {
+        c = test::tiny_gpt2_config();
+        c.hidden_size = 32;
+        c.ffn_hidden_size = 128;
+        c.seq_length = 16;
+        c.max_position_embeddings = 16;
+        c.bias_activation_fusion = false;  // fc1 through forward(): its norm fuses too
+        c.fp8.format = fp8::Fp8Format::hybrid;
+        c.fp8.recipe = recipe;
+        c.fp8.amax_history_len = 4;
+      }
+      ASSERT_TRUE(c.fp8.norm_cast_fusion) << "the default: fused";
+      const FbRun fused = run_fb_profiled(c, 3);
+      c.fp8.norm_cast_fusion = false;
+      const FbRun split = run_fb_profiled(c, 3);
+      expect_same(fused, split, what);
+      EXPECT_EQ(fused.fwd_history, split.fwd_history) << what;
+      EXPECT_EQ(fused.bwd_history, split.bwd_history) << what;
+      const int64_t passes = 3 * 2, per_cast = recipe == fp8::Fp8Recipe::delayed ? 1 : 2;
+      EXPECT_EQ(fused.calls("fp8_norm_cast_transpose"), 2 * 2 * passes * per_cast) << what;
+      EXPECT_EQ(split.calls("fp8_norm_cast_transpose"), 0) << what;
+      const char* norm_op = llama ? "rmsnorm_fwd" : "layernorm_fwd";
+      EXPECT_EQ(fused.calls(norm_op), passes) << what << ": only the final norm";
+      EXPECT_EQ(split.calls(norm_op), 3 * passes) << what;
+      EXPECT_EQ(fused.calls("bias_dropout_add_norm_fwd"), 0) << what;
+      EXPECT_EQ(split.calls("bias_dropout_add_norm_fwd"), 2 * passes) << what;
+    }
+  }
+}
+
+// Where the linear cannot take it the norm runs as before: --no-fp8-wgrad (the weight gradient
+// reads the written norm output), the layers --first-last-layers-bf16 keeps out of FP8.
+TEST(Fp8FusedNorm, KeptApartWhereTheLinearNeedsTheNormOutput) {
+  transformer::TransformerConfig c = fp8_llama(fp8::Fp8Recipe::delayed, 1, true);
+  c.fp8.wgrad = false;
+  const FbRun hp = run_fb_profiled(c, 1);
+  EXPECT_EQ(hp.calls("fp8_norm_cast_transpose"), 0);
+  c = fp8_llama(fp8::Fp8Recipe::delayed, 1, true);
+  c.fp8.first_last_layers_bf16 = true;
+  c.fp8.num_layers_at_start_in_bf16 = 1;
+  c.fp8.num_layers_at_end_in_bf16 = 0;
+  const FbRun half = run_fb_profiled(c, 1);
+  EXPECT_EQ(half.calls("fp8_norm_cast_transpose"), 2 * 2);  // layer 1's two norms, 2 calls
+  EXPECT_EQ(half.calls("rmsnorm_fwd"), 2 * 2);              // layer 0's first and the final one
+}
+
+// The function itself: the bytes and amax of the norm op then fp8_cast_transpose, the statistics
+// and sum as the norm op writes them (the CPU runs the generic pair; this pins its contract), and
+// bad arguments refused.
+TEST(Fp8FusedNorm, FunctionEqualsTheNormOpThenTheCast) {
+  const auto& ops = test::ops_on("cpu");
+  const int64_t r = 48, h = 64;
+  const Tensor x = Tensor::from_vector(
+      test::random_values(static_cast<std::size_t>(r * h), 31, -3.0, 3.0), {r, h}, DType::bf16);
+  const Tensor res = Tensor::from_vector(
+      test::random_values(static_cast<std::size_t>(r * h), 32, -3.0, 3.0), {r, h}, DType::bf16);
+  const Tensor g = Tensor::from_vector(test::random_values(h, 33, 0.5, 1.5), {h}, DType::bf16);
+  const Tensor b = Tensor::from_vector(test::random_values(h, 34, -0.5, 0.5), {h}, DType::bf16);
+  const Tensor scale = Tensor::from_vector(std::vector<float>{37.0f}, {1});
+  for (const bool ln : {true, false}) {
+    for (const bool bda : {false, true}) {
+      const ops::NormKind kind = ln ? ops::NormKind::layernorm : ops::NormKind::rmsnorm;
+      const ops::NormArgs args{.eps = 1e-5f};
+      Tensor y = Tensor::empty({r, h}, DType::bf16), sum_ref, mean_ref, rstd_ref;
+      rstd_ref = Tensor::empty({r}, DType::f32);
+      if (ln) mean_ref = Tensor::empty({r}, DType::f32);
+      if (bda) {
+        sum_ref = Tensor::empty({r, h}, DType::bf16);
+        ops.bias_dropout_add_norm_fwd(y, sum_ref, mean_ref, rstd_ref, x, b, res, g,
+                                      ln ? b : Tensor(), ops::DropoutArgs{}, args, kind);
+      } else if (ln) {
+        ops.layernorm_fwd(y, mean_ref, rstd_ref, x, g, b, args);
+      } else {
+        ops.rmsnorm_fwd(y, rstd_ref, x, g, args);
+      }
+      Tensor q_ref = Tensor::empty({r, h}, DType::fp8_e4m3),
+             qt_ref = Tensor::empty({h, r}, DType::fp8_e4m3);
+      Tensor amax_ref = Tensor::from_vector(std::vector<float>{0.5f}, {1});
+      ops.fp8_cast_transpose(q_ref, qt_ref, amax_ref, y, scale);
+      Tensor q = Tensor::empty({r, h}, DType::fp8_e4m3),
+             qt = Tensor::empty({h, r}, DType::fp8_e4m3);
+      Tensor amax = Tensor::from_vector(std::vector<float>{0.5f}, {1});
+      Tensor sum = bda ? Tensor::empty({r, h}, DType::bf16) : Tensor();
+      Tensor mean = ln ? Tensor::empty({r}, DType::f32) : Tensor(),
+             rstd = Tensor::empty({r}, DType::f32);
+      ops.fp8_norm_cast_transpose(q, qt, amax, sum, mean, rstd, x, bda ? b : Tensor(),
+                                  bda ? res : Tensor(), g, ln ? b : Tensor(), scale,
+                                  ops::DropoutArgs{}, args, kind);
+      const std::string what = std::string(ln ? "layernorm" : "rmsnorm") + (bda ? " + bda" : "");
+      EXPECT_EQ(bytes_of(q), bytes_of(q_ref)) << what;
+      EXPECT_EQ(bytes_of(qt), bytes_of(qt_ref)) << what;
+      EXPECT_EQ(amax.to_vector<float>(), amax_ref.to_vector<float>()) << what;
+      EXPECT_EQ(rstd.to_vector<float>(), rstd_ref.to_vector<float>()) << what;
+      if (ln) {
+        EXPECT_EQ(mean.to_vector<float>(), mean_ref.to_vector<float>()) << what;
+      }
+      if (bda) {
+        EXPECT_EQ(bytes_of(sum), bytes_of(sum_ref)) << what;
+      }
+    }
+  }
+  // A sum aliasing the residual (the function may run twice), a bias without a residual.
+  Tensor q = Tensor::empty({r, h}, DType::fp8_e4m3), none, amax = Tensor::zeros({1}, DType::f32);
+  Tensor rstd = Tensor::empty({r}, DType::f32), mean;
+  Tensor alias = res;
+  EXPECT_THROW(
+      ops.fp8_norm_cast_transpose(q, none, amax, alias, mean, rstd, x, b, res, g, Tensor(), scale,
+                                  ops::DropoutArgs{}, ops::NormArgs{}, ops::NormKind::rmsnorm),
+      Error);
+  Tensor no_sum;
+  EXPECT_THROW(ops.fp8_norm_cast_transpose(q, none, amax, no_sum, mean, rstd, x, b, Tensor(), g,
+                                           Tensor(), scale, ops::DropoutArgs{}, ops::NormArgs{},
+                                           ops::NormKind::rmsnorm),
+               Error);
+}
+
 TEST(Fp8FusedSwiglu, HighPrecisionWeightGradientsKeepTheSeparateOps) {
   // --no-fp8-wgrad: the weight gradients read the written activation and output gradient.
   transformer::TransformerConfig c = fp8_llama(fp8::Fp8Recipe::delayed, 1, true);

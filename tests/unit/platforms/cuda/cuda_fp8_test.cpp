@@ -26,6 +26,9 @@
 //     separate op stores it), bf16 and f16, E4M3 and E5M2, shapes of the vector kernel (multiples
 //     of 8, not of its 64 x 64 tile) and of the fallback (odd F), q or qt alone, the amax-only
 //     pass of tensorwise scaling.
+//   - fp8_norm_cast_transpose: q, qt, amax, statistics and sum bit for bit against the GPU's norm
+//     op followed by fp8_cast_transpose (LayerNorm, RMSNorm, with the bias-dropout-add; the
+//     vector kernel's dtypes and f32's generic pair).
 //   - fp8_gemm with an FP8 C: each byte between the casts of the CPU's f32 result +- the bound
 //     above (monotone RNE, saturation included), the amax within it; fp8_transpose bit for bit.
 // Every test skips without a GPU (printing the platform's reason). All passed on an H200
@@ -301,6 +304,86 @@ TEST(CudaFp8, TransposeEqualsCpu) {
     gpu.fp8_transpose(gqt, q.to(kGpu));
     EXPECT_EQ(bytes_of(gqt), bytes_of(qt)) << r << " x " << c;
   }
+}
+
+// fp8_norm_cast_transpose (the norm kernel writing its output in FP8, then fp8_transpose): q, qt,
+// amax, the statistics and sum bit for bit against the GPU's own norm op followed by
+// fp8_cast_transpose -- LayerNorm and RMSNorm, with and without the bias-dropout-add in front,
+// bf16 and f16 rows the vector kernel takes (H 1024, 2048) and f32 (the generic pair), E4M3 and
+// E5M2, q or qt alone.
+TEST(CudaFp8, NormCastEqualsTheNormOpThenTheCast) {
+  MG_SKIP_IF_UNAVAILABLE("cuda");
+  const auto& gpu = test::ops_on("cuda");
+  int cases = 0;
+  for (DType xd : {DType::bf16, DType::f16, DType::f32})
+    for (int64_t h : {int64_t{1024}, int64_t{2048}})
+      for (const bool ln : {true, false})
+        for (const bool bda : {false, true})
+          for (DType qd : {DType::fp8_e4m3, DType::fp8_e5m2}) {
+            const int64_t r = 136;
+            const auto on = [&](std::vector<double> v, Shape shape, DType t) {
+              return Tensor::from_vector(v, shape, t).to(kGpu);
+            };
+            const Tensor x =
+                on(test::random_values(static_cast<std::size_t>(r * h), 51, -3.0, 3.0), {r, h}, xd);
+            const Tensor res =
+                on(test::random_values(static_cast<std::size_t>(r * h), 52, -3.0, 3.0), {r, h}, xd);
+            const Tensor g =
+                on(test::random_values(static_cast<std::size_t>(h), 53, 0.5, 1.5), {h}, xd);
+            const Tensor b =
+                on(test::random_values(static_cast<std::size_t>(h), 54, -0.5, 0.5), {h}, xd);
+            const Tensor scale = Tensor::from_vector(std::vector<float>{23.0f}, {1}).to(kGpu);
+            const ops::NormKind kind = ln ? ops::NormKind::layernorm : ops::NormKind::rmsnorm;
+            const ops::NormArgs args{.eps = 1e-5f};
+            auto stats = [&] { return Tensor::empty({r}, DType::f32, kGpu); };
+            Tensor y = Tensor::empty({r, h}, xd, kGpu), sum_ref, mean_ref, rstd_ref = stats();
+            if (ln) mean_ref = stats();
+            if (bda) {
+              sum_ref = Tensor::empty({r, h}, xd, kGpu);
+              gpu.bias_dropout_add_norm_fwd(y, sum_ref, mean_ref, rstd_ref, x, b, res, g,
+                                            ln ? b : Tensor(), ops::DropoutArgs{}, args, kind);
+            } else if (ln) {
+              gpu.layernorm_fwd(y, mean_ref, rstd_ref, x, g, b, args);
+            } else {
+              gpu.rmsnorm_fwd(y, rstd_ref, x, g, args);
+            }
+            for (int form = 0; form < 3; ++form) {  // q and qt, q alone, qt alone
+              Tensor q_ref = form != 2 ? Tensor::empty({r, h}, qd, kGpu) : Tensor();
+              Tensor qt_ref = form != 1 ? Tensor::empty({h, r}, qd, kGpu) : Tensor();
+              Tensor amax_ref = Tensor::from_vector(std::vector<float>{0.25f}, {1}).to(kGpu);
+              gpu.fp8_cast_transpose(q_ref, qt_ref, amax_ref, y, scale);
+              Tensor q = form != 2 ? Tensor::empty({r, h}, qd, kGpu) : Tensor();
+              Tensor qt = form != 1 ? Tensor::empty({h, r}, qd, kGpu) : Tensor();
+              Tensor amax = Tensor::from_vector(std::vector<float>{0.25f}, {1}).to(kGpu);
+              Tensor sum = bda ? Tensor::empty({r, h}, xd, kGpu) : Tensor();
+              Tensor mean = ln ? stats() : Tensor(), rstd = stats();
+              gpu.fp8_norm_cast_transpose(q, qt, amax, sum, mean, rstd, x, bda ? b : Tensor(),
+                                          bda ? res : Tensor(), g, ln ? b : Tensor(), scale,
+                                          ops::DropoutArgs{}, args, kind);
+              const std::string what = std::string(dtype_name(xd)) + " H " + std::to_string(h) +
+                                       (ln ? " layernorm" : " rmsnorm") + (bda ? " + bda" : "") +
+                                       " -> " + std::string(dtype_name(qd)) + " form " +
+                                       std::to_string(form);
+              if (q.defined()) {
+                EXPECT_EQ(bytes_of(q), bytes_of(q_ref)) << what;
+              }
+              if (qt.defined()) {
+                EXPECT_EQ(bytes_of(qt), bytes_of(qt_ref)) << what;
+              }
+              EXPECT_EQ(amax.to(Device::cpu()).to_vector<float>(),
+                        amax_ref.to(Device::cpu()).to_vector<float>())
+                  << what;
+              EXPECT_EQ(bytes_of(rstd), bytes_of(rstd_ref)) << what;
+              if (ln) {
+                EXPECT_EQ(bytes_of(mean), bytes_of(mean_ref)) << what;
+              }
+              if (bda) {
+                EXPECT_EQ(bytes_of(sum), bytes_of(sum_ref)) << what;
+              }
+              ++cases;
+            }
+          }
+  EXPECT_EQ(cases, 3 * 2 * 2 * 2 * 2 * 3);
 }
 
 TEST(CudaFp8, CastTransposeOfQOrQtAloneEqualsCpu) {
