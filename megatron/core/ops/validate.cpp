@@ -776,6 +776,18 @@ void validate_dropout(const Placement& on, const char* op, const Tensor& out, co
   check_like(on, op, "output", out, "input", in);
 }
 
+namespace {
+// The optional bias [H] of a bias-dropout-add (alone or fused with a norm): x's float dtype.
+void validate_bda_bias(const Placement& on, const char* op, const Tensor& bias, const Tensor& x,
+                       int64_t h) {
+  if (!bias.defined()) return;
+  check_float(on, op, "bias", bias);
+  check_same_dtype(op, "bias", bias, "x", x);
+  MG_CHECK(bias.dim() == 1 && bias.size(0) == h,
+           op << ": bias " << shape_str(bias.shape()) << " does not match x's last dim " << h);
+}
+}  // namespace
+
 int64_t validate_bias_dropout_add_fwd(const Placement& on, const Tensor& y, const Tensor& x,
                                       const Tensor& bias, const Tensor& residual,
                                       const DropoutArgs& args) {
@@ -786,12 +798,7 @@ int64_t validate_bias_dropout_add_fwd(const Placement& on, const Tensor& y, cons
   check_like(on, op, "residual", residual, "x", x);
   MG_CHECK(x.dim() >= 1, op << ": x must have at least one dimension, got " << x.str());
   const int64_t f = x.size(-1);
-  if (bias.defined()) {
-    check_float(on, op, "bias", bias);
-    check_same_dtype(op, "bias", bias, "x", x);
-    MG_CHECK(bias.dim() == 1 && bias.size(0) == f,
-             op << ": bias " << shape_str(bias.shape()) << " does not match x's last dim " << f);
-  }
+  validate_bda_bias(on, op, bias, x, f);
   return f;
 }
 
@@ -1018,12 +1025,7 @@ NormDims validate_bias_dropout_add_norm_fwd(const Placement& on, const Tensor& y
   validate_like_x(on, op, "y", y, x);
   MG_CHECK(!overlaps(y, sum),
            op << ": y " << y.str() << " overlaps sum " << sum.str() << " (both are outputs)");
-  if (bias.defined()) {
-    check_float(on, op, "bias", bias);
-    check_same_dtype(op, "bias", bias, "x", x);
-    MG_CHECK(bias.dim() == 1 && bias.size(0) == d.h,
-             op << ": bias " << shape_str(bias.shape()) << " does not match x's last dim " << d.h);
-  }
+  validate_bda_bias(on, op, bias, x, d.h);
   validate_norm_param(on, op, "gamma", gamma, d.h);
   validate_norm_kind(on, op, kind, "mean", mean, "beta", beta, x, d);
   validate_norm_stat(on, op, "rstd", rstd, x, d.rows);
@@ -1062,13 +1064,7 @@ GemmDims validate_fp8_norm_cast_transpose(const Placement& on, const Tensor& q, 
     check_like(on, op, "sum", sum, "x", x);
     MG_CHECK(!overlaps(sum, x) && !overlaps(sum, residual),
              op << ": sum " << sum.str() << " overlaps x or residual (the function may run twice)");
-    if (bias.defined()) {
-      check_float(on, op, "bias", bias);
-      check_same_dtype(op, "bias", bias, "x", x);
-      MG_CHECK(bias.dim() == 1 && bias.size(0) == d.h, op << ": bias " << shape_str(bias.shape())
-                                                          << " does not match x's last dim "
-                                                          << d.h);
-    }
+    validate_bda_bias(on, op, bias, x, d.h);
   } else {
     MG_CHECK(!bias.defined() && !sum.defined(),
              op << ": bias / sum without a residual (the bias-dropout-add needs all three)");

@@ -62,6 +62,14 @@ std::vector<int64_t> part_offsets(const OutputSplit& split) {
 
 // ---- FP8 GEMMs (layers.h Fp8Saved, docs/fp8.md) --------------------------------------------
 
+// forward_split's parts must cover the layer's output rows.
+void check_split_rows(const OutputSplit& split, int64_t out_local) {
+  int64_t rows = 0;
+  for (int64_t r : split.part_rows) rows += r;
+  MG_CHECK(rows == out_local, "ColumnParallelLinear::forward_split: the parts hold "
+                                  << rows << " rows, the layer " << out_local);
+}
+
 // The Fp8State id of the linear `prefix` ("decoder.layers.<l>.<...>.") when ctx.fp8 covers it.
 int fp8_linear_id(const ModuleContext& ctx, const std::string& prefix) {
   if (!ctx.fp8_covers(prefix)) return -1;
@@ -117,7 +125,7 @@ void fp8_cast_grad(const ModuleContext& ctx, const fp8::Scaling& s, const Tensor
 
 // dx [N, in] = g_q (w_q^T)^T (beta: 0 writes, 1 adds; dx_fp8: an FP8 dx cast at its scale, its
 // amax recorded) and dW += g_q^T x_q (FP8, or with --no-fp8-wgrad the high-precision gemm of g2
-// and x2, which only that case reads).
+// and x2, which only that case reads; dw undefined: none).
 void fp8_backward(const ModuleContext& ctx, const fp8::Scaling& sg, const Tensor& gq,
                   const Tensor& gqt, const Tensor& weight_t, const Tensor& g2, const Tensor& x2,
                   const Fp8Saved& sv, Tensor& dx, float dx_beta, Tensor& dw, float dw_beta,
@@ -128,6 +136,7 @@ void fp8_backward(const ModuleContext& ctx, const fp8::Scaling& sg, const Tensor
     dgrad.out_amax = dx_fp8->amax;
   }
   ctx.op().fp8_gemm(dx, gq, weight_t, sg.scale_inv, sv.weight_scale_inv, dgrad);
+  if (!dw.defined()) return;  // the caller writes the weight gradient itself
   if (ctx.config->fp8.wgrad)
     ctx.op().fp8_gemm(dw, gqt, sv.input_t, sg.scale_inv, sv.input_scale_inv,
                       ops::Fp8GemmArgs{.beta = dw_beta});
@@ -320,10 +329,7 @@ void ColumnParallelLinear::add_ungrouped(Tensor& grad, const Tensor& parts,
 std::vector<Tensor> ColumnParallelLinear::forward_split(const Tensor& x, Saved& saved,
                                                         const OutputSplit& split) const {
   MG_CHECK(!cfg_.gather_output, "ColumnParallelLinear::forward_split: not with gather_output");
-  int64_t rows = 0;
-  for (int64_t r : split.part_rows) rows += r;
-  MG_CHECK(rows == out_local_, "ColumnParallelLinear::forward_split: the parts hold "
-                                   << rows << " rows, the layer " << out_local_);
+  check_split_rows(split, out_local_);
   const int64_t in = cfg_.input_size;
   const Tensor total = enter(x, saved);
   const int64_t n = total.numel() / in;
@@ -360,6 +366,7 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const fp8::Operand& x, S
   MG_CHECK(x.cols() == cfg_.input_size, "ColumnParallelLinear::forward_split: operand of "
                                             << x.cols() << " columns, expected "
                                             << cfg_.input_size);
+  check_split_rows(split, out_local_);
   return fp8_forward_split(x, saved, split);
 }
 
@@ -367,10 +374,6 @@ std::vector<Tensor> ColumnParallelLinear::forward_split(const fp8::Operand& x, S
 // GEMM per part.
 std::vector<Tensor> ColumnParallelLinear::fp8_forward_split(const fp8::Operand& x2, Saved& saved,
                                                             const OutputSplit& split) const {
-  int64_t rows = 0;
-  for (int64_t r : split.part_rows) rows += r;
-  MG_CHECK(rows == out_local_, "ColumnParallelLinear::forward_split: the parts hold "
-                                   << rows << " rows, the layer " << out_local_);
   const int64_t n = x2.rows();
   const std::vector<int64_t> base = part_offsets(split);
   const Tensor bias = b_.defined() ? regroup(b_.value, split) : Tensor();
@@ -515,15 +518,10 @@ Tensor ColumnParallelLinear::backward_split(const std::vector<Tensor>& dparts, c
       }
       Tensor gq, gqt;
       fp8_cast_grad(ctx_, sg, dparts[p], gq, gqt);
-      if (!direct) {
-        Tensor dwp = dw.slice(base[p], r);
-        fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_parts_t[p], dparts[p], x2, saved.fp8, dx8,
-                     p == 0 ? 0.0f : 1.0f, dwp, 0.0f);
-        continue;
-      }
-      ctx_.op().fp8_gemm(dx8, gq, saved.fp8.weight_parts_t[p], sg.scale_inv,
-                         saved.fp8.weight_scale_inv,
-                         ops::Fp8GemmArgs{.beta = p == 0 ? 0.0f : 1.0f});
+      Tensor dwp = direct ? Tensor() : dw.slice(base[p], r);  // direct: the blocks below
+      fp8_backward(ctx_, sg, gq, gqt, saved.fp8.weight_parts_t[p], dparts[p], x2, saved.fp8, dx8,
+                   p == 0 ? 0.0f : 1.0f, dwp, 0.0f);
+      if (!direct) continue;
       for (const OutputSplit::Block& blk : split.blocks) {
         if (static_cast<std::size_t>(blk.part) != p) continue;
         Tensor dwb = w_.grad.slice(blk.offset, blk.rows);

@@ -45,17 +45,23 @@ if [ "$np" -eq 1 ]; then
     --lr 1e-3 --mock-data --tokenizer-type NullTokenizer --vocab-size 301
     --make-vocab-size-divisible-by 4 --log-interval 1 --eval-iters 0 --hidden-dropout 0
     --attention-dropout 0 --seed 7 --bf16"
+  # resume_equal <what> <full log> <ckpt dir> <flags...>: saved at 3 and resumed, every loss and
+  # grad norm of the uninterrupted run <full log>, bit for bit.
+  resume_equal() {
+    what=$1; full=$2; ck=$3; shift 3
+    rm -rf "$ck"
+    "$bin" $args "$@" --save "$ck" --save-interval 3 --exit-interval 3 > "$work/a.log" 2>&1 \
+      || { cat "$work/a.log"; exit 1; }
+    "$bin" $args "$@" --load "$ck" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
+    cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
+    compare_one "$full" "$work/resumed.log" "$what save at 3 + resume" "lm loss" 0 0
+    compare_one "$full" "$work/resumed.log" "$what save at 3 + resume" "grad norm" 0 0
+  }
   for recipe in delayed tensorwise; do
     f8="--fp8-format hybrid --fp8-recipe $recipe --fp8-amax-history-len 4 --fp8-amax-compute-algo max"
     "$bin" $args $f8 > "$work/full.log" 2>&1 || { cat "$work/full.log"; exit 1; }
     expect_line "$work/full.log" "fp8 $recipe" "^fp8: format hybrid .*recipe $recipe"
-    rm -rf "$work/ck"
-    "$bin" $args $f8 --save "$work/ck" --save-interval 3 --exit-interval 3 > "$work/a.log" 2>&1 \
-      || { cat "$work/a.log"; exit 1; }
-    "$bin" $args $f8 --load "$work/ck" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
-    cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
-    compare_one "$work/full.log" "$work/resumed.log" "fp8 $recipe save at 3 + resume" "lm loss" 0 0
-    compare_one "$work/full.log" "$work/resumed.log" "fp8 $recipe save at 3 + resume" "grad norm" 0 0
+    resume_equal "fp8 $recipe" "$work/full.log" "$work/ck" $f8
   done
   # --fp8-dot-product-attention (the core attention in FP8): the start-up line counts the 2 FP8
   # core attentions, the losses differ from the run without it (the flag is read), and a save at
@@ -68,14 +74,7 @@ if [ "$np" -eq 1 ]; then
     echo "FAIL fp8 dpa: every loss equals the run without --fp8-dot-product-attention"; exit 1
   fi
   compare_one "$work/nodpa.log" "$work/full.log" "fp8 dpa vs without" "lm loss" 0.0625 0
-  rm -rf "$work/ck"
-  "$bin" $args $f8 --fp8-dot-product-attention --save "$work/ck" --save-interval 3 \
-    --exit-interval 3 > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
-  "$bin" $args $f8 --fp8-dot-product-attention --load "$work/ck" > "$work/b.log" 2>&1 \
-    || { cat "$work/b.log"; exit 1; }
-  cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
-  compare_one "$work/full.log" "$work/resumed.log" "fp8 dpa save at 3 + resume" "lm loss" 0 0
-  compare_one "$work/full.log" "$work/resumed.log" "fp8 dpa save at 3 + resume" "grad norm" 0 0
+  resume_equal "fp8 dpa" "$work/full.log" "$work/ck" $f8 --fp8-dot-product-attention
   # --fp8-multi-head-attention (TE's fp8_mha, implies the FP8 attention): the start-up line; the
   # first iteration's loss equals --fp8-dot-product-attention's (all scales 1: O at scale_O is the
   # byte linear_proj's own cast of the dequantised O makes), later ones do not (dO is one rounding
@@ -90,14 +89,7 @@ if [ "$np" -eq 1 ]; then
     echo "FAIL fp8 mha: every loss equals --fp8-dot-product-attention's"; exit 1
   fi
   compare_one "$work/full.log" "$work/mha.log" "fp8 mha vs dpa" "lm loss" 0.0625 0
-  rm -rf "$work/ckm"
-  "$bin" $args $f8 --fp8-multi-head-attention --save "$work/ckm" --save-interval 3 \
-    --exit-interval 3 > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
-  "$bin" $args $f8 --fp8-multi-head-attention --load "$work/ckm" > "$work/b.log" 2>&1 \
-    || { cat "$work/b.log"; exit 1; }
-  cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
-  compare_one "$work/mha.log" "$work/resumed.log" "fp8 mha save at 3 + resume" "lm loss" 0 0
-  compare_one "$work/mha.log" "$work/resumed.log" "fp8 mha save at 3 + resume" "grad norm" 0 0
+  resume_equal "fp8 mha" "$work/mha.log" "$work/ckm" $f8 --fp8-multi-head-attention
   # The FP8 checkpoint into a BF16 run, and a BF16 checkpoint into an FP8 run.
   "$bin" $args --load "$work/ck" > "$work/bf16.log" 2>&1 || { cat "$work/bf16.log"; exit 1; }
   expect_line "$work/bf16.log" "bf16 from fp8" "successfully loaded checkpoint .* at iteration +3"
@@ -131,13 +123,7 @@ if [ "$np" -eq 1 ]; then
       echo "FAIL fp8 params $recipe: every loss equals the run without the flag (masters not cast)"; exit 1
     fi
     echo "ok fp8 params $recipe: first iteration identical, later within 1e-3, not identical"
-    rm -rf "$work/ck"
-    "$bin" $args $f8 $pg --save "$work/ck" --save-interval 3 --exit-interval 3 > "$work/a.log" 2>&1 \
-      || { cat "$work/a.log"; exit 1; }
-    "$bin" $args $f8 $pg --load "$work/ck" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }
-    cat "$work/a.log" "$work/b.log" > "$work/resumed.log"
-    compare_one "$work/full.log" "$work/resumed.log" "fp8 params $recipe resume" "lm loss" 0 0
-    compare_one "$work/full.log" "$work/resumed.log" "fp8 params $recipe resume" "grad norm" 0 0
+    resume_equal "fp8 params $recipe" "$work/full.log" "$work/ck" $f8 $pg
   done
   # The checkpoint holds the FP8 weights dequantised (q * scale_inv, rounded to bf16): without
   # the optimizer state they become the masters, and their cast with the checkpoint's (delayed)
