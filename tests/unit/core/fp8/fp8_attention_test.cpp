@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "megatron/core/fp8/fp8_state.h"
+#include "megatron/core/inference/inference_context.h"
 #include "megatron/core/models/gpt/gpt_model.h"
 #include "megatron/core/ops/op_profiler.h"
 #include "megatron/core/tensor/dtype_math.h"
@@ -555,6 +556,37 @@ TEST(Fp8MultiHeadAttention, ModelDtypeBackwardAndHighPrecisionWgrad) {
   EXPECT_EQ(hp.losses[0], mha.losses[0]);
   for (std::size_t i = 0; i < hp.losses.size(); ++i)
     EXPECT_NEAR(hp.losses[i], mha.losses[i], std::fabs(mha.losses[i]) / 16) << i;
+}
+
+// KV-cache inference (the model-dtype attention) casts O for linear_proj at the attention's O
+// scale: with trained scales loaded, the logits equal those of a run without the flag whose
+// linear_proj input scale is set to O's (the same bytes into the same GEMM), bit for bit, and
+// differ from it with linear_proj's own input scale (1: never recorded under the flag).
+TEST(Fp8MultiHeadAttention, InferenceCastsOAtTheOScale) {
+  const FbRun trained = run_fb_profiled(fp8_mha_llama(2), 1, 3, false);
+  const ops::OpTable& ops = test::ops_on("cpu");
+  auto infer = [&](const transformer::TransformerConfig& c, const nlohmann::json& state) {
+    models::GPTModel m(c, 64, ops, Device::cpu());
+    m.init_weights(3);
+    m.fp8_state()->load_state_json(state);
+    inference::StaticInferenceContext ic(1, 16);
+    std::vector<int64_t> prompt(16);  // FP8 GEMMs: tokens a multiple of 16
+    for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int64_t>(7 * i % 64);
+    return m.infer(Tensor::from_vector(prompt, {1, 16}, DType::i64), ic).to_vector<float>();
+  };
+  const std::vector<float> mha = infer(fp8_mha_llama(2), trained.state);
+  nlohmann::json same = trained.state;
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::string l = "decoder.layers." + std::to_string(layer) + ".self_attention.";
+    const nlohmann::json& a = trained.state["attentions"][l + "core_attention"];
+    nlohmann::json& p = same["linears"][l + "linear_proj"];
+    ASSERT_NE(a["fwd_scale"][2].get<uint32_t>(), p["fwd_scale"][0].get<uint32_t>())
+        << "O's scale is 1: the test would not tell the scales apart";
+    p["fwd_scale"][0] = a["fwd_scale"][2];
+    p["fwd_scale_inv"][0] = a["fwd_scale_inv"][2];
+  }
+  EXPECT_EQ(infer(fp8_llama(true, 2), same), mha);
+  EXPECT_NE(infer(fp8_llama(true, 2), trained.state), mha);
 }
 
 // Evaluation: the FP8 attention and linear_proj on its O, nothing recorded.
